@@ -1,0 +1,69 @@
+"""The exception tree of shardpoint (DESIGN.md §4).
+
+Every error raised by shardpoint derives from :class:`CheckpointError`. Leaves also
+inherit the builtin that callers would naturally catch, so ``except FileNotFoundError``
+and ``except KeyError`` keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "NotFoundError",
+    "CorruptCheckpointError",
+    "ChecksumMismatchError",
+    "UnsupportedFormatError",
+    "MissingKeyError",
+    "DuplicateKeyError",
+    "UnsupportedDTypeError",
+    "InvalidKeyError",
+    "InvalidArgumentError",
+    "CheckpointIOError",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by shardpoint."""
+
+
+class NotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint, its index or one of its shard files does not exist."""
+
+
+class CorruptCheckpointError(CheckpointError, ValueError):
+    """The bytes on disk are not a valid checkpoint (truncated, overwritten, hostile)."""
+
+
+class ChecksumMismatchError(CorruptCheckpointError):
+    """A crc32c checksum recorded in the checkpoint does not match the stored bytes."""
+
+
+class UnsupportedFormatError(CorruptCheckpointError):
+    """The file was written by a newer format version than this library reads."""
+
+
+class MissingKeyError(CheckpointError, KeyError):
+    """A key asked for is not in the checkpoint."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateKeyError(CheckpointError, ValueError):
+    """The same key was written twice (within one save or across writers)."""
+
+
+class UnsupportedDTypeError(CheckpointError, TypeError):
+    """A value has a dtype or type that the format cannot store."""
+
+
+class InvalidKeyError(CheckpointError, TypeError):
+    """A key is not a non-empty string of at most 65535 UTF-8 bytes without NUL."""
+
+
+class InvalidArgumentError(CheckpointError, ValueError):
+    """An argument is out of range or inconsistent (bad shape, option, shard count...)."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """The operating system refused a read or write (disk full, permissions, I/O error)."""

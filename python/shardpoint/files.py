@@ -1,0 +1,461 @@
+"""The file API: ``save_file``, ``load_file``, lazy ``open``, streaming/multi-writer ``Writer``.
+
+Values are numpy arrays (any dtype of FORMAT.md §4) or typed non-tensor values (bytes, str, int,
+float, bool, None, JSON-able dicts/lists), never pickled. What comes back:
+
+- arrays are C-contiguous and little-endian, whatever their input layout (non-contiguous and
+  big-endian inputs are converted on save); numpy scalars come back as 0-d arrays;
+- uncompressed arrays are zero-copy views of a private copy-on-write mapping of the shard: they
+  are writable, writes never reach the file, and they stay valid after the reader is closed;
+- compressed arrays are decoded (chunk-parallel, GIL released) into fresh memory;
+- bytes → bytes, str → str, int → int, float → float, bool/None/dict/list → via JSON (tuples
+  come back as lists).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from .dtypes import format_name, numpy_dtype
+from .errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidKeyError,
+)
+
+__all__ = [
+    "save_file",
+    "load_file",
+    "open",
+    "Reader",
+    "Writer",
+    "EntryInfo",
+    "exists",
+    "remove",
+    "merge",
+]
+
+PathLike = str | os.PathLike[str]
+
+#: Above this many bytes a checkpoint is split over several shards written by parallel threads.
+_BYTES_PER_AUTO_SHARD = 256 << 20
+_FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
+_INT_RE = re.compile(r"^-?\d+$")
+_JSON_MAX_DEPTH = 128
+_LITTLE = np.little_endian
+
+
+def _prefix(prefix: PathLike) -> str:
+    p = os.fspath(prefix)
+    if not isinstance(p, str):
+        raise InvalidArgumentError(f"prefix must be a str path, got {type(p).__name__}")
+    if not p or p.endswith(os.sep):
+        raise InvalidArgumentError(f"prefix {p!r} must name a file prefix, not a directory")
+    return p
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"keys must be str, got {type(key).__name__}: {key!r}")
+    return key
+
+
+def _json_depth(v: Any, depth: int = 0) -> int:
+    if depth > _JSON_MAX_DEPTH:
+        raise InvalidArgumentError(f"JSON value nested deeper than {_JSON_MAX_DEPTH} levels")
+    if isinstance(v, dict):
+        return max((_json_depth(x, depth + 1) for x in v.values()), default=depth)
+    if isinstance(v, (list, tuple)):
+        return max((_json_depth(x, depth + 1) for x in v), default=depth)
+    return depth
+
+
+def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.ndarray]:
+    """(key, dtype name, kind, shape, 1-d uint8 array of the bytes) for one value."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        arr = value
+        name = format_name(arr.dtype)
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        arr = np.ascontiguousarray(arr)
+        return key, name, "tensor", arr.shape, arr.reshape(-1).view(np.uint8)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        kind, raw = "bytes", bytes(value)
+    elif isinstance(value, str):
+        kind, raw = "str", value.encode("utf-8", errors="surrogatepass")
+    elif isinstance(value, bool) or value is None:
+        kind, raw = "json", json.dumps(value).encode()
+    elif isinstance(value, int):
+        kind, raw = "int", str(value).encode()
+    elif isinstance(value, float):
+        kind, raw = "float", repr(value).encode()
+    elif isinstance(value, (dict, list, tuple)):
+        _json_depth(value)
+        try:
+            kind, raw = "json", json.dumps(value, allow_nan=True).encode()
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"value of key {key!r} is not JSON-serialisable: {e}") from e
+    elif hasattr(value, "__array__") and not callable(getattr(value, "state_dict", None)):
+        return _encode(key, np.asarray(value))
+    else:
+        from .errors import UnsupportedDTypeError
+
+        raise UnsupportedDTypeError(
+            f"value of key {key!r} has type {type(value).__name__}, which cannot be stored "
+            "(arrays, bytes, str, int, float, bool, None and JSON-able dict/list only; never pickle)"
+        )
+    return key, "uint8", kind, (len(raw),), np.frombuffer(raw, dtype=np.uint8)
+
+
+def _decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -> Any:
+    if kind == "tensor":
+        return np.frombuffer(buf, dtype=numpy_dtype(dtype)).reshape(shape)
+    raw = bytes(memoryview(buf))
+    try:
+        if kind == "bytes":
+            return raw
+        text = raw.decode("utf-8", errors="surrogatepass" if kind == "str" else "strict")
+        if kind == "str":
+            return text
+        if kind == "int":
+            if not _INT_RE.match(text):
+                raise ValueError(f"{text[:40]!r} is not an integer")
+            return int(text)
+        if kind == "float":
+            if not _FLOAT_RE.match(text):
+                raise ValueError(f"{text[:40]!r} is not a float")
+            return float(text)
+        if kind == "json":
+            return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"key {key!r}: stored {kind} value is invalid: {e}") from e
+    raise CorruptCheckpointError(f"key {key!r}: unknown entry kind {kind!r}")
+
+
+def _opts(compression: str | None, level: int | None) -> tuple[str, int]:
+    codec = "none" if compression in (None, "none", False) else str(compression)
+    if codec not in ("none", "zstd", "zstd-plain", "zstd-bytegroup"):
+        raise InvalidArgumentError(
+            f"compression must be 'none', 'zstd' or 'zstd-plain', got {compression!r}"
+        )
+    lvl = _core.DEFAULT_LEVEL if level is None else int(level)
+    if not -7 <= lvl <= 22:
+        raise InvalidArgumentError(f"zstd level must be in -7..22, got {level}")
+    return codec, lvl
+
+
+def _metadata_json(metadata: Mapping[str, Any] | None) -> str:
+    if metadata is None:
+        return "{}"
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgumentError("metadata must be a JSON-able mapping")
+    _json_depth(dict(metadata))
+    try:
+        return json.dumps(dict(metadata), allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"metadata is not JSON-serialisable: {e}") from e
+
+
+def save_file(
+    tensors: Mapping[str, Any],
+    prefix: PathLike,
+    *,
+    compression: str | None = "zstd",
+    level: int | None = None,
+    shards: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    durable: bool = True,
+    chunk_bytes: int | None = None,
+) -> None:
+    """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
+
+    Args:
+        tensors: str keys to numpy arrays or typed values (see the module docstring).
+        prefix: path prefix; writes ``prefix.index`` and ``prefix.data-*``.
+        compression: ``"zstd"`` (default: byte-grouped zstd for multi-byte dtypes, plain zstd
+            for 1-byte ones), ``"zstd-plain"`` (no byte grouping) or ``"none"``.
+        level: zstd level (default 1, which is also the fastest with the best ratio on weights).
+        shards: number of shard files, written by that many threads in parallel (default: one
+            per 256 MiB, at most the number of CPUs).
+        metadata: JSON-able mapping stored in the index, returned by ``Reader.metadata``.
+        durable: fsync shards, index and directory before returning (default). ``False`` is
+            for scratch checkpoints and like-for-like comparisons with tools that never fsync.
+        chunk_bytes: raw bytes per independently compressed chunk (default 1 MiB).
+
+    The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
+    readers that have it open keep seeing it unchanged.
+    """
+    p = _prefix(prefix)
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgumentError(f"tensors must be a mapping of str to values, got {type(tensors).__name__}")
+    codec, lvl = _opts(compression, level)
+    items = [_encode(_check_key(k), v) for k, v in tensors.items()]
+    total = sum(it[4].nbytes for it in items)
+    if shards is None:
+        shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
+    _core.save(
+        p,
+        items,
+        codec,
+        lvl,
+        int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
+        int(shards),
+        bool(durable),
+        _metadata_json(metadata),
+    )
+
+
+def load_file(
+    prefix: PathLike, *, keys: list[str] | None = None, verify: bool = True
+) -> dict[str, Any]:
+    """Load a checkpoint (or only ``keys``) into a dict.
+
+    Uncompressed arrays are zero-copy copy-on-write views of the mmapped shards; compressed ones
+    are decoded in parallel. With ``verify`` (default) every value's crc32c is checked, so
+    corrupt bytes raise ``ChecksumMismatchError`` instead of being returned; compressed values
+    are always checked.
+    """
+    with open(prefix) as r:
+        return r.load(keys, verify=verify)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """What the index records about one key."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    codec: str
+    stored_bytes: int
+    raw_bytes: int
+    shard: int
+    offset: int
+    crc32c: int
+    chunks: int
+
+    @property
+    def ratio(self) -> float:
+        """raw / stored size (1.0 for uncompressed or empty entries)."""
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+class Reader:
+    """A lazily opened checkpoint: the index is mmapped and searched in place; shard files are
+    mmapped and only the pages of the values you read are touched. Use ``sp.open(prefix)``."""
+
+    def __init__(self, prefix: PathLike) -> None:
+        self._prefix = _prefix(prefix)
+        self._r: _core.CheckpointReader | None = _core.CheckpointReader(self._prefix)
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def _core(self) -> _core.CheckpointReader:
+        if self._r is None:
+            raise InvalidArgumentError(f"checkpoint {self._prefix!r} is closed")
+        return self._r
+
+    @property
+    def path(self) -> str:
+        """The checkpoint prefix."""
+        return self._prefix
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the index and shard mappings (arrays already returned stay valid)."""
+        self._r = None
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def keys(self) -> list[str]:
+        """All keys, sorted by their UTF-8 bytes."""
+        return self._core.keys()
+
+    def prefix(self, key_prefix: str) -> list[str]:
+        """Keys starting with ``key_prefix``, in order (binary search + walk)."""
+        return self._core.keys_with_prefix(_check_key(key_prefix))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._core
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value(_check_key(key), verify=False)
+
+    def get(self, key: str, default: Any = None, *, verify: bool = False) -> Any:
+        """The value of ``key``, or ``default`` when it is absent."""
+        if key not in self:
+            return default
+        return self._value(key, verify=verify)
+
+    def _value(self, key: str, verify: bool) -> Any:
+        dtype, shape, kind, buf = self._core.get(key, verify)
+        return _decode(key, dtype, tuple(shape), kind, buf)
+
+    def load(self, keys: list[str] | None = None, *, verify: bool = True) -> dict[str, Any]:
+        """Many values at once (all by default); compressed ones decoded in parallel."""
+        ks = self.keys() if keys is None else [_check_key(k) for k in keys]
+        out = {}
+        for k, (dtype, shape, kind, buf) in zip(ks, self._core.get_many(ks, verify), strict=True):
+            out[k] = _decode(k, dtype, tuple(shape), kind, buf)
+        return out
+
+    def info(self, key: str) -> EntryInfo:
+        """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
+        t = self._core.info(_check_key(key))
+        return EntryInfo(key, t[0], tuple(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
+
+    def slice(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` along the first axis, reading only the chunks that hold them."""
+        info = self.info(key)
+        if info.kind != "tensor" or not info.shape:
+            raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
+        start, stop, _ = slice(start, stop).indices(info.shape[0])
+        stop = max(start, stop)
+        dt = numpy_dtype(info.dtype)
+        row = dt.itemsize * math.prod(info.shape[1:])
+        out = np.empty((stop - start,) + info.shape[1:], dtype=dt)
+        self._core.read_range(key, start * row, stop * row, out.reshape(-1).view(np.uint8))
+        return out
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The ``metadata`` mapping given at save time."""
+        if self._meta is None:
+            try:
+                blob = json.loads(self._core.metadata_json())
+            except (ValueError, RecursionError) as e:
+                raise CorruptCheckpointError(f"{self._prefix}.index: metadata is not valid JSON: {e}") from e
+            user = blob.get("user", {}) if isinstance(blob, dict) else {}
+            self._meta = user if isinstance(user, dict) else {}
+        return self._meta
+
+    @property
+    def format_info(self) -> dict[str, Any]:
+        """Writer-level metadata: format version, writer, shards, sizes."""
+        blob = json.loads(self._core.metadata_json())
+        blob.pop("user", None)
+        blob["shards"] = [(os.fspath(p), n) for p, n in self._core.shard_files()]
+        blob["index_bytes"] = self._core.index_size()
+        blob["chunk_bytes"] = self._core.chunk_bytes()
+        return blob
+
+    def verify(self) -> None:
+        """Check every checksum and structural invariant, in parallel. Raises on damage."""
+        self._core.verify()
+
+
+def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contract
+    """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count)."""
+    return Reader(prefix)
+
+
+class Writer:
+    """Streaming writer: values are written as they are added (nothing is held in memory), then
+    ``commit()`` makes the checkpoint visible atomically. Used as a context manager it commits on
+    success and discards everything on an exception.
+
+    Several writers (ranks/processes) build one checkpoint by passing ``rank`` and
+    ``world_size``: each writes its own shards and a partial index on ``commit()``, and one of
+    them calls :func:`merge` after all have committed. ``add`` may be called from several threads
+    at once; each call writes to a free shard (``shards`` of them) with the GIL released.
+    """
+
+    def __init__(
+        self,
+        prefix: PathLike,
+        *,
+        compression: str | None = "zstd",
+        level: int | None = None,
+        shards: int = 1,
+        durable: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        metadata: Mapping[str, Any] | None = None,
+        chunk_bytes: int | None = None,
+    ) -> None:
+        self.prefix = _prefix(prefix)
+        codec, lvl = _opts(compression, level)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._w: _core.Writer | None = _core.Writer(
+            self.prefix,
+            codec,
+            lvl,
+            int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
+            int(shards),
+            bool(durable),
+            self.rank,
+            self.world_size,
+            _metadata_json(metadata),
+        )
+
+    def _writer(self) -> _core.Writer:
+        if self._w is None:
+            raise InvalidArgumentError(f"writer for {self.prefix!r} is already committed or aborted")
+        return self._w
+
+    def add(self, key: str, value: Any) -> None:
+        """Write one value now."""
+        k, dtype, kind, shape, data = _encode(_check_key(key), value)
+        self._writer().add(k, dtype, kind, list(shape), data)
+
+    __setitem__ = add
+
+    def commit(self) -> None:
+        """Make the checkpoint visible (or, with several writers, publish this partial index)."""
+        w = self._writer()
+        try:
+            w.commit()
+        finally:
+            self._w = None
+
+    def abort(self) -> None:
+        """Discard everything written; the previous checkpoint at the prefix is untouched."""
+        if self._w is not None:
+            self._w.abort()
+            self._w = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def merge(prefix: PathLike, world_size: int, *, durable: bool = True) -> None:
+    """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
+    (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``."""
+    _core.merge(_prefix(prefix), int(world_size), bool(durable))
+
+
+def exists(prefix: PathLike) -> bool:
+    """Whether a committed checkpoint exists at ``prefix``."""
+    return os.path.exists(_prefix(prefix) + ".index")
+
+
+def remove(prefix: PathLike) -> None:
+    """Delete checkpoint ``prefix``: its index first (atomic disappearance), then its shards."""
+    _core.remove(_prefix(prefix))

@@ -1,0 +1,477 @@
+//! Format v1 constants, tags and fixed-size records, named after docs/FORMAT.md.
+//!
+//! Everything here is pure: encoding to and decoding from byte slices. Decoders take hostile
+//! bytes and return `Err` (never panic) on anything out of bounds.
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// Format version written and read by this library.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Shard file magic (§2).
+pub const SHARD_MAGIC: &[u8; 8] = b"SPSHARD\0";
+/// Shard header length (§2).
+pub const SHARD_HEADER_LEN: usize = 64;
+/// Offset of the shard header's crc (§2).
+pub const SHARD_HEADER_CRC_AT: usize = 60;
+/// First payload offset in a shard (§2).
+pub const DATA_START: u64 = 4096;
+/// Every payload starts at a multiple of this (§2).
+pub const ALIGN: u64 = 64;
+/// Payloads at least this large start at a page boundary (§2).
+pub const PAGE_ALIGN_MIN: u64 = 65536;
+/// Page size used for alignment (§2).
+pub const PAGE: u64 = 4096;
+
+/// Index file magic (§3).
+pub const INDEX_MAGIC: &[u8; 8] = b"SPINDEX\0";
+/// Index footer magic (§3).
+pub const INDEX_FOOTER_MAGIC: &[u8; 8] = b"SPINDEND";
+/// Index header length (§3).
+pub const INDEX_HEADER_LEN: usize = 128;
+/// Offset of the index header's crc (§3).
+pub const INDEX_HEADER_CRC_AT: usize = 124;
+/// Index footer length (§3).
+pub const INDEX_FOOTER_LEN: usize = 16;
+/// Shard record size (§3.1).
+pub const SHARD_REC: usize = 64;
+/// Longest shard name suffix (§3.1).
+pub const SHARD_NAME_MAX: usize = 40;
+/// Block record size (§3.2).
+pub const BLOCK_REC: usize = 24;
+/// Entries per block (§3.2).
+pub const BLOCK_ENTRIES: usize = 64;
+/// Entry record size (§3.3).
+pub const ENTRY_REC: usize = 40;
+/// Chunk record size (§3.3).
+pub const CHUNK_REC: usize = 16;
+/// Largest ndim (§3.3).
+pub const MAX_NDIM: usize = 64;
+/// Longest key in bytes (§3.3).
+pub const MAX_KEY_LEN: usize = u16::MAX as usize;
+/// Default raw bytes per chunk.
+pub const DEFAULT_CHUNK_BYTES: u32 = 1 << 20;
+/// Accepted chunk_bytes range (§3).
+pub const MIN_CHUNK_BYTES: u32 = 4096;
+/// Accepted chunk_bytes range (§3).
+pub const MAX_CHUNK_BYTES: u32 = 64 << 20;
+/// Tensors smaller than this are never compressed: the gain is nil and zero-copy is kept.
+pub const MIN_COMPRESS_BYTES: u64 = 4096;
+/// A chunk is stored compressed only when it shrinks below this fraction (§5), as a ratio n/d.
+pub const MAX_KEPT_RATIO: (u64, u64) = (95, 100);
+
+/// crc32c of a byte slice.
+#[inline]
+pub fn crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// Element types (§4). The tag values are the on-disk encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    Bool = 1,
+    I8 = 2,
+    I16 = 3,
+    I32 = 4,
+    I64 = 5,
+    U8 = 6,
+    U16 = 7,
+    U32 = 8,
+    U64 = 9,
+    F16 = 10,
+    BF16 = 11,
+    F32 = 12,
+    F64 = 13,
+    C64 = 14,
+    C128 = 15,
+    F8E4M3FN = 16,
+    F8E5M2 = 17,
+}
+
+/// Every dtype, in tag order.
+pub const ALL_DTYPES: [DType; 17] = [
+    DType::Bool,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+    DType::C64,
+    DType::C128,
+    DType::F8E4M3FN,
+    DType::F8E5M2,
+];
+
+impl DType {
+    /// Decode an on-disk tag.
+    pub fn from_tag(tag: u8) -> Option<DType> {
+        ALL_DTYPES.iter().copied().find(|d| *d as u8 == tag)
+    }
+
+    /// The canonical name (numpy / ml_dtypes spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::C64 => "complex64",
+            DType::C128 => "complex128",
+            DType::F8E4M3FN => "float8_e4m3fn",
+            DType::F8E5M2 => "float8_e5m2",
+        }
+    }
+
+    /// Parse a canonical name.
+    pub fn from_name(name: &str) -> Result<DType> {
+        ALL_DTYPES
+            .iter()
+            .copied()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| Error::UnsupportedDtype(format!("{name:?}")))
+    }
+
+    /// Bytes per element.
+    pub fn itemsize(self) -> usize {
+        match self {
+            DType::Bool | DType::I8 | DType::U8 | DType::F8E4M3FN | DType::F8E5M2 => 1,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
+        }
+    }
+
+    /// Width of the unit the byte-grouping filter works on (§5): the element, or for complex
+    /// types one component.
+    pub fn group_width(self) -> usize {
+        match self {
+            DType::C64 => 4,
+            DType::C128 => 8,
+            d => d.itemsize(),
+        }
+    }
+
+    /// Whether the byte-grouping filter rotates the sign bit out of the top byte (§5).
+    pub fn rotates_sign(self) -> bool {
+        matches!(
+            self,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::C64 | DType::C128
+        )
+    }
+}
+
+/// Payload codecs (§5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Codec {
+    None = 0,
+    Zstd = 1,
+    ZstdByteGroup = 2,
+}
+
+impl Codec {
+    /// Decode an on-disk tag.
+    pub fn from_tag(tag: u8) -> Option<Codec> {
+        match tag {
+            0 => Some(Codec::None),
+            1 => Some(Codec::Zstd),
+            2 => Some(Codec::ZstdByteGroup),
+            _ => None,
+        }
+    }
+
+    /// Name used in the Python API and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Zstd => "zstd",
+            Codec::ZstdByteGroup => "zstd-bytegroup",
+        }
+    }
+}
+
+/// Entry kinds (§6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    Tensor = 0,
+    Bytes = 1,
+    Str = 2,
+    Int = 3,
+    Float = 4,
+    Json = 5,
+}
+
+impl Kind {
+    /// Decode an on-disk tag.
+    pub fn from_tag(tag: u8) -> Option<Kind> {
+        match tag {
+            0 => Some(Kind::Tensor),
+            1 => Some(Kind::Bytes),
+            2 => Some(Kind::Str),
+            3 => Some(Kind::Int),
+            4 => Some(Kind::Float),
+            5 => Some(Kind::Json),
+            _ => None,
+        }
+    }
+
+    /// Name used in the Python API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Tensor => "tensor",
+            Kind::Bytes => "bytes",
+            Kind::Str => "str",
+            Kind::Int => "int",
+            Kind::Float => "float",
+            Kind::Json => "json",
+        }
+    }
+
+    /// Parse a name.
+    pub fn from_name(name: &str) -> Result<Kind> {
+        [
+            Kind::Tensor,
+            Kind::Bytes,
+            Kind::Str,
+            Kind::Int,
+            Kind::Float,
+            Kind::Json,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+        .ok_or_else(|| Error::InvalidArgument(format!("unknown entry kind {name:?}")))
+    }
+}
+
+// ---- little-endian field access on hostile slices -------------------------------------------
+
+/// Read a u16 at `at`; the caller has bounds-checked the record, so this only guards bugs.
+#[inline]
+pub fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Read a u32 at `at` of a record whose length was checked.
+#[inline]
+pub fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// Read a u64 at `at` of a record whose length was checked.
+#[inline]
+pub fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Round `x` up to a multiple of `a` (a power of two), checked.
+pub fn align_up(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|v| v & !(a - 1))
+}
+
+/// Where a payload of `len` bytes may start at or after `pos` (§2).
+pub fn payload_align(pos: u64, len: u64) -> Option<u64> {
+    let a = if len >= PAGE_ALIGN_MIN { PAGE } else { ALIGN };
+    align_up(pos, a)
+}
+
+/// `base[off .. off+len]` with overflow and bounds checks, reporting `what` against `path`.
+pub fn slice_at<'a>(
+    base: &'a [u8],
+    off: u64,
+    len: u64,
+    path: &Path,
+    what: &str,
+) -> Result<&'a [u8]> {
+    let end = off
+        .checked_add(len)
+        .ok_or_else(|| Error::corrupt(path, off, format!("{what}: offset + length overflows")))?;
+    if end > base.len() as u64 {
+        return Err(Error::corrupt(
+            path,
+            off,
+            format!(
+                "{what}: range [{off}, {end}) is past the end of the file ({} bytes)",
+                base.len()
+            ),
+        ));
+    }
+    Ok(&base[off as usize..end as usize])
+}
+
+/// Product of dims times itemsize, `None` on overflow.
+pub fn raw_len(dims: &[u64], itemsize: usize) -> Option<u64> {
+    dims.iter()
+        .try_fold(itemsize as u64, |acc, &d| acc.checked_mul(d))
+}
+
+/// Number of chunks of a raw payload.
+pub fn chunk_count(raw_len: u64, chunk_bytes: u32) -> u64 {
+    raw_len.div_ceil(chunk_bytes as u64)
+}
+
+// ---- shard header (§2) ----------------------------------------------------------------------
+
+/// The decoded fields of a shard header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardHeader {
+    pub save_token: u64,
+    pub shard_index: u32,
+    pub shard_count: u32,
+}
+
+impl ShardHeader {
+    /// Encode into the 64-byte header; returns the bytes and their crc.
+    pub fn encode(&self) -> ([u8; SHARD_HEADER_LEN], u32) {
+        let mut b = [0u8; SHARD_HEADER_LEN];
+        b[0..8].copy_from_slice(SHARD_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(SHARD_HEADER_LEN as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.save_token.to_le_bytes());
+        b[24..28].copy_from_slice(&self.shard_index.to_le_bytes());
+        b[28..32].copy_from_slice(&self.shard_count.to_le_bytes());
+        let c = crc(&b[..SHARD_HEADER_CRC_AT]);
+        b[SHARD_HEADER_CRC_AT..].copy_from_slice(&c.to_le_bytes());
+        (b, c)
+    }
+
+    /// Decode and check a shard header; returns the header and its crc.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<(ShardHeader, u32)> {
+        if bytes.len() < SHARD_HEADER_LEN {
+            return Err(Error::corrupt(
+                path,
+                0,
+                format!(
+                    "shard file is {} bytes, shorter than its {SHARD_HEADER_LEN}-byte header",
+                    bytes.len()
+                ),
+            ));
+        }
+        let b = &bytes[..SHARD_HEADER_LEN];
+        if &b[0..8] != SHARD_MAGIC {
+            return Err(Error::corrupt(path, 0, "not a shardpoint shard file (bad magic)"));
+        }
+        let stored = le_u32(b, SHARD_HEADER_CRC_AT);
+        let actual = crc(&b[..SHARD_HEADER_CRC_AT]);
+        if stored != actual {
+            return Err(Error::Checksum {
+                path: path.to_path_buf(),
+                offset: 0,
+                what: "shard header".into(),
+                expected: stored,
+                actual,
+            });
+        }
+        let version = le_u32(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                path: path.to_path_buf(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if le_u32(b, 12) as usize != SHARD_HEADER_LEN {
+            return Err(Error::corrupt(path, 12, "shard header_len is not 64"));
+        }
+        if b[32..60].iter().any(|&x| x != 0) {
+            return Err(Error::corrupt(path, 32, "reserved shard header bytes are not zero"));
+        }
+        Ok((
+            ShardHeader {
+                save_token: le_u64(b, 16),
+                shard_index: le_u32(b, 24),
+                shard_count: le_u32(b, 28),
+            },
+            stored,
+        ))
+    }
+}
+
+/// Check a shard name suffix (§3.1): `.data-NNNNN-of-NNNNN` with an optional `.<16 hex>`.
+pub fn valid_shard_name(name: &[u8]) -> bool {
+    let base = b".data-00000-of-00000".len();
+    if name.len() != base && name.len() != base + 17 {
+        return false;
+    }
+    let digits = |r: std::ops::Range<usize>| name[r].iter().all(|c| c.is_ascii_digit());
+    if &name[..6] != b".data-" || !digits(6..11) || &name[11..15] != b"-of-" || !digits(15..20) {
+        return false;
+    }
+    if name.len() == base {
+        return true;
+    }
+    name[20] == b'.'
+        && name[21..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// The shard name suffix for shard `s` of `n`, with an optional save token.
+pub fn shard_name(s: u32, n: u32, token: Option<u64>) -> String {
+    match token {
+        None => format!(".data-{s:05}-of-{n:05}"),
+        Some(t) => format!(".data-{s:05}-of-{n:05}.{t:016x}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_tags_round_trip() {
+        for d in ALL_DTYPES {
+            assert_eq!(DType::from_tag(d as u8), Some(d));
+            assert_eq!(DType::from_name(d.name()).unwrap(), d);
+        }
+        assert_eq!(DType::from_tag(0), None);
+        assert_eq!(DType::from_tag(18), None);
+    }
+
+    #[test]
+    fn shard_names() {
+        assert!(valid_shard_name(shard_name(3, 10, None).as_bytes()));
+        assert!(valid_shard_name(shard_name(3, 10, Some(0xdead_beef)).as_bytes()));
+        assert!(!valid_shard_name(b"/../etc/passwd"));
+        assert!(!valid_shard_name(b".data-00000-of-00001/x"));
+        assert!(!valid_shard_name(b".data-00000-of-00001.DEADBEEFDEADBEEF"));
+    }
+
+    #[test]
+    fn shard_header_round_trip_and_checks() {
+        let h = ShardHeader {
+            save_token: 7,
+            shard_index: 1,
+            shard_count: 2,
+        };
+        let (b, c) = h.encode();
+        let p = Path::new("x");
+        assert_eq!(ShardHeader::decode(&b, p).unwrap(), (h, c));
+        let mut bad = b;
+        bad[20] ^= 1;
+        assert!(matches!(
+            ShardHeader::decode(&bad, p),
+            Err(Error::Checksum { .. })
+        ));
+        assert!(ShardHeader::decode(&b[..10], p).is_err());
+    }
+}

@@ -1,0 +1,672 @@
+//! The index file (FORMAT.md §3): building it from entry metadata, and a zero-parse view over
+//! its mmap that answers lookups by binary search and verifies each block of 64 entries the
+//! first time it is touched.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// One chunk of a compressed entry (§3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkRec {
+    pub rel_offset: u64,
+    pub stored_len: u32,
+    pub crc: u32,
+}
+
+/// Everything the index records about one entry; what writers produce and merges carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryMeta {
+    pub key: String,
+    pub dtype: DType,
+    pub codec: Codec,
+    pub kind: Kind,
+    pub dims: Vec<u64>,
+    pub shard: u32,
+    /// crc32c of the raw bytes.
+    pub crc: u32,
+    pub offset: u64,
+    pub stored_len: u64,
+    pub chunks: Vec<ChunkRec>,
+}
+
+/// One shard as recorded in the index (§3.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardRec {
+    pub file_len: u64,
+    pub save_token: u64,
+    pub header_crc: u32,
+    pub name: String,
+}
+
+impl EntryMeta {
+    fn dims_inline(&self) -> bool {
+        self.codec == Codec::None && self.dims.len() == 1
+    }
+    fn aux_len(&self) -> usize {
+        let d = if self.dims_inline() { 0 } else { 8 * self.dims.len() };
+        d + CHUNK_REC * self.chunks.len()
+    }
+}
+
+/// Check that a key is storable: 1..=65535 bytes of UTF-8 without NUL.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "key {key:?}: length {} is outside 1..={MAX_KEY_LEN} bytes",
+            key.len()
+        )));
+    }
+    if key.as_bytes().contains(&0) {
+        return Err(Error::InvalidArgument(format!("key {key:?} contains a NUL byte")));
+    }
+    Ok(())
+}
+
+/// Serialize an index. `entries` is sorted here; duplicates are an error naming the key.
+pub fn build_index(
+    shards: &[ShardRec],
+    mut entries: Vec<EntryMeta>,
+    chunk_bytes: u32,
+    meta_json: &[u8],
+) -> Result<Vec<u8>> {
+    entries.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+    for w in entries.windows(2) {
+        if w[0].key == w[1].key {
+            return Err(Error::DuplicateKey {
+                key: w[0].key.clone(),
+                context: "written twice in one checkpoint".into(),
+            });
+        }
+    }
+    let n = entries.len();
+    let nblocks = n.div_ceil(BLOCK_ENTRIES);
+    let shards_off = INDEX_HEADER_LEN as u64;
+    let blocks_off = shards_off + (shards.len() * SHARD_REC) as u64;
+    let entries_off = blocks_off + (nblocks * BLOCK_REC) as u64;
+    let keys_off = entries_off + (n * ENTRY_REC) as u64;
+    let keys_len: u64 = entries.iter().map(|e| e.key.len() as u64).sum();
+    let aux_off = keys_off + keys_len;
+    let aux_len: u64 = entries.iter().map(|e| e.aux_len() as u64).sum();
+    let meta_off = aux_off + aux_len;
+    let meta_len = meta_json.len() as u64;
+    let file_len = meta_off + meta_len + INDEX_FOOTER_LEN as u64;
+
+    let mut out = vec![0u8; file_len as usize];
+    // Shard table.
+    for (i, s) in shards.iter().enumerate() {
+        if !valid_shard_name(s.name.as_bytes()) || s.name.len() > SHARD_NAME_MAX {
+            return Err(Error::InvalidArgument(format!("invalid shard name {:?}", s.name)));
+        }
+        let r = &mut out[shards_off as usize + i * SHARD_REC..][..SHARD_REC];
+        r[0..8].copy_from_slice(&s.file_len.to_le_bytes());
+        r[8..16].copy_from_slice(&s.save_token.to_le_bytes());
+        r[16..20].copy_from_slice(&s.header_crc.to_le_bytes());
+        r[20..24].copy_from_slice(&(s.name.len() as u32).to_le_bytes());
+        r[24..24 + s.name.len()].copy_from_slice(s.name.as_bytes());
+    }
+    // Entries, keys, aux; blocks.
+    let (mut kpos, mut apos) = (0u64, 0u64);
+    for b in 0..nblocks {
+        let (key_lo, aux_lo) = (kpos, apos);
+        let lo = b * BLOCK_ENTRIES;
+        let hi = (lo + BLOCK_ENTRIES).min(n);
+        for (i, e) in entries[lo..hi].iter().enumerate().map(|(j, e)| (lo + j, e)) {
+            check_key(&e.key)?;
+            if e.shard as usize >= shards.len() {
+                return Err(Error::InvalidArgument(format!("entry {:?}: shard out of range", e.key)));
+            }
+            let key_rel = u32::try_from(kpos - key_lo)
+                .map_err(|_| Error::InvalidArgument("keys of one block exceed 4 GiB".into()))?;
+            let aux_rel = u32::try_from(apos - aux_lo).map_err(|_| {
+                Error::InvalidArgument(format!("entry {:?}: chunk table too large", e.key))
+            })?;
+            let r = &mut out[entries_off as usize + i * ENTRY_REC..][..ENTRY_REC];
+            r[0..4].copy_from_slice(&key_rel.to_le_bytes());
+            r[4..6].copy_from_slice(&(e.key.len() as u16).to_le_bytes());
+            r[6] = e.dtype as u8;
+            r[7] = e.codec as u8;
+            r[8] = e.kind as u8;
+            r[9] = u8::try_from(e.dims.len())
+                .ok()
+                .filter(|&d| d as usize <= MAX_NDIM)
+                .ok_or_else(|| Error::InvalidArgument(format!("entry {:?}: ndim > {MAX_NDIM}", e.key)))?;
+            r[12..16].copy_from_slice(&e.shard.to_le_bytes());
+            r[16..20].copy_from_slice(&e.crc.to_le_bytes());
+            r[20..24].copy_from_slice(&aux_rel.to_le_bytes());
+            r[24..32].copy_from_slice(&e.offset.to_le_bytes());
+            r[32..40].copy_from_slice(&e.stored_len.to_le_bytes());
+            let k = (keys_off + kpos) as usize;
+            out[k..k + e.key.len()].copy_from_slice(e.key.as_bytes());
+            kpos += e.key.len() as u64;
+            let mut a = (aux_off + apos) as usize;
+            if !e.dims_inline() {
+                for d in &e.dims {
+                    out[a..a + 8].copy_from_slice(&d.to_le_bytes());
+                    a += 8;
+                }
+            }
+            for c in &e.chunks {
+                out[a..a + 8].copy_from_slice(&c.rel_offset.to_le_bytes());
+                out[a + 8..a + 12].copy_from_slice(&c.stored_len.to_le_bytes());
+                out[a + 12..a + 16].copy_from_slice(&c.crc.to_le_bytes());
+                a += CHUNK_REC;
+            }
+            apos += e.aux_len() as u64;
+        }
+        let ent = &out[entries_off as usize + lo * ENTRY_REC..entries_off as usize + hi * ENTRY_REC];
+        let mut c = crc(ent);
+        c = crc32c::crc32c_append(c, &out[(keys_off + key_lo) as usize..(keys_off + kpos) as usize]);
+        c = crc32c::crc32c_append(c, &out[(aux_off + aux_lo) as usize..(aux_off + apos) as usize]);
+        let r = &mut out[blocks_off as usize + b * BLOCK_REC..][..BLOCK_REC];
+        r[0..8].copy_from_slice(&key_lo.to_le_bytes());
+        r[8..16].copy_from_slice(&aux_lo.to_le_bytes());
+        r[16..20].copy_from_slice(&c.to_le_bytes());
+    }
+    out[meta_off as usize..(meta_off + meta_len) as usize].copy_from_slice(meta_json);
+    let shards_crc = crc(&out[shards_off as usize..blocks_off as usize]);
+    let blocks_crc = crc(&out[blocks_off as usize..entries_off as usize]);
+    let meta_crc = crc(meta_json);
+    {
+        let h = &mut out[..INDEX_HEADER_LEN];
+        h[0..8].copy_from_slice(INDEX_MAGIC);
+        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&(INDEX_HEADER_LEN as u32).to_le_bytes());
+        h[16..24].copy_from_slice(&file_len.to_le_bytes());
+        h[24..32].copy_from_slice(&(n as u64).to_le_bytes());
+        h[32..36].copy_from_slice(&(shards.len() as u32).to_le_bytes());
+        h[36..40].copy_from_slice(&chunk_bytes.to_le_bytes());
+        for (at, v) in [
+            (40, shards_off),
+            (48, blocks_off),
+            (56, entries_off),
+            (64, keys_off),
+            (72, keys_len),
+            (80, aux_off),
+            (88, aux_len),
+            (96, meta_off),
+            (104, meta_len),
+        ] {
+            h[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        h[112..116].copy_from_slice(&shards_crc.to_le_bytes());
+        h[116..120].copy_from_slice(&blocks_crc.to_le_bytes());
+        h[120..124].copy_from_slice(&meta_crc.to_le_bytes());
+    }
+    let hc = crc(&out[..INDEX_HEADER_CRC_AT]);
+    out[INDEX_HEADER_CRC_AT..INDEX_HEADER_LEN].copy_from_slice(&hc.to_le_bytes());
+    let f = file_len as usize - INDEX_FOOTER_LEN;
+    out[f..f + 8].copy_from_slice(INDEX_FOOTER_MAGIC);
+    out[f + 8..f + 12].copy_from_slice(&hc.to_le_bytes());
+    Ok(out)
+}
+
+/// The decoded, bounds-checked index header.
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    file_len: u64,
+    entry_count: u64,
+    shard_count: u32,
+    chunk_bytes: u32,
+    shards_off: u64,
+    blocks_off: u64,
+    entries_off: u64,
+    keys_off: u64,
+    keys_len: u64,
+    aux_off: u64,
+    aux_len: u64,
+    meta_off: u64,
+    meta_len: u64,
+    meta_crc: u32,
+}
+
+/// A parsed, validated entry, borrowing the index bytes.
+#[derive(Clone, Debug)]
+pub struct Entry<'a> {
+    pub index: usize,
+    pub key: &'a str,
+    pub dtype: DType,
+    pub codec: Codec,
+    pub kind: Kind,
+    pub dims: Vec<u64>,
+    pub shard: u32,
+    pub crc: u32,
+    pub offset: u64,
+    pub stored_len: u64,
+    pub raw_len: u64,
+    /// The chunk records (`nchunks × 16` bytes); empty for codec none.
+    pub chunk_table: &'a [u8],
+}
+
+impl Entry<'_> {
+    /// Number of chunks (0 for codec none).
+    pub fn nchunks(&self) -> usize {
+        self.chunk_table.len() / CHUNK_REC
+    }
+
+    /// Chunk record `i` (caller checks `i < nchunks()`).
+    pub fn chunk(&self, i: usize) -> ChunkRec {
+        let r = &self.chunk_table[i * CHUNK_REC..(i + 1) * CHUNK_REC];
+        ChunkRec {
+            rel_offset: le_u64(r, 0),
+            stored_len: le_u32(r, 8),
+            crc: le_u32(r, 12),
+        }
+    }
+
+    /// Owned metadata (used when merging partial indexes).
+    pub fn to_meta(&self) -> EntryMeta {
+        EntryMeta {
+            key: self.key.to_string(),
+            dtype: self.dtype,
+            codec: self.codec,
+            kind: self.kind,
+            dims: self.dims.clone(),
+            shard: self.shard,
+            crc: self.crc,
+            offset: self.offset,
+            stored_len: self.stored_len,
+            chunks: (0..self.nchunks()).map(|i| self.chunk(i)).collect(),
+        }
+    }
+}
+
+/// A validated view over the bytes of an index file.
+pub struct IndexView<B: AsRef<[u8]>> {
+    path: PathBuf,
+    bytes: B,
+    h: Header,
+    shards: Vec<ShardRec>,
+    /// Per block: 0 = not yet verified, 1 = verified.
+    verified: Vec<AtomicU8>,
+}
+
+impl<B: AsRef<[u8]>> IndexView<B> {
+    /// Validate header, footer, section bounds, the shard table and the block table. Cost is
+    /// O(shards + entries/64), never O(entries).
+    pub fn open(bytes: B, path: &Path) -> Result<Self> {
+        let b = bytes.as_ref();
+        let p = path;
+        if b.len() < INDEX_HEADER_LEN + INDEX_FOOTER_LEN {
+            return Err(Error::corrupt(p, 0, format!("index is {} bytes, too short", b.len())));
+        }
+        if &b[0..8] != INDEX_MAGIC {
+            return Err(Error::corrupt(p, 0, "not a shardpoint index (bad magic)"));
+        }
+        let stored = le_u32(b, INDEX_HEADER_CRC_AT);
+        let actual = crc(&b[..INDEX_HEADER_CRC_AT]);
+        if stored != actual {
+            return Err(Error::Checksum {
+                path: p.to_path_buf(),
+                offset: 0,
+                what: "index header".into(),
+                expected: stored,
+                actual,
+            });
+        }
+        let version = le_u32(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                path: p.to_path_buf(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if le_u32(b, 12) as usize != INDEX_HEADER_LEN {
+            return Err(Error::corrupt(p, 12, "index header_len is not 128"));
+        }
+        let h = Header {
+            file_len: le_u64(b, 16),
+            entry_count: le_u64(b, 24),
+            shard_count: le_u32(b, 32),
+            chunk_bytes: le_u32(b, 36),
+            shards_off: le_u64(b, 40),
+            blocks_off: le_u64(b, 48),
+            entries_off: le_u64(b, 56),
+            keys_off: le_u64(b, 64),
+            keys_len: le_u64(b, 72),
+            aux_off: le_u64(b, 80),
+            aux_len: le_u64(b, 88),
+            meta_off: le_u64(b, 96),
+            meta_len: le_u64(b, 104),
+            meta_crc: le_u32(b, 120),
+        };
+        if h.file_len != b.len() as u64 {
+            return Err(Error::corrupt(
+                p,
+                16,
+                format!(
+                    "index records {} bytes but the file has {} (truncated or extended)",
+                    h.file_len,
+                    b.len()
+                ),
+            ));
+        }
+        let f = b.len() - INDEX_FOOTER_LEN;
+        if &b[f..f + 8] != INDEX_FOOTER_MAGIC || le_u32(b, f + 8) != stored || le_u32(b, f + 12) != 0
+        {
+            return Err(Error::corrupt(p, f as u64, "index footer does not match its header"));
+        }
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&h.chunk_bytes) || h.chunk_bytes % 16 != 0 {
+            return Err(Error::corrupt(p, 36, format!("chunk_bytes {} out of range", h.chunk_bytes)));
+        }
+        // Sections in order, inside [header, footer), each length computed with checks.
+        let n = h.entry_count;
+        let nblocks = n.div_ceil(BLOCK_ENTRIES as u64);
+        let sec = [
+            ("shard table", h.shards_off, (h.shard_count as u64).checked_mul(SHARD_REC as u64)),
+            ("block table", h.blocks_off, nblocks.checked_mul(BLOCK_REC as u64)),
+            ("entry table", h.entries_off, n.checked_mul(ENTRY_REC as u64)),
+            ("key blob", h.keys_off, Some(h.keys_len)),
+            ("aux blob", h.aux_off, Some(h.aux_len)),
+            ("metadata", h.meta_off, Some(h.meta_len)),
+        ];
+        let mut pos = INDEX_HEADER_LEN as u64;
+        let limit = f as u64;
+        for (what, off, len) in sec {
+            let len = len.ok_or_else(|| Error::corrupt(p, off, format!("{what}: size overflows")))?;
+            let end = off.checked_add(len);
+            match end {
+                Some(end) if off >= pos && end <= limit => pos = end,
+                _ => {
+                    return Err(Error::corrupt(
+                        p,
+                        off,
+                        format!("{what} [{off}, +{len}) overlaps another section or leaves the file"),
+                    ))
+                }
+            }
+        }
+        for (what, off) in [("shard table", h.shards_off), ("block table", h.blocks_off), ("entry table", h.entries_off)] {
+            if off % 8 != 0 {
+                return Err(Error::corrupt(p, off, format!("{what} is not 8-byte aligned")));
+            }
+        }
+        let shard_bytes = &b[h.shards_off as usize..h.blocks_off as usize];
+        let sc = crc(&b[h.shards_off as usize..(h.shards_off + h.shard_count as u64 * SHARD_REC as u64) as usize]);
+        if sc != le_u32(b, 112) {
+            return Err(Error::Checksum {
+                path: p.to_path_buf(),
+                offset: h.shards_off,
+                what: "shard table".into(),
+                expected: le_u32(b, 112),
+                actual: sc,
+            });
+        }
+        let block_bytes = &b[h.blocks_off as usize..(h.blocks_off + nblocks * BLOCK_REC as u64) as usize];
+        let bc = crc(block_bytes);
+        if bc != le_u32(b, 116) {
+            return Err(Error::Checksum {
+                path: p.to_path_buf(),
+                offset: h.blocks_off,
+                what: "block table".into(),
+                expected: le_u32(b, 116),
+                actual: bc,
+            });
+        }
+        let mut shards = Vec::with_capacity(h.shard_count as usize);
+        for i in 0..h.shard_count as usize {
+            let r = &shard_bytes[i * SHARD_REC..(i + 1) * SHARD_REC];
+            let off = h.shards_off + (i * SHARD_REC) as u64;
+            let name_len = le_u32(r, 20) as usize;
+            if name_len == 0 || name_len > SHARD_NAME_MAX || r[24 + name_len..].iter().any(|&c| c != 0) {
+                return Err(Error::corrupt(p, off, format!("shard record {i}: bad name length {name_len}")));
+            }
+            let name = &r[24..24 + name_len];
+            if !valid_shard_name(name) {
+                return Err(Error::corrupt(
+                    p,
+                    off,
+                    format!("shard record {i}: refusing shard name {:?}", String::from_utf8_lossy(name)),
+                ));
+            }
+            shards.push(ShardRec {
+                file_len: le_u64(r, 0),
+                save_token: le_u64(r, 8),
+                header_crc: le_u32(r, 16),
+                name: String::from_utf8(name.to_vec()).expect("validated ASCII"),
+            });
+        }
+        let verified = (0..nblocks).map(|_| AtomicU8::new(0)).collect();
+        Ok(IndexView { path: p.to_path_buf(), bytes, h, shards, verified })
+    }
+
+    fn b(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+
+    /// Path of the index file (for error messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.h.entry_count as usize
+    }
+
+    /// True when the checkpoint has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.h.entry_count == 0
+    }
+
+    /// The shard table.
+    pub fn shards(&self) -> &[ShardRec] {
+        &self.shards
+    }
+
+    /// Raw bytes per chunk of this checkpoint.
+    pub fn chunk_bytes(&self) -> u32 {
+        self.h.chunk_bytes
+    }
+
+    /// Total size of the index file.
+    pub fn file_len(&self) -> u64 {
+        self.h.file_len
+    }
+
+    fn nblocks(&self) -> usize {
+        self.verified.len()
+    }
+
+    /// (key range, aux range) of block `blk`, in blob-relative offsets, checked.
+    fn block_ranges(&self, blk: usize) -> Result<((u64, u64), (u64, u64))> {
+        let b = self.b();
+        let at = self.h.blocks_off as usize + blk * BLOCK_REC;
+        let r = &b[at..at + BLOCK_REC];
+        let (klo, alo) = (le_u64(r, 0), le_u64(r, 8));
+        let (khi, ahi) = if blk + 1 < self.nblocks() {
+            let n = &b[at + BLOCK_REC..at + 2 * BLOCK_REC];
+            (le_u64(n, 0), le_u64(n, 8))
+        } else {
+            (self.h.keys_len, self.h.aux_len)
+        };
+        if klo > khi || khi > self.h.keys_len || alo > ahi || ahi > self.h.aux_len || le_u32(r, 20) != 0 {
+            return Err(Error::corrupt(&self.path, at as u64, format!("block {blk}: bad key/aux ranges")));
+        }
+        Ok(((klo, khi), (alo, ahi)))
+    }
+
+    /// Verify block `blk` (crc and in-block key order) unless already done.
+    fn ensure_block(&self, blk: usize) -> Result<()> {
+        if self.verified[blk].load(Ordering::Acquire) == 1 {
+            return Ok(());
+        }
+        let b = self.b();
+        let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
+        let lo = blk * BLOCK_ENTRIES;
+        let hi = (lo + BLOCK_ENTRIES).min(self.len());
+        let e0 = self.h.entries_off as usize;
+        let ent = &b[e0 + lo * ENTRY_REC..e0 + hi * ENTRY_REC];
+        let keys = &b[(self.h.keys_off + klo) as usize..(self.h.keys_off + khi) as usize];
+        let aux = &b[(self.h.aux_off + alo) as usize..(self.h.aux_off + ahi) as usize];
+        let c = crc32c::crc32c_append(crc32c::crc32c_append(crc(ent), keys), aux);
+        let stored = le_u32(b, self.h.blocks_off as usize + blk * BLOCK_REC + 16);
+        if c != stored {
+            return Err(Error::Checksum {
+                path: self.path.clone(),
+                offset: (e0 + lo * ENTRY_REC) as u64,
+                what: format!("index block {blk} (entries {lo}..{hi})"),
+                expected: stored,
+                actual: c,
+            });
+        }
+        let mut prev: Option<&[u8]> = None;
+        for i in lo..hi {
+            let k = self.key_bytes_unchecked(i, klo, khi)?;
+            if prev.is_some_and(|p| p >= k) {
+                return Err(Error::corrupt(&self.path, (e0 + i * ENTRY_REC) as u64, format!("entry {i}: keys are not strictly sorted")));
+            }
+            prev = Some(k);
+        }
+        self.verified[blk].store(1, Ordering::Release);
+        Ok(())
+    }
+
+    fn key_bytes_unchecked(&self, i: usize, klo: u64, khi: u64) -> Result<&[u8]> {
+        let b = self.b();
+        let r = &b[self.h.entries_off as usize + i * ENTRY_REC..][..ENTRY_REC];
+        let start = klo + le_u32(r, 0) as u64;
+        let len = le_u16(r, 4) as u64;
+        if len == 0 || start + len > khi {
+            return Err(Error::corrupt(&self.path, self.h.entries_off + (i * ENTRY_REC) as u64, format!("entry {i}: key outside its block's key range")));
+        }
+        Ok(&b[(self.h.keys_off + start) as usize..(self.h.keys_off + start + len) as usize])
+    }
+
+    /// The key bytes of entry `i` (verifying its block first).
+    pub fn key_bytes(&self, i: usize) -> Result<&[u8]> {
+        let blk = i / BLOCK_ENTRIES;
+        self.ensure_block(blk)?;
+        let ((klo, khi), _) = self.block_ranges(blk)?;
+        self.key_bytes_unchecked(i, klo, khi)
+    }
+
+    /// First entry index whose key is `>= key`.
+    pub fn lower_bound(&self, key: &[u8]) -> Result<usize> {
+        let (mut lo, mut hi) = (0usize, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.key_bytes(mid)? < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Entry index of `key`, if present.
+    pub fn find(&self, key: &str) -> Result<Option<usize>> {
+        let i = self.lower_bound(key.as_bytes())?;
+        if i < self.len() && self.key_bytes(i)? == key.as_bytes() {
+            Ok(Some(i))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Parse and validate entry `i`.
+    pub fn entry(&self, i: usize) -> Result<Entry<'_>> {
+        if i >= self.len() {
+            return Err(Error::InvalidArgument(format!("entry {i} out of range")));
+        }
+        let blk = i / BLOCK_ENTRIES;
+        self.ensure_block(blk)?;
+        let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
+        let b = self.b();
+        let rec_off = self.h.entries_off + (i * ENTRY_REC) as u64;
+        let r = &b[rec_off as usize..rec_off as usize + ENTRY_REC];
+        let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i}: {what}"));
+        let key_b = self.key_bytes_unchecked(i, klo, khi)?;
+        let key = std::str::from_utf8(key_b).map_err(|_| bad("key is not valid UTF-8".into()))?;
+        if key_b.contains(&0) {
+            return Err(bad(format!("key {key:?} contains NUL")));
+        }
+        let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i} ({key:?}): {what}"));
+        let dtype = DType::from_tag(r[6]).ok_or_else(|| bad(format!("unknown dtype tag {}", r[6])))?;
+        let codec = Codec::from_tag(r[7]).ok_or_else(|| bad(format!("unknown codec tag {}", r[7])))?;
+        let kind = Kind::from_tag(r[8]).ok_or_else(|| bad(format!("unknown kind tag {}", r[8])))?;
+        let ndim = r[9] as usize;
+        if ndim > MAX_NDIM || r[10] != 0 || r[11] != 0 {
+            return Err(bad(format!("ndim {ndim} > {MAX_NDIM} or reserved bytes set")));
+        }
+        let shard = le_u32(r, 12);
+        let srec = self.shards.get(shard as usize).ok_or_else(|| bad(format!("shard {shard} out of range")))?;
+        let (crc_v, aux_rel, offset, stored_len) = (le_u32(r, 16), le_u32(r, 20) as u64, le_u64(r, 24), le_u64(r, 32));
+        let itemsize = dtype.itemsize();
+        let mut a = alo.checked_add(aux_rel).filter(|&a| a <= ahi).ok_or_else(|| bad("aux offset outside its block".into()))?;
+        let aux = |a: u64, len: u64| -> Result<&[u8]> {
+            if a.checked_add(len).is_none_or(|e| e > ahi) {
+                return Err(bad(format!("aux data [{a}, +{len}) outside its block")));
+            }
+            Ok(&b[(self.h.aux_off + a) as usize..(self.h.aux_off + a + len) as usize])
+        };
+        let dims: Vec<u64> = if codec == Codec::None && ndim == 1 {
+            if stored_len % itemsize as u64 != 0 {
+                return Err(bad(format!("stored_len {stored_len} is not a multiple of itemsize {itemsize}")));
+            }
+            vec![stored_len / itemsize as u64]
+        } else {
+            let d = aux(a, 8 * ndim as u64)?;
+            a += 8 * ndim as u64;
+            d.chunks_exact(8).map(|c| le_u64(c, 0)).collect()
+        };
+        let raw_len = raw_len(&dims, itemsize).ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+        if kind != Kind::Tensor && (dtype != DType::U8 || ndim != 1) {
+            return Err(bad("typed entries must be 1-d uint8".into()));
+        }
+        let chunk_table: &[u8] = if codec == Codec::None {
+            if stored_len != raw_len {
+                return Err(bad(format!("stored_len {stored_len} != raw length {raw_len}")));
+            }
+            &[]
+        } else {
+            if stored_len > raw_len {
+                return Err(bad(format!("compressed entry stores {stored_len} bytes, more than its raw {raw_len}")));
+            }
+            let nch = chunk_count(raw_len, self.h.chunk_bytes);
+            let len = nch.checked_mul(CHUNK_REC as u64).ok_or_else(|| bad("chunk count overflows".into()))?;
+            aux(a, len)?
+        };
+        if offset < DATA_START || offset % ALIGN != 0 || offset.checked_add(stored_len).is_none_or(|e| e > srec.file_len) {
+            return Err(bad(format!(
+                "payload [{offset}, +{stored_len}) is misaligned or outside shard {shard} ({} bytes)",
+                srec.file_len
+            )));
+        }
+        Ok(Entry { index: i, key, dtype, codec, kind, dims, shard, crc: crc_v, offset, stored_len, raw_len, chunk_table })
+    }
+
+    /// The metadata JSON bytes, crc-checked.
+    pub fn metadata_bytes(&self) -> Result<&[u8]> {
+        let m = &self.b()[self.h.meta_off as usize..(self.h.meta_off + self.h.meta_len) as usize];
+        let c = crc(m);
+        if c != self.h.meta_crc {
+            return Err(Error::Checksum {
+                path: self.path.clone(),
+                offset: self.h.meta_off,
+                what: "metadata".into(),
+                expected: self.h.meta_crc,
+                actual: c,
+            });
+        }
+        Ok(m)
+    }
+
+    /// Verify every block and the global key order.
+    pub fn verify_all(&self) -> Result<()> {
+        for blk in 0..self.nblocks() {
+            self.ensure_block(blk)?;
+        }
+        for blk in 1..self.nblocks() {
+            let i = blk * BLOCK_ENTRIES;
+            if self.key_bytes(i - 1)? >= self.key_bytes(i)? {
+                return Err(Error::corrupt(&self.path, self.h.entries_off + (i * ENTRY_REC) as u64, format!("entry {i}: keys are not sorted across blocks")));
+            }
+        }
+        self.metadata_bytes()?;
+        Ok(())
+    }
+}

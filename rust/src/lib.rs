@@ -1,0 +1,29 @@
+//! shardpoint-core: the storage engine of shardpoint.
+//!
+//! A checkpoint is a path prefix `P` with shard files `P.data-*` holding 64-byte aligned,
+//! optionally chunked and zstd-compressed payloads, and an index `P.index` whose atomic rename
+//! commits the checkpoint. The byte-level spec is docs/FORMAT.md; module names follow it:
+//!
+//! - [`format`]: constants, tags, the shard header, shard names;
+//! - [`codec`]: byte grouping and zstd chunk codecs;
+//! - [`index`]: building the index and the lazily verified view used for lookups;
+//! - [`shard`]: writing one shard file;
+//! - [`writer`]: multi-shard and multi-writer saves, partial-index merge;
+//! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
+//! - [`commit`]: file naming, atomic publish, cleanup, removal;
+//! - [`error`]: the crate's one error type.
+
+pub mod codec;
+pub mod commit;
+pub mod error;
+pub mod format;
+pub mod index;
+pub mod reader;
+pub mod shard;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use format::{Codec, DType, Kind};
+pub use reader::Reader;
+pub use shard::Item;
+pub use writer::{merge, save, CheckpointWriter, WriterOptions};

@@ -1,0 +1,271 @@
+//! Writing one shard file: header, aligned payloads, chunked compression, crc32c.
+//!
+//! A shard is written under a temp name and only published (linked to its final name) by
+//! `finish`; dropping an unfinished writer removes the temp file.
+
+use crate::codec::{effective_codec, encode_chunk};
+use crate::commit::{publish_shard, with_suffix};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::{ChunkRec, EntryMeta, ShardRec};
+use rayon::prelude::*;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Chunks compressed per parallel batch: bounds the memory a huge tensor needs while writing.
+const CHUNKS_PER_BATCH: usize = 32;
+/// Small payloads are gathered into a buffer of this size before a write syscall.
+const WRITE_BUF: usize = 1 << 20;
+/// Payloads larger than this get their crc computed in parallel pieces.
+const PAR_CRC_MIN: usize = 8 << 20;
+
+/// How one value should be stored.
+#[derive(Clone, Copy, Debug)]
+pub struct EncodeOptions {
+    pub codec: Codec,
+    pub level: i32,
+    pub chunk_bytes: u32,
+}
+
+/// One value to store (borrowed bytes: nothing is copied before it is written).
+#[derive(Clone, Debug)]
+pub struct Item<'a> {
+    pub key: String,
+    pub dtype: DType,
+    pub kind: Kind,
+    pub dims: Vec<u64>,
+    pub data: &'a [u8],
+}
+
+impl Item<'_> {
+    /// Check that `data` matches dtype × dims and the key is valid.
+    pub fn validate(&self) -> Result<()> {
+        crate::index::check_key(&self.key)?;
+        if self.dims.len() > MAX_NDIM {
+            return Err(Error::InvalidArgument(format!("{:?}: ndim {} > {MAX_NDIM}", self.key, self.dims.len())));
+        }
+        let want = raw_len(&self.dims, self.dtype.itemsize())
+            .ok_or_else(|| Error::InvalidArgument(format!("{:?}: shape {:?} overflows", self.key, self.dims)))?;
+        if want != self.data.len() as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: {} bytes given, shape {:?} of {} needs {want}",
+                self.key,
+                self.data.len(),
+                self.dims,
+                self.dtype.name()
+            )));
+        }
+        if self.kind != Kind::Tensor && (self.dtype != DType::U8 || self.dims.len() != 1) {
+            return Err(Error::InvalidArgument(format!("{:?}: typed values are 1-d uint8", self.key)));
+        }
+        Ok(())
+    }
+}
+
+/// crc32c of `data`, in parallel pieces for large inputs.
+pub fn par_crc(data: &[u8]) -> u32 {
+    if data.len() < PAR_CRC_MIN {
+        return crc(data);
+    }
+    const PIECE: usize = 4 << 20;
+    data.par_chunks(PIECE)
+        .map(|p| (crc(p), p.len()))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(None, |acc: Option<u32>, (c, n)| Some(match acc {
+            None => c,
+            Some(a) => crc32c::crc32c_combine(a, c, n),
+        }))
+        .unwrap_or_else(|| crc(&[]))
+}
+
+/// A shard file being written.
+pub struct ShardWriter {
+    prefix: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+    buf: Vec<u8>,
+    pos: u64,
+    token: u64,
+    header_crc: u32,
+    index: u32,
+    count: u32,
+    entries: Vec<EntryMeta>,
+    bytes_written: u64,
+}
+
+impl ShardWriter {
+    /// Create the temp file of shard `index` of `count` and write its header.
+    pub fn create(prefix: &Path, index: u32, count: u32, token: u64) -> Result<Self> {
+        let tmp = with_suffix(prefix, &format!("{}.tmp-{token:016x}", shard_name(index, count, None)));
+        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create shard", e))?;
+        let (hdr, header_crc) = ShardHeader { save_token: token, shard_index: index, shard_count: count }.encode();
+        let mut buf = Vec::with_capacity(WRITE_BUF);
+        buf.extend_from_slice(&hdr);
+        buf.resize(DATA_START as usize, 0);
+        Ok(ShardWriter {
+            prefix: prefix.to_path_buf(),
+            tmp,
+            file: Some(file),
+            buf,
+            pos: DATA_START,
+            token,
+            header_crc,
+            index,
+            count,
+            entries: Vec::new(),
+            bytes_written: 0,
+        })
+    }
+
+    /// Payload bytes written so far (for balancing).
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    fn flush_buf(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            let f = self.file.as_mut().expect("open until finish");
+            f.write_all(&self.buf).map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Append bytes at the current position (buffered when small).
+    fn append(&mut self, data: &[u8]) -> Result<()> {
+        if self.buf.len() + data.len() <= WRITE_BUF {
+            self.buf.extend_from_slice(data);
+        } else {
+            self.flush_buf()?;
+            if data.len() >= WRITE_BUF {
+                let f = self.file.as_mut().expect("open until finish");
+                f.write_all(data).map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+            } else {
+                self.buf.extend_from_slice(data);
+            }
+        }
+        self.pos += data.len() as u64;
+        Ok(())
+    }
+
+    /// Pad with zeros to where a payload of `len` bytes starts.
+    fn pad_for(&mut self, len: u64) -> Result<()> {
+        let at = payload_align(self.pos, len).ok_or_else(|| Error::InvalidArgument("shard offset overflows".into()))?;
+        let pad = (at - self.pos) as usize;
+        if pad > 0 {
+            self.buf.resize(self.buf.len() + pad, 0);
+            self.pos = at;
+            if self.buf.len() >= WRITE_BUF {
+                self.flush_buf()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write one value. Compression happens here, chunk-parallel on the rayon pool.
+    pub fn write_item(&mut self, item: &Item<'_>, opts: EncodeOptions) -> Result<()> {
+        item.validate()?;
+        let data = item.data;
+        let codec = if (data.len() as u64) < MIN_COMPRESS_BYTES {
+            Codec::None
+        } else {
+            effective_codec(opts.codec, item.dtype)
+        };
+        if codec == Codec::None {
+            let c = par_crc(data);
+            self.pad_for(data.len() as u64)?;
+            let offset = self.pos;
+            self.append(data)?;
+            self.push_entry(item, Codec::None, c, offset, data.len() as u64, Vec::new());
+            return Ok(());
+        }
+        // Chunked: compress a batch of chunks in parallel, then write them in order.
+        let cb = opts.chunk_bytes as usize;
+        self.pad_for(data.len() as u64)?;
+        let offset = self.pos;
+        let mut chunks = Vec::with_capacity(data.len().div_ceil(cb));
+        let mut raw_crc: Option<u32> = None;
+        let mut all_raw = true;
+        for batch in data.chunks(cb * CHUNKS_PER_BATCH) {
+            let encoded: Vec<Result<(Option<Vec<u8>>, u32, usize)>> = batch
+                .par_chunks(cb)
+                .map(|raw| Ok((encode_chunk(codec, item.dtype, opts.level, raw)?, crc(raw), raw.len())))
+                .collect();
+            for (enc, rc) in encoded.into_iter().zip(batch.chunks(cb)) {
+                let (stored, raw_c, n) = enc?;
+                raw_crc = Some(match raw_crc {
+                    None => raw_c,
+                    Some(a) => crc32c::crc32c_combine(a, raw_c, n),
+                });
+                let bytes: &[u8] = match &stored {
+                    Some(v) => {
+                        all_raw = false;
+                        v
+                    }
+                    None => rc,
+                };
+                chunks.push(ChunkRec {
+                    rel_offset: self.pos - offset,
+                    stored_len: bytes.len() as u32,
+                    crc: if stored.is_some() { crc(bytes) } else { raw_c },
+                });
+                self.append(bytes)?;
+            }
+        }
+        let raw_crc = raw_crc.unwrap_or_else(|| crc(&[]));
+        let stored_len = self.pos - offset;
+        if all_raw {
+            // Nothing compressed: the payload *is* the raw bytes, so record it as codec none and
+            // keep zero-copy reads.
+            self.push_entry(item, Codec::None, raw_crc, offset, stored_len, Vec::new());
+        } else {
+            self.push_entry(item, codec, raw_crc, offset, stored_len, chunks);
+        }
+        Ok(())
+    }
+
+    fn push_entry(&mut self, item: &Item<'_>, codec: Codec, c: u32, offset: u64, stored_len: u64, chunks: Vec<ChunkRec>) {
+        self.bytes_written += stored_len;
+        self.entries.push(EntryMeta {
+            key: item.key.clone(),
+            dtype: item.dtype,
+            codec,
+            kind: item.kind,
+            dims: item.dims.clone(),
+            shard: 0, // set by the index builder's caller
+            crc: c,
+            offset,
+            stored_len,
+            chunks,
+        });
+    }
+
+    /// Flush, fsync (if `durable`), publish under the final name. Returns the shard record and
+    /// the entries written (their `shard` field still 0).
+    pub fn finish(mut self, durable: bool) -> Result<(ShardRec, Vec<EntryMeta>)> {
+        self.flush_buf()?;
+        let f = self.file.take().expect("open until finish");
+        if durable {
+            f.sync_all().map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
+        }
+        drop(f);
+        let plain = shard_name(self.index, self.count, None);
+        let tokened = shard_name(self.index, self.count, Some(self.token));
+        let name = publish_shard(&self.prefix, &self.tmp, &plain, &tokened).inspect_err(|_| {
+            let _ = std::fs::remove_file(&self.tmp);
+        })?;
+        let rec = ShardRec { file_len: self.pos, save_token: self.token, header_crc: self.header_crc, name };
+        Ok((rec, std::mem::take(&mut self.entries)))
+    }
+}
+
+impl Drop for ShardWriter {
+    fn drop(&mut self) {
+        // Unfinished (error or abandoned save): the temp file must not linger.
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

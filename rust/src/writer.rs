@@ -1,0 +1,288 @@
+//! Checkpoint writers: a streaming writer over several shards (threads write different shards
+//! in parallel), a one-call parallel save, partial indexes for multi-process writers, and the
+//! merge that commits them.
+
+use crate::commit::{cleanup, index_path, partial_index_path, random_token, write_atomic};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
+use crate::shard::{EncodeOptions, Item, ShardWriter};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Options of a save.
+#[derive(Clone, Debug)]
+pub struct WriterOptions {
+    pub codec: Codec,
+    pub level: i32,
+    pub chunk_bytes: u32,
+    /// Shards written by this writer.
+    pub shards: u32,
+    /// fsync shards, index and directory.
+    pub durable: bool,
+    /// This writer's rank and the number of writers (1 = commit directly).
+    pub rank: u32,
+    pub world_size: u32,
+    /// User metadata JSON (an object), stored in the index.
+    pub metadata_json: String,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            codec: Codec::ZstdByteGroup,
+            level: crate::codec::DEFAULT_LEVEL,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            shards: 1,
+            durable: true,
+            rank: 0,
+            world_size: 1,
+            metadata_json: "{}".into(),
+        }
+    }
+}
+
+impl WriterOptions {
+    fn validate(&self) -> Result<()> {
+        if self.shards == 0 || self.shards > 65536 {
+            return Err(Error::InvalidArgument(format!("shards must be in 1..=65536, got {}", self.shards)));
+        }
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::InvalidArgument(format!("rank {} is not in 0..{}", self.rank, self.world_size)));
+        }
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) || self.chunk_bytes % 16 != 0 {
+            return Err(Error::InvalidArgument(format!("chunk_bytes {} out of range", self.chunk_bytes)));
+        }
+        let global = (self.world_size as u64) * (self.shards as u64);
+        if global > 99_999 {
+            return Err(Error::InvalidArgument("more than 99999 shards in one checkpoint".into()));
+        }
+        Ok(())
+    }
+
+    fn encode(&self) -> EncodeOptions {
+        EncodeOptions { codec: self.codec, level: self.level, chunk_bytes: self.chunk_bytes }
+    }
+}
+
+fn meta_blob(user_json: &str, extra: &str) -> String {
+    format!(
+        "{{\"format\":{FORMAT_VERSION},\"writer\":\"shardpoint {}\"{extra},\"user\":{user_json}}}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// A streaming checkpoint writer. `add` may be called from several threads at once: each call
+/// takes a free shard, so threads write different shards in parallel.
+pub struct CheckpointWriter {
+    prefix: PathBuf,
+    opts: WriterOptions,
+    token: u64,
+    shards: Vec<Mutex<Option<ShardWriter>>>,
+    keys: Mutex<HashSet<String>>,
+}
+
+impl CheckpointWriter {
+    /// Start a save at `prefix`. Nothing at `prefix` changes until `commit`.
+    pub fn new(prefix: &Path, opts: WriterOptions) -> Result<Self> {
+        opts.validate()?;
+        let token = random_token();
+        let global = opts.world_size * opts.shards;
+        let mut shards = Vec::with_capacity(opts.shards as usize);
+        for j in 0..opts.shards {
+            let s = opts.rank * opts.shards + j;
+            shards.push(Mutex::new(Some(ShardWriter::create(prefix, s, global, token)?)));
+        }
+        Ok(CheckpointWriter { prefix: prefix.to_path_buf(), opts, token, shards, keys: Mutex::new(HashSet::new()) })
+    }
+
+    /// The prefix being written.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// Write one value now (streaming: it is on disk, or in the page cache, when this returns).
+    pub fn add(&self, item: &Item<'_>) -> Result<()> {
+        item.validate()?;
+        if !self.keys.lock().expect("keys lock").insert(item.key.clone()) {
+            return Err(Error::DuplicateKey { key: item.key.clone(), context: "added twice to one writer".into() });
+        }
+        let res = self.with_free_shard(|w| w.write_item(item, self.opts.encode()));
+        if res.is_err() {
+            self.keys.lock().expect("keys lock").remove(&item.key);
+        }
+        res
+    }
+
+    /// Run `f` on an idle shard writer; if all are busy, wait on the least loaded one.
+    fn with_free_shard<T>(&self, f: impl FnOnce(&mut ShardWriter) -> Result<T>) -> Result<T> {
+        for m in &self.shards {
+            if let Ok(mut g) = m.try_lock() {
+                let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+                return f(w);
+            }
+        }
+        let m = &self.shards[0];
+        let mut g = m.lock().expect("shard lock");
+        let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+        f(w)
+    }
+
+    /// Write many values with one thread per shard (the items are balanced across shards by
+    /// size first). Used by `save_file`.
+    pub fn add_parallel(&self, items: &[Item<'_>]) -> Result<()> {
+        {
+            let mut keys = self.keys.lock().expect("keys lock");
+            for it in items {
+                it.validate()?;
+                if !keys.insert(it.key.clone()) {
+                    return Err(Error::DuplicateKey { key: it.key.clone(), context: "given twice".into() });
+                }
+            }
+        }
+        let n = self.shards.len();
+        // Longest-processing-time-first: biggest items to the least loaded shard.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(items[i].data.len()));
+        let mut loads = vec![0u64; n];
+        let mut plan: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for i in order {
+            let s = (0..n).min_by_key(|&s| loads[s]).expect("n >= 1");
+            loads[s] += items[i].data.len() as u64;
+            plan[s].push(i);
+        }
+        for p in plan.iter_mut() {
+            p.sort_unstable(); // keep the caller's order within a shard: sequential file layout
+        }
+        let enc = self.opts.encode();
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = plan
+                .iter()
+                .zip(&self.shards)
+                .filter(|(p, _)| !p.is_empty())
+                .map(|(p, m)| {
+                    sc.spawn(move || -> Result<()> {
+                        let mut g = m.lock().expect("shard lock");
+                        let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+                        for &i in p {
+                            w.write_item(&items[i], enc)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().expect("writer thread panicked"))
+        })
+    }
+
+    /// Finish the shards (fsync, publish) and return their records and entries, shard ids set.
+    fn finish_shards(&self) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+        let mut recs = Vec::new();
+        let mut entries = Vec::new();
+        for m in &self.shards {
+            let w = m.lock().expect("shard lock").take().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+            let (rec, mut ents) = w.finish(self.opts.durable)?;
+            let id = recs.len() as u32;
+            for e in ents.iter_mut() {
+                e.shard = id;
+            }
+            recs.push(rec);
+            entries.append(&mut ents);
+        }
+        Ok((recs, entries))
+    }
+
+    /// Finish and make the result visible: with one writer, commit `P.index`; with several,
+    /// publish this writer's partial index (the checkpoint appears after [`merge`]).
+    pub fn commit(&self) -> Result<()> {
+        let (recs, entries) = self.finish_shards()?;
+        if self.opts.world_size == 1 {
+            let meta = meta_blob(&self.opts.metadata_json, "");
+            commit_index(&self.prefix, &recs, entries, self.opts.chunk_bytes, meta.as_bytes(), self.opts.durable)
+        } else {
+            let extra = format!(
+                ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\"}}",
+                self.opts.rank, self.opts.world_size, self.token
+            );
+            let meta = meta_blob(&self.opts.metadata_json, &extra);
+            let bytes = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes())?;
+            write_atomic(&partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size), &bytes, self.opts.durable)
+        }
+    }
+
+    /// Drop everything written (temp shards are removed).
+    pub fn abort(&self) {
+        for m in &self.shards {
+            if let Ok(mut g) = m.lock() {
+                g.take();
+            }
+        }
+    }
+}
+
+/// Write `P.index` atomically for the given shards and entries, then clean up leftovers.
+pub fn commit_index(prefix: &Path, shards: &[ShardRec], entries: Vec<EntryMeta>, chunk_bytes: u32, meta: &[u8], durable: bool) -> Result<()> {
+    let bytes = build_index(shards, entries, chunk_bytes, meta)?;
+    write_atomic(&index_path(prefix), &bytes, durable)?;
+    let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
+    cleanup(prefix, &keep);
+    Ok(())
+}
+
+/// Save `items` at `prefix` in one call: `opts.shards` threads write in parallel, then commit.
+pub fn save(prefix: &Path, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
+    let w = CheckpointWriter::new(prefix, opts)?;
+    w.add_parallel(items)?;
+    w.commit()
+}
+
+/// Merge the `world_size` partial indexes of `prefix` into `P.index` and commit it. No payload
+/// bytes are copied. Duplicate keys across writers are an error naming both ranks.
+pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
+    if world_size == 0 {
+        return Err(Error::InvalidArgument("world_size must be >= 1".into()));
+    }
+    let mut shards: Vec<ShardRec> = Vec::new();
+    let mut entries: Vec<EntryMeta> = Vec::new();
+    let mut owner: HashMap<String, u32> = HashMap::new();
+    let mut chunk_bytes = None;
+    let mut user_meta: Option<String> = None;
+    for rank in 0..world_size {
+        let p = partial_index_path(prefix, rank, world_size);
+        let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
+        let view = IndexView::open(bytes, &p)?;
+        view.verify_all()?;
+        match chunk_bytes {
+            None => chunk_bytes = Some(view.chunk_bytes()),
+            Some(c) if c != view.chunk_bytes() => {
+                return Err(Error::InvalidArgument(format!("{}: chunk_bytes differs between writers", p.display())))
+            }
+            _ => {}
+        }
+        if rank == 0 {
+            user_meta = Some(String::from_utf8_lossy(view.metadata_bytes()?).into_owned());
+        }
+        let base = shards.len() as u32;
+        shards.extend(view.shards().iter().cloned());
+        for i in 0..view.len() {
+            let mut e = view.entry(i)?.to_meta();
+            if let Some(prev) = owner.insert(e.key.clone(), rank) {
+                return Err(Error::DuplicateKey { key: e.key, context: format!("written by rank {prev} and rank {rank}") });
+            }
+            e.shard += base;
+            entries.push(e);
+        }
+    }
+    // Keep rank 0's user metadata; drop the "partial" marker.
+    let user = user_meta.as_deref().and_then(extract_user).unwrap_or_else(|| "{}".to_string());
+    let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"));
+    commit_index(prefix, &shards, entries, chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES), meta.as_bytes(), durable)
+}
+
+/// The value of the top-level `"user"` field of a metadata blob we wrote (it is always last).
+fn extract_user(meta: &str) -> Option<String> {
+    let at = meta.find(",\"user\":")?;
+    let rest = &meta[at + 8..];
+    rest.strip_suffix('}').map(|s| s.to_string())
+}
