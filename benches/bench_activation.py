@@ -13,7 +13,7 @@ storages seen by ``saved_tensors_hooks``, parameters excluded); "peak MiB" adds 
 checkpointed chunk's own saved tensors, which exist while that chunk is recomputed during
 backward (an estimate: measured by running that chunk without checkpointing); "step ms" is the
 median forward+backward time, configurations interleaved round-robin so that machine noise hits
-all of them alike. Run: ``python benches/bench_activation.py`` (about a minute on 2 cores).
+all of them alike. Run: ``python benches/bench_activation.py`` (about a minute on 2 cores; --help for sizes).
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ import torch
 import torch.utils.checkpoint as tuc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from shardpoint.activation import checkpoint_sequential, split_points  # noqa: E402
-from shardpoint.activation import auto_segments  # noqa: E402
+from shardpoint.activation import (  # noqa: E402
+    auto_segments,  # noqa: E402
+    checkpoint_sequential,
+    split_points,
+)
 
 
 class Block(torch.nn.Module):
@@ -70,10 +73,14 @@ def saved_bytes(model: torch.nn.Module, run: Callable[[], torch.Tensor]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=32)
-    parser.add_argument("--width", type=int, default=192)
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: least sensitive to load)"
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(args.width) for _ in range(args.blocks)])
@@ -121,31 +128,44 @@ def main() -> None:
 
     for run in (c[2] for c in configs):  # warm-up
         step(run)
-    for _ in range(args.reps):
-        for row, (_, _, run) in zip(rows, configs, strict=True):
+    for round_no in range(args.reps):
+        # Alternate the order every round so that no configuration always runs after the
+        # same neighbour (allocator and cache state, load bursts).
+        order = list(zip(rows, configs, strict=True))
+        for row, (_, _, run) in order if round_no % 2 == 0 else reversed(order):
             row[4].append(step(run))
 
     base_saved = rows[0][2]
-    times = {row[0]: statistics.median(row[4]) for row in rows}
+    times = {row[0]: row[4] for row in rows}
     print(
         f"{args.blocks} blocks, width {args.width}, {args.tokens} tokens, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"median of {args.reps} steps"
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.reps} rounds"
     )
     header = (
         f"{'configuration':<28} {'segs':>4} {'saved MiB':>10} {'vs none':>8} "
-        f"{'peak MiB':>9} {'step ms':>8} {'vs torch':>9}"
+        f"{'peak MiB':>9} {'min ms':>7} {'median ms':>10} {'vs torch':>9}"
     )
     print(header)
     print("-" * len(header))
-    for name, segs, saved, peak, _ in rows:
-        ref = "torch reentrant" if "reentrant" in name and "non" not in name else None
-        ref = ref or ("torch non-reentrant" if name.startswith("ours") else None)
-        rel = f"{times[name] / times[ref] - 1:+.1%}" if ref else ""
+    for name, segs, saved, peak, samples in rows:
+        ref = None
+        if name.startswith("ours"):
+            ref = "torch non-reentrant" if "non-reentrant" in name else "torch reentrant"
+        # Ratio within each round (the two ran back to back), then the median over rounds:
+        # robust to load changes on a shared machine.
+        rel = ""
+        if ref is not None:
+            ratios = [a / b for a, b in zip(samples, times[ref], strict=True)]
+            rel = f"{statistics.median(ratios) - 1:+.1%}"
         print(
             f"{name:<28} {segs:>4} {saved / 2**20:>10.2f} {base_saved / saved:>7.2f}x "
-            f"{peak / 2**20:>9.2f} {times[name] * 1e3:>8.1f} {rel:>9}"
+            f"{peak / 2**20:>9.2f} {min(samples) * 1e3:>7.1f} "
+            f"{statistics.median(samples) * 1e3:>10.1f} {rel:>9}"
         )
+    print(
+        "vs torch: median over rounds of (ours / torch.utils.checkpoint) step time, same variant;"
+        " the auto row is compared with torch at sqrt(n) segments."
+    )
 
 
 if __name__ == "__main__":

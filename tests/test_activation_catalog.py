@@ -627,7 +627,7 @@ def test_ck24_nested_checkpoints(reentrant, inner_calls):
         out.backward()
     assert calls["n"] == inner_calls
     b = a.detach().clone().requires_grad_()
-    outer_plain = (b.sin().exp().sum() * 2)
+    outer_plain = b.sin().exp().sum() * 2
     outer_plain.backward()
     assert torch.allclose(a.grad, b.grad)
 

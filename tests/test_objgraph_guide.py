@@ -111,7 +111,7 @@ def train_step(net, opt, x, y):
 
 def build_program():
     net, opt, iterator = Net(), Adam(0.1), DataIterator()
-    ckpt = Checkpoint(step=Variable(np.int32(1)), optimizer=opt, net=net, iterator=iterator)
+    ckpt = Checkpoint(step=Variable(np.int32(0)), optimizer=opt, net=net, iterator=iterator)
     return net, opt, iterator, ckpt
 
 
@@ -160,7 +160,7 @@ def test_guide_flow_resumes_exactly(tmp_path, monkeypatch):
     }
     assert all(listing[k] == shape for k, shape in expected.items())
     with load_checkpoint("./tf_ckpts") as reader:
-        assert int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")) == 101
+        assert int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")) == 100
         assert reader.get_tensor("iterator/.ATTRIBUTES/position") == 200
 
 

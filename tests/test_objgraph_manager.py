@@ -16,8 +16,8 @@ from shardpoint.errors import MissingKeyError
 from shardpoint.graph import OBJECT_GRAPH_KEY
 from shardpoint.graph_errors import CheckpointStateError
 from shardpoint.manager import CheckpointManager
-from shardpoint.state_file import latest_checkpoint, read_checkpoint_state
 from shardpoint.state_dict import STRUCTURE_ATTRIBUTE
+from shardpoint.state_file import latest_checkpoint, read_checkpoint_state
 from shardpoint.variables import Variable
 
 
@@ -50,7 +50,7 @@ def files_in(directory):
 def test_state01_state_file_fields_relative_paths(tmp_path, clock):
     """STATE-01: model path, all paths oldest->newest, timestamps, last preserved."""
     mgr = CheckpointManager(Checkpoint(v=f32(1)), tmp_path, max_to_keep=2)
-    for i in range(3):
+    for _ in range(3):
         clock.t += 10
         mgr.save()
     state = read_checkpoint_state(tmp_path)

@@ -97,8 +97,7 @@ def test_st04_guide_partial_restore_through_stand_ins(tmp_path):
     net.l1 = Module()
     net.l1.kernel = f32([[1.0, 2.0]])
     net.l1.bias = f32([3.0, 4.0])
-    it = Module()
-    it.pos = Variable(np.int64(5))
+    it = Variable(np.int64(5))  # has values of its own, like the guide's iterator
     path = Checkpoint(net=net, iterator=it, step=Variable(np.int32(3))).save(tmp_path / "g")
     bias = f32([0.0, 0.0])
     fake_layer = Checkpoint(bias=bias)

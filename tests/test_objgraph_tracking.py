@@ -318,3 +318,5 @@ def test_ds12_namedtuple_custom_new_saves_and_tuple_iadd_makes_new_tuple(tmp_pat
     m.t = t
     assert isinstance(m.t, TupleWrapper) and len(m.t) == 2
     assert m.p.x is not None and isinstance(m.p, P)
+    twin = copy.deepcopy(m.p)
+    assert isinstance(twin, P) and twin.x is not m.p.x and "x" in twin._sp_children()

@@ -53,3 +53,69 @@ __all__ = [
     "remove",
     "save_file",
 ]
+
+# --- object graph API (issue 3) ---
+from .checkpoint import Checkpoint
+from .checkpoint_reader import CheckpointReader, list_variables, load_checkpoint, load_variable
+from .containers import DictWrapper, ListWrapper, TupleWrapper
+from .graph_errors import (
+    CheckpointStateError,
+    DTypeMismatchError,
+    DuplicateDependencyError,
+    LoadStatusError,
+    NotTrackableError,
+    RestoreMismatchError,
+    ShapeMismatchError,
+    SlotReuseError,
+    StatePathConflictError,
+    UnsaveableObjectError,
+)
+from .manager import CheckpointManager
+from .module import Module
+from .restore import CheckpointLoadStatus, InitializationOnlyStatus
+from .state_dict import StateDictTrackable
+from .state_file import latest_checkpoint
+from .tracking import (
+    NoDependency,
+    SlotProvider,
+    Trackable,
+    ValueSpec,
+    register_trackable_adapter,
+    unregister_trackable_adapter,
+)
+from .variables import Variable
+
+__all__ += [
+    "Checkpoint",
+    "CheckpointReader",
+    "list_variables",
+    "load_checkpoint",
+    "load_variable",
+    "DictWrapper",
+    "ListWrapper",
+    "TupleWrapper",
+    "CheckpointStateError",
+    "DTypeMismatchError",
+    "DuplicateDependencyError",
+    "LoadStatusError",
+    "NotTrackableError",
+    "RestoreMismatchError",
+    "ShapeMismatchError",
+    "SlotReuseError",
+    "StatePathConflictError",
+    "UnsaveableObjectError",
+    "CheckpointManager",
+    "Module",
+    "CheckpointLoadStatus",
+    "InitializationOnlyStatus",
+    "StateDictTrackable",
+    "latest_checkpoint",
+    "NoDependency",
+    "SlotProvider",
+    "Trackable",
+    "ValueSpec",
+    "register_trackable_adapter",
+    "unregister_trackable_adapter",
+    "Variable",
+]
+# --- end object graph API ---

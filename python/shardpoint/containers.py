@@ -491,7 +491,14 @@ class _TupleTracking(Trackable):
         return self
 
     def __deepcopy__(self, memo: dict) -> Any:
-        return TupleWrapper.wrap(_copy.deepcopy(tuple(self), memo))
+        # rebuild with the original (named)tuple class so the copy is wrapped the same way
+        kind = next(
+            b
+            for b in type(self).__mro__
+            if issubclass(b, tuple) and not issubclass(b, _TupleTracking)
+        )
+        elements = _copy.deepcopy(list(tuple.__iter__(self)), memo)
+        return TupleWrapper.wrap(tuple.__new__(kind, elements))
 
 
 class TupleWrapper(_TupleTracking, tuple):

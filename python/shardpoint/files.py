@@ -49,7 +49,7 @@ PathLike = str | os.PathLike[str]
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
 _BYTES_PER_AUTO_SHARD = 256 << 20
 _FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
-_INT_RE = re.compile(r"^-?\d+$")
+_INT_RE = re.compile(r"^-?(\d+|0x[0-9a-f]+)$")
 _JSON_MAX_DEPTH = 128
 _LITTLE = np.little_endian
 
@@ -67,6 +67,14 @@ def _check_key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidKeyError(f"keys must be str, got {type(key).__name__}: {key!r}")
     return key
+
+
+def _int_text(v: int) -> str:
+    """Decimal, or ``0x`` hex past Python's decimal conversion limit (FORMAT.md §6)."""
+    try:
+        return str(v)
+    except ValueError:  # more than sys.get_int_max_str_digits() digits
+        return ("-" if v < 0 else "") + hex(abs(v))
 
 
 def _json_depth(v: Any, depth: int = 0) -> int:
@@ -88,8 +96,10 @@ def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nd
         name = format_name(arr.dtype)
         if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        arr = np.ascontiguousarray(arr)
-        return key, name, "tensor", arr.shape, arr.reshape(-1).view(np.uint8)
+        shape = arr.shape  # np.ascontiguousarray turns 0-d into 1-d: keep the real shape
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
     if isinstance(value, (bytes, bytearray, memoryview)):
         kind, raw = "bytes", bytes(value)
     elif isinstance(value, str):
@@ -97,7 +107,7 @@ def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nd
     elif isinstance(value, bool) or value is None:
         kind, raw = "json", json.dumps(value).encode()
     elif isinstance(value, int):
-        kind, raw = "int", str(value).encode()
+        kind, raw = "int", _int_text(value).encode()
     elif isinstance(value, float):
         kind, raw = "float", repr(value).encode()
     elif isinstance(value, (dict, list, tuple)):
@@ -131,7 +141,10 @@ def _decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -
         if kind == "int":
             if not _INT_RE.match(text):
                 raise ValueError(f"{text[:40]!r} is not an integer")
-            return int(text)
+            neg = text.startswith("-")
+            body = text[1:] if neg else text
+            v = int(body, 16) if body.startswith("0x") else int(body)
+            return -v if neg else v
         if kind == "float":
             if not _FLOAT_RE.match(text):
                 raise ValueError(f"{text[:40]!r} is not a float")

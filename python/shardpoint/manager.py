@@ -63,7 +63,9 @@ class CheckpointManager:
                 f"Expected a positive integer or `None` for `max_to_keep`, got {max_to_keep}."
             )
         if checkpoint_interval is not None and step_counter is None:
-            raise ValueError("`step_counter` should be passed if `checkpoint_interval` is not None.")
+            raise ValueError(
+                "`step_counter` should be passed if `checkpoint_interval` is not None."
+            )
         self._checkpoint = checkpoint
         self._directory = os.fspath(directory)
         self._max_to_keep = max_to_keep
@@ -168,8 +170,7 @@ class CheckpointManager:
             while len(self._maybe_delete) > self._max_to_keep:
                 old_path, old_stamp = self._maybe_delete.popitem(last=False)
                 if self._keep_every_n_hours is not None and (
-                    old_stamp - self._keep_every_n_hours * 3600.0
-                    >= self._last_preserved_timestamp
+                    old_stamp - self._keep_every_n_hours * 3600.0 >= self._last_preserved_timestamp
                 ):
                     self._last_preserved_timestamp = old_stamp
                     continue  # preserved: stays on disk, no longer listed

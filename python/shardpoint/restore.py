@@ -290,12 +290,8 @@ class RestoreCoordinator:
         return [sr for sr in self.slot_restorations if not sr.done]
 
     def live_unused(self) -> list[tuple[int, Any, list[str]]]:
-        out = []
-        for node, (ref, names) in self.unused.items():
-            obj = ref()
-            if obj is not None:
-                out.append((node, obj, names))
-        return out
+        """(node, object or None if collected, attribute names) of values never restored."""
+        return [(node, ref(), names) for node, (ref, names) in self.unused.items()]
 
     def is_matched(self, obj: Any) -> bool:
         ref = self.matched.get(id(obj))
@@ -352,7 +348,9 @@ class CheckpointLoadStatus:
 
     def __init__(self, coordinator: RestoreCoordinator, root: Trackable) -> None:
         self._coordinator = coordinator
-        self._root_ref = _ref(root)
+        # strong: the assertions walk the live graph from the root, which must stay alive for
+        # as long as the status can be asked (the coordinator itself holds objects weakly)
+        self._root = root
 
     def assert_consumed(self) -> CheckpointLoadStatus:
         """Every checkpointed value was matched and every live value was restored."""
@@ -384,9 +382,7 @@ class CheckpointLoadStatus:
 
     def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
         """Every live object that holds values was bound to a checkpointed value."""
-        root = self._root_ref()
-        if root is None:
-            return self
+        root = self._root
         c = self._coordinator
         unmatched = [f"{p}: {_short(o)}" for p, o in _live_valued(root) if not c.is_matched(o)]
         if unmatched:
@@ -403,8 +399,8 @@ class CheckpointLoadStatus:
         c = self._coordinator
         if any(node != 0 for node in c.resolved):
             return self
-        root = self._root_ref()
-        valued = [] if root is None else [(p, o) for p, o in _live_valued(root) if o is not root]
+        root = self._root
+        valued = [(p, o) for p, o in _live_valued(root) if o is not root]
         if not valued:
             raise LoadStatusError(
                 f"Nothing to load. No dependencies have been added to {_short(root)} yet."

@@ -130,8 +130,12 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
     """Atomically replace ``<directory>/checkpoint`` with ``state``."""
     directory = os.fspath(directory)
     lines = [f"model_checkpoint_path: {json.dumps(state.model_checkpoint_path)}"]
-    lines += [f"all_model_checkpoint_paths: {json.dumps(p)}" for p in state.all_model_checkpoint_paths]
-    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in state.all_model_checkpoint_timestamps]
+    lines += [
+        f"all_model_checkpoint_paths: {json.dumps(p)}" for p in state.all_model_checkpoint_paths
+    ]
+    lines += [
+        f"all_model_checkpoint_timestamps: {t!r}" for t in state.all_model_checkpoint_timestamps
+    ]
     if state.last_preserved_timestamp is not None:
         lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
     data = ("\n".join(lines) + "\n").encode("utf-8")

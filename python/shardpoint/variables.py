@@ -166,7 +166,12 @@ for _name, _op in {
 }.items():
     setattr(Variable, f"__{_name}__", _binary(_op))
     setattr(Variable, f"__r{_name}__", _binary(_op, reflected=True))
-for _name, _op in {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge}.items():
+for _name, _op in {
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}.items():
     setattr(Variable, f"__{_name}__", _binary(_op))
 Variable.__neg__ = lambda self: -self._value  # type: ignore[attr-defined]
 Variable.__pos__ = lambda self: +self._value  # type: ignore[attr-defined]

@@ -38,9 +38,7 @@ def _checkpoint_valid() -> bool:
 
 class _ReentrantCheckpoint(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any, run_fn: Callable[..., Any], preserve_rng_state: bool, *args: Any
-    ) -> Any:
+    def forward(ctx: Any, run_fn: Callable[..., Any], preserve_rng_state: bool, *args: Any) -> Any:
         ctx.run_fn = run_fn
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         ctx.rng = RngSnapshot(args) if preserve_rng_state else None
@@ -91,9 +89,7 @@ class _ReentrantCheckpoint(torch.autograd.Function):
                 "use_reentrant=False, which handles such outputs."
             )
         torch.autograd.backward(roots, grads)
-        input_grads = tuple(
-            inp.grad if isinstance(inp, torch.Tensor) else None for inp in inputs
-        )
+        input_grads = tuple(inp.grad if isinstance(inp, torch.Tensor) else None for inp in inputs)
         return (None, None, *input_grads)
 
 

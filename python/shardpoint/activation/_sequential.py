@@ -82,9 +82,7 @@ def segment_cost(
     return (segments - 1) * per_boundary + max(last, size) * per_function
 
 
-def auto_segments(
-    num_functions: int, per_function: float = 2.0, per_boundary: float = 1.0
-) -> int:
+def auto_segments(num_functions: int, per_function: float = 2.0, per_boundary: float = 1.0) -> int:
     """The segment count minimizing :func:`segment_cost` (Chen et al. 2016, "Training Deep
     Nets with Sublinear Memory Cost").
 

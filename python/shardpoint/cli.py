@@ -1,0 +1,550 @@
+"""The ``shardpoint`` command line (also ``python -m shardpoint``).
+
+Every command opens checkpoints lazily and streams values, so listing or verifying a 100 GB
+checkpoint costs its index (or its checksums), not its size in memory. Expected failures (missing
+file, damaged file, bad arguments) print one ``shardpoint: error: ...`` line and exit with the
+status documented in ``EPILOG``; only a bug in shardpoint itself prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from . import files
+from .errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    MissingKeyError,
+    NotFoundError,
+    UnsupportedDTypeError,
+)
+
+__all__ = ["main", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_IO"]
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1  # verify found damage, a file is corrupt, or diff found differences
+EXIT_USAGE = 2  # bad arguments or unsupported input (argparse uses 2 as well)
+EXIT_NOT_FOUND = 3  # a checkpoint or file does not exist
+EXIT_IO = 4  # the operating system refused a read or write
+EXIT_INTERNAL = 70  # a bug in shardpoint (EX_SOFTWARE); prints a traceback
+
+EPILOG = """\
+exit status:
+  0  success (verify: intact; diff: identical)
+  1  damaged or corrupt checkpoint; diff: the checkpoints differ
+  2  usage error: bad arguments, unsupported format or dtype, destination exists
+  3  not found: the checkpoint, file or directory does not exist
+  4  I/O error: the operating system refused a read or write
+  70 internal error (a bug in shardpoint: please report it with the traceback)
+
+Progress bars are drawn on stderr when it is a terminal (needs tqdm); see --progress.
+"""
+
+
+class _Fail(Exception):
+    """A command's own failure: message and exit status (e.g. diff found differences)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- formatting ------------------------------------------------------------------------------
+def human(n: int) -> str:
+    """Bytes in binary units: 0 B, 1023 B, 1.5 KiB, 12.0 MiB."""
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{int(v)} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    raise AssertionError("unreachable")
+
+
+def _table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"shardpoint: note: {text}\n")
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+# --- ls --------------------------------------------------------------------------------------
+def _entry_rows(r: files.Reader, keys: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for k in keys:
+        i = r.info(k)
+        rows.append(
+            {
+                "key": k,
+                "dtype": i.dtype if i.kind == "tensor" else i.kind,
+                "shape": list(i.shape) if i.kind == "tensor" else None,
+                "stored_bytes": i.stored_bytes,
+                "raw_bytes": i.raw_bytes,
+                "codec": i.codec,
+                "ratio": round(i.ratio, 4),
+            }
+        )
+    return rows
+
+
+def _print_entries(rows: list[dict[str, Any]], as_json: bool, what: str) -> None:
+    stored = sum(r["stored_bytes"] or 0 for r in rows)
+    raw = sum(r["raw_bytes"] for r in rows)
+    totals = {"keys": len(rows), "stored_bytes": stored, "raw_bytes": raw}
+    totals["ratio"] = round(raw / stored, 4) if stored else 1.0
+    if as_json:
+        _emit(json.dumps({"checkpoint": what, "entries": rows, "totals": totals}, indent=1))
+        return
+    if rows:
+        table = [["KEY", "DTYPE", "SHAPE", "STORED", "RAW", "CODEC", "RATIO"]]
+        for r in rows:
+            shape = _shape(r["shape"]) if r["shape"] is not None else "-"
+            st = human(r["stored_bytes"]) if r["stored_bytes"] is not None else "-"
+            table.append(
+                [
+                    r["key"],
+                    r["dtype"],
+                    shape,
+                    st,
+                    human(r["raw_bytes"]),
+                    r["codec"],
+                    f"{r['ratio']:.2f}",
+                ]
+            )
+        _emit(_table(table, right={3, 4, 6}))
+    _emit(
+        f"{len(rows)} keys, stored {human(stored)}, raw {human(raw)}, ratio {totals['ratio']:.2f}"
+    )
+
+
+def _foreign_rows(path: str) -> tuple[list[dict[str, Any]], list[str]]:
+    from .convert import open_source
+
+    with open_source(path) as src:
+        rows = [
+            {
+                "key": s.key,
+                "dtype": s.dtype if s.kind == "tensor" else s.kind,
+                "shape": list(s.shape) if s.kind == "tensor" else None,
+                "stored_bytes": None,
+                "raw_bytes": s.nbytes,
+                "codec": src.format,
+                "ratio": 1.0,
+            }
+            for s in src.specs()
+        ]
+        return rows, src.notes
+
+
+def _foreign_checkpoint(prefix: str) -> dict[str, Any] | None:
+    """Key count and tensor bytes of a non-shardpoint checkpoint (TensorFlow) in a directory."""
+    from .convert import open_source
+
+    try:
+        with open_source(prefix) as src:
+            specs = src.specs()
+            return {"keys": len(specs), "bytes": sum(x.nbytes for x in specs), "status": src.format}
+    except CheckpointError:
+        return None
+
+
+def _list_directory(directory: str, as_json: bool) -> None:
+    from .state_file import read_checkpoint_state, resolve
+
+    state = read_checkpoint_state(directory)
+    if state is not None:
+        names = state.all_model_checkpoint_paths or [state.model_checkpoint_path]
+        stamps = dict(zip(names, state.all_model_checkpoint_timestamps, strict=False))
+        latest, source = state.model_checkpoint_path, "state file"
+    else:
+        found = sorted(f[: -len(".index")] for f in os.listdir(directory) if f.endswith(".index"))
+        names, stamps, latest, source = found, {}, None, "*.index files"
+    out = []
+    for name in names:
+        prefix = resolve(directory, name)
+        row: dict[str, Any] = {"checkpoint": name, "prefix": prefix, "latest": name == latest}
+        row["timestamp"] = stamps.get(name)
+        try:
+            with files.open(prefix) as r:
+                row["keys"] = len(r)
+                row["bytes"] = r.format_info["index_bytes"] + sum(
+                    n for _, n in r.format_info["shards"]
+                )
+                row["status"] = "ok"
+        except CorruptCheckpointError as e:
+            row.update(
+                _foreign_checkpoint(prefix)
+                or {"keys": None, "bytes": None, "status": f"unreadable: {e}"}
+            )
+        except CheckpointError as e:
+            row.update(keys=None, bytes=None, status=f"unreadable: {e}")
+        out.append(row)
+    if as_json:
+        _emit(json.dumps({"directory": directory, "source": source, "checkpoints": out}, indent=1))
+        return
+    if not out:
+        _emit(f"{directory}: no checkpoints (no state file, no *.index files)")
+        return
+    table = [["CHECKPOINT", "KEYS", "SIZE", "STATUS"]]
+    for r in out:
+        name = r["checkpoint"] + ("  (latest)" if r["latest"] else "")
+        keys = "-" if r["keys"] is None else str(r["keys"])
+        size = "-" if r["bytes"] is None else human(r["bytes"])
+        table.append([name, keys, size, r["status"]])
+    _emit(_table(table, right={1, 2}))
+    _emit(f"{len(out)} checkpoints (from the {source})")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.path):
+        _list_directory(args.path, args.json)
+        return EXIT_OK
+    from .convert import detect_format
+
+    fmt, path = detect_format(args.path)
+    if fmt == "shardpoint":
+        with files.open(path) as r:
+            keys = r.prefix(args.prefix) if args.prefix else r.keys()
+            rows = _entry_rows(r, keys)
+    else:
+        rows, notes = _foreign_rows(path)
+        rows = [r for r in rows if r["key"].startswith(args.prefix or "")]
+        for n in notes:
+            _note(n)
+    _print_entries(rows, args.json, path)
+    return EXIT_OK
+
+
+# --- info ------------------------------------------------------------------------------------
+def _graph_summary(r: files.Reader) -> dict[str, Any] | None:
+    from .graph import OBJECT_GRAPH_KEY, parse_object_graph
+
+    if OBJECT_GRAPH_KEY not in r:
+        return None
+    try:
+        doc = parse_object_graph(r[OBJECT_GRAPH_KEY])
+    except CorruptCheckpointError as e:
+        return {"error": str(e)}
+    nodes = doc["nodes"]
+    children = [c["name"] for c in nodes[0].get("children", [])]
+    values = sum(len(n.get("attributes", [])) for n in nodes)
+    return {"nodes": len(nodes), "root_children": children, "saved_values": values}
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .convert import detect_format, resolve_prefix
+
+    fmt, path = detect_format(resolve_prefix(args.path))
+    if fmt != "shardpoint":
+        raise InvalidArgumentError(f"{path}: is a {fmt} file; info reads shardpoint checkpoints")
+    with files.open(path) as r:
+        fi = r.format_info
+        rows = _entry_rows(r, r.keys())
+        doc = {
+            "checkpoint": path,
+            "format_version": fi.get("format"),
+            "writer": fi.get("writer"),
+            "entries": len(rows),
+            "tensors": sum(1 for x in rows if x["shape"] is not None),
+            "raw_bytes": sum(x["raw_bytes"] for x in rows),
+            "stored_bytes": sum(x["stored_bytes"] for x in rows),
+            "index_bytes": fi["index_bytes"],
+            "chunk_bytes": fi["chunk_bytes"],
+            "shards": [{"file": f, "bytes": n} for f, n in fi["shards"]],
+            "metadata": r.metadata,
+            "object_graph": _graph_summary(r),
+        }
+    if args.json:
+        _emit(json.dumps(doc, indent=1, default=str))
+        return EXIT_OK
+    ratio = doc["raw_bytes"] / doc["stored_bytes"] if doc["stored_bytes"] else 1.0
+    _emit(f"checkpoint:     {path}")
+    _emit(f"format version: {doc['format_version']} (written by {doc['writer']})")
+    _emit(
+        f"entries:        {doc['entries']} ({doc['tensors']} tensors, "
+        f"{doc['entries'] - doc['tensors']} other values)"
+    )
+    _emit(
+        f"size:           stored {human(doc['stored_bytes'])}, raw {human(doc['raw_bytes'])}, "
+        f"ratio {ratio:.2f}; index {human(doc['index_bytes'])}, chunks of {human(doc['chunk_bytes'])}"
+    )
+    _emit(f"shards:         {len(doc['shards'])}")
+    for s in doc["shards"]:
+        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']} bytes)")
+    meta = json.dumps(doc["metadata"], sort_keys=True) if doc["metadata"] else "(none)"
+    _emit(f"metadata:       {meta}")
+    g = doc["object_graph"]
+    if g is None:
+        _emit("object graph:   (none)")
+    elif "error" in g:
+        _emit(f"object graph:   unreadable: {g['error']}")
+    else:
+        _emit(
+            f"object graph:   {g['nodes']} nodes, {g['saved_values']} saved values; "
+            f"root children: {', '.join(g['root_children']) or '(none)'}"
+        )
+    return EXIT_OK
+
+
+# --- verify ----------------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .convert import detect_format, resolve_prefix
+    from .progress import run_with_spinner
+
+    fmt, path = detect_format(resolve_prefix(args.path))
+    if fmt != "shardpoint":
+        raise InvalidArgumentError(f"{path}: is a {fmt} file; verify checks shardpoint checkpoints")
+    with files.open(path) as r:
+        fi = r.format_info
+        run_with_spinner(r.verify, f"verify {os.path.basename(path)}", progress=args.progress)
+        n = len(r)
+    size = fi["index_bytes"] + sum(b for _, b in fi["shards"])
+    _emit(f"OK {path}: {n} entries, {len(fi['shards'])} shards, {human(size)} verified")
+    return EXIT_OK
+
+
+# --- diff ------------------------------------------------------------------------------------
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .convert import open_source
+    from .convert.compare import diff_sources
+
+    if args.atol < 0:
+        raise InvalidArgumentError(f"--atol must be >= 0, got {args.atol}")
+    with open_source(args.a) as a, open_source(args.b) as b:
+        res = diff_sources(a, b, atol=args.atol, progress=args.progress)
+    if args.json:
+        doc = {
+            "identical": res.identical,
+            "only_a": res.only_a,
+            "only_b": res.only_b,
+            "differences": [d.__dict__ for d in res.differences],
+            "equal": res.equal,
+        }
+        _emit(json.dumps(doc, indent=1, default=str))
+    else:
+        for k in res.only_a:
+            _emit(f"only in A:  {k}")
+        for k in res.only_b:
+            _emit(f"only in B:  {k}")
+        for d in res.differences:
+            if d.what == "value" and d.max_abs is not None:
+                _emit(f"values differ:  {d.key}  max |a-b| = {d.max_abs:.6g}")
+            elif d.what == "value":
+                _emit(f"values differ:  {d.key}  {d.a} != {d.b}")
+            else:
+                _emit(f"{d.what} differs:  {d.key}  {d.a} vs {d.b}")
+        _emit(
+            f"{len(res.equal) + len(res.differences)} common keys: {len(res.equal)} equal, "
+            f"{len(res.differences)} differ; {len(res.only_a)} only in A, {len(res.only_b)} only in B"
+        )
+    return EXIT_OK if res.identical else EXIT_DAMAGED
+
+
+# --- convert ---------------------------------------------------------------------------------
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    res = convert(
+        args.src,
+        args.dst,
+        to=args.to,
+        compression=args.compression,
+        level=args.level,
+        shards=args.shards,
+        overwrite=args.force,
+        durable=not args.no_fsync,
+        progress=args.progress,
+    )
+    for n in res.notes:
+        _note(n)
+    _emit(
+        f"converted {res.src_format} -> {res.dst_format}: {res.entries} entries, "
+        f"{human(res.raw_bytes)} -> {args.dst}"
+    )
+    return EXIT_OK
+
+
+# --- parsing and the error edge --------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise _Fail(message, EXIT_USAGE)
+
+
+def _progress_flags(p: argparse.ArgumentParser, default: Any) -> None:
+    bars = p.add_mutually_exclusive_group()
+    bars.add_argument(
+        "--progress", dest="progress", action="store_const", const=True, default=default,
+        help="always draw progress bars on stderr (default: only when stderr is a terminal)",
+    )  # fmt: skip
+    bars.add_argument(
+        "--no-progress", dest="progress", action="store_const", const=False, default=default,
+        help="never draw progress bars",
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="shardpoint",
+        description="Inspect, verify, compare and convert checkpoints.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"shardpoint {__version__}")
+    _progress_flags(p, default=None)
+    # The same flags after the command name (`shardpoint convert --progress ...`) too.
+    common = argparse.ArgumentParser(add_help=False)
+    _progress_flags(common, default=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    ls = sub.add_parser(
+        "ls",
+        parents=[common],
+        help="list keys (or a directory's checkpoints)",
+        description="List the keys of a checkpoint with dtype, shape, sizes, codec and ratio, or the checkpoints of a CheckpointManager directory.",
+    )
+    ls.add_argument(
+        "path", metavar="PREFIX", help="checkpoint prefix, .safetensors/.pt file, or directory"
+    )
+    ls.add_argument("--prefix", metavar="KEYPREFIX", help="only keys starting with KEYPREFIX")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_ls)
+
+    info = sub.add_parser(
+        "info",
+        parents=[common],
+        help="format, shards, metadata and object graph",
+        description="Show format version, shards, writer metadata and the object-graph summary. A directory means its latest checkpoint.",
+    )
+    info.add_argument("path", metavar="PREFIX")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=cmd_info)
+
+    ver = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check every checksum (exit 1 when damaged)",
+        description="Check every checksum and structural invariant in parallel. Exit 0 when intact, 1 with the damaged file, key and offset named otherwise.",
+    )
+    ver.add_argument("path", metavar="PREFIX")
+    ver.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two checkpoints (exit 1 when they differ)",
+        description="Keys only in A or B, changed dtype/shape, and the max |a-b| of differing tensors. Any readable format on either side.",
+    )
+    d.add_argument("a", metavar="A")
+    d.add_argument("b", metavar="B")
+    d.add_argument(
+        "--atol",
+        type=float,
+        default=0.0,
+        help="tensors whose max |a-b| <= ATOL count as equal (default 0: exact)",
+    )
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.set_defaults(func=cmd_diff)
+
+    c = sub.add_parser(
+        "convert",
+        parents=[common],
+        help="convert between formats",
+        description="Convert SRC (shardpoint prefix, .safetensors, PyTorch .pt/.bin, TensorFlow checkpoint prefix) into DST: a shardpoint prefix, or a .safetensors file.",
+    )
+    c.add_argument("src", metavar="SRC")
+    c.add_argument("dst", metavar="DST")
+    c.add_argument(
+        "--to",
+        choices=["shardpoint", "safetensors"],
+        help="destination format (default: from DST's suffix)",
+    )
+    c.add_argument(
+        "--compression",
+        default="zstd",
+        choices=["zstd", "zstd-plain", "none"],
+        help="for shardpoint destinations (default zstd)",
+    )
+    c.add_argument("--level", type=int, help="zstd level (-7..22)")
+    c.add_argument(
+        "--shards", type=int, help="shard files / writer threads (default: one per 256 MiB)"
+    )
+    c.add_argument("--force", action="store_true", help="replace an existing destination")
+    c.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch conversions)")
+    c.set_defaults(func=cmd_convert)
+    return p
+
+
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, (NotFoundError, FileNotFoundError)):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, CorruptCheckpointError):
+        return EXIT_DAMAGED
+    if isinstance(
+        exc, (InvalidArgumentError, UnsupportedDTypeError, InvalidKeyError, MissingKeyError)
+    ):
+        return EXIT_USAGE
+    if isinstance(exc, (CheckpointIOError, OSError)):
+        return EXIT_IO
+    return EXIT_DAMAGED  # any other CheckpointError is a problem with the checkpoint itself
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, CheckpointError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc) or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script exits with it)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except _Fail as e:
+        sys.stderr.write(f"shardpoint: error: {e}\n")
+        return e.status
+    except KeyboardInterrupt:
+        sys.stderr.write("shardpoint: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `shardpoint ls big | head`: the reader went away; not an error worth a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except (CheckpointError, OSError) as e:
+        sys.stderr.write(f"shardpoint: error: {_message(e)}\n")
+        return _status_of(e)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.write("shardpoint: internal error (a bug in shardpoint; please report it)\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Conversions between shardpoint and other checkpoint formats.
+
+Sources (read): shardpoint, safetensors, PyTorch ``torch.save`` files (``.pt``/``.bin``/``.pth``),
+TensorFlow checkpoints (``P.index`` + ``P.data-*``, read without TensorFlow).
+Sinks (written): shardpoint (streamed through :class:`shardpoint.Writer`) and safetensors.
+
+Formats are told apart by content, not only by name: a shardpoint index starts with
+``SPINDEX\\0``, a TensorFlow index ends with the LevelDB table magic, a safetensors file starts
+with an 8-byte header length followed by ``{``, a PyTorch file is a zip archive or a pickle.
+
+>>> from shardpoint.convert import convert
+>>> convert("model.safetensors", "ckpt/model")            # doctest: +SKIP
+>>> convert("ckpt/model", "roundtrip.safetensors")         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
+from ..state_file import latest_checkpoint
+from .base import ConvertResult, Source, Spec
+from .safetensors_io import SafetensorsSource, is_safetensors, write_safetensors
+from .shardpoint_io import ShardpointSource, write_shardpoint
+from .tensorbundle import TensorBundleReader, TensorBundleSource, is_tensorbundle_index
+from .torch_io import TorchSource, is_torch_file
+
+__all__ = [
+    "convert",
+    "open_source",
+    "detect_format",
+    "resolve_prefix",
+    "ConvertResult",
+    "Source",
+    "Spec",
+    "TensorBundleReader",
+    "SINK_FORMATS",
+]
+
+SINK_FORMATS = ("shardpoint", "safetensors")
+_SP_MAGIC = b"SPINDEX\0"
+
+
+def resolve_prefix(path: str) -> str:
+    """A checkpoint prefix from what a user typed: ``P``, ``P.index``, or a manager directory
+    (its latest checkpoint). Files are returned unchanged."""
+    if os.path.isdir(path):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise NotFoundError(
+                f"{path}: directory has no checkpoint state file naming a checkpoint"
+            )
+        return latest
+    if path.endswith(".index") and os.path.isfile(path) and not os.path.exists(path + ".index"):
+        return path[: -len(".index")]
+    return path
+
+
+def detect_format(path: str) -> tuple[str, str]:
+    """``(format, resolved path)`` of a source, from its magic bytes."""
+    path = resolve_prefix(path)
+    if os.path.isfile(path):
+        if is_safetensors(path):
+            return "safetensors", path
+        if is_torch_file(path):
+            return "torch", path
+        raise InvalidArgumentError(
+            f"{path}: unknown file format (expected safetensors, a PyTorch file, or a checkpoint "
+            "prefix with a .index file)"
+        )
+    index = path + ".index"
+    try:
+        with open(index, "rb") as f:
+            head = f.read(8)
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: no such file or checkpoint ({index} not found)") from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(f"{index} is a directory") from None
+    if head == _SP_MAGIC:
+        return "shardpoint", path
+    if is_tensorbundle_index(index):
+        return "tensorflow", path
+    raise CorruptCheckpointError(f"{index}: neither a shardpoint nor a TensorFlow checkpoint index")
+
+
+def open_source(path: str) -> Source:
+    """Open any supported format for reading (see :func:`detect_format`)."""
+    fmt, p = detect_format(path)
+    cls = {
+        "shardpoint": ShardpointSource,
+        "safetensors": SafetensorsSource,
+        "torch": TorchSource,
+        "tensorflow": TensorBundleSource,
+    }[fmt]
+    return cls(p)
+
+
+def _sink_format(dst: str, to: str | None) -> str:
+    if to is None:
+        return "safetensors" if dst.endswith(".safetensors") else "shardpoint"
+    if to not in SINK_FORMATS:
+        raise InvalidArgumentError(f"cannot write {to!r}; destinations: {', '.join(SINK_FORMATS)}")
+    return to
+
+
+def _exists(dst: str, fmt: str) -> bool:
+    return os.path.exists(dst + ".index") if fmt == "shardpoint" else os.path.exists(dst)
+
+
+def convert(
+    src: str,
+    dst: str,
+    *,
+    to: str | None = None,
+    compression: str | None = "zstd",
+    level: int | None = None,
+    shards: int | None = None,
+    overwrite: bool = False,
+    durable: bool = True,
+    progress: bool | None = None,
+) -> ConvertResult:
+    """Convert checkpoint ``src`` (any readable format) into ``dst``.
+
+    ``dst`` is a shardpoint prefix, or a safetensors file when it ends in ``.safetensors`` (or
+    ``to="safetensors"``). An existing destination is refused unless ``overwrite``.
+    ``compression``/``level``/``shards`` apply to shardpoint destinations. Values stream through
+    one at a time; skipped entries (non-tensors into safetensors, TensorFlow string tensors...)
+    are listed in the result's ``notes``.
+    """
+    fmt = _sink_format(dst, to)
+    if fmt == "shardpoint" and (not dst or dst.endswith(os.sep) or os.path.isdir(dst)):
+        raise InvalidArgumentError(
+            f"destination {dst!r} must be a checkpoint prefix, not a directory"
+        )
+    with open_source(src) as source:
+        same = os.path.abspath(source.path) == os.path.abspath(dst)
+        if same:
+            raise InvalidArgumentError(f"source and destination are the same: {dst}")
+        if not overwrite and _exists(dst, fmt):
+            raise InvalidArgumentError(f"destination {dst} exists (pass overwrite / --force)")
+        parent = os.path.dirname(dst)
+        if parent and not os.path.isdir(parent):
+            raise NotFoundError(f"destination directory {parent} does not exist")
+        if fmt == "safetensors":
+            return write_safetensors(source, dst, durable=durable, progress=progress)
+        return write_shardpoint(
+            source,
+            dst,
+            compression=compression,
+            level=level,
+            shards=shards,
+            durable=durable,
+            progress=progress,
+        )

@@ -1,0 +1,201 @@
+"""safetensors files as a conversion source (read with the ``safetensors`` package) and sink.
+
+Reading goes through ``safetensors.safe_open(framework="numpy")``, which validates the header
+(offsets contiguous, sizes matching shapes, no holes) before we touch any byte. The numpy
+framework returns bfloat16 as an ml_dtypes array; for dtypes it cannot build (float8), the data
+range is taken from the already-validated header and viewed through ml_dtypes.
+
+Writing is done here rather than with ``safetensors.numpy.save_file``, because that function
+needs every tensor in memory at once; the layout is the same one the package writes (8-byte LE
+header length, JSON header padded with spaces to a multiple of 8, tensors sorted by descending
+alignment then name, densely packed), and the tests read our files back with the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import numpy_dtype
+from ..errors import CorruptCheckpointError, NotFoundError
+from ..progress import progress_bar
+from .base import ConvertResult, Source, Spec
+
+__all__ = ["SafetensorsSource", "write_safetensors", "is_safetensors", "ST_TO_FORMAT"]
+
+#: safetensors dtype tag -> shardpoint dtype name
+ST_TO_FORMAT: dict[str, str] = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+FORMAT_TO_ST = {v: k for k, v in ST_TO_FORMAT.items()}
+#: dtypes numpy's safetensors binding cannot return (it looks them up on the numpy module)
+_RAW_READ = {"float8_e4m3fn", "float8_e5m2"}
+_MAX_HEADER = 100_000_000  # safetensors' own cap
+
+
+def is_safetensors(path: str) -> bool:
+    """Sniff: 8-byte header length that fits the file, followed by ``{``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return n <= min(_MAX_HEADER, size - 8)
+
+
+class SafetensorsSource(Source):
+    """A ``.safetensors`` file; its ``__metadata__`` becomes the checkpoint metadata."""
+
+    format = "safetensors"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        from safetensors import safe_open
+
+        try:
+            self._f = safe_open(path, framework="numpy")
+        except FileNotFoundError as e:
+            raise NotFoundError(f"{path}: not found") from e
+        except Exception as e:  # SafetensorError is not exported under a stable name
+            raise CorruptCheckpointError(f"{path}: not a valid safetensors file: {e}") from e
+        self.metadata = dict(self._f.metadata() or {})
+        self._specs: list[Spec] = []
+        for key in self._f.keys():
+            sl = self._f.get_slice(key)
+            tag, shape = sl.get_dtype(), tuple(int(d) for d in sl.get_shape())
+            name = ST_TO_FORMAT.get(tag)
+            if name is None:
+                self.notes.append(f"skipped {key!r}: safetensors dtype {tag} not supported")
+                continue
+            nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(name).itemsize
+            self._specs.append(Spec(key, name, shape, nbytes))
+        self._by_key = {s.key: s for s in self._specs}
+        self._offsets: dict[str, Any] | None = None
+
+    def specs(self) -> list[Spec]:
+        return list(self._specs)
+
+    def read(self, key: str) -> Any:
+        spec = self._by_key[key]
+        if spec.dtype in _RAW_READ:
+            return self._read_raw(spec)
+        return self._f.get_tensor(key)
+
+    def _read_raw(self, spec: Spec) -> np.ndarray:
+        # The header was validated by safe_open, so its offsets are contiguous and in bounds.
+        with open(self.path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if self._offsets is None:
+                self._offsets = json.loads(f.read(n))
+            begin, end = self._offsets[spec.key]["data_offsets"]
+            f.seek(8 + n + begin)
+            raw = f.read(end - begin)
+        return np.frombuffer(raw, dtype=numpy_dtype(spec.dtype)).reshape(spec.shape)
+
+    def close(self) -> None:
+        self._f = None
+
+
+def _st_metadata(metadata: dict[str, Any]) -> dict[str, str] | None:
+    """safetensors metadata is str -> str only: other values are stored as JSON text."""
+    if not metadata:
+        return None
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+
+
+def write_safetensors(
+    source: Source, dst: str, *, durable: bool = True, progress: bool | None = None
+) -> ConvertResult:
+    """Stream the tensors of ``source`` into a new safetensors file ``dst`` (atomically).
+
+    Non-tensor values and dtypes safetensors has no tag for (complex128) are skipped with a note.
+    """
+    result = ConvertResult(source.format, "safetensors", notes=list(source.notes))
+    specs = []
+    for s in source.specs():
+        if s.kind != "tensor":
+            result.notes.append(
+                f"skipped {s.key!r}: {s.kind} value (safetensors holds tensors only)"
+            )
+        elif s.dtype not in FORMAT_TO_ST:
+            result.notes.append(f"skipped {s.key!r}: dtype {s.dtype} has no safetensors tag")
+        else:
+            specs.append(s)
+    # The package's own order: larger alignment first, then by name, so every tensor is aligned.
+    specs.sort(key=lambda s: (-numpy_dtype(s.dtype).itemsize, s.key))
+    header: dict[str, Any] = {}
+    meta = _st_metadata(source.metadata)
+    if meta:
+        header["__metadata__"] = meta
+    pos = 0
+    for s in specs:
+        header[s.key] = {
+            "dtype": FORMAT_TO_ST[s.dtype],
+            "shape": list(s.shape),
+            "data_offsets": [pos, pos + s.nbytes],
+        }
+        pos += s.nbytes
+    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+    directory = os.path.dirname(os.path.abspath(dst))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp", dir=directory)
+    bar = progress_bar(pos, f"convert {os.path.basename(dst)}", progress=progress)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(blob).to_bytes(8, "little"))
+            f.write(blob)
+            for s in specs:
+                arr = _checked(np.asarray(source.read(s.key)), s)
+                f.write(arr.reshape(-1).view(np.uint8).data)
+                result.entries += 1
+                result.raw_bytes += s.nbytes
+                bar.update(s.nbytes)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        bar.close()
+    return result
+
+
+def _checked(arr: np.ndarray, spec: Spec) -> np.ndarray:
+    """``arr`` as contiguous little-endian bytes of exactly the advertised dtype and shape."""
+    want = numpy_dtype(spec.dtype)
+    if arr.dtype.newbyteorder("<") != want or arr.shape != spec.shape:
+        raise CorruptCheckpointError(
+            f"key {spec.key!r}: read {arr.dtype}{list(arr.shape)}, "
+            f"index says {spec.dtype}{list(spec.shape)}"
+        )
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(want)
+    return np.ascontiguousarray(arr)

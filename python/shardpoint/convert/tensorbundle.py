@@ -1,0 +1,555 @@
+"""A reader for TensorFlow checkpoints (TensorBundle V2) that needs no TensorFlow.
+
+A TensorBundle with prefix ``P`` is ``P.index`` plus ``P.data-SSSSS-of-NNNNN`` shard files.
+
+``P.index`` is an immutable sorted string table in LevelDB's table format (TensorFlow's copy in
+``tensorflow/core/lib/io/table*``):
+
+- a 48-byte footer at the end: two BlockHandles (metaindex, index; each a varint64 offset and a
+  varint64 size), zero padding to 40 bytes, then the magic ``0xdb4775248b80fb57`` (fixed64 LE);
+- every block is followed by a 5-byte trailer: one compression-type byte (TensorFlow writes the
+  bundle index uncompressed, 0) and the *masked* crc32c of the block bytes plus that type byte;
+- a block is a run of entries ``varint32 shared, varint32 non_shared, varint32 value_len,
+  key[shared:] bytes, value bytes`` (keys are prefix-compressed against the previous key),
+  then ``restarts`` × fixed32 restart offsets and a fixed32 ``restarts``;
+- the index block maps separator keys to BlockHandles of the data blocks, in key order.
+
+Table values are protobuf messages (``tensorflow/core/protobuf/tensor_bundle.proto``): under key
+``""`` a ``BundleHeaderProto {1: num_shards int32, 2: endianness enum (0 LITTLE, 1 BIG),
+3: version VersionDef}``, under every other key a ``BundleEntryProto {1: dtype enum DataType,
+2: shape TensorShapeProto {2: repeated Dim {1: size int64, 2: name}, 3: unknown_rank bool},
+3: shard_id int32, 4: offset int64, 5: size int64, 6: crc32c fixed32 (masked), 7: slices}``.
+Tensor bytes are stored raw and densely packed; the crc32c covers exactly those bytes.
+
+Everything read from disk is treated as hostile: each varint, length and offset is bounds
+checked before use and every failure is a :class:`CorruptCheckpointError` naming the file and
+offset. The block checksums are verified here; the (masked) tensor checksums are returned by
+:meth:`TensorBundleReader.expected_crc32c` so that a converter can check them at native speed
+(the shardpoint writer computes the crc32c of everything it stores anyway).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..dtypes import numpy_dtype
+from ..errors import (
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    NotFoundError,
+    UnsupportedFormatError,
+)
+from .base import Source, Spec
+
+__all__ = [
+    "TABLE_MAGIC",
+    "BundleEntry",
+    "TensorBundleReader",
+    "crc32c",
+    "mask_crc",
+    "unmask_crc",
+    "is_tensorbundle_index",
+    "TF_DTYPES",
+]
+
+TABLE_MAGIC = 0xDB4775248B80FB57
+_FOOTER_LEN = 48
+_TRAILER_LEN = 5
+_MASK_DELTA = 0xA282EAD8
+#: An index larger than this is not a TensorBundle index we are willing to read into memory.
+_MAX_INDEX_BYTES = 1 << 30
+_MAX_NDIM = 64
+_MAX_SHARDS = 1 << 20
+
+#: TensorFlow DataType enum value -> shardpoint format dtype name (types.proto).
+TF_DTYPES: dict[int, str] = {
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    8: "complex64",
+    9: "int64",
+    10: "bool",
+    14: "bfloat16",
+    17: "uint16",
+    18: "complex128",
+    19: "float16",
+    22: "uint32",
+    23: "uint64",
+    24: "float8_e5m2",
+    25: "float8_e4m3fn",
+}
+#: Names of the DataType values that are recognised but not converted (for notes).
+TF_OTHER_DTYPES: dict[int, str] = {
+    7: "DT_STRING",
+    11: "DT_QINT8",
+    12: "DT_QUINT8",
+    13: "DT_QINT32",
+    15: "DT_QINT16",
+    16: "DT_QUINT16",
+    20: "DT_RESOURCE",
+    21: "DT_VARIANT",
+    29: "DT_INT4",
+    30: "DT_UINT4",
+}
+DT_STRING = 7
+
+
+# --- crc32c (Castagnoli), pure Python: only used on index blocks, which are small --------------
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
+    """CRC-32C of ``data`` (byte-at-a-time; fine for kilobytes, too slow for tensors)."""
+    c = crc ^ 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in bytes(data):
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def mask_crc(crc: int) -> int:
+    """LevelDB/TensorFlow's crc masking (so a crc of data containing crcs stays well mixed)."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask_crc(masked: int) -> int:
+    """Inverse of :func:`mask_crc`."""
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+# --- bounds-checked primitive decoding ---------------------------------------------------------
+class _Corrupt(Exception):
+    """Internal: a decoding failure at a position; turned into CorruptCheckpointError at the edge."""
+
+    def __init__(self, msg: str, pos: int) -> None:
+        super().__init__(msg)
+        self.pos = pos
+
+
+def _varint(buf: bytes, pos: int, end: int, bits: int = 64) -> tuple[int, int]:
+    """Decode an unsigned varint of at most ``bits`` bits from ``buf[pos:end]``."""
+    result = 0
+    shift = 0
+    start = pos
+    while True:
+        if pos >= end:
+            raise _Corrupt("truncated varint", start)
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift >= 70:  # a 64-bit varint has at most 10 bytes
+            raise _Corrupt("varint too long", start)
+    if result >> bits:
+        raise _Corrupt(f"varint does not fit in {bits} bits", start)
+    return result, pos
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int | bytes, int]]:
+    """All (field number, wire type, value, position) of one protobuf message."""
+    out: list[tuple[int, int, int | bytes, int]] = []
+    while pos < end:
+        at = pos
+        tag, pos = _varint(buf, pos, end)
+        num, wire = tag >> 3, tag & 7
+        if num == 0:
+            raise _Corrupt("protobuf field number 0", at)
+        value: int | bytes
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+        elif wire == 1:
+            if pos + 8 > end:
+                raise _Corrupt("truncated fixed64", at)
+            value = int.from_bytes(buf[pos : pos + 8], "little")
+            pos += 8
+        elif wire == 2:
+            n, pos = _varint(buf, pos, end)
+            if n > end - pos:
+                raise _Corrupt("length-delimited field runs past its message", at)
+            value = bytes(buf[pos : pos + n])
+            pos += n
+        elif wire == 5:
+            if pos + 4 > end:
+                raise _Corrupt("truncated fixed32", at)
+            value = int.from_bytes(buf[pos : pos + 4], "little")
+            pos += 4
+        else:  # groups (3, 4) and reserved wire types never appear in these messages
+            raise _Corrupt(f"unsupported protobuf wire type {wire}", at)
+        out.append((num, wire, value, at))
+    return out
+
+
+# --- the bundle's messages ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class BundleEntry:
+    """One BundleEntryProto: where a tensor's bytes are and what they are."""
+
+    key: str
+    dtype: int
+    shape: tuple[int, ...]
+    shard_id: int
+    offset: int
+    size: int
+    crc32c_masked: int
+    has_slices: bool = False
+    #: set when the shape is unknown (unknown_rank) — such an entry cannot be converted
+    unknown_rank: bool = False
+
+    @property
+    def dtype_name(self) -> str | None:
+        """shardpoint dtype name, or None when the dtype is not a plain numeric one."""
+        return TF_DTYPES.get(self.dtype)
+
+
+def _parse_shape(raw: bytes) -> tuple[tuple[int, ...], bool]:
+    dims: list[int] = []
+    unknown = False
+    for num, wire, value, at in _fields(raw, 0, len(raw)):
+        if num == 2 and wire == 2:
+            assert isinstance(value, bytes)
+            size = 0
+            for dnum, dwire, dval, _ in _fields(value, 0, len(value)):
+                if dnum == 1 and dwire == 0:
+                    assert isinstance(dval, int)
+                    size = _signed64(dval)
+            if size < 0:
+                raise _Corrupt(f"negative dimension {size}", at)
+            dims.append(size)
+            if len(dims) > _MAX_NDIM:
+                raise _Corrupt(f"more than {_MAX_NDIM} dimensions", at)
+        elif num == 3 and wire == 0:
+            unknown = bool(value)
+    return tuple(dims), unknown
+
+
+def _parse_entry(key: str, raw: bytes) -> BundleEntry:
+    dtype = shard_id = offset = size = crc = 0
+    shape: tuple[int, ...] = ()
+    unknown = slices = False
+    for num, wire, value, _ in _fields(raw, 0, len(raw)):
+        if wire == 0 and isinstance(value, int):
+            if num == 1:
+                dtype = value
+            elif num == 3:
+                shard_id = _signed64(value)
+            elif num == 4:
+                offset = _signed64(value)
+            elif num == 5:
+                size = _signed64(value)
+        elif wire == 2 and isinstance(value, bytes):
+            if num == 2:
+                shape, unknown = _parse_shape(value)
+            elif num == 7:
+                slices = True
+        elif wire == 5 and num == 6 and isinstance(value, int):
+            crc = value
+    if shard_id < 0 or offset < 0 or size < 0:
+        raise _Corrupt(f"negative shard_id/offset/size ({shard_id}/{offset}/{size})", 0)
+    return BundleEntry(key, dtype, shape, shard_id, offset, size, crc, slices, unknown)
+
+
+def is_tensorbundle_index(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` ends with the table magic (a TensorBundle index, not a shardpoint one)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < _FOOTER_LEN:
+                return False
+            f.seek(-8, os.SEEK_END)
+            return int.from_bytes(f.read(8), "little") == TABLE_MAGIC
+    except OSError:
+        return False
+
+
+@dataclass
+class _Table:
+    """Parsed SSTable: every (key, value) pair in order."""
+
+    path: str
+    buf: bytes
+    items: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def parse(self) -> None:
+        n = len(self.buf)
+        if n < _FOOTER_LEN:
+            raise _Corrupt(f"file is {n} bytes, shorter than the {_FOOTER_LEN}-byte footer", 0)
+        foot = n - _FOOTER_LEN
+        if int.from_bytes(self.buf[n - 8 :], "little") != TABLE_MAGIC:
+            raise _Corrupt("bad table magic (not a TensorFlow checkpoint index)", n - 8)
+        pos = foot
+        _meta_off, pos = _varint(self.buf, pos, n - 8)
+        _meta_size, pos = _varint(self.buf, pos, n - 8)
+        idx_off, pos = _varint(self.buf, pos, n - 8)
+        idx_size, pos = _varint(self.buf, pos, n - 8)
+        index = self._block(idx_off, idx_size, foot)
+        prev_end = 0
+        for _sep, handle in self._block_entries(index, idx_off):
+            off, hp = _varint(handle, 0, len(handle))
+            size, hp = _varint(handle, hp, len(handle))
+            if off < prev_end:
+                raise _Corrupt("data blocks overlap or are out of order", idx_off)
+            prev_end = off + size + _TRAILER_LEN
+            block = self._block(off, size, idx_off)
+            self.items.extend(self._block_entries(block, off))
+        for (a, _), (b, _) in zip(self.items, self.items[1:], strict=False):
+            if not a < b:
+                raise _Corrupt(f"keys out of order: {b[:60]!r} after {a[:60]!r}", 0)
+
+    def _block(self, off: int, size: int, limit: int) -> bytes:
+        """Block bytes at ``off`` after checking bounds, trailer type and masked crc."""
+        if off + size + _TRAILER_LEN > limit:
+            raise _Corrupt(f"block [{off}, +{size}) runs past the end of its region ({limit})", off)
+        block = self.buf[off : off + size]
+        kind = self.buf[off + size]
+        stored = int.from_bytes(self.buf[off + size + 1 : off + size + 5], "little")
+        actual = mask_crc(crc32c(self.buf[off : off + size + 1]))
+        if stored != actual:
+            raise ChecksumMismatchError(
+                f"{self.path}: checksum mismatch in table block at offset {off}: "
+                f"stored 0x{stored:08x}, computed 0x{actual:08x}"
+            )
+        if kind != 0:
+            raise UnsupportedFormatError(
+                f"{self.path}: table block at offset {off} is compressed (type {kind}); "
+                "only uncompressed TensorBundle indexes are supported"
+            )
+        return block
+
+    @staticmethod
+    def _block_entries(block: bytes, base: int) -> list[tuple[bytes, bytes]]:
+        n = len(block)
+        if n < 4:
+            raise _Corrupt("block shorter than its restart count", base)
+        restarts = int.from_bytes(block[n - 4 :], "little")
+        if restarts > (n - 4) // 4:
+            raise _Corrupt(f"restart count {restarts} does not fit the block", base + n - 4)
+        end = n - 4 - 4 * restarts
+        out: list[tuple[bytes, bytes]] = []
+        key = b""
+        pos = 0
+        while pos < end:
+            at = pos
+            shared, pos = _varint(block, pos, end, 32)
+            non_shared, pos = _varint(block, pos, end, 32)
+            vlen, pos = _varint(block, pos, end, 32)
+            if shared > len(key):
+                raise _Corrupt(f"entry shares {shared} bytes of a {len(key)}-byte key", base + at)
+            if non_shared + vlen > end - pos:
+                raise _Corrupt("entry runs past the end of its block", base + at)
+            key = key[:shared] + block[pos : pos + non_shared]
+            pos += non_shared
+            out.append((key, block[pos : pos + vlen]))
+            pos += vlen
+        return out
+
+
+class TensorBundleReader:
+    """The entries of a TensorFlow checkpoint and their bytes, read without TensorFlow.
+
+    ``entries`` holds the tensors in key order; ``notes`` says what was left out and why
+    (string tensors such as the object graph, partitioned-variable slices, exotic dtypes).
+    """
+
+    def __init__(self, prefix: str | os.PathLike[str]) -> None:
+        self.prefix = os.fspath(prefix)
+        self.index_path = self.prefix + ".index"
+        self.notes: list[str] = []
+        self.entries: dict[str, BundleEntry] = {}
+        self.skipped: dict[str, BundleEntry] = {}
+        self._maps: dict[int, tuple[mmap.mmap | None, int]] = {}
+        try:
+            size = os.path.getsize(self.index_path)
+            if size > _MAX_INDEX_BYTES:
+                raise CorruptCheckpointError(
+                    f"{self.index_path}: {size} bytes is too large for a TensorBundle index"
+                )
+            with open(self.index_path, "rb") as f:
+                buf = f.read()
+        except FileNotFoundError as e:
+            raise NotFoundError(f"{self.index_path}: not found") from e
+        table = _Table(self.index_path, buf)
+        try:
+            table.parse()
+            self._load(table.items)
+        except _Corrupt as e:
+            raise CorruptCheckpointError(
+                f"{self.index_path}: corrupt TensorBundle index at offset {e.pos}: {e}"
+            ) from None
+
+    def _load(self, items: list[tuple[bytes, bytes]]) -> None:
+        if not items or items[0][0] != b"":
+            raise _Corrupt("missing BundleHeaderProto (the entry under key '')", 0)
+        self.num_shards, endianness = 0, 0
+        for num, wire, value, _ in _fields(items[0][1], 0, len(items[0][1])):
+            if num == 1 and wire == 0 and isinstance(value, int):
+                self.num_shards = _signed64(value)
+            elif num == 2 and wire == 0 and isinstance(value, int):
+                endianness = value
+        if not 1 <= self.num_shards <= _MAX_SHARDS:
+            raise _Corrupt(f"num_shards {self.num_shards} out of range", 0)
+        if endianness != 0:
+            raise UnsupportedFormatError(
+                f"{self.index_path}: big-endian TensorBundle checkpoints are not supported"
+            )
+        for raw_key, value in items[1:]:
+            try:
+                key = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                key = ""
+            if not key or "\0" in key:
+                # Partitioned variables store each slice under an OrderedCode-encoded binary key.
+                self.notes.append(f"skipped slice entry {raw_key[:40]!r} (partitioned variable)")
+                continue
+            entry = _parse_entry(key, value)
+            reason = self._unsupported(entry)
+            if reason:
+                self.skipped[key] = entry
+                self.notes.append(f"skipped {key!r}: {reason}")
+            else:
+                self.entries[key] = entry
+
+    def _unsupported(self, e: BundleEntry) -> str | None:
+        if e.dtype == DT_STRING:
+            what = (
+                "object graph, a TensorFlow proto"
+                if e.key == "_CHECKPOINTABLE_OBJECT_GRAPH"
+                else ""
+            )
+            return f"string tensor{' (' + what + ')' if what else ''} not converted"
+        if e.dtype not in TF_DTYPES:
+            name = TF_OTHER_DTYPES.get(e.dtype, f"DataType {e.dtype}")
+            return f"dtype {name} not supported"
+        if e.has_slices:
+            return "partitioned variable (stored as slices) not supported"
+        if e.unknown_rank:
+            return "tensor of unknown rank"
+        if not 0 <= e.shard_id < self.num_shards:
+            raise CorruptCheckpointError(
+                f"{self.index_path}: key {e.key!r}: shard_id {e.shard_id} out of range "
+                f"(num_shards {self.num_shards})"
+            )
+        want = math.prod(e.shape) * numpy_dtype(TF_DTYPES[e.dtype]).itemsize
+        if want != e.size:
+            raise CorruptCheckpointError(
+                f"{self.index_path}: key {e.key!r}: size {e.size} does not match shape "
+                f"{list(e.shape)} of {TF_DTYPES[e.dtype]} ({want} bytes)"
+            )
+        return None
+
+    def shard_path(self, shard_id: int) -> str:
+        """File name of shard ``shard_id`` (``P.data-00000-of-00001``)."""
+        return f"{self.prefix}.data-{shard_id:05d}-of-{self.num_shards:05d}"
+
+    def _map(self, shard_id: int) -> tuple[mmap.mmap | None, int]:
+        if shard_id not in self._maps:
+            path = self.shard_path(shard_id)
+            try:
+                with open(path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            except FileNotFoundError as e:
+                raise NotFoundError(f"{path}: not found (data shard of {self.index_path})") from e
+            self._maps[shard_id] = (m, size)
+        return self._maps[shard_id]
+
+    def expected_crc32c(self, key: str) -> int:
+        """The (unmasked) crc32c TensorFlow recorded for ``key``'s bytes."""
+        return unmask_crc(self.entries[key].crc32c_masked)
+
+    def read(self, key: str, *, verify: bool = False) -> np.ndarray:
+        """``key``'s tensor as a read-only array viewing the mmapped shard (no copy).
+
+        ``verify`` checks the crc32c in pure Python, which is slow for large tensors; converters
+        compare :meth:`expected_crc32c` with the crc the shardpoint writer computes instead.
+        """
+        e = self.entries[key]
+        m, size = self._map(e.shard_id)
+        if e.offset + e.size > size:
+            raise CorruptCheckpointError(
+                f"{self.shard_path(e.shard_id)}: key {key!r}: bytes [{e.offset}, "
+                f"{e.offset + e.size}) run past the end of the file ({size} bytes)"
+            )
+        dt = numpy_dtype(TF_DTYPES[e.dtype])
+        raw = memoryview(m)[e.offset : e.offset + e.size] if m is not None else b""
+        if verify and crc32c(raw) != self.expected_crc32c(key):
+            raise ChecksumMismatchError(
+                f"{self.shard_path(e.shard_id)}: checksum mismatch at offset {e.offset} "
+                f"(key {key!r}): stored 0x{self.expected_crc32c(key):08x}, "
+                f"computed 0x{crc32c(raw):08x}"
+            )
+        arr = np.frombuffer(raw, dtype=dt).reshape(e.shape)
+        if e.dtype == 10 and arr.size and int(arr.view(np.uint8).max()) > 1:
+            raise CorruptCheckpointError(f"{self.index_path}: key {key!r}: bool bytes not 0/1")
+        return arr
+
+    def close(self) -> None:
+        """Drop the shard mappings (arrays returned by ``read`` must not be used afterwards)."""
+        maps, self._maps = self._maps, {}
+        for m, _ in maps.values():
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:  # an array still views it; the GC unmaps it later
+                    pass
+
+    def __enter__(self) -> TensorBundleReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TensorBundleSource(Source):
+    """A TensorFlow checkpoint as a conversion source; its crc32c values are checked by the
+    shardpoint sink against the checksums it computes while writing."""
+
+    format = "tensorflow"
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(prefix)
+        self.bundle = TensorBundleReader(prefix)
+        self.notes = list(self.bundle.notes)
+
+    def specs(self) -> list[Spec]:
+        out = []
+        for key, e in self.bundle.entries.items():
+            out.append(Spec(key, TF_DTYPES[e.dtype], e.shape, e.size))
+        return out
+
+    def read(self, key: str) -> np.ndarray:
+        return self.bundle.read(key)
+
+    def expected_crc32c(self, key: str) -> int | None:
+        return self.bundle.expected_crc32c(key)
+
+    def location(self, key: str) -> str:
+        e = self.bundle.entries[key]
+        return f"{self.bundle.shard_path(e.shard_id)} at offset {e.offset}"
+
+    def close(self) -> None:
+        self.bundle.close()
