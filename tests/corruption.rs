@@ -26,7 +26,10 @@ fn sweep(codec: Codec, shards: u32) {
     let vals = sample_values();
     save(&p, &items(&vals), opts(codec, shards)).unwrap();
     check(&p, &vals).unwrap();
-    let mut files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
     let (mut detected, mut harmless) = (0usize, 0usize);
     for f in &files {
@@ -38,7 +41,11 @@ fn sweep(codec: Codec, shards: u32) {
             match check(&p, &vals) {
                 Ok(()) => harmless += 1,
                 Err(e) => {
-                    assert!(e.is_corruption() || matches!(e, Error::NotFound { .. }), "{}: byte {at}: unexpected error kind: {e}", f.display());
+                    assert!(
+                        e.is_corruption() || matches!(e, Error::NotFound { .. }),
+                        "{}: byte {at}: unexpected error kind: {e}",
+                        f.display()
+                    );
                     detected += 1;
                 }
             }
@@ -47,7 +54,11 @@ fn sweep(codec: Codec, shards: u32) {
         for len in 0..orig.len() as u64 {
             fh.set_len(len).unwrap();
             let e = check(&p, &vals).expect_err("every truncation must be detected");
-            assert!(e.is_corruption(), "{}: truncated to {len}: {e}", f.display());
+            assert!(
+                e.is_corruption(),
+                "{}: truncated to {len}: {e}",
+                f.display()
+            );
             detected += 1;
         }
         std::fs::write(f, &orig).unwrap();
@@ -81,6 +92,9 @@ fn newer_version_is_refused_clearly() {
     b[n - 8..n - 4].copy_from_slice(&c.to_le_bytes());
     std::fs::write(&idx, &b).unwrap();
     let e = Reader::open(&p).err().unwrap();
-    assert!(matches!(e, Error::UnsupportedVersion { found: 2, .. }), "{e}");
+    assert!(
+        matches!(e, Error::UnsupportedVersion { found: 2, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("upgrade"), "{e}");
 }

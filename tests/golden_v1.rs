@@ -72,13 +72,18 @@ const TYPED: &[(&str, &[u8])] = &[
 ];
 
 fn prefix(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/v1").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/v1")
+        .join(name)
 }
 
 fn read_all(r: &Reader, g: &G) -> Vec<u8> {
-    let e = r.entry(g.key).unwrap_or_else(|err| panic!("{}: {err}", g.key));
+    let e = r
+        .entry(g.key)
+        .unwrap_or_else(|err| panic!("{}: {err}", g.key));
     let mut buf = vec![0u8; e.raw_len as usize];
-    r.read_into(&e, &mut buf, true).unwrap_or_else(|err| panic!("{}: {err}", g.key));
+    r.read_into(&e, &mut buf, true)
+        .unwrap_or_else(|err| panic!("{}: {err}", g.key));
     buf
 }
 
@@ -89,7 +94,9 @@ fn check(name: &str, mixed: bool) {
     assert_eq!(r.shards().len(), if mixed { 2 } else { 1 });
     assert_eq!(r.index().chunk_bytes(), if mixed { 4096 } else { 1 << 20 });
     // Keys come back sorted by their UTF-8 bytes.
-    let keys: Vec<&[u8]> = (0..r.index().len()).map(|i| r.index().key_bytes(i).unwrap()).collect();
+    let keys: Vec<&[u8]> = (0..r.index().len())
+        .map(|i| r.index().key_bytes(i).unwrap())
+        .collect();
     let want: Vec<&[u8]> = GOLDEN.iter().map(|g| g.key.as_bytes()).collect();
     assert_eq!(keys, want);
     for g in GOLDEN {
@@ -99,7 +106,11 @@ fn check(name: &str, mixed: bool) {
         assert_eq!(e.dims, g.dims, "{}", g.key);
         assert_eq!(e.raw_len, g.raw_len, "{}", g.key);
         assert_eq!(e.crc, g.crc, "{}", g.key);
-        let (codec, shard) = if mixed { (g.codec, g.shard) } else { ("none", 0) };
+        let (codec, shard) = if mixed {
+            (g.codec, g.shard)
+        } else {
+            ("none", 0)
+        };
         assert_eq!(e.codec.name(), codec, "{}", g.key);
         assert_eq!(e.shard, shard, "{}", g.key);
         if e.kind != Kind::Tensor {
@@ -107,7 +118,12 @@ fn check(name: &str, mixed: bool) {
         }
         let raw = read_all(&r, g);
         assert_eq!(raw.len() as u64, g.raw_len, "{}", g.key);
-        assert_eq!(crc32c::crc32c(&raw), g.crc, "{}: crc32c of the raw bytes", g.key);
+        assert_eq!(
+            crc32c::crc32c(&raw),
+            g.crc,
+            "{}: crc32c of the raw bytes",
+            g.key
+        );
     }
     for (key, bytes) in TYPED {
         let g = GOLDEN.iter().find(|g| g.key == *key).unwrap();
@@ -123,13 +139,20 @@ fn check(name: &str, mixed: bool) {
     }
     let row = 80 * 4;
     let mut part = vec![0u8; 30 * row];
-    r.read_range(&e, 13 * row as u64, 43 * row as u64, &mut part).unwrap();
+    r.read_range(&e, 13 * row as u64, 43 * row as u64, &mut part)
+        .unwrap();
     assert_eq!(part, whole[13 * row..43 * row]);
     // Metadata: the writer's fields plus the user's.
     let meta = std::str::from_utf8(r.index().metadata_bytes().unwrap()).unwrap();
-    assert!(meta.starts_with("{\"format\":1,\"writer\":\"shardpoint "), "{meta}");
+    assert!(
+        meta.starts_with("{\"format\":1,\"writer\":\"shardpoint "),
+        "{meta}"
+    );
     assert!(meta.contains("\"user\":{"), "{meta}");
-    assert!(matches!(r.entry("no/such/key"), Err(Error::MissingKey { .. })));
+    assert!(matches!(
+        r.entry("no/such/key"),
+        Err(Error::MissingKey { .. })
+    ));
 }
 
 #[test]

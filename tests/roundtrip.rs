@@ -5,27 +5,54 @@ use proptest::prelude::*;
 use shardpoint_core::format::{Codec, Kind, ALL_DTYPES};
 use shardpoint_core::{save, Reader};
 
-
 mod common;
 use common::*;
 
 fn value_strategy() -> impl Strategy<Value = Val> {
-    (0usize..17, proptest::collection::vec(0u64..6, 0..4), any::<u64>(), any::<bool>()).prop_map(|(di, dims, seed, smooth)| {
-        let d = ALL_DTYPES[di];
-        let n = dims.iter().product::<u64>() as usize * d.itemsize();
-        let mut x = seed | 1;
-        let bytes = (0..n)
-            .map(|i| if smooth { (i / 7) as u8 } else { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 })
-            .collect();
-        (d, Kind::Tensor, dims, bytes)
-    })
+    (
+        0usize..17,
+        proptest::collection::vec(0u64..6, 0..4),
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(|(di, dims, seed, smooth)| {
+            let d = ALL_DTYPES[di];
+            let n = dims.iter().product::<u64>() as usize * d.itemsize();
+            let mut x = seed | 1;
+            let bytes = (0..n)
+                .map(|i| {
+                    if smooth {
+                        (i / 7) as u8
+                    } else {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    }
+                })
+                .collect();
+            (d, Kind::Tensor, dims, bytes)
+        })
 }
 
 fn big_value() -> impl Strategy<Value = Val> {
     // Large enough to span several 4 KiB chunks.
     (1u64..40, any::<u8>()).prop_map(|(rows, b)| {
-        let bytes: Vec<u8> = (0..rows * 1024 * 4).map(|i| if i % 4 == 3 { 0x3c } else { (i as u8).wrapping_mul(b) }).collect();
-        (shardpoint_core::DType::F32, Kind::Tensor, vec![rows, 1024], bytes)
+        let bytes: Vec<u8> = (0..rows * 1024 * 4)
+            .map(|i| {
+                if i % 4 == 3 {
+                    0x3c
+                } else {
+                    (i as u8).wrapping_mul(b)
+                }
+            })
+            .collect();
+        (
+            shardpoint_core::DType::F32,
+            Kind::Tensor,
+            vec![rows, 1024],
+            bytes,
+        )
     })
 }
 
@@ -84,14 +111,35 @@ fn duplicate_keys_and_bad_items_are_refused() {
     let p = dir.path().join("ck");
     let w = shardpoint_core::CheckpointWriter::new(&p, opts(Codec::None, 1)).unwrap();
     let data = [0u8; 4];
-    let it = Item { key: "k".into(), dtype: shardpoint_core::DType::F32, kind: Kind::Tensor, dims: vec![1], data: &data };
+    let it = Item {
+        key: "k".into(),
+        dtype: shardpoint_core::DType::F32,
+        kind: Kind::Tensor,
+        dims: vec![1],
+        data: &data,
+    };
     w.add(&it).unwrap();
     let err = w.add(&it).unwrap_err().to_string();
     assert!(err.contains("duplicate key \"k\""), "{err}");
-    let bad = Item { dims: vec![2], ..it.clone() };
-    let err = w.add(&Item { key: "k2".into(), ..bad }).unwrap_err().to_string();
+    let bad = Item {
+        dims: vec![2],
+        ..it.clone()
+    };
+    let err = w
+        .add(&Item {
+            key: "k2".into(),
+            ..bad
+        })
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("needs 8"), "{err}");
-    let err = w.add(&Item { key: "".into(), ..it.clone() }).unwrap_err().to_string();
+    let err = w
+        .add(&Item {
+            key: "".into(),
+            ..it.clone()
+        })
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("length 0"), "{err}");
     w.commit().unwrap();
     assert_eq!(read_all(&p).unwrap().len(), 1);
@@ -106,8 +154,15 @@ fn missing_checkpoint_and_key_name_the_path() {
     assert!(err.to_string().contains("nope.index"), "{err}");
     let q = dir.path().join("ck");
     save(&q, &items(&sample_values()), opts(Codec::Zstd, 1)).unwrap();
-    let err = Reader::open(&q).unwrap().entry("missing").err().expect("missing key").to_string();
-    assert!(err.contains("\"missing\"") && err.contains("ck.index"), "{err}");
+    let err = Reader::open(&q)
+        .unwrap()
+        .entry("missing")
+        .expect_err("missing key")
+        .to_string();
+    assert!(
+        err.contains("\"missing\"") && err.contains("ck.index"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -117,7 +172,15 @@ fn open_does_not_parse_entries() {
     let p = dir.path().join("ck");
     let mut vals = BTreeMap::new();
     for i in 0..200 {
-        vals.insert(format!("k{i:04}"), (shardpoint_core::DType::U8, Kind::Tensor, vec![1], vec![i as u8]));
+        vals.insert(
+            format!("k{i:04}"),
+            (
+                shardpoint_core::DType::U8,
+                Kind::Tensor,
+                vec![1],
+                vec![i as u8],
+            ),
+        );
     }
     save(&p, &items(&vals), opts(Codec::None, 1)).unwrap();
     let idx = dir.path().join("ck.index");
@@ -128,6 +191,12 @@ fn open_does_not_parse_entries() {
     std::fs::write(&idx, &b).unwrap();
     let r = Reader::open(&p).expect("open reads only header, shard and block tables");
     assert_eq!(r.entry("k0001").unwrap().dims, vec![1]);
-    let err = r.entry("k0199").err().expect("block 3 is corrupt").to_string();
-    assert!(err.contains("checksum mismatch") && err.contains("index block 3"), "{err}");
+    let err = r
+        .entry("k0199")
+        .expect_err("block 3 is corrupt")
+        .to_string();
+    assert!(
+        err.contains("checksum mismatch") && err.contains("index block 3"),
+        "{err}"
+    );
 }

@@ -15,7 +15,6 @@ When tensorflow is installed, one more test writes a fresh checkpoint with it.
 from __future__ import annotations
 
 import base64
-import math
 import os
 import zlib
 
@@ -416,18 +415,3 @@ def test_random_byte_damage_to_a_real_index_raises_clean_errors(real_ckpt, data)
                 r.read(key)
     except sp.CheckpointError:
         pass
-
-
-def test_tensorflow_written_checkpoint_if_available(tmp_path):
-    tf = pytest.importorskip("tensorflow")
-    m = tf.Module()
-    m.w = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
-    m.h = tf.Variable(tf.constant([1.5, -2.0], dtype=tf.bfloat16))
-    m.k = tf.Variable(np.array([7, -8], dtype=np.int64))
-    prefix = tf.train.Checkpoint(m=m).write(str(tmp_path / "tfck"))
-    convert(prefix, str(tmp_path / "sp"))
-    got = sp.load_file(str(tmp_path / "sp"))
-    assert got["m/w/.ATTRIBUTES/VARIABLE_VALUE"].tobytes() == m.w.numpy().tobytes()
-    assert got["m/h/.ATTRIBUTES/VARIABLE_VALUE"].dtype == ml_dtypes.bfloat16
-    assert got["m/k/.ATTRIBUTES/VARIABLE_VALUE"].tolist() == [7, -8]
-    assert math.isclose(float(got["m/h/.ATTRIBUTES/VARIABLE_VALUE"][0]), 1.5)

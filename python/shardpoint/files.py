@@ -30,6 +30,7 @@ from .errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidKeyError,
+    UnsupportedDTypeError,
 )
 
 __all__ = [
@@ -64,8 +65,17 @@ def _prefix(prefix: PathLike) -> str:
 
 
 def _check_key(key: object) -> str:
+    """A storable key: a non-empty str of at most 65535 UTF-8 bytes without NUL."""
     if not isinstance(key, str):
         raise InvalidKeyError(f"keys must be str, got {type(key).__name__}: {key!r}")
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidKeyError(f"key {key!r} is not valid Unicode (lone surrogate): {e}") from e
+    if n == 0 or n > 65535:
+        raise InvalidKeyError(f"key {key[:40]!r}: length {n} bytes is outside 1..=65535")
+    if "\0" in key:
+        raise InvalidKeyError(f"key {key!r} contains a NUL character")
     return key
 
 
@@ -93,7 +103,10 @@ def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nd
         value = np.asarray(value)
     if isinstance(value, np.ndarray):
         arr = value
-        name = format_name(arr.dtype)
+        try:
+            name = format_name(arr.dtype)
+        except UnsupportedDTypeError as e:
+            raise UnsupportedDTypeError(f"key {key!r}: {e}") from None
         if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         shape = arr.shape  # np.ascontiguousarray turns 0-d into 1-d: keep the real shape
@@ -103,7 +116,12 @@ def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nd
     if isinstance(value, (bytes, bytearray, memoryview)):
         kind, raw = "bytes", bytes(value)
     elif isinstance(value, str):
-        kind, raw = "str", value.encode("utf-8", errors="surrogatepass")
+        try:
+            kind, raw = "str", value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(
+                f"value of key {key!r} is not valid Unicode (lone surrogate), cannot be UTF-8: {e}"
+            ) from e
     elif isinstance(value, bool) or value is None:
         kind, raw = "json", json.dumps(value).encode()
     elif isinstance(value, int):
@@ -119,8 +137,6 @@ def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nd
     elif hasattr(value, "__array__") and not callable(getattr(value, "state_dict", None)):
         return _encode(key, np.asarray(value))
     else:
-        from .errors import UnsupportedDTypeError
-
         raise UnsupportedDTypeError(
             f"value of key {key!r} has type {type(value).__name__}, which cannot be stored "
             "(arrays, bytes, str, int, float, bool, None and JSON-able dict/list only; never pickle)"
@@ -135,7 +151,7 @@ def _decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -
     try:
         if kind == "bytes":
             return raw
-        text = raw.decode("utf-8", errors="surrogatepass" if kind == "str" else "strict")
+        text = raw.decode("utf-8")
         if kind == "str":
             return text
         if kind == "int":
@@ -211,7 +227,9 @@ def save_file(
     """
     p = _prefix(prefix)
     if not isinstance(tensors, Mapping):
-        raise InvalidArgumentError(f"tensors must be a mapping of str to values, got {type(tensors).__name__}")
+        raise InvalidArgumentError(
+            f"tensors must be a mapping of str to values, got {type(tensors).__name__}"
+        )
     codec, lvl = _opts(compression, level)
     items = [_encode(_check_key(k), v) for k, v in tensors.items()]
     total = sum(it[4].nbytes for it in items)
@@ -307,7 +325,9 @@ class Reader:
 
     def prefix(self, key_prefix: str) -> list[str]:
         """Keys starting with ``key_prefix``, in order (binary search + walk)."""
-        return self._core.keys_with_prefix(_check_key(key_prefix))
+        if not isinstance(key_prefix, str):
+            raise InvalidKeyError(f"key prefixes must be str, got {type(key_prefix).__name__}")
+        return self._core.keys_with_prefix(key_prefix)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and key in self._core
@@ -355,10 +375,13 @@ class Reader:
     def metadata(self) -> dict[str, Any]:
         """The ``metadata`` mapping given at save time."""
         if self._meta is None:
+            text = self._core.metadata_json()  # checksum errors propagate with their own class
             try:
-                blob = json.loads(self._core.metadata_json())
+                blob = json.loads(text)
             except (ValueError, RecursionError) as e:
-                raise CorruptCheckpointError(f"{self._prefix}.index: metadata is not valid JSON: {e}") from e
+                raise CorruptCheckpointError(
+                    f"{self._prefix}.index: metadata is not valid JSON: {e}"
+                ) from e
             user = blob.get("user", {}) if isinstance(blob, dict) else {}
             self._meta = user if isinstance(user, dict) else {}
         return self._meta
@@ -424,7 +447,9 @@ class Writer:
 
     def _writer(self) -> _core.Writer:
         if self._w is None:
-            raise InvalidArgumentError(f"writer for {self.prefix!r} is already committed or aborted")
+            raise InvalidArgumentError(
+                f"writer for {self.prefix!r} is already committed or aborted"
+            )
         return self._w
 
     def add(self, key: str, value: Any) -> None:

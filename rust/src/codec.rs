@@ -40,15 +40,60 @@ pub fn group(dtype: DType, src: &[u8], dst: &mut [u8]) {
 pub fn ungroup(dtype: DType, src: &[u8], dst: &mut [u8]) {
     let w = dtype.group_width();
     debug_assert_eq!(src.len(), dst.len());
+    if w < 2 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let n = src.len() / w;
+    let planes: Vec<&[u8]> = src.chunks_exact(n.max(1)).take(w).collect();
+    ungroup_planes(dtype, &planes, dst);
+}
+
+/// Interleave `planes` (plane 0 = most significant bytes) back into elements, rotating float
+/// sign bits back. Planes may live anywhere (a raw plane is read straight from the mmap).
+pub fn ungroup_planes(dtype: DType, planes: &[&[u8]], dst: &mut [u8]) {
     let rot = dtype.rotates_sign();
-    match w {
-        2 if rot => ungroup2::<true>(src, dst),
-        2 => ungroup2::<false>(src, dst),
-        4 if rot => ungroup4::<true>(src, dst),
-        4 => ungroup4::<false>(src, dst),
-        8 if rot => ungroup8::<true>(src, dst),
-        8 => ungroup8::<false>(src, dst),
-        _ => dst.copy_from_slice(src),
+    match (planes, rot) {
+        ([a, b], true) => ungroup2::<true>(a, b, dst),
+        ([a, b], false) => ungroup2::<false>(a, b, dst),
+        ([a, b, c, d], true) => ungroup4::<true>([a, b, c, d], dst),
+        ([a, b, c, d], false) => ungroup4::<false>([a, b, c, d], dst),
+        (p, r) if p.len() == 8 => ungroup8(p, dst, r),
+        _ => unreachable!("group widths are 2, 4 or 8"),
+    }
+}
+
+// One pass over the output, zipping the plane streams: no intermediate buffer.
+fn ungroup2<const ROT: bool>(a: &[u8], b: &[u8], dst: &mut [u8]) {
+    for ((o, &x), &y) in dst.chunks_exact_mut(2).zip(a).zip(b) {
+        let v = u16::from_be_bytes([x, y]);
+        let v = if ROT { v.rotate_right(1) } else { v };
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn ungroup4<const ROT: bool>(p: [&[u8]; 4], dst: &mut [u8]) {
+    for ((((o, &a), &b), &c), &d) in dst
+        .chunks_exact_mut(4)
+        .zip(p[0])
+        .zip(p[1])
+        .zip(p[2])
+        .zip(p[3])
+    {
+        let v = u32::from_be_bytes([a, b, c, d]);
+        let v = if ROT { v.rotate_right(1) } else { v };
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn ungroup8(p: &[&[u8]], dst: &mut [u8], rot: bool) {
+    for (i, o) in dst.chunks_exact_mut(8).enumerate() {
+        let b = [
+            p[0][i], p[1][i], p[2][i], p[3][i], p[4][i], p[5][i], p[6][i], p[7][i],
+        ];
+        let v = u64::from_be_bytes(b);
+        let v = if rot { v.rotate_right(1) } else { v };
+        o.copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -57,7 +102,7 @@ pub fn ungroup(dtype: DType, src: &[u8], dst: &mut [u8]) {
 // Loops over native integer slices (the chunk is reinterpreted in place when aligned, which
 // numpy and Vec buffers are) so the compiler vectorizes them; the rotation is a const generic.
 macro_rules! grouping {
-    ($group:ident, $ungroup:ident, $t:ty, $w:expr) => {
+    ($group:ident, $t:ty, $w:expr) => {
         fn $group<const ROT: bool>(src: &[u8], dst: &mut [u8]) {
             let n = src.len() / $w;
             // SAFETY: every bit pattern is a valid integer; align_to only yields aligned words.
@@ -66,7 +111,10 @@ macro_rules! grouping {
             let words: &[$t] = if head.is_empty() && tail.is_empty() {
                 words
             } else {
-                owned = src.chunks_exact($w).map(|e| <$t>::from_ne_bytes(e.try_into().expect("w"))).collect();
+                owned = src
+                    .chunks_exact($w)
+                    .map(|e| <$t>::from_ne_bytes(e.try_into().expect("w")))
+                    .collect();
                 &owned
             };
             for (p, plane) in dst[..n * $w].chunks_exact_mut(n.max(1)).enumerate() {
@@ -78,27 +126,12 @@ macro_rules! grouping {
                 }
             }
         }
-
-        fn $ungroup<const ROT: bool>(src: &[u8], dst: &mut [u8]) {
-            let n = src.len() / $w;
-            let mut words: Vec<$t> = vec![0; n];
-            for (p, plane) in src[..n * $w].chunks_exact(n.max(1)).enumerate() {
-                let shift = 8 * ($w - 1 - p) as u32;
-                for (acc, &b) in words.iter_mut().zip(plane) {
-                    *acc |= (b as $t) << shift;
-                }
-            }
-            for (out, v) in dst.chunks_exact_mut($w).zip(words) {
-                let v = if ROT { v.rotate_right(1) } else { v };
-                out.copy_from_slice(&v.to_le_bytes());
-            }
-        }
     };
 }
 
-grouping!(group2, ungroup2, u16, 2);
-grouping!(group4, ungroup4, u32, 4);
-grouping!(group8, ungroup8, u64, 8);
+grouping!(group2, u16, 2);
+grouping!(group4, u32, 4);
+grouping!(group8, u64, 8);
 
 /// Estimated Shannon entropy, in bits per byte, of a sample of `plane`. Planes above
 /// [`INCOMPRESSIBLE_BITS`] cannot shrink below 95% and are stored raw without trying zstd,
@@ -157,7 +190,10 @@ fn plane_setup(level: i32) -> Setup {
     }
 }
 
-fn with_compressor<T>(setup: Setup, f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> T) -> Result<T> {
+fn with_compressor<T>(
+    setup: Setup,
+    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> T,
+) -> Result<T> {
     use zstd::zstd_safe::{CParameter, ParamSwitch};
     COMPRESSORS.with(|cell| {
         let mut cs = cell.borrow_mut();
@@ -168,12 +204,15 @@ fn with_compressor<T>(setup: Setup, f: impl FnOnce(&mut zstd::bulk::Compressor<'
         let idx = match cs.iter().position(|(l, _)| *l == key) {
             Some(i) => i,
             None => {
-                let err = |e: std::io::Error| Error::InvalidArgument(format!("zstd setup {setup:?}: {e}"));
+                let err = |e: std::io::Error| {
+                    Error::InvalidArgument(format!("zstd setup {setup:?}: {e}"))
+                };
                 let c = match setup {
                     Setup::Level(l) => zstd::bulk::Compressor::new(l).map_err(err)?,
                     Setup::Entropy => {
                         let mut c = zstd::bulk::Compressor::new(-5).map_err(err)?;
-                        c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable)).map_err(err)?;
+                        c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+                            .map_err(err)?;
                         c.set_parameter(CParameter::MinMatch(7)).map_err(err)?;
                         c.set_parameter(CParameter::HashLog(6)).map_err(err)?;
                         c
@@ -188,8 +227,17 @@ fn with_compressor<T>(setup: Setup, f: impl FnOnce(&mut zstd::bulk::Compressor<'
 }
 
 /// Append a zstd frame of `input` to `out` if it is smaller than `limit`; returns whether it was.
-fn compress_into(setup: Setup, input: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<bool> {
-    if sample_entropy(input) > INCOMPRESSIBLE_BITS {
+/// With `skip_random`, inputs whose sampled byte histogram looks random are not even tried
+/// (right for float mantissa planes; wrong for structured integers, whose low bytes have flat
+/// histograms yet compress well by matching, so integer planes are always tried).
+fn compress_into(
+    setup: Setup,
+    input: &[u8],
+    limit: usize,
+    skip_random: bool,
+    out: &mut Vec<u8>,
+) -> Result<bool> {
+    if skip_random && sample_entropy(input) > INCOMPRESSIBLE_BITS {
         return Ok(false);
     }
     with_compressor(setup, |c| {
@@ -216,21 +264,31 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
     match codec {
         Codec::Zstd => {
             let mut out = Vec::new();
-            Ok(compress_into(Setup::Level(level), raw, limit, &mut out)?.then_some(out))
+            Ok(compress_into(Setup::Level(level), raw, limit, false, &mut out)?.then_some(out))
         }
         Codec::ZstdByteGroup => SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            s.clear();
-            s.resize(raw.len(), 0);
-            group(dtype, raw, &mut s);
+            if s.len() < raw.len() {
+                s.resize(raw.len(), 0);
+            }
+            let s = &mut s[..raw.len()]; // fully overwritten by group(): no clearing needed
+            group(dtype, raw, s);
             let w = dtype.group_width();
             let n = raw.len() / w;
             let mut out = Vec::with_capacity(raw.len());
+            // Floats: entropy-oriented setup and skipping of random-looking planes. Integers:
+            // the plain level (their planes compress by matching, not just by byte statistics).
+            let float = dtype.rotates_sign();
+            let setup = if float {
+                plane_setup(level)
+            } else {
+                Setup::Level(level)
+            };
             for plane in s.chunks_exact(n) {
                 let at = out.len();
                 out.extend_from_slice(&[0u8; 4]);
                 let plane_limit = n - n / 64; // a plane must save at least ~1.5% to be compressed
-                let len = if compress_into(plane_setup(level), plane, plane_limit, &mut out)? {
+                let len = if compress_into(setup, plane, plane_limit, float, &mut out)? {
                     out.len() - at - 4
                 } else {
                     out.extend_from_slice(plane);
@@ -251,10 +309,10 @@ fn zstd_exact(stored: &[u8], dst: &mut [u8], path: &Path, offset: u64) -> Result
     DECOMPRESSOR.with(|cell| {
         let mut d = cell.borrow_mut();
         if d.is_none() {
-            *d = Some(
-                zstd::bulk::Decompressor::new()
-                    .map_err(|e| Error::corrupt(path, offset, format!("zstd decoder init: {e}")))?,
-            );
+            *d =
+                Some(zstd::bulk::Decompressor::new().map_err(|e| {
+                    Error::corrupt(path, offset, format!("zstd decoder init: {e}"))
+                })?);
         }
         let dec = d.as_mut().expect("initialised above");
         // The destination is never grown: a frame that decodes to more bytes is an error.
@@ -262,7 +320,10 @@ fn zstd_exact(stored: &[u8], dst: &mut [u8], path: &Path, offset: u64) -> Result
             Error::corrupt(
                 path,
                 offset,
-                format!("zstd data does not decode into its {} raw bytes: {e}", dst.len()),
+                format!(
+                    "zstd data does not decode into its {} raw bytes: {e}",
+                    dst.len()
+                ),
             )
         })?;
         if n != dst.len() {
@@ -288,7 +349,11 @@ pub fn decode_chunk(
 ) -> Result<()> {
     if stored.len() == out.len() || codec == Codec::None {
         if stored.len() != out.len() {
-            return Err(Error::corrupt(path, offset, "raw chunk has the wrong length"));
+            return Err(Error::corrupt(
+                path,
+                offset,
+                "raw chunk has the wrong length",
+            ));
         }
         out.copy_from_slice(stored);
         return Ok(());
@@ -297,36 +362,48 @@ pub fn decode_chunk(
         Codec::Zstd => zstd_exact(stored, out, path, offset),
         Codec::ZstdByteGroup => SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            s.clear();
-            s.resize(out.len(), 0);
             let w = dtype.group_width();
-            if w < 2 || out.len() % w != 0 {
+            if w < 2 || !out.len().is_multiple_of(w) {
                 return Err(Error::corrupt(path, offset, "byte-grouped chunk of a 1-byte dtype"));
             }
             let n = out.len() / w;
+            // Pass 1: parse and bounds-check the segments; decompress compressed planes into
+            // scratch. Raw planes are used in place.
+            let mut segs: [(usize, usize, bool); 8] = [(0, 0, false); 8];
             let mut pos = 0usize;
-            for (p, plane) in s.chunks_exact_mut(n).enumerate() {
+            let mut ncomp = 0usize;
+            for (p, seg_slot) in segs.iter_mut().enumerate().take(w) {
                 let seg_at = offset + pos as u64;
                 let len = stored
                     .get(pos..pos + 4)
                     .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
                     .ok_or_else(|| Error::corrupt(path, seg_at, format!("plane {p}: segment header past the chunk end")))?;
                 pos += 4;
-                let seg = stored
-                    .get(pos..pos.saturating_add(len))
-                    .filter(|_| len <= n)
-                    .ok_or_else(|| Error::corrupt(path, seg_at, format!("plane {p}: segment of {len} bytes past the chunk end or longer than the plane ({n})")))?;
-                pos += len;
-                if len == n {
-                    plane.copy_from_slice(seg);
-                } else {
-                    zstd_exact(seg, plane, path, seg_at)?;
+                if len > n || pos.checked_add(len).is_none_or(|e| e > stored.len()) {
+                    return Err(Error::corrupt(path, seg_at, format!("plane {p}: segment of {len} bytes past the chunk end or longer than the plane ({n})")));
                 }
+                *seg_slot = (pos, len, len != n);
+                ncomp += (len != n) as usize;
+                pos += len;
             }
             if pos != stored.len() {
                 return Err(Error::corrupt(path, offset + pos as u64, "trailing bytes after the last plane"));
             }
-            ungroup(dtype, &s, out);
+            if s.len() < ncomp * n {
+                s.resize(ncomp * n, 0);
+            }
+            let mut dec = s.chunks_exact_mut(n.max(1));
+            let mut planes: Vec<&[u8]> = Vec::with_capacity(w);
+            for &(at, len, compressed) in &segs[..w] {
+                if compressed {
+                    let buf = dec.next().expect("sized above");
+                    zstd_exact(&stored[at..at + len], buf, path, offset + at as u64)?;
+                    planes.push(buf);
+                } else {
+                    planes.push(&stored[at..at + len]);
+                }
+            }
+            ungroup_planes(dtype, &planes, out);
             Ok(())
         }),
         Codec::None => unreachable!("handled above"),

@@ -53,7 +53,8 @@ pub fn parent_dir(prefix: &Path) -> PathBuf {
 /// fsync a directory so renames and links in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     let d = File::open(dir).map_err(|e| Error::io(dir, "open directory for fsync", e))?;
-    d.sync_all().map_err(|e| Error::io(dir, "fsync directory", e))
+    d.sync_all()
+        .map_err(|e| Error::io(dir, "fsync directory", e))
 }
 
 /// Write `bytes` to a temp file next to `dest`, fsync it (if `durable`), rename it over `dest`
@@ -62,7 +63,9 @@ pub fn write_atomic(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let tmp = with_suffix(dest, &format!(".tmp-{:016x}", random_token()));
     let res = (|| {
         let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
-        f.write_all(bytes).map_err(|e| Error::io(&tmp, "write", e))?;
+        f.lock().map_err(|e| Error::io(&tmp, "lock temp file", e))?; // see `cleanup`
+        f.write_all(bytes)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
         if durable {
             f.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
         }
@@ -112,7 +115,9 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = parent_dir(prefix);
     let base = prefix
         .file_name()
-        .ok_or_else(|| Error::InvalidArgument(format!("{}: prefix has no file name", prefix.display())))?
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: prefix has no file name", prefix.display()))
+        })?
         .to_string_lossy()
         .into_owned();
     let mut out = Vec::new();
@@ -123,7 +128,10 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     for ent in rd.flatten() {
         let name = ent.file_name().to_string_lossy().into_owned();
         if let Some(rest) = name.strip_prefix(&base) {
-            if rest.starts_with(".data-") || rest.starts_with(".index.tmp-") || rest.starts_with(".index.part-") {
+            if rest.starts_with(".data-")
+                || rest.starts_with(".index.tmp-")
+                || rest.starts_with(".index.part-")
+            {
                 out.push((rest.to_string(), ent.path()));
             }
         }
@@ -131,14 +139,25 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
+/// Whether another live writer holds the temp file at `path` (writers keep an exclusive
+/// advisory lock on their temp files until they close them; a killed writer's lock is gone).
+fn temp_in_use(path: &Path) -> bool {
+    match File::open(path) {
+        Ok(f) => matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
 /// After a commit: unlink files of `P` that the new index does not reference (old shards,
-/// leftovers of crashed saves). Best effort: failures here never fail a committed save.
+/// leftovers of crashed saves), except temp files another writer is still writing. Best
+/// effort: failures here never fail a committed save.
 pub fn cleanup(prefix: &Path, keep: &HashSet<String>) {
     if let Ok(names) = owned_names(prefix) {
         for (suffix, path) in names {
-            if !keep.contains(&suffix) {
-                let _ = fs::remove_file(path);
+            if keep.contains(&suffix) || (suffix.contains(".tmp-") && temp_in_use(&path)) {
+                continue;
             }
+            let _ = fs::remove_file(path);
         }
     }
 }

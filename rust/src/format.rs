@@ -368,7 +368,11 @@ impl ShardHeader {
         }
         let b = &bytes[..SHARD_HEADER_LEN];
         if &b[0..8] != SHARD_MAGIC {
-            return Err(Error::corrupt(path, 0, "not a shardpoint shard file (bad magic)"));
+            return Err(Error::corrupt(
+                path,
+                0,
+                "not a shardpoint shard file (bad magic)",
+            ));
         }
         let stored = le_u32(b, SHARD_HEADER_CRC_AT);
         let actual = crc(&b[..SHARD_HEADER_CRC_AT]);
@@ -393,7 +397,11 @@ impl ShardHeader {
             return Err(Error::corrupt(path, 12, "shard header_len is not 64"));
         }
         if b[32..60].iter().any(|&x| x != 0) {
-            return Err(Error::corrupt(path, 32, "reserved shard header bytes are not zero"));
+            return Err(Error::corrupt(
+                path,
+                32,
+                "reserved shard header bytes are not zero",
+            ));
         }
         Ok((
             ShardHeader {
@@ -450,7 +458,9 @@ mod tests {
     #[test]
     fn shard_names() {
         assert!(valid_shard_name(shard_name(3, 10, None).as_bytes()));
-        assert!(valid_shard_name(shard_name(3, 10, Some(0xdead_beef)).as_bytes()));
+        assert!(valid_shard_name(
+            shard_name(3, 10, Some(0xdead_beef)).as_bytes()
+        ));
         assert!(!valid_shard_name(b"/../etc/passwd"));
         assert!(!valid_shard_name(b".data-00000-of-00001/x"));
         assert!(!valid_shard_name(b".data-00000-of-00001.DEADBEEFDEADBEEF"));

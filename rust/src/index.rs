@@ -45,7 +45,11 @@ impl EntryMeta {
         self.codec == Codec::None && self.dims.len() == 1
     }
     fn aux_len(&self) -> usize {
-        let d = if self.dims_inline() { 0 } else { 8 * self.dims.len() };
+        let d = if self.dims_inline() {
+            0
+        } else {
+            8 * self.dims.len()
+        };
         d + CHUNK_REC * self.chunks.len()
     }
 }
@@ -59,7 +63,9 @@ pub fn check_key(key: &str) -> Result<()> {
         )));
     }
     if key.as_bytes().contains(&0) {
-        return Err(Error::InvalidArgument(format!("key {key:?} contains a NUL byte")));
+        return Err(Error::InvalidArgument(format!(
+            "key {key:?} contains a NUL byte"
+        )));
     }
     Ok(())
 }
@@ -97,7 +103,10 @@ pub fn build_index(
     // Shard table.
     for (i, s) in shards.iter().enumerate() {
         if !valid_shard_name(s.name.as_bytes()) || s.name.len() > SHARD_NAME_MAX {
-            return Err(Error::InvalidArgument(format!("invalid shard name {:?}", s.name)));
+            return Err(Error::InvalidArgument(format!(
+                "invalid shard name {:?}",
+                s.name
+            )));
         }
         let r = &mut out[shards_off as usize + i * SHARD_REC..][..SHARD_REC];
         r[0..8].copy_from_slice(&s.file_len.to_le_bytes());
@@ -115,7 +124,10 @@ pub fn build_index(
         for (i, e) in entries[lo..hi].iter().enumerate().map(|(j, e)| (lo + j, e)) {
             check_key(&e.key)?;
             if e.shard as usize >= shards.len() {
-                return Err(Error::InvalidArgument(format!("entry {:?}: shard out of range", e.key)));
+                return Err(Error::InvalidArgument(format!(
+                    "entry {:?}: shard out of range",
+                    e.key
+                )));
             }
             let key_rel = u32::try_from(kpos - key_lo)
                 .map_err(|_| Error::InvalidArgument("keys of one block exceed 4 GiB".into()))?;
@@ -131,7 +143,9 @@ pub fn build_index(
             r[9] = u8::try_from(e.dims.len())
                 .ok()
                 .filter(|&d| d as usize <= MAX_NDIM)
-                .ok_or_else(|| Error::InvalidArgument(format!("entry {:?}: ndim > {MAX_NDIM}", e.key)))?;
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("entry {:?}: ndim > {MAX_NDIM}", e.key))
+                })?;
             r[12..16].copy_from_slice(&e.shard.to_le_bytes());
             r[16..20].copy_from_slice(&e.crc.to_le_bytes());
             r[20..24].copy_from_slice(&aux_rel.to_le_bytes());
@@ -155,10 +169,17 @@ pub fn build_index(
             }
             apos += e.aux_len() as u64;
         }
-        let ent = &out[entries_off as usize + lo * ENTRY_REC..entries_off as usize + hi * ENTRY_REC];
+        let ent =
+            &out[entries_off as usize + lo * ENTRY_REC..entries_off as usize + hi * ENTRY_REC];
         let mut c = crc(ent);
-        c = crc32c::crc32c_append(c, &out[(keys_off + key_lo) as usize..(keys_off + kpos) as usize]);
-        c = crc32c::crc32c_append(c, &out[(aux_off + aux_lo) as usize..(aux_off + apos) as usize]);
+        c = crc32c::crc32c_append(
+            c,
+            &out[(keys_off + key_lo) as usize..(keys_off + kpos) as usize],
+        );
+        c = crc32c::crc32c_append(
+            c,
+            &out[(aux_off + aux_lo) as usize..(aux_off + apos) as usize],
+        );
         let r = &mut out[blocks_off as usize + b * BLOCK_REC..][..BLOCK_REC];
         r[0..8].copy_from_slice(&key_lo.to_le_bytes());
         r[8..16].copy_from_slice(&aux_lo.to_le_bytes());
@@ -289,7 +310,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let b = bytes.as_ref();
         let p = path;
         if b.len() < INDEX_HEADER_LEN + INDEX_FOOTER_LEN {
-            return Err(Error::corrupt(p, 0, format!("index is {} bytes, too short", b.len())));
+            return Err(Error::corrupt(
+                p,
+                0,
+                format!("index is {} bytes, too short", b.len()),
+            ));
         }
         if &b[0..8] != INDEX_MAGIC {
             return Err(Error::corrupt(p, 0, "not a shardpoint index (bad magic)"));
@@ -344,20 +369,44 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             ));
         }
         let f = b.len() - INDEX_FOOTER_LEN;
-        if &b[f..f + 8] != INDEX_FOOTER_MAGIC || le_u32(b, f + 8) != stored || le_u32(b, f + 12) != 0
+        if &b[f..f + 8] != INDEX_FOOTER_MAGIC
+            || le_u32(b, f + 8) != stored
+            || le_u32(b, f + 12) != 0
         {
-            return Err(Error::corrupt(p, f as u64, "index footer does not match its header"));
+            return Err(Error::corrupt(
+                p,
+                f as u64,
+                "index footer does not match its header",
+            ));
         }
-        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&h.chunk_bytes) || h.chunk_bytes % 16 != 0 {
-            return Err(Error::corrupt(p, 36, format!("chunk_bytes {} out of range", h.chunk_bytes)));
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&h.chunk_bytes)
+            || !h.chunk_bytes.is_multiple_of(16)
+        {
+            return Err(Error::corrupt(
+                p,
+                36,
+                format!("chunk_bytes {} out of range", h.chunk_bytes),
+            ));
         }
         // Sections in order, inside [header, footer), each length computed with checks.
         let n = h.entry_count;
         let nblocks = n.div_ceil(BLOCK_ENTRIES as u64);
         let sec = [
-            ("shard table", h.shards_off, (h.shard_count as u64).checked_mul(SHARD_REC as u64)),
-            ("block table", h.blocks_off, nblocks.checked_mul(BLOCK_REC as u64)),
-            ("entry table", h.entries_off, n.checked_mul(ENTRY_REC as u64)),
+            (
+                "shard table",
+                h.shards_off,
+                (h.shard_count as u64).checked_mul(SHARD_REC as u64),
+            ),
+            (
+                "block table",
+                h.blocks_off,
+                nblocks.checked_mul(BLOCK_REC as u64),
+            ),
+            (
+                "entry table",
+                h.entries_off,
+                n.checked_mul(ENTRY_REC as u64),
+            ),
             ("key blob", h.keys_off, Some(h.keys_len)),
             ("aux blob", h.aux_off, Some(h.aux_len)),
             ("metadata", h.meta_off, Some(h.meta_len)),
@@ -365,7 +414,8 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let mut pos = INDEX_HEADER_LEN as u64;
         let limit = f as u64;
         for (what, off, len) in sec {
-            let len = len.ok_or_else(|| Error::corrupt(p, off, format!("{what}: size overflows")))?;
+            let len =
+                len.ok_or_else(|| Error::corrupt(p, off, format!("{what}: size overflows")))?;
             let end = off.checked_add(len);
             match end {
                 Some(end) if off >= pos && end <= limit => pos = end,
@@ -373,18 +423,29 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                     return Err(Error::corrupt(
                         p,
                         off,
-                        format!("{what} [{off}, +{len}) overlaps another section or leaves the file"),
+                        format!(
+                            "{what} [{off}, +{len}) overlaps another section or leaves the file"
+                        ),
                     ))
                 }
             }
         }
-        for (what, off) in [("shard table", h.shards_off), ("block table", h.blocks_off), ("entry table", h.entries_off)] {
+        for (what, off) in [
+            ("shard table", h.shards_off),
+            ("block table", h.blocks_off),
+            ("entry table", h.entries_off),
+        ] {
             if off % 8 != 0 {
-                return Err(Error::corrupt(p, off, format!("{what} is not 8-byte aligned")));
+                return Err(Error::corrupt(
+                    p,
+                    off,
+                    format!("{what} is not 8-byte aligned"),
+                ));
             }
         }
         let shard_bytes = &b[h.shards_off as usize..h.blocks_off as usize];
-        let sc = crc(&b[h.shards_off as usize..(h.shards_off + h.shard_count as u64 * SHARD_REC as u64) as usize]);
+        let sc = crc(&b[h.shards_off as usize
+            ..(h.shards_off + h.shard_count as u64 * SHARD_REC as u64) as usize]);
         if sc != le_u32(b, 112) {
             return Err(Error::Checksum {
                 path: p.to_path_buf(),
@@ -394,7 +455,8 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 actual: sc,
             });
         }
-        let block_bytes = &b[h.blocks_off as usize..(h.blocks_off + nblocks * BLOCK_REC as u64) as usize];
+        let block_bytes =
+            &b[h.blocks_off as usize..(h.blocks_off + nblocks * BLOCK_REC as u64) as usize];
         let bc = crc(block_bytes);
         if bc != le_u32(b, 116) {
             return Err(Error::Checksum {
@@ -410,15 +472,25 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             let r = &shard_bytes[i * SHARD_REC..(i + 1) * SHARD_REC];
             let off = h.shards_off + (i * SHARD_REC) as u64;
             let name_len = le_u32(r, 20) as usize;
-            if name_len == 0 || name_len > SHARD_NAME_MAX || r[24 + name_len..].iter().any(|&c| c != 0) {
-                return Err(Error::corrupt(p, off, format!("shard record {i}: bad name length {name_len}")));
+            if name_len == 0
+                || name_len > SHARD_NAME_MAX
+                || r[24 + name_len..].iter().any(|&c| c != 0)
+            {
+                return Err(Error::corrupt(
+                    p,
+                    off,
+                    format!("shard record {i}: bad name length {name_len}"),
+                ));
             }
             let name = &r[24..24 + name_len];
             if !valid_shard_name(name) {
                 return Err(Error::corrupt(
                     p,
                     off,
-                    format!("shard record {i}: refusing shard name {:?}", String::from_utf8_lossy(name)),
+                    format!(
+                        "shard record {i}: refusing shard name {:?}",
+                        String::from_utf8_lossy(name)
+                    ),
                 ));
             }
             shards.push(ShardRec {
@@ -429,7 +501,13 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             });
         }
         let verified = (0..nblocks).map(|_| AtomicU8::new(0)).collect();
-        Ok(IndexView { path: p.to_path_buf(), bytes, h, shards, verified })
+        Ok(IndexView {
+            path: p.to_path_buf(),
+            bytes,
+            h,
+            shards,
+            verified,
+        })
     }
 
     fn b(&self) -> &[u8] {
@@ -482,8 +560,18 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         } else {
             (self.h.keys_len, self.h.aux_len)
         };
-        if klo > khi || khi > self.h.keys_len || alo > ahi || ahi > self.h.aux_len || le_u32(r, 20) != 0 {
-            return Err(Error::corrupt(&self.path, at as u64, format!("block {blk}: bad key/aux ranges")));
+        if klo > khi
+            || khi > self.h.keys_len
+            || alo > ahi
+            || ahi > self.h.aux_len
+            || le_u32(r, 20) != 0
+            || (blk == 0 && (klo != 0 || alo != 0))
+        {
+            return Err(Error::corrupt(
+                &self.path,
+                at as u64,
+                format!("block {blk}: bad key/aux ranges"),
+            ));
         }
         Ok(((klo, khi), (alo, ahi)))
     }
@@ -516,7 +604,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         for i in lo..hi {
             let k = self.key_bytes_unchecked(i, klo, khi)?;
             if prev.is_some_and(|p| p >= k) {
-                return Err(Error::corrupt(&self.path, (e0 + i * ENTRY_REC) as u64, format!("entry {i}: keys are not strictly sorted")));
+                return Err(Error::corrupt(
+                    &self.path,
+                    (e0 + i * ENTRY_REC) as u64,
+                    format!("entry {i}: keys are not strictly sorted"),
+                ));
             }
             prev = Some(k);
         }
@@ -530,7 +622,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let start = klo + le_u32(r, 0) as u64;
         let len = le_u16(r, 4) as u64;
         if len == 0 || start + len > khi {
-            return Err(Error::corrupt(&self.path, self.h.entries_off + (i * ENTRY_REC) as u64, format!("entry {i}: key outside its block's key range")));
+            return Err(Error::corrupt(
+                &self.path,
+                self.h.entries_off + (i * ENTRY_REC) as u64,
+                format!("entry {i}: key outside its block's key range"),
+            ));
         }
         Ok(&b[(self.h.keys_off + start) as usize..(self.h.keys_off + start + len) as usize])
     }
@@ -584,19 +680,36 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         if key_b.contains(&0) {
             return Err(bad(format!("key {key:?} contains NUL")));
         }
-        let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i} ({key:?}): {what}"));
-        let dtype = DType::from_tag(r[6]).ok_or_else(|| bad(format!("unknown dtype tag {}", r[6])))?;
-        let codec = Codec::from_tag(r[7]).ok_or_else(|| bad(format!("unknown codec tag {}", r[7])))?;
+        let bad = |what: String| {
+            Error::corrupt(&self.path, rec_off, format!("entry {i} ({key:?}): {what}"))
+        };
+        let dtype =
+            DType::from_tag(r[6]).ok_or_else(|| bad(format!("unknown dtype tag {}", r[6])))?;
+        let codec =
+            Codec::from_tag(r[7]).ok_or_else(|| bad(format!("unknown codec tag {}", r[7])))?;
         let kind = Kind::from_tag(r[8]).ok_or_else(|| bad(format!("unknown kind tag {}", r[8])))?;
         let ndim = r[9] as usize;
         if ndim > MAX_NDIM || r[10] != 0 || r[11] != 0 {
-            return Err(bad(format!("ndim {ndim} > {MAX_NDIM} or reserved bytes set")));
+            return Err(bad(format!(
+                "ndim {ndim} > {MAX_NDIM} or reserved bytes set"
+            )));
         }
         let shard = le_u32(r, 12);
-        let srec = self.shards.get(shard as usize).ok_or_else(|| bad(format!("shard {shard} out of range")))?;
-        let (crc_v, aux_rel, offset, stored_len) = (le_u32(r, 16), le_u32(r, 20) as u64, le_u64(r, 24), le_u64(r, 32));
+        let srec = self
+            .shards
+            .get(shard as usize)
+            .ok_or_else(|| bad(format!("shard {shard} out of range")))?;
+        let (crc_v, aux_rel, offset, stored_len) = (
+            le_u32(r, 16),
+            le_u32(r, 20) as u64,
+            le_u64(r, 24),
+            le_u64(r, 32),
+        );
         let itemsize = dtype.itemsize();
-        let mut a = alo.checked_add(aux_rel).filter(|&a| a <= ahi).ok_or_else(|| bad("aux offset outside its block".into()))?;
+        let mut a = alo
+            .checked_add(aux_rel)
+            .filter(|&a| a <= ahi)
+            .ok_or_else(|| bad("aux offset outside its block".into()))?;
         let aux = |a: u64, len: u64| -> Result<&[u8]> {
             if a.checked_add(len).is_none_or(|e| e > ahi) {
                 return Err(bad(format!("aux data [{a}, +{len}) outside its block")));
@@ -605,7 +718,9 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         };
         let dims: Vec<u64> = if codec == Codec::None && ndim == 1 {
             if stored_len % itemsize as u64 != 0 {
-                return Err(bad(format!("stored_len {stored_len} is not a multiple of itemsize {itemsize}")));
+                return Err(bad(format!(
+                    "stored_len {stored_len} is not a multiple of itemsize {itemsize}"
+                )));
             }
             vec![stored_len / itemsize as u64]
         } else {
@@ -613,30 +728,55 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             a += 8 * ndim as u64;
             d.chunks_exact(8).map(|c| le_u64(c, 0)).collect()
         };
-        let raw_len = raw_len(&dims, itemsize).ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+        let raw_len =
+            raw_len(&dims, itemsize).ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
         if kind != Kind::Tensor && (dtype != DType::U8 || ndim != 1) {
             return Err(bad("typed entries must be 1-d uint8".into()));
         }
         let chunk_table: &[u8] = if codec == Codec::None {
             if stored_len != raw_len {
-                return Err(bad(format!("stored_len {stored_len} != raw length {raw_len}")));
+                return Err(bad(format!(
+                    "stored_len {stored_len} != raw length {raw_len}"
+                )));
             }
             &[]
         } else {
             if stored_len > raw_len {
-                return Err(bad(format!("compressed entry stores {stored_len} bytes, more than its raw {raw_len}")));
+                return Err(bad(format!(
+                    "compressed entry stores {stored_len} bytes, more than its raw {raw_len}"
+                )));
             }
             let nch = chunk_count(raw_len, self.h.chunk_bytes);
-            let len = nch.checked_mul(CHUNK_REC as u64).ok_or_else(|| bad("chunk count overflows".into()))?;
+            let len = nch
+                .checked_mul(CHUNK_REC as u64)
+                .ok_or_else(|| bad("chunk count overflows".into()))?;
             aux(a, len)?
         };
-        if offset < DATA_START || offset % ALIGN != 0 || offset.checked_add(stored_len).is_none_or(|e| e > srec.file_len) {
+        if offset < DATA_START
+            || offset % ALIGN != 0
+            || offset
+                .checked_add(stored_len)
+                .is_none_or(|e| e > srec.file_len)
+        {
             return Err(bad(format!(
                 "payload [{offset}, +{stored_len}) is misaligned or outside shard {shard} ({} bytes)",
                 srec.file_len
             )));
         }
-        Ok(Entry { index: i, key, dtype, codec, kind, dims, shard, crc: crc_v, offset, stored_len, raw_len, chunk_table })
+        Ok(Entry {
+            index: i,
+            key,
+            dtype,
+            codec,
+            kind,
+            dims,
+            shard,
+            crc: crc_v,
+            offset,
+            stored_len,
+            raw_len,
+            chunk_table,
+        })
     }
 
     /// The metadata JSON bytes, crc-checked.
@@ -663,7 +803,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         for blk in 1..self.nblocks() {
             let i = blk * BLOCK_ENTRIES;
             if self.key_bytes(i - 1)? >= self.key_bytes(i)? {
-                return Err(Error::corrupt(&self.path, self.h.entries_off + (i * ENTRY_REC) as u64, format!("entry {i}: keys are not sorted across blocks")));
+                return Err(Error::corrupt(
+                    &self.path,
+                    self.h.entries_off + (i * ENTRY_REC) as u64,
+                    format!("entry {i}: keys are not sorted across blocks"),
+                ));
             }
         }
         self.metadata_bytes()?;

@@ -38,10 +38,16 @@ impl ShardMap {
             .get_or_init(|| {
                 // SAFETY: a private mapping; the file is never modified by shardpoint once
                 // published (files are only ever created and unlinked).
-                unsafe { MmapOptions::new().map_copy(&self.file) }.map(Arc::new).map_err(|e| e.to_string())
+                unsafe { MmapOptions::new().map_copy(&self.file) }
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
             })
             .clone()
-            .map_err(|e| Error::Io { path: self.path.clone(), op: "mmap copy-on-write", source: std::io::Error::other(e) })
+            .map_err(|e| Error::Io {
+                path: self.path.clone(),
+                op: "mmap copy-on-write",
+                source: std::io::Error::other(e),
+            })
     }
 }
 
@@ -74,7 +80,9 @@ impl Reader {
                 Ok(r) => return Ok(r),
                 // A shard vanished: a concurrent commit may have replaced the index and cleaned
                 // the old shards between our two opens. Retry against the new index.
-                Err(e @ Error::NotFound { .. }) if index_path(prefix).exists() => last_err = Some(e),
+                Err(e @ Error::NotFound { .. }) if index_path(prefix).exists() => {
+                    last_err = Some(e)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -93,16 +101,29 @@ impl Reader {
                 return Err(Error::corrupt(
                     &path,
                     map.len() as u64,
-                    format!("shard {i} is {} bytes but the index records {} (truncated or replaced)", map.len(), rec.file_len),
+                    format!(
+                        "shard {i} is {} bytes but the index records {} (truncated or replaced)",
+                        map.len(),
+                        rec.file_len
+                    ),
                 ));
             }
             let (h, hcrc) = ShardHeader::decode(&map, &path)?;
             if h.save_token != rec.save_token || hcrc != rec.header_crc {
                 return Err(Error::corrupt(&path, 0, format!("shard {i} belongs to another save (token/header crc differ from the index)")));
             }
-            shards.push(ShardMap { path, file, map, cow: OnceLock::new() });
+            shards.push(ShardMap {
+                path,
+                file,
+                map,
+                cow: OnceLock::new(),
+            });
         }
-        Ok(Reader { prefix: prefix.to_path_buf(), index, shards })
+        Ok(Reader {
+            prefix: prefix.to_path_buf(),
+            index,
+            shards,
+        })
     }
 
     /// The prefix this reader opened.
@@ -124,18 +145,26 @@ impl Reader {
     pub fn entry(&self, key: &str) -> Result<Entry<'_>> {
         match self.index.find(key)? {
             Some(i) => self.index.entry(i),
-            None => Err(Error::MissingKey { path: index_path(&self.prefix), key: key.to_string() }),
+            None => Err(Error::MissingKey {
+                path: index_path(&self.prefix),
+                key: key.to_string(),
+            }),
         }
     }
 
     /// The stored payload bytes of an entry.
     pub fn stored(&self, e: &Entry<'_>) -> &[u8] {
         // Bounds were checked against the shard's recorded (= actual) length in `entry`.
-        &self.shards[e.shard as usize].bytes()[e.offset as usize..(e.offset + e.stored_len) as usize]
+        &self.shards[e.shard as usize].bytes()
+            [e.offset as usize..(e.offset + e.stored_len) as usize]
     }
 
     fn chunk_err(&self, e: &Entry<'_>, ci: usize, off: u64, what: String) -> Error {
-        Error::corrupt(&self.shards[e.shard as usize].path, off, format!("key {:?} chunk {ci}: {what}", e.key))
+        Error::corrupt(
+            &self.shards[e.shard as usize].path,
+            off,
+            format!("key {:?} chunk {ci}: {what}", e.key),
+        )
     }
 
     /// Stored bytes and raw byte range of chunk `ci`, validated.
@@ -147,12 +176,23 @@ impl Reader {
         let off = e.offset.checked_add(c.rel_offset);
         let ok = off.is_some()
             && (c.stored_len as u64) <= raw_n
-            && c.rel_offset.checked_add(c.stored_len as u64).is_some_and(|end| end <= e.stored_len);
+            && c.rel_offset
+                .checked_add(c.stored_len as u64)
+                .is_some_and(|end| end <= e.stored_len);
         if !ok {
-            return Err(self.chunk_err(e, ci, e.offset, format!("record [{}, +{}) outside the payload or longer than its raw {raw_n} bytes", c.rel_offset, c.stored_len)));
+            return Err(self.chunk_err(
+                e,
+                ci,
+                e.offset,
+                format!(
+                    "record [{}, +{}) outside the payload or longer than its raw {raw_n} bytes",
+                    c.rel_offset, c.stored_len
+                ),
+            ));
         }
         let off = off.expect("checked");
-        let s = &self.shards[e.shard as usize].bytes()[off as usize..(off + c.stored_len as u64) as usize];
+        let s = &self.shards[e.shard as usize].bytes()
+            [off as usize..(off + c.stored_len as u64) as usize];
         Ok((s, raw_lo, raw_n, c.crc))
     }
 
@@ -164,7 +204,13 @@ impl Reader {
         let off = e.offset + e.chunk(ci).rel_offset;
         let actual = crc(stored);
         if actual != ccrc {
-            return Err(Error::Checksum { path: path.clone(), offset: off, what: format!("key {:?} chunk {ci}", e.key), expected: ccrc, actual });
+            return Err(Error::Checksum {
+                path: path.clone(),
+                offset: off,
+                what: format!("key {:?} chunk {ci}", e.key),
+                expected: ccrc,
+                actual,
+            });
         }
         decode_chunk(e.codec, e.dtype, stored, out, path, off)
     }
@@ -174,7 +220,12 @@ impl Reader {
     /// raw entries are checked when `verify`.
     pub fn read_into(&self, e: &Entry<'_>, out: &mut [u8], verify: bool) -> Result<()> {
         if out.len() as u64 != e.raw_len {
-            return Err(Error::InvalidArgument(format!("key {:?}: output buffer has {} bytes, need {}", e.key, out.len(), e.raw_len)));
+            return Err(Error::InvalidArgument(format!(
+                "key {:?}: output buffer has {} bytes, need {}",
+                e.key,
+                out.len(),
+                e.raw_len
+            )));
         }
         if e.codec == Codec::None {
             let s = self.stored(e);
@@ -249,7 +300,10 @@ impl Reader {
     /// Raw bytes `[lo, hi)` of the entry's data, decoding only the chunks that overlap.
     pub fn read_range(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
         if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
-            return Err(Error::InvalidArgument(format!("key {:?}: byte range [{lo}, {hi}) invalid for {} bytes", e.key, e.raw_len)));
+            return Err(Error::InvalidArgument(format!(
+                "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
+                e.key, e.raw_len
+            )));
         }
         if e.codec == Codec::None {
             out.copy_from_slice(&self.stored(e)[lo as usize..hi as usize]);
@@ -288,7 +342,11 @@ impl Reader {
         for w in ranges.windows(2) {
             if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
                 let e = self.index.entry(w[1].3)?;
-                return Err(Error::corrupt(&self.shards[e.shard as usize].path, e.offset, format!("payload of key {:?} overlaps another entry's", e.key)));
+                return Err(Error::corrupt(
+                    &self.shards[e.shard as usize].path,
+                    e.offset,
+                    format!("payload of key {:?} overlaps another entry's", e.key),
+                ));
             }
         }
         // Work items: (entry, piece) so one huge tensor still uses every core.
@@ -305,10 +363,24 @@ impl Reader {
             let e = self.index.entry(i)?;
             if mode == u64::MAX {
                 let s = self.stored(&e);
-                let pieces: Vec<(u32, usize)> = s.par_chunks(VERIFY_PIECE as usize).map(|p| (crc(p), p.len())).collect();
-                let whole = pieces.into_iter().fold(None, |acc: Option<u32>, (c, l)| Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, l)))).expect("non-empty");
+                let pieces: Vec<(u32, usize)> = s
+                    .par_chunks(VERIFY_PIECE as usize)
+                    .map(|p| (crc(p), p.len()))
+                    .collect();
+                let whole = pieces
+                    .into_iter()
+                    .fold(None, |acc: Option<u32>, (c, l)| {
+                        Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, l)))
+                    })
+                    .expect("non-empty");
                 if whole != e.crc {
-                    return Err(Error::Checksum { path: self.shards[e.shard as usize].path.clone(), offset: e.offset, what: format!("key {:?}", e.key), expected: e.crc, actual: whole });
+                    return Err(Error::Checksum {
+                        path: self.shards[e.shard as usize].path.clone(),
+                        offset: e.offset,
+                        what: format!("key {:?}", e.key),
+                        expected: e.crc,
+                        actual: whole,
+                    });
                 }
                 Ok(())
             } else {
@@ -318,12 +390,22 @@ impl Reader {
                     for ci in 0..e.nchunks() {
                         let c = e.chunk(ci);
                         if c.rel_offset != pos {
-                            return Err(self.chunk_err(&e, ci, e.offset + c.rel_offset, "chunks are not contiguous".into()));
+                            return Err(self.chunk_err(
+                                &e,
+                                ci,
+                                e.offset + c.rel_offset,
+                                "chunks are not contiguous".into(),
+                            ));
                         }
                         pos += c.stored_len as u64;
                     }
                     if pos != e.stored_len {
-                        return Err(self.chunk_err(&e, e.nchunks(), e.offset + pos, "chunks do not fill the payload".into()));
+                        return Err(self.chunk_err(
+                            &e,
+                            e.nchunks(),
+                            e.offset + pos,
+                            "chunks do not fill the payload".into(),
+                        ));
                     }
                 }
                 self.verify_entry(&e)

@@ -20,6 +20,9 @@ const WRITE_BUF: usize = 1 << 20;
 /// Payloads larger than this get their crc computed in parallel pieces.
 const PAR_CRC_MIN: usize = 8 << 20;
 
+/// One encoded chunk: stored bytes (None = raw), crc32c of the raw bytes, raw length.
+type EncodedChunk = (Option<Vec<u8>>, u32, usize);
+
 /// How one value should be stored.
 #[derive(Clone, Copy, Debug)]
 pub struct EncodeOptions {
@@ -43,10 +46,15 @@ impl Item<'_> {
     pub fn validate(&self) -> Result<()> {
         crate::index::check_key(&self.key)?;
         if self.dims.len() > MAX_NDIM {
-            return Err(Error::InvalidArgument(format!("{:?}: ndim {} > {MAX_NDIM}", self.key, self.dims.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: ndim {} > {MAX_NDIM}",
+                self.key,
+                self.dims.len()
+            )));
         }
-        let want = raw_len(&self.dims, self.dtype.itemsize())
-            .ok_or_else(|| Error::InvalidArgument(format!("{:?}: shape {:?} overflows", self.key, self.dims)))?;
+        let want = raw_len(&self.dims, self.dtype.itemsize()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{:?}: shape {:?} overflows", self.key, self.dims))
+        })?;
         if want != self.data.len() as u64 {
             return Err(Error::InvalidArgument(format!(
                 "{:?}: {} bytes given, shape {:?} of {} needs {want}",
@@ -57,7 +65,10 @@ impl Item<'_> {
             )));
         }
         if self.kind != Kind::Tensor && (self.dtype != DType::U8 || self.dims.len() != 1) {
-            return Err(Error::InvalidArgument(format!("{:?}: typed values are 1-d uint8", self.key)));
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: typed values are 1-d uint8",
+                self.key
+            )));
         }
         Ok(())
     }
@@ -73,10 +84,12 @@ pub fn par_crc(data: &[u8]) -> u32 {
         .map(|p| (crc(p), p.len()))
         .collect::<Vec<_>>()
         .into_iter()
-        .fold(None, |acc: Option<u32>, (c, n)| Some(match acc {
-            None => c,
-            Some(a) => crc32c::crc32c_combine(a, c, n),
-        }))
+        .fold(None, |acc: Option<u32>, (c, n)| {
+            Some(match acc {
+                None => c,
+                Some(a) => crc32c::crc32c_combine(a, c, n),
+            })
+        })
         .unwrap_or_else(|| crc(&[]))
 }
 
@@ -98,9 +111,21 @@ pub struct ShardWriter {
 impl ShardWriter {
     /// Create the temp file of shard `index` of `count` and write its header.
     pub fn create(prefix: &Path, index: u32, count: u32, token: u64) -> Result<Self> {
-        let tmp = with_suffix(prefix, &format!("{}.tmp-{token:016x}", shard_name(index, count, None)));
+        let tmp = with_suffix(
+            prefix,
+            &format!("{}.tmp-{token:016x}", shard_name(index, count, None)),
+        );
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create shard", e))?;
-        let (hdr, header_crc) = ShardHeader { save_token: token, shard_index: index, shard_count: count }.encode();
+        // Held until the file is closed: tells a concurrent commit's cleanup that this temp
+        // file is in use (a crashed writer's lock dies with it).
+        file.lock()
+            .map_err(|e| Error::io(&tmp, "lock temp shard", e))?;
+        let (hdr, header_crc) = ShardHeader {
+            save_token: token,
+            shard_index: index,
+            shard_count: count,
+        }
+        .encode();
         let mut buf = Vec::with_capacity(WRITE_BUF);
         buf.extend_from_slice(&hdr);
         buf.resize(DATA_START as usize, 0);
@@ -127,7 +152,8 @@ impl ShardWriter {
     fn flush_buf(&mut self) -> Result<()> {
         if !self.buf.is_empty() {
             let f = self.file.as_mut().expect("open until finish");
-            f.write_all(&self.buf).map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+            f.write_all(&self.buf)
+                .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
             self.buf.clear();
         }
         Ok(())
@@ -141,7 +167,8 @@ impl ShardWriter {
             self.flush_buf()?;
             if data.len() >= WRITE_BUF {
                 let f = self.file.as_mut().expect("open until finish");
-                f.write_all(data).map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+                f.write_all(data)
+                    .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
             } else {
                 self.buf.extend_from_slice(data);
             }
@@ -152,7 +179,8 @@ impl ShardWriter {
 
     /// Pad with zeros to where a payload of `len` bytes starts.
     fn pad_for(&mut self, len: u64) -> Result<()> {
-        let at = payload_align(self.pos, len).ok_or_else(|| Error::InvalidArgument("shard offset overflows".into()))?;
+        let at = payload_align(self.pos, len)
+            .ok_or_else(|| Error::InvalidArgument("shard offset overflows".into()))?;
         let pad = (at - self.pos) as usize;
         if pad > 0 {
             self.buf.resize(self.buf.len() + pad, 0);
@@ -189,9 +217,15 @@ impl ShardWriter {
         let mut raw_crc: Option<u32> = None;
         let mut all_raw = true;
         for batch in data.chunks(cb * CHUNKS_PER_BATCH) {
-            let encoded: Vec<Result<(Option<Vec<u8>>, u32, usize)>> = batch
+            let encoded: Vec<Result<EncodedChunk>> = batch
                 .par_chunks(cb)
-                .map(|raw| Ok((encode_chunk(codec, item.dtype, opts.level, raw)?, crc(raw), raw.len())))
+                .map(|raw| {
+                    Ok((
+                        encode_chunk(codec, item.dtype, opts.level, raw)?,
+                        crc(raw),
+                        raw.len(),
+                    ))
+                })
                 .collect();
             for (enc, rc) in encoded.into_iter().zip(batch.chunks(cb)) {
                 let (stored, raw_c, n) = enc?;
@@ -226,7 +260,15 @@ impl ShardWriter {
         Ok(())
     }
 
-    fn push_entry(&mut self, item: &Item<'_>, codec: Codec, c: u32, offset: u64, stored_len: u64, chunks: Vec<ChunkRec>) {
+    fn push_entry(
+        &mut self,
+        item: &Item<'_>,
+        codec: Codec,
+        c: u32,
+        offset: u64,
+        stored_len: u64,
+        chunks: Vec<ChunkRec>,
+    ) {
         self.bytes_written += stored_len;
         self.entries.push(EntryMeta {
             key: item.key.clone(),
@@ -248,7 +290,8 @@ impl ShardWriter {
         self.flush_buf()?;
         let f = self.file.take().expect("open until finish");
         if durable {
-            f.sync_all().map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
+            f.sync_all()
+                .map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
         }
         drop(f);
         let plain = shard_name(self.index, self.count, None);
@@ -256,7 +299,12 @@ impl ShardWriter {
         let name = publish_shard(&self.prefix, &self.tmp, &plain, &tokened).inspect_err(|_| {
             let _ = std::fs::remove_file(&self.tmp);
         })?;
-        let rec = ShardRec { file_len: self.pos, save_token: self.token, header_crc: self.header_crc, name };
+        let rec = ShardRec {
+            file_len: self.pos,
+            save_token: self.token,
+            header_crc: self.header_crc,
+            name,
+        };
         Ok((rec, std::mem::take(&mut self.entries)))
     }
 }

@@ -46,23 +46,40 @@ impl Default for WriterOptions {
 impl WriterOptions {
     fn validate(&self) -> Result<()> {
         if self.shards == 0 || self.shards > 65536 {
-            return Err(Error::InvalidArgument(format!("shards must be in 1..=65536, got {}", self.shards)));
+            return Err(Error::InvalidArgument(format!(
+                "shards must be in 1..=65536, got {}",
+                self.shards
+            )));
         }
         if self.world_size == 0 || self.rank >= self.world_size {
-            return Err(Error::InvalidArgument(format!("rank {} is not in 0..{}", self.rank, self.world_size)));
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not in 0..{}",
+                self.rank, self.world_size
+            )));
         }
-        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) || self.chunk_bytes % 16 != 0 {
-            return Err(Error::InvalidArgument(format!("chunk_bytes {} out of range", self.chunk_bytes)));
+        if !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes)
+            || !self.chunk_bytes.is_multiple_of(16)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "chunk_bytes {} out of range",
+                self.chunk_bytes
+            )));
         }
         let global = (self.world_size as u64) * (self.shards as u64);
         if global > 99_999 {
-            return Err(Error::InvalidArgument("more than 99999 shards in one checkpoint".into()));
+            return Err(Error::InvalidArgument(
+                "more than 99999 shards in one checkpoint".into(),
+            ));
         }
         Ok(())
     }
 
     fn encode(&self) -> EncodeOptions {
-        EncodeOptions { codec: self.codec, level: self.level, chunk_bytes: self.chunk_bytes }
+        EncodeOptions {
+            codec: self.codec,
+            level: self.level,
+            chunk_bytes: self.chunk_bytes,
+        }
     }
 }
 
@@ -92,9 +109,17 @@ impl CheckpointWriter {
         let mut shards = Vec::with_capacity(opts.shards as usize);
         for j in 0..opts.shards {
             let s = opts.rank * opts.shards + j;
-            shards.push(Mutex::new(Some(ShardWriter::create(prefix, s, global, token)?)));
+            shards.push(Mutex::new(Some(ShardWriter::create(
+                prefix, s, global, token,
+            )?)));
         }
-        Ok(CheckpointWriter { prefix: prefix.to_path_buf(), opts, token, shards, keys: Mutex::new(HashSet::new()) })
+        Ok(CheckpointWriter {
+            prefix: prefix.to_path_buf(),
+            opts,
+            token,
+            shards,
+            keys: Mutex::new(HashSet::new()),
+        })
     }
 
     /// The prefix being written.
@@ -105,8 +130,16 @@ impl CheckpointWriter {
     /// Write one value now (streaming: it is on disk, or in the page cache, when this returns).
     pub fn add(&self, item: &Item<'_>) -> Result<()> {
         item.validate()?;
-        if !self.keys.lock().expect("keys lock").insert(item.key.clone()) {
-            return Err(Error::DuplicateKey { key: item.key.clone(), context: "added twice to one writer".into() });
+        if !self
+            .keys
+            .lock()
+            .expect("keys lock")
+            .insert(item.key.clone())
+        {
+            return Err(Error::DuplicateKey {
+                key: item.key.clone(),
+                context: "added twice to one writer".into(),
+            });
         }
         let res = self.with_free_shard(|w| w.write_item(item, self.opts.encode()));
         if res.is_err() {
@@ -119,13 +152,17 @@ impl CheckpointWriter {
     fn with_free_shard<T>(&self, f: impl FnOnce(&mut ShardWriter) -> Result<T>) -> Result<T> {
         for m in &self.shards {
             if let Ok(mut g) = m.try_lock() {
-                let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+                let w = g
+                    .as_mut()
+                    .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
                 return f(w);
             }
         }
         let m = &self.shards[0];
         let mut g = m.lock().expect("shard lock");
-        let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+        let w = g
+            .as_mut()
+            .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
         f(w)
     }
 
@@ -137,7 +174,10 @@ impl CheckpointWriter {
             for it in items {
                 it.validate()?;
                 if !keys.insert(it.key.clone()) {
-                    return Err(Error::DuplicateKey { key: it.key.clone(), context: "given twice".into() });
+                    return Err(Error::DuplicateKey {
+                        key: it.key.clone(),
+                        context: "given twice".into(),
+                    });
                 }
             }
         }
@@ -164,7 +204,9 @@ impl CheckpointWriter {
                 .map(|(p, m)| {
                     sc.spawn(move || -> Result<()> {
                         let mut g = m.lock().expect("shard lock");
-                        let w = g.as_mut().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+                        let w = g.as_mut().ok_or_else(|| {
+                            Error::InvalidArgument("writer already committed".into())
+                        })?;
                         for &i in p {
                             w.write_item(&items[i], enc)?;
                         }
@@ -172,7 +214,9 @@ impl CheckpointWriter {
                     })
                 })
                 .collect();
-            handles.into_iter().try_for_each(|h| h.join().expect("writer thread panicked"))
+            handles
+                .into_iter()
+                .try_for_each(|h| h.join().expect("writer thread panicked"))
         })
     }
 
@@ -181,7 +225,11 @@ impl CheckpointWriter {
         let mut recs = Vec::new();
         let mut entries = Vec::new();
         for m in &self.shards {
-            let w = m.lock().expect("shard lock").take().ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+            let w = m
+                .lock()
+                .expect("shard lock")
+                .take()
+                .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
             let (rec, mut ents) = w.finish(self.opts.durable)?;
             let id = recs.len() as u32;
             for e in ents.iter_mut() {
@@ -199,7 +247,14 @@ impl CheckpointWriter {
         let (recs, entries) = self.finish_shards()?;
         if self.opts.world_size == 1 {
             let meta = meta_blob(&self.opts.metadata_json, "");
-            commit_index(&self.prefix, &recs, entries, self.opts.chunk_bytes, meta.as_bytes(), self.opts.durable)
+            commit_index(
+                &self.prefix,
+                &recs,
+                entries,
+                self.opts.chunk_bytes,
+                meta.as_bytes(),
+                self.opts.durable,
+            )
         } else {
             let extra = format!(
                 ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\"}}",
@@ -207,7 +262,11 @@ impl CheckpointWriter {
             );
             let meta = meta_blob(&self.opts.metadata_json, &extra);
             let bytes = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes())?;
-            write_atomic(&partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size), &bytes, self.opts.durable)
+            write_atomic(
+                &partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size),
+                &bytes,
+                self.opts.durable,
+            )
         }
     }
 
@@ -222,7 +281,14 @@ impl CheckpointWriter {
 }
 
 /// Write `P.index` atomically for the given shards and entries, then clean up leftovers.
-pub fn commit_index(prefix: &Path, shards: &[ShardRec], entries: Vec<EntryMeta>, chunk_bytes: u32, meta: &[u8], durable: bool) -> Result<()> {
+pub fn commit_index(
+    prefix: &Path,
+    shards: &[ShardRec],
+    entries: Vec<EntryMeta>,
+    chunk_bytes: u32,
+    meta: &[u8],
+    durable: bool,
+) -> Result<()> {
     let bytes = build_index(shards, entries, chunk_bytes, meta)?;
     write_atomic(&index_path(prefix), &bytes, durable)?;
     let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
@@ -250,13 +316,17 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
     let mut user_meta: Option<String> = None;
     for rank in 0..world_size {
         let p = partial_index_path(prefix, rank, world_size);
-        let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
+        let bytes = std::fs::read(&p)
+            .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
         let view = IndexView::open(bytes, &p)?;
         view.verify_all()?;
         match chunk_bytes {
             None => chunk_bytes = Some(view.chunk_bytes()),
             Some(c) if c != view.chunk_bytes() => {
-                return Err(Error::InvalidArgument(format!("{}: chunk_bytes differs between writers", p.display())))
+                return Err(Error::InvalidArgument(format!(
+                    "{}: chunk_bytes differs between writers",
+                    p.display()
+                )))
             }
             _ => {}
         }
@@ -268,16 +338,29 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
         for i in 0..view.len() {
             let mut e = view.entry(i)?.to_meta();
             if let Some(prev) = owner.insert(e.key.clone(), rank) {
-                return Err(Error::DuplicateKey { key: e.key, context: format!("written by rank {prev} and rank {rank}") });
+                return Err(Error::DuplicateKey {
+                    key: e.key,
+                    context: format!("written by rank {prev} and rank {rank}"),
+                });
             }
             e.shard += base;
             entries.push(e);
         }
     }
     // Keep rank 0's user metadata; drop the "partial" marker.
-    let user = user_meta.as_deref().and_then(extract_user).unwrap_or_else(|| "{}".to_string());
+    let user = user_meta
+        .as_deref()
+        .and_then(extract_user)
+        .unwrap_or_else(|| "{}".to_string());
     let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"));
-    commit_index(prefix, &shards, entries, chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES), meta.as_bytes(), durable)
+    commit_index(
+        prefix,
+        &shards,
+        entries,
+        chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+        meta.as_bytes(),
+        durable,
+    )
 }
 
 /// The value of the top-level `"user"` field of a metadata blob we wrote (it is always last).

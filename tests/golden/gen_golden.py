@@ -174,13 +174,17 @@ def main() -> None:
         f.write(dump_expected(expected))
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {len(os.listdir(OUT))} files, {total} bytes, under {OUT}", file=sys.stderr)
-    # The table embedded in tests/golden_v1.rs.
-    for name in CHECKPOINTS:
-        print(f"// {name}")
-        for key, rec in sorted(expected["checkpoints"][name]["entries"].items()):
-            print(
-                f'    ({json.dumps(key, ensure_ascii=False)}, {rec["raw_len"]}, 0x{rec["crc32c"]:08x}, "{rec["codec"]}"),'
-            )
+    # The table embedded in tests/golden_v1.rs (codec/shard are those of `mixed`; every entry
+    # of `raw` is codec none in shard 0).
+    mixed = expected["checkpoints"]["mixed"]["entries"]
+    for key in sorted(mixed, key=lambda k: k.encode()):
+        rec = mixed[key]
+        dims = rec["shape"] if rec["kind"] == "tensor" else [rec["raw_len"]]
+        print(
+            f'    G {{ key: "{key}", kind: "{rec["kind"]}", dtype: "{rec.get("dtype", "uint8")}", '
+            f"dims: &{dims}, raw_len: {rec['raw_len']}, crc: 0x{rec['crc32c']:08x}, "
+            f'codec: "{rec["codec"]}", shard: {rec["shard"]} }},'
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,10 @@ fn to_py(py: Python<'_>, err: Error) -> PyErr {
 }
 
 /// Run `f` with the GIL released and convert its error (polars' pattern: one helper).
-fn nogil<T: Send>(py: Python<'_>, f: impl FnOnce() -> shardpoint_core::Result<T> + Send) -> PyResult<T> {
+fn nogil<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> shardpoint_core::Result<T> + Send,
+) -> PyResult<T> {
     py.detach(f).map_err(|e| to_py(py, e))
 }
 
@@ -57,7 +60,11 @@ fn parse_codec(name: &str) -> PyResult<Codec> {
 
 /// A buffer handed to Python: a region of a shard's copy-on-write mapping, or owned bytes.
 enum Store {
-    Mapped { map: Arc<memmap2::MmapMut>, off: usize, len: usize },
+    Mapped {
+        map: Arc<memmap2::MmapMut>,
+        off: usize,
+        len: usize,
+    },
     Owned(Vec<u8>),
 }
 
@@ -71,7 +78,9 @@ struct Buffer {
 impl Buffer {
     fn ptr_len(&self) -> (*mut u8, usize) {
         match &self.store {
-            Store::Mapped { map, off, len } => (unsafe { (map.as_ptr() as *mut u8).add(*off) }, *len),
+            Store::Mapped { map, off, len } => {
+                (unsafe { (map.as_ptr() as *mut u8).add(*off) }, *len)
+            }
             Store::Owned(v) => (v.as_ptr() as *mut u8, v.len()),
         }
     }
@@ -79,13 +88,24 @@ impl Buffer {
 
 #[pymethods]
 impl Buffer {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         let (ptr, len) = slf.get().ptr_len();
         // SAFETY: `view` comes from the interpreter; the exporter (slf) is kept alive by the
         // view's reference, so `ptr` stays valid for the view's lifetime. The memory is
         // writable: private COW pages or our own Vec.
         let rc = unsafe {
-            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags)
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
         };
         if rc != 0 {
             return Err(PyErr::fetch(slf.py()));
@@ -137,7 +157,16 @@ fn options(
     world_size: u32,
     metadata_json: String,
 ) -> PyResult<WriterOptions> {
-    Ok(WriterOptions { codec: parse_codec(codec)?, level, chunk_bytes, shards, durable, rank, world_size, metadata_json })
+    Ok(WriterOptions {
+        codec: parse_codec(codec)?,
+        level,
+        chunk_bytes,
+        shards,
+        durable,
+        rank,
+        world_size,
+        metadata_json,
+    })
 }
 
 /// Save items in one call, `shards` threads writing in parallel with the GIL released.
@@ -155,7 +184,16 @@ fn save(
     durable: bool,
     metadata_json: String,
 ) -> PyResult<()> {
-    let opts = options(codec, level, chunk_bytes, shards, durable, 0, 1, metadata_json)?;
+    let opts = options(
+        codec,
+        level,
+        chunk_bytes,
+        shards,
+        durable,
+        0,
+        1,
+        metadata_json,
+    )?;
     let its = to_items(&items)?;
     nogil(py, || shardpoint_core::save(&prefix, &its, opts))
 }
@@ -196,13 +234,30 @@ impl Writer {
         world_size: u32,
         metadata_json: String,
     ) -> PyResult<Self> {
-        let opts = options(codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json)?;
+        let opts = options(
+            codec,
+            level,
+            chunk_bytes,
+            shards,
+            durable,
+            rank,
+            world_size,
+            metadata_json,
+        )?;
         let inner = nogil(py, || CheckpointWriter::new(&prefix, opts))?;
         Ok(Writer { inner })
     }
 
     /// Write one value now.
-    fn add(&self, py: Python<'_>, key: String, dtype: String, kind: String, shape: Vec<u64>, data: PyBuffer<u8>) -> PyResult<()> {
+    fn add(
+        &self,
+        py: Python<'_>,
+        key: String,
+        dtype: String,
+        kind: String,
+        shape: Vec<u64>,
+        data: PyBuffer<u8>,
+    ) -> PyResult<()> {
         let raw = [(key, dtype, kind, shape, data)];
         let its = to_items(&raw)?;
         nogil(py, || self.inner.add(&its[0]))
@@ -240,15 +295,25 @@ impl CheckpointReader {
             if verify {
                 nogil(py, || self.inner.verify_entry(e))?;
             }
-            let map = self.inner.shards()[e.shard as usize].cow().map_err(|err| to_py(py, err))?;
-            Ok(Buffer { store: Store::Mapped { map, off: e.offset as usize, len: e.stored_len as usize } })
+            let map = self.inner.shards()[e.shard as usize]
+                .cow()
+                .map_err(|err| to_py(py, err))?;
+            Ok(Buffer {
+                store: Store::Mapped {
+                    map,
+                    off: e.offset as usize,
+                    len: e.stored_len as usize,
+                },
+            })
         } else {
             let v = nogil(py, || {
                 let mut v = vec![0u8; e.raw_len as usize];
                 self.inner.read_into(e, &mut v, true)?;
                 Ok(v)
             })?;
-            Ok(Buffer { store: Store::Owned(v) })
+            Ok(Buffer {
+                store: Store::Owned(v),
+            })
         }
     }
 }
@@ -278,7 +343,9 @@ impl CheckpointReader {
     /// Keys starting with `prefix`, in order (binary search, then a walk).
     fn keys_with_prefix<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyList>> {
         let idx = self.inner.index();
-        let mut i = idx.lower_bound(prefix.as_bytes()).map_err(|e| to_py(py, e))?;
+        let mut i = idx
+            .lower_bound(prefix.as_bytes())
+            .map_err(|e| to_py(py, e))?;
         let mut out = Vec::new();
         while i < idx.len() {
             let e = idx.entry(i).map_err(|e| to_py(py, e))?;
@@ -292,7 +359,12 @@ impl CheckpointReader {
     }
 
     fn __contains__(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        Ok(self.inner.index().find(key).map_err(|e| to_py(py, e))?.is_some())
+        Ok(self
+            .inner
+            .index()
+            .find(key)
+            .map_err(|e| to_py(py, e))?
+            .is_some())
     }
 
     /// (dtype, shape, kind, codec, stored_len, raw_len, shard, offset, crc32c, nchunks)
@@ -324,9 +396,17 @@ impl CheckpointReader {
 
     /// Like `get` for many keys; compressed entries are decoded in parallel.
     #[pyo3(signature = (keys, verify=false))]
-    fn get_many<'py>(&self, py: Python<'py>, keys: Vec<String>, verify: bool) -> PyResult<Bound<'py, PyList>> {
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        verify: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
         use rayon::prelude::*;
-        let entries: Vec<Entry<'_>> = keys.iter().map(|k| self.entry(py, k)).collect::<PyResult<_>>()?;
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
         let reader = &self.inner;
         let decoded: Vec<Option<Vec<u8>>> = nogil(py, || {
             entries
@@ -350,18 +430,36 @@ impl CheckpointReader {
             let store = match d {
                 Some(v) => Store::Owned(v),
                 None => {
-                    let map = reader.shards()[e.shard as usize].cow().map_err(|err| to_py(py, err))?;
-                    Store::Mapped { map, off: e.offset as usize, len: e.stored_len as usize }
+                    let map = reader.shards()[e.shard as usize]
+                        .cow()
+                        .map_err(|err| to_py(py, err))?;
+                    Store::Mapped {
+                        map,
+                        off: e.offset as usize,
+                        len: e.stored_len as usize,
+                    }
                 }
             };
-            let t = (e.dtype.name(), PyTuple::new(py, &e.dims)?, e.kind.name(), Bound::new(py, Buffer { store })?);
+            let t = (
+                e.dtype.name(),
+                PyTuple::new(py, &e.dims)?,
+                e.kind.name(),
+                Bound::new(py, Buffer { store })?,
+            );
             out.append(t)?;
         }
         Ok(out)
     }
 
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
-    fn read_range(&self, py: Python<'_>, key: &str, lo: u64, hi: u64, out: PyBuffer<u8>) -> PyResult<()> {
+    fn read_range(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        out: PyBuffer<u8>,
+    ) -> PyResult<()> {
         if out.readonly() {
             return Err(PyValueError::new_err("output buffer is read-only"));
         }
@@ -379,15 +477,26 @@ impl CheckpointReader {
 
     /// The metadata JSON text (crc checked).
     fn metadata_json(&self, py: Python<'_>) -> PyResult<String> {
-        let b = self.inner.index().metadata_bytes().map_err(|e| to_py(py, e))?;
+        let b = self
+            .inner
+            .index()
+            .metadata_bytes()
+            .map_err(|e| to_py(py, e))?;
         String::from_utf8(b.to_vec()).map_err(|_| {
-            to_py(py, Error::corrupt(self.inner.index().path(), 0, "metadata is not valid UTF-8"))
+            to_py(
+                py,
+                Error::corrupt(self.inner.index().path(), 0, "metadata is not valid UTF-8"),
+            )
         })
     }
 
     /// [(shard file path, size in bytes)]
     fn shard_files(&self) -> Vec<(PathBuf, u64)> {
-        self.inner.shards().iter().map(|s| (s.path.clone(), s.bytes().len() as u64)).collect()
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| (s.path.clone(), s.bytes().len() as u64))
+            .collect()
     }
 
     /// Size of the index file in bytes.
@@ -404,7 +513,10 @@ impl CheckpointReader {
 /// The names of the dtypes the format stores, in tag order.
 #[pyfunction]
 fn dtype_names() -> Vec<&'static str> {
-    shardpoint_core::format::ALL_DTYPES.iter().map(|d| d.name()).collect()
+    shardpoint_core::format::ALL_DTYPES
+        .iter()
+        .map(|d| d.name())
+        .collect()
 }
 
 #[pymodule]
@@ -417,7 +529,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remove, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add("FORMAT_VERSION", shardpoint_core::format::FORMAT_VERSION)?;
-    m.add("DEFAULT_CHUNK_BYTES", shardpoint_core::format::DEFAULT_CHUNK_BYTES)?;
+    m.add(
+        "DEFAULT_CHUNK_BYTES",
+        shardpoint_core::format::DEFAULT_CHUNK_BYTES,
+    )?;
     m.add("DEFAULT_LEVEL", shardpoint_core::codec::DEFAULT_LEVEL)?;
     Ok(())
 }

@@ -1,0 +1,468 @@
+"""Torch tensors to and from the storage layer, zero-copy where the bytes allow it.
+
+The storage layer speaks numpy (``shardpoint.files``). Going through numpy costs nothing for CPU
+tensors: ``Tensor.numpy()`` and ``torch.from_numpy`` share memory. numpy has no bfloat16/float8,
+so those tensors are reinterpreted through a same-width integer view (``int16``/``uint8``) and the
+numpy side uses the ``ml_dtypes`` type of the same name: still no copy.
+
+:func:`save` / :func:`load` store (nested) state dicts. What they guarantee is in docs/TORCH.md:
+
+* every value is bitwise identical after a round trip; uncompressed tensors come back as
+  copy-on-write views of the mmapped shard (writes never reach the file);
+* tensors that shared storage when saved share it again after loading (exact aliases such as
+  tied weights are stored once; other overlapping views are rebuilt inside one fresh storage);
+* other non-contiguous tensors are stored by value and come back contiguous;
+* nesting (dicts with str/int/bool keys, lists, tuples, ``torch.Size``) and non-tensor leaves
+  (int, float, str, bytes, bool, None, numpy arrays, ``torch.dtype``) are restored exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import files
+from ..dtypes import numpy_dtype
+from ..errors import DuplicateKeyError, InvalidArgumentError, UnsupportedDTypeError
+
+__all__ = [
+    "save",
+    "load",
+    "tensor_to_numpy",
+    "numpy_to_tensor",
+    "format_dtype",
+    "torch_dtype",
+    "flatten",
+    "unflatten",
+    "METADATA_KEY",
+]
+
+#: key of our section inside the checkpoint's user metadata
+METADATA_KEY = "shardpoint.torch"
+_META_VERSION = 1
+
+#: torch dtype -> format dtype name (FORMAT.md §4); every dtype with a stable byte layout
+_TO_FORMAT: dict[torch.dtype, str] = {
+    torch.bool: "bool",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+}
+_FROM_FORMAT = {v: k for k, v in _TO_FORMAT.items()}
+# numpy has no native type for these: view the tensor as a same-width integer (zero-copy)
+_VIEW_AS: dict[str, tuple[torch.dtype, type]] = {
+    "bfloat16": (torch.int16, np.int16),
+    "float8_e4m3fn": (torch.uint8, np.uint8),
+    "float8_e5m2": (torch.uint8, np.uint8),
+}
+
+
+def format_dtype(dtype: torch.dtype) -> str:
+    """The format dtype name of a torch dtype (UnsupportedDTypeError when it has none)."""
+    try:
+        return _TO_FORMAT[dtype]
+    except KeyError:
+        raise UnsupportedDTypeError(
+            f"torch dtype {dtype} cannot be stored; supported: "
+            + ", ".join(str(d) for d in _TO_FORMAT)
+        ) from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a format dtype name."""
+    try:
+        return _FROM_FORMAT[name]
+    except KeyError:
+        raise UnsupportedDTypeError(f"format dtype {name!r} has no torch equivalent") from None
+
+
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy array with the tensor's logical value; shares memory for CPU tensors.
+
+    Gradients are detached, lazy conjugate/negative bits are resolved (a copy, only for such
+    tensors), and non-CPU tensors are copied to the host. Strides are kept (numpy can express
+    them), so the storage layer decides how to lay out non-contiguous tensors.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise UnsupportedDTypeError(
+            f"{tensor.layout} tensors cannot be stored (dense strided tensors only); call "
+            ".to_dense() first"
+        )
+    if tensor.is_quantized:
+        raise UnsupportedDTypeError("quantized tensors cannot be stored; dequantize them first")
+    if tensor.device.type == "meta":
+        raise UnsupportedDTypeError("meta tensors have no data to store")
+    name = format_dtype(tensor.dtype)
+    t = tensor.detach()
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        # tensor subclasses (DTensor, FakeTensor...) have no host memory of their own
+        as_plain = getattr(t, "full_tensor", None)
+        if callable(as_plain):
+            t = as_plain()
+        else:
+            t = t.as_subclass(torch.Tensor)
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg()
+    if name in _VIEW_AS:
+        int_dtype, np_int = _VIEW_AS[name]
+        return t.view(int_dtype).numpy().view(numpy_dtype(name))
+    return t.numpy()
+
+
+def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing memory with ``array`` (bfloat16/float8 through an integer view)."""
+    name = array.dtype.name
+    if name in _VIEW_AS:
+        int_dtype, np_int = _VIEW_AS[name]
+        return torch.from_numpy(array.view(np_int)).view(_FROM_FORMAT[name])
+    return torch.from_numpy(array)
+
+
+# --------------------------------------------------------------------------------------------
+# Nested state dicts <-> flat keys
+# --------------------------------------------------------------------------------------------
+
+
+def _escape(component: str) -> str:
+    # "/" separates levels; escape it (and the escape character) inside one component so
+    # nesting is unambiguous. Typical torch keys ("l1.weight") are unchanged.
+    return component.replace("%", "%25").replace("/", "%2F")
+
+
+def _key_tag(key: Any) -> str:
+    if isinstance(key, bool):
+        return "b"
+    if isinstance(key, str):
+        return "s"
+    if isinstance(key, int):
+        return "i"
+    raise InvalidArgumentError(
+        f"state dict keys must be str, int or bool, got {type(key).__name__}: {key!r}"
+    )
+
+
+def _decode_key(text: str, tag: str) -> Any:
+    if tag == "s":
+        return text
+    if tag == "i":
+        return int(text)
+    if tag == "b":
+        return text == "True"
+    raise InvalidArgumentError(f"unknown key tag {tag!r} in the stored structure")
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(flat, structure)``: ``/``-joined keys to leaves, and a JSON description of the nesting.
+
+    Leaves are tensors, numpy arrays and typed scalars; dicts, lists, tuples and ``torch.Size``
+    are structure. The structure records what each leaf was (tensor or numpy array) so
+    :func:`unflatten` returns the same kinds of objects.
+    """
+    flat: dict[str, Any] = {}
+
+    def put(path: list[str], leaf: Any) -> str:
+        key = "/".join(path)
+        if key in flat:
+            raise DuplicateKeyError(f"two state dict entries flatten to the same key {key!r}")
+        flat[key] = leaf
+        return key
+
+    def visit(value: Any, path: list[str]) -> dict[str, Any]:
+        if isinstance(value, torch.Tensor):
+            return {"v": put(path, value)}
+        if isinstance(value, np.ndarray | np.generic):
+            return {"n": put(path, np.asarray(value))}
+        if isinstance(value, torch.dtype):
+            return {"dt": format_dtype(value) if value in _TO_FORMAT else str(value)}
+        if isinstance(value, torch.Size):
+            return {"S": list(value)}
+        if isinstance(value, Mapping):
+            items = []
+            for k, sub in value.items():
+                items.append([str(k), _key_tag(k), visit(sub, [*path, _escape(str(k))])])
+            return {"d": items}
+        if isinstance(value, list | tuple):
+            tag = "l" if isinstance(value, list) else "t"
+            return {tag: [visit(sub, [*path, str(i)]) for i, sub in enumerate(value)]}
+        if isinstance(value, _SCALARS):
+            return {"p": put(path, value)}
+        raise UnsupportedDTypeError(
+            f"state dict entry {'/'.join(path)!r} has type {type(value).__name__}, which cannot "
+            "be stored (tensors, numpy arrays, str, bytes, int, float, bool, None and "
+            "dict/list/tuple nesting only; shardpoint never pickles)"
+        )
+
+    if not isinstance(obj, Mapping):
+        raise InvalidArgumentError(f"expected a mapping (state dict), got {type(obj).__name__}")
+    structure = visit(obj, [])
+    return flat, structure
+
+
+def unflatten(structure: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
+    """Rebuild the nesting recorded by :func:`flatten` from ``values`` (key -> leaf)."""
+    if "d" in structure:
+        return {_decode_key(k, tag): unflatten(sub, values) for k, tag, sub in structure["d"]}
+    if "l" in structure:
+        return [unflatten(sub, values) for sub in structure["l"]]
+    if "t" in structure:
+        return tuple(unflatten(sub, values) for sub in structure["t"])
+    if "S" in structure:
+        return torch.Size(structure["S"])
+    if "dt" in structure:
+        name = structure["dt"]
+        return _FROM_FORMAT[name] if name in _FROM_FORMAT else getattr(torch, name.split(".")[-1])
+    for tag in ("v", "n", "p"):
+        if tag in structure:
+            return values[structure[tag]]
+    raise InvalidArgumentError(f"malformed structure node {structure!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared storage
+# --------------------------------------------------------------------------------------------
+
+
+def _byte_extent(t: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)`` byte range of the tensor's elements inside its storage."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    if t.numel() == 0:
+        return start, start
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return start, start + (last + 1) * size
+
+
+def _view_record(t: torch.Tensor) -> tuple[str, int, tuple[int, ...], tuple[int, ...]]:
+    return (format_dtype(t.dtype), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def _sharing(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Find tensors that share storage: ``(aliases, groups)`` for the metadata.
+
+    ``aliases`` maps a key to an earlier key holding exactly the same view (same dtype, offset,
+    shape, strides): it is not stored again. ``groups`` lists the remaining distinct views of
+    one storage with their byte offsets, shapes and strides, so load can rebuild them inside one
+    storage. Tensors with lazy conj/neg bits are stored by value (their bytes differ).
+    """
+    by_storage: dict[tuple[str, int], list[str]] = {}
+    for key, value in flat.items():
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            continue
+        if (
+            value.is_conj()
+            or value.is_neg()
+            or type(value) not in (torch.Tensor, torch.nn.Parameter)
+        ):
+            continue
+        if value.device.type == "meta" or value.untyped_storage().nbytes() == 0:
+            continue
+        ptr = value.untyped_storage().data_ptr()
+        by_storage.setdefault((str(value.device), ptr), []).append(key)
+    aliases: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
+    for keys in by_storage.values():
+        if len(keys) < 2:
+            continue
+        seen: dict[tuple[Any, ...], str] = {}
+        distinct: list[str] = []
+        for key in keys:
+            rec = _view_record(flat[key])
+            if rec in seen:
+                aliases[key] = {"of": seen[rec], "same_object": flat[key] is flat[seen[rec]]}
+            else:
+                seen[rec] = key
+                distinct.append(key)
+        if len(distinct) < 2:
+            continue
+        extents = {k: _byte_extent(flat[k]) for k in distinct}
+        # align the span start to 16 bytes so every member's offset stays a multiple of its
+        # element size (offsets inside the original storage were)
+        base = min(s for s, _ in extents.values()) // 16 * 16
+        end = max(e for _, e in extents.values())
+        members = {}
+        for k in distinct:
+            t = flat[k]
+            members[k] = {
+                "byte_offset": extents[k][0] - base,
+                "shape": list(t.shape),
+                "stride": list(t.stride()),
+            }
+        groups.append({"nbytes": end - base, "members": members})
+    return aliases, {"groups": groups}
+
+
+def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.device) -> None:
+    """Place the loaded members of one shared-storage group into one fresh storage."""
+    storage = torch.empty(int(group["nbytes"]), dtype=torch.uint8, device=device).untyped_storage()
+    for key, rec in group["members"].items():
+        if key not in out:
+            continue
+        src = out[key]
+        view = torch.empty(0, dtype=src.dtype, device=device)
+        offset = int(rec["byte_offset"])
+        if offset % src.element_size():
+            raise InvalidArgumentError(f"key {key!r}: stored view offset is not element-aligned")
+        view.set_(storage, offset // src.element_size(), tuple(rec["shape"]), tuple(rec["stride"]))
+        view.copy_(src)
+        out[key] = view
+
+
+# --------------------------------------------------------------------------------------------
+# save / load
+# --------------------------------------------------------------------------------------------
+
+
+def _prepare(
+    obj: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Flat ``key -> storable value`` and our metadata section for a (nested) state dict."""
+    if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
+        obj = obj.state_dict()  # a module/optimizer: save its state dict
+    flat, structure = flatten(obj)
+    aliases, sharing = _sharing(flat)
+    payload: dict[str, Any] = {}
+    for key, leaf in flat.items():
+        if key in aliases:
+            continue
+        payload[key] = tensor_to_numpy(leaf) if isinstance(leaf, torch.Tensor) else leaf
+    meta = {
+        "version": _META_VERSION,
+        "structure": structure,
+        "aliases": aliases,
+        "groups": sharing["groups"],
+    }
+    return payload, meta
+
+
+def save(
+    tensors: Any,
+    prefix: str | os.PathLike[str],
+    *,
+    compression: str | None = "zstd",
+    level: int | None = None,
+    shards: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    durable: bool = True,
+    chunk_bytes: int | None = None,
+) -> None:
+    """Save a (nested) state dict of tensors and plain values as checkpoint ``prefix``.
+
+    Args:
+        tensors: a mapping (state dict, possibly nested), or an object with ``state_dict()``.
+        prefix: path prefix (``prefix.index`` + ``prefix.data-*``), committed atomically.
+        compression, level, shards, durable, chunk_bytes: as :func:`shardpoint.save_file`.
+        metadata: JSON-able mapping stored in the index (``sp.open(prefix).metadata``); the
+            key ``"shardpoint.torch"`` is reserved.
+
+    CPU tensors are written straight from their memory (no staging copy); non-CPU tensors are
+    copied to the host first. Nested keys are joined with ``/``.
+    """
+    payload, meta = _prepare(tensors)
+    user = dict(metadata or {})
+    if METADATA_KEY in user:
+        raise InvalidArgumentError(f"metadata key {METADATA_KEY!r} is reserved")
+    user[METADATA_KEY] = meta
+    files.save_file(
+        payload,
+        prefix,
+        compression=compression,
+        level=level,
+        shards=shards,
+        metadata=user,
+        durable=durable,
+        chunk_bytes=chunk_bytes,
+    )
+
+
+def _to_torch(value: Any) -> Any:
+    return numpy_to_tensor(value) if isinstance(value, np.ndarray) else value
+
+
+def load(
+    prefix: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    *,
+    keys: list[str] | None = None,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save` (or any shardpoint checkpoint) as tensors.
+
+    Args:
+        prefix: the checkpoint prefix.
+        device: where tensors go. On ``"cpu"``, uncompressed tensors are zero-copy,
+            copy-on-write views of the mmapped shards and compressed ones are decoded into
+            fresh memory; other devices get one host-to-device copy per tensor.
+        keys: load only these flat (``/``-joined) keys and return a flat dict of them.
+        verify: check every value's crc32c (compressed values are always checked).
+
+    Returns the nested state dict as saved (flat ``key -> value`` for ``keys=`` or for
+    checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy.
+    """
+    dev = torch.device(device)
+    with files.open(prefix) as reader:
+        meta = reader.metadata.get(METADATA_KEY)
+        if not isinstance(meta, Mapping):
+            meta = None
+        aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
+        wanted = reader.keys() if keys is None else list(keys)
+        stored = [k for k in wanted if k not in aliases]
+        stored += [
+            aliases[k]["of"] for k in wanted if k in aliases and aliases[k]["of"] not in stored
+        ]
+        raw = reader.load(stored, verify=verify)
+    numpy_keys = _numpy_leaves(meta["structure"]) if meta else set()
+    out: dict[str, Any] = {k: (v if k in numpy_keys else _to_torch(v)) for k, v in raw.items()}
+    in_group: set[str] = set()
+    for group in meta.get("groups", []) if meta else []:
+        _rebuild_group(group, out, dev)
+        in_group.update(group["members"])
+    if dev.type != "cpu":
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor) and k not in in_group:
+                out[k] = v.to(dev)
+    for key, alias in aliases.items():
+        if keys is not None and key not in keys:
+            continue
+        base = out[alias["of"]]
+        out[key] = base if alias.get("same_object") else base.view(base.shape)
+    if keys is not None or meta is None:
+        return {k: out[k] for k in wanted}
+    return unflatten(meta["structure"], out)
+
+
+def _numpy_leaves(structure: Mapping[str, Any]) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: Mapping[str, Any]) -> None:
+        if "n" in node:
+            found.add(node["n"])
+        for sub in node.get("l", []) + node.get("t", []):
+            visit(sub)
+        for _, _, sub in node.get("d", []):
+            visit(sub)
+
+    visit(structure)
+    return found
