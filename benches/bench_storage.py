@@ -168,7 +168,7 @@ def bench_model(m: dict[str, np.ndarray], label: str, work: str, has_torch: bool
     def plain_fsync() -> None:
         with open(os.path.join(work, "plain.bin"), "wb") as f:
             for v in m.values():
-                f.write(memoryview(v).cast("B"))
+                f.write(v.reshape(-1).view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
         os.remove(os.path.join(work, "plain.bin"))

@@ -74,6 +74,7 @@ def numpy_dtype(name: str) -> np.dtype:
     raise UnsupportedDTypeError(f"unknown dtype {name!r} in checkpoint")
 
 
+@cache  # dtype.name is slow (computed in Python); dtypes are hashable and few
 def format_name(dt: np.dtype) -> str:
     """The format dtype name of a numpy dtype, or UnsupportedDTypeError naming it."""
     if dt.kind in "biufc" and dt.name in _NUMPY_NAMES:

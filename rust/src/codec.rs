@@ -40,7 +40,7 @@ pub fn group(dtype: DType, src: &[u8], dst: &mut [u8]) {
 pub fn ungroup(dtype: DType, src: &[u8], dst: &mut [u8]) {
     let w = dtype.group_width();
     debug_assert_eq!(src.len(), dst.len());
-    if w < 2 {
+    if w < 2 || src.is_empty() {
         dst.copy_from_slice(src);
         return;
     }

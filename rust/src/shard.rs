@@ -20,8 +20,9 @@ const WRITE_BUF: usize = 1 << 20;
 /// Payloads larger than this get their crc computed in parallel pieces.
 const PAR_CRC_MIN: usize = 8 << 20;
 
-/// One encoded chunk: stored bytes (None = raw), crc32c of the raw bytes, raw length.
-type EncodedChunk = (Option<Vec<u8>>, u32, usize);
+/// One encoded chunk: stored bytes (None = raw), crc32c of the raw bytes, raw length, crc32c
+/// of the stored bytes.
+type EncodedChunk = (Option<Vec<u8>>, u32, usize, u32);
 
 /// How one value should be stored.
 #[derive(Clone, Copy, Debug)]
@@ -209,44 +210,55 @@ impl ShardWriter {
             self.push_entry(item, Codec::None, c, offset, data.len() as u64, Vec::new());
             return Ok(());
         }
-        // Chunked: compress a batch of chunks in parallel, then write them in order.
+        // Chunked: batches of chunks are compressed in parallel on the rayon pool, and batch
+        // k is written while batch k+1 is being compressed (double buffering), so the cores
+        // never wait for the write.
         let cb = opts.chunk_bytes as usize;
         self.pad_for(data.len() as u64)?;
         let offset = self.pos;
         let mut chunks = Vec::with_capacity(data.len().div_ceil(cb));
         let mut raw_crc: Option<u32> = None;
         let mut all_raw = true;
-        for batch in data.chunks(cb * CHUNKS_PER_BATCH) {
-            let encoded: Vec<Result<EncodedChunk>> = batch
+        let dtype = item.dtype;
+        let compress = |batch: &[u8]| -> Vec<Result<EncodedChunk>> {
+            batch
                 .par_chunks(cb)
                 .map(|raw| {
-                    Ok((
-                        encode_chunk(codec, item.dtype, opts.level, raw)?,
-                        crc(raw),
-                        raw.len(),
-                    ))
+                    let stored = encode_chunk(codec, dtype, opts.level, raw)?;
+                    let raw_c = crc(raw);
+                    let stored_c = stored.as_deref().map_or(raw_c, crc);
+                    Ok((stored, raw_c, raw.len(), stored_c))
                 })
-                .collect();
-            for (enc, rc) in encoded.into_iter().zip(batch.chunks(cb)) {
-                let (stored, raw_c, n) = enc?;
-                raw_crc = Some(match raw_crc {
-                    None => raw_c,
-                    Some(a) => crc32c::crc32c_combine(a, raw_c, n),
-                });
-                let bytes: &[u8] = match &stored {
-                    Some(v) => {
-                        all_raw = false;
-                        v
+                .collect()
+        };
+        let batches: Vec<&[u8]> = data.chunks(cb * CHUNKS_PER_BATCH).collect();
+        let mut pending = batches.first().map(|b| compress(b));
+        for (i, batch) in batches.iter().enumerate() {
+            let encoded = pending.take().expect("compressed ahead");
+            let next = batches.get(i + 1);
+            let (written, next_enc) = rayon::join(
+                || -> Result<()> {
+                    for (enc, rc) in encoded.into_iter().zip(batch.chunks(cb)) {
+                        let (stored, raw_c, n, stored_c) = enc?;
+                        raw_crc = Some(match raw_crc {
+                            None => raw_c,
+                            Some(a) => crc32c::crc32c_combine(a, raw_c, n),
+                        });
+                        all_raw &= stored.is_none();
+                        let bytes: &[u8] = stored.as_deref().unwrap_or(rc);
+                        chunks.push(ChunkRec {
+                            rel_offset: self.pos - offset,
+                            stored_len: bytes.len() as u32,
+                            crc: stored_c,
+                        });
+                        self.append(bytes)?;
                     }
-                    None => rc,
-                };
-                chunks.push(ChunkRec {
-                    rel_offset: self.pos - offset,
-                    stored_len: bytes.len() as u32,
-                    crc: if stored.is_some() { crc(bytes) } else { raw_c },
-                });
-                self.append(bytes)?;
-            }
+                    Ok(())
+                },
+                || next.map(|b| compress(b)),
+            );
+            written?;
+            pending = next_enc;
         }
         let raw_crc = raw_crc.unwrap_or_else(|| crc(&[]));
         let stored_len = self.pos - offset;

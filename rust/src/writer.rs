@@ -220,17 +220,29 @@ impl CheckpointWriter {
         })
     }
 
-    /// Finish the shards (fsync, publish) and return their records and entries, shard ids set.
+    /// Finish the shards (fsync, publish; one thread per shard so the fsyncs overlap) and
+    /// return their records and entries, shard ids set.
     fn finish_shards(&self) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+        let writers: Vec<ShardWriter> = self
+            .shards
+            .iter()
+            .map(|m| m.lock().expect("shard lock").take())
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
+        let durable = self.opts.durable;
+        let finished: Vec<Result<(ShardRec, Vec<EntryMeta>)>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = writers
+                .into_iter()
+                .map(|w| sc.spawn(move || w.finish(durable)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("finish thread panicked"))
+                .collect()
+        });
         let mut recs = Vec::new();
         let mut entries = Vec::new();
-        for m in &self.shards {
-            let w = m
-                .lock()
-                .expect("shard lock")
-                .take()
-                .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
-            let (rec, mut ents) = w.finish(self.opts.durable)?;
+        for f in finished {
+            let (rec, mut ents) = f?;
             let id = recs.len() as u32;
             for e in ents.iter_mut() {
                 e.shard = id;

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..graph_errors import UnsaveableObjectError
-from ..tracking import Trackable, ValueSpec
+from ..tracking import Trackable, ValueSpec, as_trackable
 from .tensors import format_dtype, numpy_to_tensor, torch_dtype
 
 __all__ = ["OptimizerAdapter", "PARAM_GROUPS", "PARAM_SCALARS"]
@@ -73,6 +73,10 @@ class OptimizerAdapter(Trackable):
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
+        # (id(param), slot) -> adapter of the current state tensor. Held strongly: the restore
+        # machinery binds slot objects weakly, and load-status checks walk the live graph later
+        # and must find the same adapter objects.
+        self._slot_adapters: dict[tuple[int, str], Trackable] = {}
 
     @property
     def name(self) -> str:
@@ -155,12 +159,19 @@ class OptimizerAdapter(Trackable):
                     self.optimizer.state[param][key] = _decode_hyper(raw)
 
     # -- slot protocol -----------------------------------------------------------------------------
+    def _hold(self, param: torch.Tensor, slot_name: str, value: torch.Tensor) -> Trackable:
+        adapter = as_trackable(value)
+        if adapter is None:  # pragma: no cover - tensors always have an adapter once registered
+            raise TypeError("torch tensors are not trackable: shardpoint.torch adapters missing")
+        self._slot_adapters[(id(param), slot_name)] = adapter
+        return adapter
+
     def _sp_slot_variables(self) -> Iterable[tuple[Any, str, Any]]:
         out = []
         for p in self._params():
             for key, value in self.optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
-                    out.append((p, key, value))
+                    out.append((p, key, self._hold(p, key, value)))
         return out
 
     def _sp_get_slot(self, variable: Any, slot_name: str) -> Any:
@@ -171,7 +182,7 @@ class OptimizerAdapter(Trackable):
         if not state:
             return None
         value = state.get(slot_name)
-        return value if isinstance(value, torch.Tensor) else None
+        return self._hold(param, slot_name, value) if isinstance(value, torch.Tensor) else None
 
     def _sp_create_slot(self, variable: Any, slot_name: str, value: Any) -> Any:
         """Restore-on-create: a fresh optimizer gets its state from the checkpointed value."""
@@ -185,4 +196,4 @@ class OptimizerAdapter(Trackable):
         if slot_name != "step" or group.get("capturable") or group.get("fused"):
             tensor = tensor.to(param.device)
         self.optimizer.state[param][slot_name] = tensor
-        return tensor
+        return self._hold(param, slot_name, tensor)

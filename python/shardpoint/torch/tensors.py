@@ -143,12 +143,6 @@ def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _escape(component: str) -> str:
-    # "/" separates levels; escape it (and the escape character) inside one component so
-    # nesting is unambiguous. Typical torch keys ("l1.weight") are unchanged.
-    return component.replace("%", "%25").replace("/", "%2F")
-
-
 def _key_tag(key: Any) -> str:
     if isinstance(key, bool):
         return "b"
@@ -178,7 +172,8 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(flat, structure)``: ``/``-joined keys to leaves, and a JSON description of the nesting.
 
     Leaves are tensors, numpy arrays and typed scalars; dicts, lists, tuples and ``torch.Size``
-    are structure. The structure records what each leaf was (tensor or numpy array) so
+    are structure. Key components are not escaped (a flat key ``"a/b"`` is stored as ``a/b``,
+    as users expect); two entries that flatten to the same key raise ``DuplicateKeyError``. The structure records what each leaf was (tensor or numpy array) so
     :func:`unflatten` returns the same kinds of objects.
     """
     flat: dict[str, Any] = {}
@@ -202,7 +197,7 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         if isinstance(value, Mapping):
             items = []
             for k, sub in value.items():
-                items.append([str(k), _key_tag(k), visit(sub, [*path, _escape(str(k))])])
+                items.append([str(k), _key_tag(k), visit(sub, [*path, str(k)])])
             return {"d": items}
         if isinstance(value, list | tuple):
             tag = "l" if isinstance(value, list) else "t"

@@ -1,0 +1,464 @@
+"""``torch.distributed.checkpoint`` storage backend: one shardpoint checkpoint per DCP save.
+
+Save (``dcp.save(state_dict, storage_writer=StorageWriter(prefix))``):
+
+1. the coordinator's ``prepare_global_plan`` tells every rank its rank and the world size;
+2. ``write_data`` on every rank, in parallel: a ``sp.Writer(rank=r, world_size=W + 1)`` streams
+   the rank's items (compressed, checksummed, several threads) into its own shards and publishes
+   its partial index;
+3. ``finish`` on the coordinator, after DCP has gathered every rank's results (so every partial
+   index exists): DCP's ``Metadata`` is written as a JSON entry by one extra writer (rank ``W``),
+   and ``sp.merge(prefix, W + 1)`` merges the partial indexes without copying data and commits
+   ``prefix.index`` atomically. A rank that dies before that leaves the previous checkpoint at
+   ``prefix`` untouched.
+
+Keys: a tensor saved whole is stored under its DCP fully-qualified name (``model.l1.weight``),
+so ``sp.open(prefix)`` shows a readable checkpoint; a shard of a sharded tensor (DTensor,
+ShardedTensor) under ``fqn@o0,o1,...`` (its offsets). Non-tensor items (DCP serializes those
+itself with ``torch.save``) are ``bytes`` entries. DCP's ``Metadata`` is the JSON entry
+``.dcp_metadata``; it is serialized faithfully (checked by decoding it back and comparing) for
+DCP's own dataclasses and the default planners. If a custom planner puts objects JSON cannot
+describe into the metadata, it is stored pickled as ``.dcp_metadata.pickle`` instead (DCP's
+own metadata, never tensor data; the default ``FileSystemWriter`` always pickles it) and a
+warning says so.
+
+Load (``dcp.load(state_dict, storage_reader=StorageReader(prefix))``) reshards through DCP's
+planner: each read request is a hypercube of one stored tensor; only the rows it needs along the
+first dimension are read (``Reader.slice`` decodes only the chunks that hold them; uncompressed
+entries are mmapped), and the rest is narrowed in place before the copy into the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import math
+import os
+import pathlib
+import pickle
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import metadata as _md
+from torch.distributed.checkpoint import storage as _storage
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.futures import Future
+
+from .. import files
+from ..errors import CorruptCheckpointError, InvalidArgumentError
+from .tensors import numpy_to_tensor, tensor_to_numpy
+
+__all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]
+
+logger = logging.getLogger("shardpoint")
+
+METADATA_ENTRY = ".dcp_metadata"
+PICKLED_METADATA_ENTRY = ".dcp_metadata.pickle"
+_MARKER = "shardpoint.torch.dcp"
+_DCP_VERSION = "1.0.0"  # the layout version DCP's FileSystemWriter writes in torch 2.x
+
+
+# --------------------------------------------------------------------------------------------
+# DCP Metadata <-> JSON
+# --------------------------------------------------------------------------------------------
+
+_DATACLASSES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        _md.Metadata,
+        _md.TensorStorageMetadata,
+        _md.BytesStorageMetadata,
+        _md.ChunkStorageMetadata,
+        _md.TensorProperties,
+        _md.StorageMeta,
+    )
+}
+
+
+def _encode(value: Any) -> Any:
+    """Tagged JSON for the object graph of a DCP ``Metadata`` (TypeError on anything else)."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"__float": repr(value)}
+    if isinstance(value, torch.Size):
+        return {"__size": list(value)}
+    if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
+        return {"__torch": str(value).removeprefix("torch.")}
+    if isinstance(value, pathlib.PurePath):
+        return {"__path": os.fspath(value)}
+    if isinstance(value, tuple):
+        return {"__tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"__dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if isinstance(value, _md.MetadataIndex):
+        return {"__index": [value.fqn, _encode(value.offset), value.index]}
+    cls = _DATACLASSES.get(type(value).__name__)
+    if cls is type(value):
+        fields = {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"__dc": cls.__name__, "fields": fields}
+    raise TypeError(f"cannot describe {type(value).__module__}.{type(value).__name__} in JSON")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__float" in value:
+        return float(value["__float"])
+    if "__size" in value:
+        return torch.Size(value["__size"])
+    if "__torch" in value:
+        obj = getattr(torch, str(value["__torch"]), None)
+        if not isinstance(obj, torch.dtype | torch.layout | torch.memory_format):
+            raise CorruptCheckpointError(f"unknown torch constant {value['__torch']!r}")
+        return obj
+    if "__path" in value:
+        return pathlib.Path(value["__path"])
+    if "__tuple" in value:
+        return tuple(_decode(v) for v in value["__tuple"])
+    if "__dict" in value:
+        return {_hashable(_decode(k)): _decode(v) for k, v in value["__dict"]}
+    if "__index" in value:
+        fqn, offset, index = value["__index"]
+        return _md.MetadataIndex(fqn, _decode(offset), index)
+    if "__dc" in value:
+        cls = _DATACLASSES.get(value["__dc"])
+        if cls is None:
+            raise CorruptCheckpointError(f"unknown DCP metadata class {value['__dc']!r}")
+        return cls(**{k: _decode(v) for k, v in value["fields"].items()})
+    raise CorruptCheckpointError(f"unrecognised tagged value in DCP metadata: {list(value)[:3]}")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def encode_metadata(metadata: _md.Metadata) -> dict[str, Any] | None:
+    """JSON document for ``metadata``, or None when it cannot be described faithfully."""
+    try:
+        document = {"format": _MARKER, "version": 1, "metadata": _encode(metadata)}
+        if _decode(document["metadata"]) != metadata:
+            return None
+    except (TypeError, ValueError, CorruptCheckpointError):
+        return None
+    return document
+
+
+def decode_metadata(document: Any) -> _md.Metadata:
+    """Inverse of :func:`encode_metadata`."""
+    if not isinstance(document, dict) or document.get("format") != _MARKER:
+        raise CorruptCheckpointError(f"{METADATA_ENTRY} is not shardpoint DCP metadata")
+    if int(document.get("version", 0)) > 1:
+        raise CorruptCheckpointError("DCP metadata was written by a newer shardpoint")
+    metadata = _decode(document["metadata"])
+    if not isinstance(metadata, _md.Metadata):
+        raise CorruptCheckpointError(f"{METADATA_ENTRY} does not hold a DCP Metadata")
+    return metadata
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RankSlot:
+    """Storage part of a rank's save plan: which partial index this rank writes."""
+
+    rank: int
+    world_size: int
+
+
+def _storage_key(item: WriteItem) -> str:
+    fqn = item.index.fqn
+    td = item.tensor_data
+    if td is None:
+        return fqn
+    offsets = list(td.chunk.offsets)
+    if any(offsets) or list(td.chunk.sizes) != list(td.size):
+        return f"{fqn}@{','.join(str(o) for o in offsets)}"
+    return fqn
+
+
+class StorageWriter(_storage.StorageWriter):
+    """DCP ``StorageWriter`` writing one shardpoint checkpoint at path prefix ``path``.
+
+    Args:
+        path: checkpoint prefix (``path.index`` + ``path.data-*``); a ``checkpoint_id`` given
+            to ``dcp.save`` replaces it. Parent directories are created.
+        compression, level, chunk_bytes: as :func:`shardpoint.save_file` (default zstd with
+            byte grouping; ``"none"`` for mmap-able, zero-copy loads).
+        threads: threads (and shard files) per rank writing in parallel (default: up to 4).
+        durable: fsync shards and index before the save returns (default).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: str | None = "zstd",
+        level: int | None = None,
+        chunk_bytes: int | None = None,
+        threads: int | None = None,
+        durable: bool = True,
+    ) -> None:
+        super().__init__()
+        self.prefix = os.fspath(path)
+        self.compression = compression
+        self.level = level
+        self.chunk_bytes = chunk_bytes
+        self.threads = max(1, threads or min(4, os.cpu_count() or 1))
+        self.durable = durable
+        self.save_id = uuid.uuid4().hex
+        self.is_coordinator = False
+        self.rank: int | None = None
+        self._world: int | None = None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.prefix
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id:
+            self.prefix = os.fspath(checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+        self._world = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            raise InvalidArgumentError(
+                "shardpoint's StorageWriter commits one checkpoint for all ranks and needs "
+                "use_collectives=True"
+            )
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank")
+
+    def storage_meta(self) -> _md.StorageMeta | None:
+        return _md.StorageMeta(checkpoint_id=self.prefix, save_id=self.save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        parent = os.path.dirname(self.prefix)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        self._world = len(plans)
+        return [
+            dataclasses.replace(plan, storage_data=_RankSlot(i, len(plans)))
+            for i, plan in enumerate(plans)
+        ]
+
+    def write_data(
+        self, plan: SavePlan, planner: SavePlanner
+    ) -> Future[list[_storage.WriteResult]]:
+        slot = plan.storage_data
+        if not isinstance(slot, _RankSlot):
+            raise InvalidArgumentError("save plan was not prepared by shardpoint's StorageWriter")
+        # W data writers plus one for the coordinator's metadata entry (written in finish)
+        writer = files.Writer(
+            self.prefix,
+            compression=self.compression,
+            level=self.level,
+            shards=self.threads,
+            durable=self.durable,
+            rank=slot.rank,
+            world_size=slot.world_size + 1,
+            chunk_bytes=self.chunk_bytes,
+            metadata={_MARKER: {"version": 1, "metadata_entry": METADATA_ENTRY}},
+        )
+
+        def write_one(item: WriteItem) -> _storage.WriteResult:
+            key = _storage_key(item)
+            data = planner.resolve_data(item)  # resolved lazily: it may allocate (GPU -> host)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                writer.add(key, raw)
+                return _storage.WriteResult(item.index, len(raw), key)
+            array = tensor_to_numpy(data)
+            writer.add(key, array)
+            return _storage.WriteResult(item.index, array.nbytes, key)
+
+        # big items first so the threads finish together
+        items = sorted(plan.items, key=lambda it: -(it.tensor_storage_size() or 0))
+        try:
+            with ThreadPoolExecutor(self.threads) as pool:
+                results = list(pool.map(write_one, items))
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        fut: Future[list[_storage.WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: _md.Metadata, results: list[list[_storage.WriteResult]]) -> None:
+        world = self._world if self._world is not None else len(results)
+        metadata.storage_data = {wr.index: wr.storage_data for rank in results for wr in rank}
+        metadata.version = _DCP_VERSION
+        metadata.storage_meta = self.storage_meta()
+        writer = files.Writer(
+            self.prefix,
+            compression="none",
+            durable=self.durable,
+            rank=world,
+            world_size=world + 1,
+            chunk_bytes=self.chunk_bytes,
+        )
+        try:
+            document = encode_metadata(metadata)
+            if document is not None:
+                writer.add(METADATA_ENTRY, document)
+            else:
+                logger.warning(
+                    "DCP metadata of %s holds objects JSON cannot describe (custom planner "
+                    "data?); storing DCP's Metadata pickled in %r (tensor data is never "
+                    "pickled)",
+                    self.prefix,
+                    PICKLED_METADATA_ENTRY,
+                )
+                writer.add(PICKLED_METADATA_ENTRY, pickle.dumps(metadata))
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        files.merge(self.prefix, world + 1, durable=self.durable)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        # never claim arbitrary paths for DCP's automatic storage selection
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------------
+
+
+class StorageReader(_storage.StorageReader):
+    """DCP ``StorageReader`` for checkpoints written by :class:`StorageWriter`.
+
+    Args:
+        path: checkpoint prefix (a ``checkpoint_id`` given to ``dcp.load`` replaces it).
+        verify: check the crc32c of every value read (compressed values are always checked;
+            row slices of compressed tensors check the chunks they decode).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        super().__init__()
+        self.prefix = os.fspath(path)
+        self.verify = verify
+        self.load_id = uuid.uuid4().hex
+        self.storage_data: dict[Any, str] = {}
+        self._reader: files.Reader | None = None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.prefix
+
+    def _open(self) -> files.Reader:
+        if self._reader is None:
+            self._reader = files.open(self.prefix)
+        return self._reader
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id:
+            self.prefix = os.fspath(checkpoint_id)
+        self._reader = None
+        self.storage_data = {}
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> _md.Metadata:
+        reader = self._open()
+        if METADATA_ENTRY in reader:
+            metadata = decode_metadata(reader.get(METADATA_ENTRY, verify=True))
+        elif PICKLED_METADATA_ENTRY in reader:
+            # DCP's own metadata from a custom planner (see the module docstring)
+            metadata = pickle.loads(reader.get(PICKLED_METADATA_ENTRY, verify=True))
+        else:
+            raise CorruptCheckpointError(
+                f"{self.prefix} is not a torch.distributed.checkpoint save written by "
+                f"shardpoint.torch.StorageWriter (no {METADATA_ENTRY} entry); open it with "
+                "sp.open() or shardpoint.torch.load() instead"
+            )
+        if metadata.storage_meta is None:
+            metadata.storage_meta = _md.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(
+        self, metadata: _md.Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        if not metadata.storage_data:
+            raise CorruptCheckpointError("DCP metadata has no storage_data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _read_box(self, key: str, offsets: torch.Size, lengths: torch.Size) -> torch.Tensor:
+        """The hypercube ``offsets .. offsets+lengths`` of stored tensor ``key``."""
+        reader = self._open()
+        info = reader.info(key)
+        shape = info.shape
+        if shape and (offsets[0] > 0 or lengths[0] < shape[0]):
+            # only the chunks holding these rows are read and decoded
+            rows = reader.slice(key, offsets[0], offsets[0] + lengths[0])
+            tensor = numpy_to_tensor(rows)
+            first = 1
+        else:
+            tensor = numpy_to_tensor(reader.get(key, verify=self.verify))
+            first = 0
+        for dim in range(first, len(shape)):
+            if offsets[dim] > 0 or lengths[dim] < shape[dim]:
+                tensor = tensor.narrow(dim, offsets[dim], lengths[dim])
+        return tensor
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        reader = self._open()
+        for req in plan.items:
+            key = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(reader.get(key, verify=True)))
+                continue
+            source = self._read_box(key, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != source.size():
+                raise CorruptCheckpointError(
+                    f"{self.prefix}: read request for {key!r} expects {tuple(target.size())}, "
+                    f"the stored slice has {tuple(source.size())}"
+                )
+            target.copy_(source)
+            planner.commit_tensor(req, target)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        try:
+            with files.open(os.fspath(checkpoint_id)) as reader:
+                return METADATA_ENTRY in reader or PICKLED_METADATA_ENTRY in reader
+        except Exception:  # noqa: BLE001 - "not ours" for any path DCP probes
+            return False

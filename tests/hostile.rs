@@ -1,0 +1,345 @@
+//! Hostile indexes and chunks at the Rust level (issue 7, part 4): valid files patched in one
+//! field with every crc recomputed (`reseal_index`, shared with the fuzz targets), so that the
+//! semantic checks of `IndexView`, `Reader` and `decode_chunk` must refuse them, with a
+//! `Corrupt` error (not `Checksum`: the checksums are right), no panic, in bounded time.
+//! The Python suite (tests/test_reliability_hostile.py) covers the same ground end to end,
+//! plus memory bounds; this file pins the core's behaviour without the binding.
+
+use shardpoint_core::format::Kind;
+use shardpoint_core::{save, Error, Reader};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{items, opts, Val};
+
+include!("../fuzz/fuzz_targets/logic.rs");
+
+const CB: usize = 4096;
+
+fn sample(dir: &Path) -> PathBuf {
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    let a: Vec<u8> = (0..3000u32)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    v.insert("a".into(), (DType::F32, Kind::Tensor, vec![3000], a));
+    // three identical all-zero chunks: pointing one chunk record at another keeps every crc
+    v.insert(
+        "b".into(),
+        (
+            DType::F32,
+            Kind::Tensor,
+            vec![3 * CB as u64 / 4],
+            vec![0; 3 * CB],
+        ),
+    );
+    v.insert(
+        "c".into(),
+        (DType::U8, Kind::Str, vec![5], b"hello".to_vec()),
+    );
+    let p = dir.join("ck");
+    save(&p, &items(&v), opts(Codec::Zstd, 1)).unwrap();
+    p
+}
+
+fn idx(p: &Path) -> PathBuf {
+    shardpoint_core::commit::index_path(p)
+}
+
+fn u64_at(b: &[u8], at: usize) -> usize {
+    le_u64(b, at) as usize
+}
+
+/// Patch the index of `p` with `f`, then recompute every crc.
+fn patch(p: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut b = std::fs::read(idx(p)).unwrap();
+    f(&mut b);
+    reseal_index(&mut b);
+    std::fs::write(idx(p), &b).unwrap();
+}
+
+/// Entry record offset of entry `i`.
+fn rec(b: &[u8], i: usize) -> usize {
+    u64_at(b, 56) + 40 * i
+}
+
+/// Open, touch every entry, read every entry, verify: the first error, or None.
+fn exercise(p: &Path) -> Option<Error> {
+    let t = Instant::now();
+    let res = (|| -> Result<(), Error> {
+        let r = Reader::open(p)?;
+        let n = r.index().len();
+        for i in 0..n {
+            let e = r.index().entry(i)?;
+            match r.index().find(e.key)? {
+                Some(j) if j == i => {}
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "lookup of listed key {:?} (entry {i}) gave {other:?}",
+                        e.key
+                    )))
+                }
+            }
+            let mut out = vec![0u8; e.raw_len as usize];
+            r.read_into(&e, &mut out, true)?;
+        }
+        r.verify()
+    })();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    res.err()
+}
+
+fn assert_corrupt(p: &Path, what: &str) {
+    let e = exercise(p).unwrap_or_else(|| panic!("{what}: accepted"));
+    assert!(
+        matches!(e, Error::Corrupt { .. }),
+        "{what}: expected Corrupt, got {e}"
+    );
+    assert!(
+        e.to_string().contains(&p.display().to_string()),
+        "{what}: no file named: {e}"
+    );
+}
+
+#[test]
+fn the_unpatched_sample_is_valid() {
+    let d = tempfile::tempdir().unwrap();
+    let p = sample(d.path());
+    assert!(exercise(&p).is_none());
+    let r = Reader::open(&p).unwrap();
+    let e = r.entry("b").unwrap();
+    assert_eq!((e.codec, e.nchunks()), (Codec::Zstd, 3));
+}
+
+#[test]
+fn header_fields_lie() {
+    // (field offset, width, value)
+    let cases: [(usize, usize, u64); 8] = [
+        (24, 8, 1 << 60),         // entry_count
+        (24, 8, u64::MAX),        // entry_count
+        (32, 4, u32::MAX as u64), // shard_count
+        (72, 8, 1 << 62),         // keys_len
+        (104, 8, u64::MAX - 8),   // meta_len: off + len wraps
+        (64, 8, 200),             // keys_off inside the entry table
+        (56, 8, 131),             // entries_off misaligned
+        (36, 4, 4097),            // chunk_bytes
+    ];
+    for (at, w, v) in cases {
+        let d = tempfile::tempdir().unwrap();
+        let p = sample(d.path());
+        patch(&p, |b| b[at..at + w].copy_from_slice(&v.to_le_bytes()[..w]));
+        assert_corrupt(&p, &format!("header field at {at} = {v}"));
+    }
+}
+
+#[test]
+fn entry_fields_lie() {
+    // (entry, field offset in the record, width, value)
+    let cases: [(usize, usize, usize, u64); 9] = [
+        (0, 24, 8, 1 << 40),       // offset past the shard
+        (0, 24, 8, u64::MAX - 63), // offset + len wraps
+        (0, 24, 8, 64),            // offset inside the shard header
+        (0, 24, 8, 4096 + 8),      // misaligned
+        (0, 32, 8, 1 << 30),       // stored_len past the end (and != raw)
+        (0, 12, 4, 7),             // shard out of range
+        (0, 6, 1, 99),             // dtype tag
+        (0, 9, 1, 65),             // ndim
+        (1, 32, 8, 1 << 20),       // compressed stored_len > raw_len
+    ];
+    for (i, at, w, v) in cases {
+        let d = tempfile::tempdir().unwrap();
+        let p = sample(d.path());
+        patch(&p, |b| {
+            let r = rec(b, i) + at;
+            b[r..r + w].copy_from_slice(&v.to_le_bytes()[..w]);
+        });
+        assert_corrupt(&p, &format!("entry {i} field {at} = {v}"));
+    }
+}
+
+#[test]
+fn payloads_overlap_is_caught_by_verify() {
+    let d = tempfile::tempdir().unwrap();
+    let p = sample(d.path());
+    let (a_off, a_first) = {
+        let r = Reader::open(&p).unwrap();
+        let e = r.entry("a").unwrap();
+        (e.offset, r.stored(&e)[..5].to_vec())
+    };
+    // "c" (5 bytes) moved onto "a"'s payload; its crc made right for those bytes
+    patch(&p, |b| {
+        let r = rec(b, 2);
+        b[r + 24..r + 32].copy_from_slice(&a_off.to_le_bytes());
+        b[r + 16..r + 20].copy_from_slice(&crc(&a_first).to_le_bytes());
+    });
+    assert_corrupt(&p, "overlapping payloads");
+}
+
+#[test]
+fn shape_product_overflows() {
+    let d = tempfile::tempdir().unwrap();
+    let p = sample(d.path());
+    patch(&p, |b| {
+        // "b" is zstd, so its dims are in the aux blob: dims[0] = 2^62 (x4 bytes overflows)
+        let aux = u64_at(b, 80) + le_u32(b, rec(b, 1) + 20) as usize;
+        b[aux..aux + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    });
+    assert_corrupt(&p, "shape overflow");
+}
+
+#[test]
+fn bad_keys() {
+    for (what, key) in [
+        ("invalid UTF-8", &b"\xff"[..]),
+        ("NUL", b"\0"),
+        ("overlong", b"\xc0"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let p = sample(d.path());
+        // "c" is the last key: replacing it by a byte >= 'c' keeps the order, so only the key
+        // check can refuse it (NUL sorts first: then the order check fires, also Corrupt)
+        patch(&p, |b| {
+            let k = u64_at(b, 64) + 2;
+            b[k] = key[0];
+        });
+        assert_corrupt(&p, what);
+    }
+}
+
+#[test]
+fn unsorted_keys_in_a_block() {
+    let d = tempfile::tempdir().unwrap();
+    let p = sample(d.path());
+    patch(&p, |b| {
+        let k = u64_at(b, 64);
+        b.swap(k, k + 1); // "a","b" -> "b","a"
+    });
+    assert_corrupt(&p, "unsorted keys");
+}
+
+#[test]
+fn unsorted_keys_across_blocks_never_answer_wrongly() {
+    // 130 keys, 3 blocks; swapping the key bytes of blocks 0 and 1 keeps each block sorted
+    // (so block verification passes) while the table as a whole is not. Lookups must then
+    // either find every listed key or report corruption; never say "absent".
+    let d = tempfile::tempdir().unwrap();
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    for i in 0..130u32 {
+        v.insert(
+            format!("k{i:04}"),
+            (DType::U8, Kind::Tensor, vec![1], vec![i as u8]),
+        );
+    }
+    let p = d.path().join("ck");
+    save(&p, &items(&v), opts(Codec::None, 1)).unwrap();
+    patch(&p, |b| {
+        let k = u64_at(b, 64);
+        let (blk0, blk1) = (k..k + 320, k + 320..k + 640);
+        let tmp = b[blk0.clone()].to_vec();
+        b.copy_within(blk1, blk0.start);
+        b[k + 320..k + 640].copy_from_slice(&tmp);
+    });
+    assert_corrupt(&p, "keys unsorted across blocks");
+}
+
+#[test]
+fn shard_names_that_escape() {
+    for name in [
+        &b"/../../etc/passwd"[..],
+        b"/etc/passwd",
+        b".data-00000-of-00001\0x",
+        b"..",
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let p = sample(d.path());
+        patch(&p, |b| {
+            let s = u64_at(b, 40);
+            b[s + 24..s + 64].fill(0);
+            b[s + 24..s + 24 + name.len()].copy_from_slice(name);
+            b[s + 20..s + 24].copy_from_slice(&(name.len() as u32).to_le_bytes());
+        });
+        let e = Reader::open(&p)
+            .err()
+            .expect("escaping shard name accepted");
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("refusing shard name"), "{e}");
+    }
+}
+
+#[test]
+fn overlapping_chunk_records_are_refused_on_read() {
+    // FORMAT.md §3.3: chunks are contiguous, in order, non-overlapping, "checked on every use".
+    // Chunks 1 and 2 of "b" are pointed at chunk 0's bytes: all three decode to zeros, so every
+    // crc still matches, and a reader that checks only bounds returns the data: one stored
+    // frame then stands for any number of chunks (an amplification the format rules out).
+    let d = tempfile::tempdir().unwrap();
+    let p = sample(d.path());
+    patch(&p, |b| {
+        let aux = u64_at(b, 80) + le_u32(b, rec(b, 1) + 20) as usize + 8; // after dims
+        let first = b[aux..aux + 16].to_vec();
+        b[aux + 16..aux + 32].copy_from_slice(&first);
+        b[aux + 32..aux + 48].copy_from_slice(&first);
+    });
+    let r = Reader::open(&p).unwrap();
+    let e = r.entry("b").unwrap();
+    let mut out = vec![0u8; e.raw_len as usize];
+    let res = r.read_into(&e, &mut out, true);
+    assert!(
+        matches!(res, Err(Error::Corrupt { .. })),
+        "overlapping chunk records read: {res:?}"
+    );
+}
+
+#[test]
+fn decompression_bombs_are_refused() {
+    let path = Path::new("bomb");
+    let frame = zstd::bulk::compress(&vec![0u8; 1 << 20], 3).unwrap();
+    for codec in [Codec::Zstd, Codec::ZstdByteGroup] {
+        let mut stored = frame.clone();
+        if codec == Codec::ZstdByteGroup {
+            // plane 0 is the bomb; planes 1..4 are valid raw planes of n = 1024 bytes
+            stored = (frame.len() as u32).to_le_bytes().to_vec();
+            stored.extend_from_slice(&frame);
+            for _ in 1..4 {
+                stored.extend_from_slice(&1024u32.to_le_bytes());
+                stored.extend_from_slice(&[0u8; 1024]);
+            }
+        }
+        let mut out = vec![0u8; CB];
+        let e = shardpoint_core::codec::decode_chunk(codec, DType::F32, &stored, &mut out, path, 7)
+            .expect_err("bomb accepted");
+        assert!(
+            matches!(e, Error::Corrupt { offset, .. } if offset >= 7),
+            "{e}"
+        );
+        assert!(e.to_string().contains("zstd"), "{e}");
+    }
+}
+
+#[test]
+fn decode_chunk_never_panics_on_an_empty_destination() {
+    // Decoders take hostile bytes and return Err, never panic (format.rs, codec.rs docs).
+    for codec in [Codec::None, Codec::Zstd, Codec::ZstdByteGroup] {
+        for dtype in [DType::U8, DType::F32, DType::C128] {
+            let r = std::panic::catch_unwind(|| {
+                let mut out: [u8; 0] = [];
+                let _ = shardpoint_core::codec::decode_chunk(
+                    codec,
+                    dtype,
+                    b"abcd",
+                    &mut out,
+                    Path::new("x"),
+                    0,
+                );
+            });
+            assert!(
+                r.is_ok(),
+                "decode_chunk({codec:?}, {dtype:?}) into 0 bytes panicked"
+            );
+        }
+    }
+}
