@@ -322,3 +322,25 @@ def test_state_dict_objects_scheduler_scaler_and_tensor_state(tmp_path):
     )
     for p, q in zip(net.parameters(), net2.parameters(), strict=True):
         assert torch.equal(opt.state[p]["momentum_buffer"], opt2.state[q]["momentum_buffer"])
+
+
+def test_torch_adapters_load_without_importing_shardpoint_torch():
+    """A plain ``sp.Checkpoint(model=net)`` in a fresh process, without ``import
+    shardpoint.torch``, must use the torch adapters' keys (not the generic state-dict ones)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, tempfile
+        import torch
+        import shardpoint as sp
+        net = torch.nn.Linear(2, 3)
+        p = sp.Checkpoint(model=net).write(os.path.join(tempfile.mkdtemp(), "c"))
+        print(sorted(k for k, _ in sp.list_variables(p)))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "model/weight/.ATTRIBUTES/VARIABLE_VALUE" in out.stdout, out.stdout + out.stderr
+    assert "model/bias/.ATTRIBUTES/VARIABLE_VALUE" in out.stdout

@@ -307,13 +307,11 @@ def as_trackable(value: Any) -> Trackable | None:
     cached = _cache_get(value)
     if cached is not None:
         return cached
-    for predicate, factory in reversed(_ADAPTERS):
-        if predicate(value):
-            adapter = factory(value)
-            if not isinstance(adapter, Trackable):
-                raise TypeError(f"adapter factory {factory!r} returned a non-Trackable {adapter!r}")
-            _cache_put(value, adapter)
-            return adapter
+    adapter = _adapt(value)
+    if adapter is None and _load_torch_adapters(value):
+        adapter = _adapt(value)  # the torch adapters registered themselves on import
+    if adapter is not None:
+        return adapter
     if _has_state_dict(value):
         from .state_dict import StateDictTrackable
 
@@ -321,6 +319,34 @@ def as_trackable(value: Any) -> Trackable | None:
         _cache_put(value, adapter)
         return adapter
     return None
+
+
+def _adapt(value: Any) -> Trackable | None:
+    for predicate, factory in reversed(_ADAPTERS):
+        if predicate(value):
+            adapter = factory(value)
+            if not isinstance(adapter, Trackable):
+                raise TypeError(f"adapter factory {factory!r} returned a non-Trackable {adapter!r}")
+            _cache_put(value, adapter)
+            return adapter
+    return None
+
+
+_TORCH_ADAPTERS_LOADED = False
+
+
+def _load_torch_adapters(value: Any) -> bool:
+    """Import ``shardpoint.torch`` (which registers the torch adapters) the first time a torch
+    object is tracked, so ``sp.Checkpoint(model=net)`` uses the torch keys without the user
+    importing it first. Returns whether it was loaded just now."""
+    global _TORCH_ADAPTERS_LOADED
+    if _TORCH_ADAPTERS_LOADED or not type(value).__module__.startswith("torch"):
+        return False
+    _TORCH_ADAPTERS_LOADED = True
+    import importlib
+
+    importlib.import_module("shardpoint.torch")
+    return True
 
 
 def _has_state_dict(value: Any) -> bool:
