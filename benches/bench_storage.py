@@ -44,7 +44,9 @@ def timeit(fn: Callable[[], object], repeat: int = 3) -> float:
 
 def files_of(path: str) -> list[str]:
     d, base = os.path.split(path)
-    return [os.path.join(d, f) for f in os.listdir(d or ".") if f.startswith(base)]
+    return [
+        os.path.join(d, f) for f in os.listdir(d or ".") if f == base or f.startswith(base + ".")
+    ]
 
 
 def evict(path: str) -> None:
@@ -431,8 +433,8 @@ def bench_real(work: str) -> None:
         ratio = sum(v.nbytes for v in m.values()) / size_of(p)
         sp.save_file(m, p + "plain", compression="zstd-plain", durable=False)
         ratio_plain = sum(v.nbytes for v in m.values()) / size_of(p + "plain")
-        c = timeit(lambda: sp.save_file(big, p + "big", durable=False), repeat=2)
-        lt = timeit(lambda: sp.load_file(p + "big"), repeat=3)
+        c = timeit(lambda big=big, p=p: sp.save_file(big, p + "big", durable=False), repeat=2)
+        lt = timeit(lambda p=p: sp.load_file(p + "big"), repeat=3)
         t.add(
             name,
             f"{ratio:.3f}",

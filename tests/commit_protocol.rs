@@ -205,7 +205,7 @@ fn multi_writer_merge() {
     });
     // Nothing visible before the merge.
     assert!(matches!(Reader::open(&p), Err(Error::NotFound { .. })));
-    merge(&p, world, false).unwrap();
+    merge(&p, world, false, None).unwrap();
     assert_eq!(read_all(&p).unwrap(), all);
     let r = Reader::open(&p).unwrap();
     assert_eq!(r.shards().len(), 6);
@@ -226,12 +226,38 @@ fn merge_refuses_duplicates_and_missing_writers() {
         w.add_parallel(&items(&all)).unwrap();
         w.commit().unwrap();
     }
-    let e = merge(&p, 2, false).unwrap_err().to_string();
+    let e = merge(&p, 2, false, None).unwrap_err().to_string();
     assert!(
         e.contains("duplicate key") && e.contains("rank 0 and rank 1"),
         "{e}"
     );
-    let e = merge(&p, 3, false).unwrap_err();
+    let e = merge(&p, 3, false, None).unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     assert!(e.to_string().contains("part-00000-of-00003"), "{e}");
+}
+
+#[test]
+fn merge_refuses_partials_of_different_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ck");
+    let all = sample_values();
+    let mut halves = [BTreeMap::new(), BTreeMap::new()];
+    for (i, (k, v)) in all.iter().enumerate() {
+        halves[i % 2].insert(k.clone(), v.clone());
+    }
+    // Save "step-1" crashed after both partials; save "step-2" only got rank 0's partial.
+    for (rank, tok) in [(0u32, "step-1"), (1, "step-1"), (0, "step-2")] {
+        let o = WriterOptions {
+            merge_token: tok.into(),
+            ..rank_opts(rank, 2)
+        };
+        let w = CheckpointWriter::new(&p, o).unwrap();
+        w.add_parallel(&items(&halves[rank as usize])).unwrap();
+        w.commit().unwrap();
+    }
+    let e = merge(&p, 2, false, None).unwrap_err().to_string();
+    assert!(e.contains("merge token") && e.contains("rank 1"), "{e}");
+    let e = merge(&p, 2, false, Some("step-3")).unwrap_err().to_string();
+    assert!(e.contains("\"step-3\""), "{e}");
+    assert!(Reader::open(&p).is_err(), "nothing was committed");
 }

@@ -186,13 +186,13 @@ fn open_does_not_parse_entries() {
     let idx = dir.path().join("ck.index");
     let mut b = std::fs::read(&idx).unwrap();
     // Entry table starts after header (128), one shard record (64) and 4 block records (96).
-    let entry_of_block_3 = 128 + 64 + 4 * 24 + 3 * 64 * 40 + 5;
+    let entry_of_block_3 = 128 + 64 + 4 * 24 + (3 * 64 + 5) * 40 + 5; // not a block boundary
     b[entry_of_block_3] ^= 0xff;
     std::fs::write(&idx, &b).unwrap();
     let r = Reader::open(&p).expect("open reads only header, shard and block tables");
     assert_eq!(r.entry("k0001").unwrap().dims, vec![1]);
     let err = r
-        .entry("k0199")
+        .entry("k0197")
         .expect_err("block 3 is corrupt")
         .to_string();
     assert!(

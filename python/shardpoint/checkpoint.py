@@ -174,6 +174,8 @@ class Checkpoint(Module):
         try:
             reader = _graph_io.open_reader(path)
         except FileNotFoundError as exc:
+            if _graph_io.checkpoint_exists(path):
+                raise  # the index is there: the error names the missing shard
             raise NotFoundError(_not_found_message(path, hint)) from exc
         if OBJECT_GRAPH_KEY not in reader:
             return restore_by_name(reader, self)

@@ -43,7 +43,9 @@ def build_model(scale: float = 1.0, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _size(prefix: str) -> int:
     d, base = os.path.split(prefix)
-    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.startswith(base))
+    return sum(
+        os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.startswith(base + ".")
+    )
 
 
 def _timed(label: str, fn, nbytes: int):  # type: ignore[no-untyped-def]

@@ -166,8 +166,10 @@ def _decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -
                 raise ValueError(f"{text[:40]!r} is not a float")
             return float(text)
         if kind == "json":
-            return json.loads(text)
-    except (ValueError, RecursionError) as e:
+            value = json.loads(text)
+            _json_depth(value)
+            return value
+    except (ValueError, RecursionError) as e:  # InvalidArgumentError (depth) is a ValueError
         raise CorruptCheckpointError(f"key {key!r}: stored {kind} value is invalid: {e}") from e
     raise CorruptCheckpointError(f"key {key!r}: unknown entry kind {kind!r}")
 
@@ -378,6 +380,7 @@ class Reader:
             text = self._core.metadata_json()  # checksum errors propagate with their own class
             try:
                 blob = json.loads(text)
+                _json_depth(blob)
             except (ValueError, RecursionError) as e:
                 raise CorruptCheckpointError(
                     f"{self._prefix}.index: metadata is not valid JSON: {e}"
@@ -413,7 +416,9 @@ class Writer:
 
     Several writers (ranks/processes) build one checkpoint by passing ``rank`` and
     ``world_size``: each writes its own shards and a partial index on ``commit()``, and one of
-    them calls :func:`merge` after all have committed. ``add`` may be called from several threads
+    them calls :func:`merge` after all have committed. Give every writer of one save the same
+    ``merge_token`` (e.g. the step): the merge then refuses a stale partial index left by an
+    earlier, crashed save instead of mixing two saves. ``add`` may be called from several threads
     at once; each call writes to a free shard (``shards`` of them) with the GIL released.
     """
 
@@ -429,6 +434,7 @@ class Writer:
         world_size: int = 1,
         metadata: Mapping[str, Any] | None = None,
         chunk_bytes: int | None = None,
+        merge_token: str | None = None,
     ) -> None:
         self.prefix = _prefix(prefix)
         codec, lvl = _opts(compression, level)
@@ -443,6 +449,7 @@ class Writer:
             self.rank,
             self.world_size,
             _metadata_json(metadata),
+            "" if merge_token is None else str(merge_token),
         )
 
     def _writer(self) -> _core.Writer:
@@ -483,10 +490,14 @@ class Writer:
             self.abort()
 
 
-def merge(prefix: PathLike, world_size: int, *, durable: bool = True) -> None:
+def merge(
+    prefix: PathLike, world_size: int, *, durable: bool = True, token: str | None = None
+) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
-    (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``."""
-    _core.merge(_prefix(prefix), int(world_size), bool(durable))
+    (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
+    whose ``merge_token`` differs from each other (or from ``token``, when given) raise
+    ``InvalidArgumentError`` and nothing is committed."""
+    _core.merge(_prefix(prefix), int(world_size), bool(durable), token)
 
 
 def exists(prefix: PathLike) -> bool:

@@ -190,6 +190,31 @@ class CheckpointManager:
                 _graph_io.remove_checkpoint(old_path)
             except (NotFoundError, FileNotFoundError):
                 pass
+        self._sweep_orphans(path)
+
+    def _sweep_orphans(self, path: str) -> None:
+        """Remove shard files of numbered checkpoints below the one just saved that have no
+        index: leftovers of a deletion (index first, then shards) cut short by a crash. Higher
+        numbers are left alone: a save may be in flight there."""
+        base = os.path.basename(self._prefix)
+        current = _number_of(os.path.basename(path), base)
+        if current is None:
+            return
+        try:
+            names = os.listdir(self._directory)
+        except OSError:
+            return
+        for name in names:
+            head, sep, _ = name.partition(".data-")
+            n = _number_of(head, base) if sep else None
+            if n is None or n >= current:
+                continue
+            prefix = os.path.join(self._directory, head)
+            if not _graph_io.checkpoint_exists(prefix):
+                try:
+                    os.unlink(os.path.join(self._directory, name))
+                except OSError:
+                    pass
 
     # -- restoring -------------------------------------------------------------------------------
     def restore_or_initialize(self) -> str | None:
@@ -203,3 +228,11 @@ class CheckpointManager:
         if self._init_fn is not None:
             self._init_fn()
         return None
+
+
+def _number_of(name: str, base: str) -> int | None:
+    """N of a checkpoint file prefix ``<base>-N``, else None."""
+    if not name.startswith(base + "-"):
+        return None
+    tail = name[len(base) + 1 :]
+    return int(tail) if tail.isdigit() else None

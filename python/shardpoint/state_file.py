@@ -17,6 +17,8 @@ the old state or the new one, never a torn file.
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import logging
 import os
@@ -141,6 +143,8 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
     data = ("\n".join(lines) + "\n").encode("utf-8")
     os.makedirs(directory or ".", exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=directory or ".")
+    # Locked while we write it: tells _remove_stale_temps in another process it is live.
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -154,6 +158,27 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
             pass
         raise
     _fsync_dir(directory)
+    _remove_stale_temps(directory)
+
+
+def _remove_stale_temps(directory: str) -> None:
+    """Unlink ``.checkpoint.*.tmp`` files left by writers killed mid-update. A live writer holds
+    an exclusive flock on its temp file; a dead one's lock died with it."""
+    for tmp in glob.glob(os.path.join(glob.escape(directory or "."), ".checkpoint.*.tmp")):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # in use by a live writer
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _relative(directory: str, path: str) -> str:

@@ -59,8 +59,18 @@ pub struct Reader {
 }
 
 fn map_file(path: &Path, what: &'static str) -> Result<(File, Mmap)> {
-    let f = File::open(path).map_err(|e| Error::io(path, what, e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: a FIFO (or device) planted under a checkpoint name must not hang the open.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(path, what, e))?;
+    let meta = f.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    if !meta.file_type().is_file() {
+        return Err(Error::corrupt(path, 0, "not a regular file"));
+    }
+    let len = meta.len();
     if len == 0 {
         return Err(Error::corrupt(path, 0, "file is empty"));
     }
@@ -70,28 +80,42 @@ fn map_file(path: &Path, what: &'static str) -> Result<(File, Mmap)> {
     Ok((f, m))
 }
 
+/// (device, inode) of a file: tells whether `P.index` was replaced between two looks.
+fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
 impl Reader {
     /// Open checkpoint `prefix`: reads and checks the index header/footer, shard table, block
     /// table and every shard header. Never parses all entries.
     pub fn open(prefix: &Path) -> Result<Reader> {
+        let ipath = index_path(prefix);
         let mut last_err = None;
         for _ in 0..OPEN_RETRIES {
-            match Self::open_once(prefix) {
+            let mut opened = None;
+            match Self::open_once(prefix, &mut opened) {
                 Ok(r) => return Ok(r),
-                // A shard vanished: a concurrent commit may have replaced the index and cleaned
-                // the old shards between our two opens. Retry against the new index.
-                Err(e @ Error::NotFound { .. }) if index_path(prefix).exists() => {
-                    last_err = Some(e)
+                // A shard vanished or belongs to another save: if the index we read has been
+                // replaced meanwhile (a concurrent commit, whose cleanup removed the old shards
+                // or whose new shards took the old names), retry against the new index.
+                Err(e) => {
+                    let now = std::fs::metadata(&ipath).ok().map(|m| file_id(&m));
+                    if opened.is_some() && now.is_some() && now != opened {
+                        last_err = Some(e);
+                        continue;
+                    }
+                    return Err(e);
                 }
-                Err(e) => return Err(e),
             }
         }
         Err(last_err.expect("loop ran"))
     }
 
-    fn open_once(prefix: &Path) -> Result<Reader> {
+    fn open_once(prefix: &Path, opened: &mut Option<(u64, u64)>) -> Result<Reader> {
         let ipath = index_path(prefix);
-        let (_f, imap) = map_file(&ipath, "open checkpoint index")?;
+        let (f, imap) = map_file(&ipath, "open checkpoint index")?;
+        *opened = f.metadata().ok().map(|m| file_id(&m));
         let index = IndexView::open(imap, &ipath)?;
         let mut shards = Vec::with_capacity(index.shards().len());
         for (i, rec) in index.shards().iter().enumerate() {
@@ -167,6 +191,34 @@ impl Reader {
         )
     }
 
+    /// Check the chunk table of a compressed entry: records contiguous from 0, in order, each no
+    /// longer than its raw chunk, together exactly filling the payload (FORMAT.md §3.3). Without
+    /// this a hostile table could point many chunks at one stored frame.
+    fn check_chunk_table(&self, e: &Entry<'_>) -> Result<()> {
+        let cb = self.index.chunk_bytes() as u64;
+        let mut pos = 0u64;
+        for ci in 0..e.nchunks() {
+            let c = e.chunk(ci);
+            let raw_n = cb.min(e.raw_len - ci as u64 * cb);
+            if c.rel_offset != pos || c.stored_len as u64 > raw_n {
+                return Err(self.chunk_err(e, ci, e.offset.saturating_add(c.rel_offset), format!("record at {} (+{}) is not contiguous with the previous chunk or longer than its raw {raw_n} bytes", c.rel_offset, c.stored_len)));
+            }
+            pos += c.stored_len as u64;
+        }
+        if pos != e.stored_len {
+            return Err(self.chunk_err(
+                e,
+                e.nchunks(),
+                e.offset + pos,
+                format!(
+                    "chunks cover {pos} bytes of a {}-byte payload",
+                    e.stored_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Stored bytes and raw byte range of chunk `ci`, validated.
     fn chunk_bytes_of<'a>(&'a self, e: &Entry<'_>, ci: usize) -> Result<(&'a [u8], u64, u64, u32)> {
         let c = e.chunk(ci);
@@ -235,6 +287,7 @@ impl Reader {
             }
             return Ok(());
         }
+        self.check_chunk_table(e)?;
         let cb = self.index.chunk_bytes() as usize;
         let crcs: Vec<(u32, usize)> = out
             .par_chunks_mut(cb)
@@ -312,6 +365,7 @@ impl Reader {
         if lo == hi {
             return Ok(());
         }
+        self.check_chunk_table(e)?;
         let cb = self.index.chunk_bytes() as u64;
         let (c0, c1) = (lo / cb, (hi - 1) / cb);
         (c0..=c1).into_par_iter().try_for_each(|ci| -> Result<()> {
@@ -385,28 +439,7 @@ impl Reader {
                 Ok(())
             } else {
                 if e.codec != Codec::None {
-                    // Chunks must be contiguous and exactly fill the payload.
-                    let mut pos = 0u64;
-                    for ci in 0..e.nchunks() {
-                        let c = e.chunk(ci);
-                        if c.rel_offset != pos {
-                            return Err(self.chunk_err(
-                                &e,
-                                ci,
-                                e.offset + c.rel_offset,
-                                "chunks are not contiguous".into(),
-                            ));
-                        }
-                        pos += c.stored_len as u64;
-                    }
-                    if pos != e.stored_len {
-                        return Err(self.chunk_err(
-                            &e,
-                            e.nchunks(),
-                            e.offset + pos,
-                            "chunks do not fill the payload".into(),
-                        ));
-                    }
+                    self.check_chunk_table(&e)?;
                 }
                 self.verify_entry(&e)
             }

@@ -26,6 +26,10 @@ pub struct WriterOptions {
     pub world_size: u32,
     /// User metadata JSON (an object), stored in the index.
     pub metadata_json: String,
+    /// Multi-writer: an id shared by the writers of one save (e.g. the step), recorded in each
+    /// partial index; `merge` refuses partials whose tokens differ (a stale partial of an
+    /// earlier, crashed save). Empty = none given.
+    pub merge_token: String,
 }
 
 impl Default for WriterOptions {
@@ -39,6 +43,7 @@ impl Default for WriterOptions {
             rank: 0,
             world_size: 1,
             metadata_json: "{}".into(),
+            merge_token: String::new(),
         }
     }
 }
@@ -63,6 +68,17 @@ impl WriterOptions {
             return Err(Error::InvalidArgument(format!(
                 "chunk_bytes {} out of range",
                 self.chunk_bytes
+            )));
+        }
+        if self.merge_token.len() > 128
+            || !self
+                .merge_token
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"_.:-".contains(&c))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "merge token {:?}: use at most 128 characters of [A-Za-z0-9_.:-]",
+                self.merge_token
             )));
         }
         let global = (self.world_size as u64) * (self.shards as u64);
@@ -269,8 +285,8 @@ impl CheckpointWriter {
             )
         } else {
             let extra = format!(
-                ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\"}}",
-                self.opts.rank, self.opts.world_size, self.token
+                ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\",\"merge_token\":\"{}\"}}",
+                self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
             );
             let meta = meta_blob(&self.opts.metadata_json, &extra);
             let bytes = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes())?;
@@ -317,10 +333,11 @@ pub fn save(prefix: &Path, items: &[Item<'_>], opts: WriterOptions) -> Result<()
 
 /// Merge the `world_size` partial indexes of `prefix` into `P.index` and commit it. No payload
 /// bytes are copied. Duplicate keys across writers are an error naming both ranks.
-pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
+pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
     if world_size == 0 {
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
+    let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
     let mut entries: Vec<EntryMeta> = Vec::new();
     let mut owner: HashMap<String, u32> = HashMap::new();
@@ -342,8 +359,19 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
             }
             _ => {}
         }
+        let meta = String::from_utf8_lossy(view.metadata_bytes()?).into_owned();
+        let mt = field_str(&meta, "merge_token").unwrap_or_default();
+        if let Some(want) = token.or(first_token.as_deref()) {
+            if mt != want {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: partial index of rank {rank} has merge token {mt:?}, expected {want:?} (a stale partial of another save?)",
+                    p.display()
+                )));
+            }
+        }
+        first_token.get_or_insert(mt);
         if rank == 0 {
-            user_meta = Some(String::from_utf8_lossy(view.metadata_bytes()?).into_owned());
+            user_meta = Some(meta);
         }
         let base = shards.len() as u32;
         shards.extend(view.shards().iter().cloned());
@@ -373,6 +401,14 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool) -> Result<()> {
         meta.as_bytes(),
         durable,
     )
+}
+
+/// The string value of `"name":"…"` in a metadata blob we wrote (tokens never contain quotes).
+fn field_str(meta: &str, name: &str) -> Option<String> {
+    let pat = format!("\"{name}\":\"");
+    let at = meta.find(&pat)? + pat.len();
+    let end = meta[at..].find('"')?;
+    Some(meta[at..at + end].to_string())
 }
 
 /// The value of the top-level `"user"` field of a metadata blob we wrote (it is always last).

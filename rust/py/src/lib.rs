@@ -118,6 +118,30 @@ impl Buffer {
     }
 }
 
+/// A zeroed buffer of `n` bytes, or `MemoryError`: `n` comes from the file (a hostile index can
+/// declare a 1 TiB tensor), so an allocation failure must not abort the interpreter. Large
+/// zeroed allocations are lazily mapped pages, so nothing is touched before decoding.
+fn alloc_zeroed(n: u64) -> PyResult<Vec<u8>> {
+    use pyo3::exceptions::PyMemoryError;
+    let n = usize::try_from(n).map_err(|_| PyMemoryError::new_err("entry too large"))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {n} bytes")))?;
+    // SAFETY: non-zero size; on success the pointer owns `n` zeroed bytes from the global
+    // allocator with exactly the layout a Vec<u8> of capacity n uses, so the Vec may own it.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout);
+        if ptr.is_null() {
+            return Err(PyMemoryError::new_err(format!(
+                "cannot allocate {n} bytes for a checkpoint entry"
+            )));
+        }
+        Ok(Vec::from_raw_parts(ptr, n, n))
+    }
+}
+
 /// Borrow a C-contiguous byte buffer's memory as a slice (for use with the GIL released).
 fn bytes_of(buf: &PyBuffer<u8>) -> PyResult<&[u8]> {
     if !buf.is_c_contiguous() {
@@ -156,6 +180,7 @@ fn options(
     rank: u32,
     world_size: u32,
     metadata_json: String,
+    merge_token: String,
 ) -> PyResult<WriterOptions> {
     Ok(WriterOptions {
         codec: parse_codec(codec)?,
@@ -166,6 +191,7 @@ fn options(
         rank,
         world_size,
         metadata_json,
+        merge_token,
     })
 }
 
@@ -193,6 +219,7 @@ fn save(
         0,
         1,
         metadata_json,
+        String::new(),
     )?;
     let its = to_items(&items)?;
     nogil(py, || shardpoint_core::save(&prefix, &its, opts))
@@ -200,9 +227,17 @@ fn save(
 
 /// Merge the partial indexes of a multi-writer save and commit `P.index`.
 #[pyfunction]
-#[pyo3(signature = (prefix, world_size, durable=true))]
-fn merge(py: Python<'_>, prefix: PathBuf, world_size: u32, durable: bool) -> PyResult<()> {
-    nogil(py, || shardpoint_core::merge(&prefix, world_size, durable))
+#[pyo3(signature = (prefix, world_size, durable=true, token=None))]
+fn merge(
+    py: Python<'_>,
+    prefix: PathBuf,
+    world_size: u32,
+    durable: bool,
+    token: Option<String>,
+) -> PyResult<()> {
+    nogil(py, || {
+        shardpoint_core::merge(&prefix, world_size, durable, token.as_deref())
+    })
 }
 
 /// Delete checkpoint `prefix` (index first).
@@ -220,7 +255,7 @@ struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json))]
+    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -233,6 +268,7 @@ impl Writer {
         rank: u32,
         world_size: u32,
         metadata_json: String,
+        merge_token: String,
     ) -> PyResult<Self> {
         let opts = options(
             codec,
@@ -243,6 +279,7 @@ impl Writer {
             rank,
             world_size,
             metadata_json,
+            merge_token,
         )?;
         let inner = nogil(py, || CheckpointWriter::new(&prefix, opts))?;
         Ok(Writer { inner })
@@ -306,11 +343,8 @@ impl CheckpointReader {
                 },
             })
         } else {
-            let v = nogil(py, || {
-                let mut v = vec![0u8; e.raw_len as usize];
-                self.inner.read_into(e, &mut v, true)?;
-                Ok(v)
-            })?;
+            let mut v = alloc_zeroed(e.raw_len)?;
+            nogil(py, || self.inner.read_into(e, &mut v, true))?;
             Ok(Buffer {
                 store: Store::Owned(v),
             })
@@ -408,22 +442,27 @@ impl CheckpointReader {
             .map(|k| self.entry(py, k))
             .collect::<PyResult<_>>()?;
         let reader = &self.inner;
-        let decoded: Vec<Option<Vec<u8>>> = nogil(py, || {
+        // Allocate first (fallibly, with the GIL: MemoryError on absurd sizes), then decode
+        // every compressed entry in parallel with the GIL released.
+        let mut decoded: Vec<Option<Vec<u8>>> = entries
+            .iter()
+            .map(|e| {
+                if e.codec == Codec::None {
+                    Ok(None)
+                } else {
+                    alloc_zeroed(e.raw_len).map(Some)
+                }
+            })
+            .collect::<PyResult<_>>()?;
+        nogil(py, || {
             entries
                 .par_iter()
-                .map(|e| {
-                    if e.codec == Codec::None {
-                        if verify {
-                            reader.verify_entry(e)?;
-                        }
-                        Ok(None)
-                    } else {
-                        let mut v = vec![0u8; e.raw_len as usize];
-                        reader.read_into(e, &mut v, true)?;
-                        Ok(Some(v))
-                    }
+                .zip(decoded.par_iter_mut())
+                .try_for_each(|(e, buf)| match buf {
+                    Some(v) => reader.read_into(e, v, true),
+                    None if verify => reader.verify_entry(e),
+                    None => Ok(()),
                 })
-                .collect()
         })?;
         let out = PyList::empty(py);
         for (e, d) in entries.iter().zip(decoded) {
