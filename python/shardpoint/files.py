@@ -32,6 +32,7 @@ from .errors import (
     InvalidKeyError,
     UnsupportedDTypeError,
 )
+from .progress import progress_bar, wanted
 
 __all__ = [
     "save_file",
@@ -208,6 +209,7 @@ def save_file(
     metadata: Mapping[str, Any] | None = None,
     durable: bool = True,
     chunk_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -223,6 +225,7 @@ def save_file(
         durable: fsync shards, index and directory before returning (default). ``False`` is
             for scratch checkpoints and like-for-like comparisons with tools that never fsync.
         chunk_bytes: raw bytes per independently compressed chunk (default 1 MiB).
+        progress: show a progress bar (``None``: only when stderr is a terminal; needs tqdm).
 
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
@@ -237,6 +240,9 @@ def save_file(
     total = sum(it[4].nbytes for it in items)
     if shards is None:
         shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
+    if wanted(progress):
+        _save_with_progress(p, items, codec, lvl, chunk_bytes, int(shards), durable, metadata)
+        return
     _core.save(
         p,
         items,
@@ -249,8 +255,54 @@ def save_file(
     )
 
 
+def _save_with_progress(
+    prefix: str,
+    items: list[tuple[str, str, str, tuple[int, ...], np.ndarray]],
+    codec: str,
+    level: int,
+    chunk_bytes: int | None,
+    shards: int,
+    durable: bool,
+    metadata: Mapping[str, Any] | None,
+) -> None:
+    """``save_file`` through the streaming writer, one thread per shard, updating a bar."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = _core.Writer(
+        prefix,
+        codec,
+        level,
+        int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
+        shards,
+        bool(durable),
+        0,
+        1,
+        _metadata_json(metadata),
+    )
+    bar = progress_bar(sum(it[4].nbytes for it in items), f"save {os.path.basename(prefix)}")
+    try:
+        with ThreadPoolExecutor(max_workers=shards) as pool:  # add() releases the GIL
+            futures = [
+                pool.submit(w.add, k, d, kind, list(shape), data)
+                for k, d, kind, shape, data in items
+            ]
+            for f, it in zip(futures, items, strict=True):
+                f.result()
+                bar.update(it[4].nbytes)
+        w.commit()
+    except BaseException:
+        w.abort()
+        raise
+    finally:
+        bar.close()
+
+
 def load_file(
-    prefix: PathLike, *, keys: list[str] | None = None, verify: bool = True
+    prefix: PathLike,
+    *,
+    keys: list[str] | None = None,
+    verify: bool = True,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint (or only ``keys``) into a dict.
 
@@ -260,7 +312,7 @@ def load_file(
     are always checked.
     """
     with open(prefix) as r:
-        return r.load(keys, verify=verify)
+        return r.load(keys, verify=verify, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -347,12 +399,40 @@ class Reader:
         dtype, shape, kind, buf = self._core.get(key, verify)
         return _decode(key, dtype, tuple(shape), kind, buf)
 
-    def load(self, keys: list[str] | None = None, *, verify: bool = True) -> dict[str, Any]:
-        """Many values at once (all by default); compressed ones decoded in parallel."""
+    def load(
+        self,
+        keys: list[str] | None = None,
+        *,
+        verify: bool = True,
+        progress: bool | None = None,
+    ) -> dict[str, Any]:
+        """Many values at once (all by default); compressed ones decoded in parallel.
+        ``progress`` shows a bar (``None``: only when stderr is a terminal)."""
         ks = self.keys() if keys is None else [_check_key(k) for k in keys]
+        batches = [ks]
+        bar = None
+        if wanted(progress):
+            sizes = [self._core.info(k)[5] for k in ks]
+            bar = progress_bar(sum(sizes), f"load {os.path.basename(self._prefix)}")
+            batches, cur, acc = [], [], 0
+            for k, n in zip(ks, sizes, strict=True):  # ~64 MiB per call: the bar moves
+                cur.append(k)
+                acc += n
+                if acc >= 64 << 20:
+                    batches.append(cur)
+                    cur, acc = [], 0
+            batches.append(cur)
         out = {}
-        for k, (dtype, shape, kind, buf) in zip(ks, self._core.get_many(ks, verify), strict=True):
-            out[k] = _decode(k, dtype, tuple(shape), kind, buf)
+        try:
+            for batch in batches:
+                got = self._core.get_many(batch, verify)
+                for k, (dtype, shape, kind, buf) in zip(batch, got, strict=True):
+                    out[k] = _decode(k, dtype, tuple(shape), kind, buf)
+                    if bar is not None:
+                        bar.update(len(buf))
+        finally:
+            if bar is not None:
+                bar.close()
         return out
 
     def info(self, key: str) -> EntryInfo:
