@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from .dtypes import format_name, numpy_dtype
+from .dtypes import numpy_dtype
 from .errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidKeyError,
-    UnsupportedDTypeError,
 )
 from .progress import progress_bar, wanted
+from .values import check_key, decode, encode, json_depth
 
 __all__ = [
     "save_file",
@@ -50,10 +49,6 @@ PathLike = str | os.PathLike[str]
 
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
 _BYTES_PER_AUTO_SHARD = 256 << 20
-_FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
-_INT_RE = re.compile(r"^-?(\d+|0x[0-9a-f]+)$")
-_JSON_MAX_DEPTH = 128
-_LITTLE = np.little_endian
 
 
 def _prefix(prefix: PathLike) -> str:
@@ -63,116 +58,6 @@ def _prefix(prefix: PathLike) -> str:
     if not p or p.endswith(os.sep):
         raise InvalidArgumentError(f"prefix {p!r} must name a file prefix, not a directory")
     return p
-
-
-def _check_key(key: object) -> str:
-    """A storable key: a non-empty str of at most 65535 UTF-8 bytes without NUL."""
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"keys must be str, got {type(key).__name__}: {key!r}")
-    try:
-        n = len(key.encode("utf-8"))
-    except UnicodeEncodeError as e:
-        raise InvalidKeyError(f"key {key!r} is not valid Unicode (lone surrogate): {e}") from e
-    if n == 0 or n > 65535:
-        raise InvalidKeyError(f"key {key[:40]!r}: length {n} bytes is outside 1..=65535")
-    if "\0" in key:
-        raise InvalidKeyError(f"key {key!r} contains a NUL character")
-    return key
-
-
-def _int_text(v: int) -> str:
-    """Decimal, or ``0x`` hex past Python's decimal conversion limit (FORMAT.md §6)."""
-    try:
-        return str(v)
-    except ValueError:  # more than sys.get_int_max_str_digits() digits
-        return ("-" if v < 0 else "") + hex(abs(v))
-
-
-def _json_depth(v: Any, depth: int = 0) -> int:
-    if depth > _JSON_MAX_DEPTH:
-        raise InvalidArgumentError(f"JSON value nested deeper than {_JSON_MAX_DEPTH} levels")
-    if isinstance(v, dict):
-        return max((_json_depth(x, depth + 1) for x in v.values()), default=depth)
-    if isinstance(v, (list, tuple)):
-        return max((_json_depth(x, depth + 1) for x in v), default=depth)
-    return depth
-
-
-def _encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.ndarray]:
-    """(key, dtype name, kind, shape, 1-d uint8 array of the bytes) for one value."""
-    if isinstance(value, np.generic):
-        value = np.asarray(value)
-    if isinstance(value, np.ndarray):
-        arr = value
-        try:
-            name = format_name(arr.dtype)
-        except UnsupportedDTypeError as e:
-            raise UnsupportedDTypeError(f"key {key!r}: {e}") from None
-        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        shape = arr.shape  # np.ascontiguousarray turns 0-d into 1-d: keep the real shape
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-        return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        kind, raw = "bytes", bytes(value)
-    elif isinstance(value, str):
-        try:
-            kind, raw = "str", value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidArgumentError(
-                f"value of key {key!r} is not valid Unicode (lone surrogate), cannot be UTF-8: {e}"
-            ) from e
-    elif isinstance(value, bool) or value is None:
-        kind, raw = "json", json.dumps(value).encode()
-    elif isinstance(value, int):
-        kind, raw = "int", _int_text(value).encode()
-    elif isinstance(value, float):
-        kind, raw = "float", repr(value).encode()
-    elif isinstance(value, (dict, list, tuple)):
-        _json_depth(value)
-        try:
-            kind, raw = "json", json.dumps(value, allow_nan=True).encode()
-        except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"value of key {key!r} is not JSON-serialisable: {e}") from e
-    elif hasattr(value, "__array__") and not callable(getattr(value, "state_dict", None)):
-        return _encode(key, np.asarray(value))
-    else:
-        raise UnsupportedDTypeError(
-            f"value of key {key!r} has type {type(value).__name__}, which cannot be stored "
-            "(arrays, bytes, str, int, float, bool, None and JSON-able dict/list only; never pickle)"
-        )
-    return key, "uint8", kind, (len(raw),), np.frombuffer(raw, dtype=np.uint8)
-
-
-def _decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -> Any:
-    if kind == "tensor":
-        return np.frombuffer(buf, dtype=numpy_dtype(dtype)).reshape(shape)
-    raw = bytes(memoryview(buf))
-    try:
-        if kind == "bytes":
-            return raw
-        text = raw.decode("utf-8")
-        if kind == "str":
-            return text
-        if kind == "int":
-            if not _INT_RE.match(text):
-                raise ValueError(f"{text[:40]!r} is not an integer")
-            neg = text.startswith("-")
-            body = text[1:] if neg else text
-            v = int(body, 16) if body.startswith("0x") else int(body)
-            return -v if neg else v
-        if kind == "float":
-            if not _FLOAT_RE.match(text):
-                raise ValueError(f"{text[:40]!r} is not a float")
-            return float(text)
-        if kind == "json":
-            value = json.loads(text)
-            _json_depth(value)
-            return value
-    except (ValueError, RecursionError) as e:  # InvalidArgumentError (depth) is a ValueError
-        raise CorruptCheckpointError(f"key {key!r}: stored {kind} value is invalid: {e}") from e
-    raise CorruptCheckpointError(f"key {key!r}: unknown entry kind {kind!r}")
 
 
 def _opts(compression: str | None, level: int | None) -> tuple[str, int]:
@@ -192,7 +77,7 @@ def _metadata_json(metadata: Mapping[str, Any] | None) -> str:
         return "{}"
     if not isinstance(metadata, Mapping):
         raise InvalidArgumentError("metadata must be a JSON-able mapping")
-    _json_depth(dict(metadata))
+    json_depth(dict(metadata))
     try:
         return json.dumps(dict(metadata), allow_nan=True)
     except (TypeError, ValueError) as e:
@@ -236,7 +121,7 @@ def save_file(
             f"tensors must be a mapping of str to values, got {type(tensors).__name__}"
         )
     codec, lvl = _opts(compression, level)
-    items = [_encode(_check_key(k), v) for k, v in tensors.items()]
+    items = [encode(check_key(k), v) for k, v in tensors.items()]
     total = sum(it[4].nbytes for it in items)
     if shards is None:
         shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
@@ -387,7 +272,7 @@ class Reader:
         return isinstance(key, str) and key in self._core
 
     def __getitem__(self, key: str) -> Any:
-        return self._value(_check_key(key), verify=False)
+        return self._value(check_key(key), verify=False)
 
     def get(self, key: str, default: Any = None, *, verify: bool = False) -> Any:
         """The value of ``key``, or ``default`` when it is absent."""
@@ -397,7 +282,7 @@ class Reader:
 
     def _value(self, key: str, verify: bool) -> Any:
         dtype, shape, kind, buf = self._core.get(key, verify)
-        return _decode(key, dtype, tuple(shape), kind, buf)
+        return decode(key, dtype, tuple(shape), kind, buf)
 
     def load(
         self,
@@ -408,7 +293,7 @@ class Reader:
     ) -> dict[str, Any]:
         """Many values at once (all by default); compressed ones decoded in parallel.
         ``progress`` shows a bar (``None``: only when stderr is a terminal)."""
-        ks = self.keys() if keys is None else [_check_key(k) for k in keys]
+        ks = self.keys() if keys is None else [check_key(k) for k in keys]
         batches = [ks]
         bar = None
         if wanted(progress):
@@ -427,7 +312,7 @@ class Reader:
             for batch in batches:
                 got = self._core.get_many(batch, verify)
                 for k, (dtype, shape, kind, buf) in zip(batch, got, strict=True):
-                    out[k] = _decode(k, dtype, tuple(shape), kind, buf)
+                    out[k] = decode(k, dtype, tuple(shape), kind, buf)
                     if bar is not None:
                         bar.update(len(buf))
         finally:
@@ -437,7 +322,7 @@ class Reader:
 
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
-        t = self._core.info(_check_key(key))
+        t = self._core.info(check_key(key))
         return EntryInfo(key, t[0], tuple(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
 
     def slice(self, key: str, start: int, stop: int) -> np.ndarray:
@@ -460,7 +345,7 @@ class Reader:
             text = self._core.metadata_json()  # checksum errors propagate with their own class
             try:
                 blob = json.loads(text)
-                _json_depth(blob)
+                json_depth(blob)
             except (ValueError, RecursionError) as e:
                 raise CorruptCheckpointError(
                     f"{self._prefix}.index: metadata is not valid JSON: {e}"
@@ -541,7 +426,7 @@ class Writer:
 
     def add(self, key: str, value: Any) -> None:
         """Write one value now."""
-        k, dtype, kind, shape, data = _encode(_check_key(key), value)
+        k, dtype, kind, shape, data = encode(check_key(key), value)
         self._writer().add(k, dtype, kind, list(shape), data)
 
     __setitem__ = add

@@ -1,0 +1,136 @@
+"""Encoding one value to the bytes of an entry and back (FORMAT.md §6): arrays as tensors
+(little-endian, C order), and typed non-tensor values (bytes, str, int, float, JSON). Never
+pickle. Also the key rules shared by every writer and reader."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from .dtypes import format_name, numpy_dtype
+from .errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    UnsupportedDTypeError,
+)
+
+__all__ = ["check_key", "encode", "decode", "json_depth"]
+
+_FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
+_INT_RE = re.compile(r"^-?(\d+|0x[0-9a-f]+)$")
+_JSON_MAX_DEPTH = 128
+_LITTLE = np.little_endian
+
+
+def check_key(key: object) -> str:
+    """A storable key: a non-empty str of at most 65535 UTF-8 bytes without NUL."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"keys must be str, got {type(key).__name__}: {key!r}")
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidKeyError(f"key {key!r} is not valid Unicode (lone surrogate): {e}") from e
+    if n == 0 or n > 65535:
+        raise InvalidKeyError(f"key {key[:40]!r}: length {n} bytes is outside 1..=65535")
+    if "\0" in key:
+        raise InvalidKeyError(f"key {key!r} contains a NUL character")
+    return key
+
+
+def _int_text(v: int) -> str:
+    """Decimal, or ``0x`` hex past Python's decimal conversion limit (FORMAT.md §6)."""
+    try:
+        return str(v)
+    except ValueError:  # more than sys.get_int_max_str_digits() digits
+        return ("-" if v < 0 else "") + hex(abs(v))
+
+
+def json_depth(v: Any, depth: int = 0) -> int:
+    if depth > _JSON_MAX_DEPTH:
+        raise InvalidArgumentError(f"JSON value nested deeper than {_JSON_MAX_DEPTH} levels")
+    if isinstance(v, dict):
+        return max((json_depth(x, depth + 1) for x in v.values()), default=depth)
+    if isinstance(v, (list, tuple)):
+        return max((json_depth(x, depth + 1) for x in v), default=depth)
+    return depth
+
+
+def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.ndarray]:
+    """(key, dtype name, kind, shape, 1-d uint8 array of the bytes) for one value."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        arr = value
+        try:
+            name = format_name(arr.dtype)
+        except UnsupportedDTypeError as e:
+            raise UnsupportedDTypeError(f"key {key!r}: {e}") from None
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        shape = arr.shape  # np.ascontiguousarray turns 0-d into 1-d: keep the real shape
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        kind, raw = "bytes", bytes(value)
+    elif isinstance(value, str):
+        try:
+            kind, raw = "str", value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidArgumentError(
+                f"value of key {key!r} is not valid Unicode (lone surrogate), cannot be UTF-8: {e}"
+            ) from e
+    elif isinstance(value, bool) or value is None:
+        kind, raw = "json", json.dumps(value).encode()
+    elif isinstance(value, int):
+        kind, raw = "int", _int_text(value).encode()
+    elif isinstance(value, float):
+        kind, raw = "float", repr(value).encode()
+    elif isinstance(value, (dict, list, tuple)):
+        json_depth(value)
+        try:
+            kind, raw = "json", json.dumps(value, allow_nan=True).encode()
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"value of key {key!r} is not JSON-serialisable: {e}") from e
+    elif hasattr(value, "__array__") and not callable(getattr(value, "state_dict", None)):
+        return encode(key, np.asarray(value))
+    else:
+        raise UnsupportedDTypeError(
+            f"value of key {key!r} has type {type(value).__name__}, which cannot be stored "
+            "(arrays, bytes, str, int, float, bool, None and JSON-able dict/list only; never pickle)"
+        )
+    return key, "uint8", kind, (len(raw),), np.frombuffer(raw, dtype=np.uint8)
+
+
+def decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -> Any:
+    if kind == "tensor":
+        return np.frombuffer(buf, dtype=numpy_dtype(dtype)).reshape(shape)
+    raw = bytes(memoryview(buf))
+    try:
+        if kind == "bytes":
+            return raw
+        text = raw.decode("utf-8")
+        if kind == "str":
+            return text
+        if kind == "int":
+            if not _INT_RE.match(text):
+                raise ValueError(f"{text[:40]!r} is not an integer")
+            neg = text.startswith("-")
+            body = text[1:] if neg else text
+            v = int(body, 16) if body.startswith("0x") else int(body)
+            return -v if neg else v
+        if kind == "float":
+            if not _FLOAT_RE.match(text):
+                raise ValueError(f"{text[:40]!r} is not a float")
+            return float(text)
+        if kind == "json":
+            value = json.loads(text)
+            json_depth(value)
+            return value
+    except (ValueError, RecursionError) as e:  # InvalidArgumentError (depth) is a ValueError
+        raise CorruptCheckpointError(f"key {key!r}: stored {kind} value is invalid: {e}") from e
+    raise CorruptCheckpointError(f"key {key!r}: unknown entry kind {kind!r}")

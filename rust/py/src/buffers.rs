@@ -1,0 +1,104 @@
+//! Buffers crossing the boundary: zero-copy views of shard mappings and owned decoded bytes
+//! exported through the buffer protocol, fallible allocation, borrowing Python buffers.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::os::raw::c_int;
+use std::sync::Arc;
+
+/// A buffer handed to Python: a region of a shard's copy-on-write mapping, or owned bytes.
+pub(crate) enum Store {
+    Mapped {
+        map: Arc<memmap2::MmapMut>,
+        off: usize,
+        len: usize,
+    },
+    Owned(Vec<u8>),
+}
+
+/// Writable bytes exposed through the buffer protocol (numpy wraps them without a copy).
+/// Writes to a mapped region go to private copy-on-write pages, never to the file.
+#[pyclass(module = "shardpoint._core", frozen)]
+pub(crate) struct Buffer {
+    pub(crate) store: Store,
+}
+
+impl Buffer {
+    fn ptr_len(&self) -> (*mut u8, usize) {
+        match &self.store {
+            Store::Mapped { map, off, len } => {
+                (unsafe { (map.as_ptr() as *mut u8).add(*off) }, *len)
+            }
+            Store::Owned(v) => (v.as_ptr() as *mut u8, v.len()),
+        }
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = slf.get().ptr_len();
+        // SAFETY: `view` comes from the interpreter; the exporter (slf) is kept alive by the
+        // view's reference, so `ptr` stays valid for the view's lifetime. The memory is
+        // writable: private COW pages or our own Vec.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.ptr_len().1
+    }
+}
+
+/// A zeroed buffer of `n` bytes, or `MemoryError`: `n` comes from the file (a hostile index can
+/// declare a 1 TiB tensor), so an allocation failure must not abort the interpreter. Large
+/// zeroed allocations are lazily mapped pages, so nothing is touched before decoding.
+pub(crate) fn alloc_zeroed(n: u64) -> PyResult<Vec<u8>> {
+    use pyo3::exceptions::PyMemoryError;
+    let n = usize::try_from(n).map_err(|_| PyMemoryError::new_err("entry too large"))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {n} bytes")))?;
+    // SAFETY: non-zero size; on success the pointer owns `n` zeroed bytes from the global
+    // allocator with exactly the layout a Vec<u8> of capacity n uses, so the Vec may own it.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout);
+        if ptr.is_null() {
+            return Err(PyMemoryError::new_err(format!(
+                "cannot allocate {n} bytes for a checkpoint entry"
+            )));
+        }
+        Ok(Vec::from_raw_parts(ptr, n, n))
+    }
+}
+
+/// Borrow a C-contiguous byte buffer's memory as a slice (for use with the GIL released).
+pub(crate) fn bytes_of(buf: &PyBuffer<u8>) -> PyResult<&[u8]> {
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err("buffer is not C-contiguous"));
+    }
+    // SAFETY: the PyBuffer keeps the exporter alive and its memory pinned until dropped; the
+    // caller keeps it alive for as long as the slice is used. Concurrent mutation by another
+    // Python thread is the caller's race, as with any buffer consumer.
+    Ok(unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) })
+}

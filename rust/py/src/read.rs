@@ -1,0 +1,251 @@
+//! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
+
+use crate::buffers::{alloc_zeroed, bytes_of, Buffer, Store};
+use crate::{nogil, to_py};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use shardpoint_core::format::Codec;
+use shardpoint_core::index::Entry;
+use shardpoint_core::{Error, Reader};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// An open checkpoint.
+#[pyclass(module = "shardpoint._core", frozen)]
+pub(crate) struct CheckpointReader {
+    inner: Arc<Reader>,
+}
+
+pub(crate) fn entry_tuple<'py>(py: Python<'py>, e: &Entry<'_>) -> PyResult<Bound<'py, PyTuple>> {
+    (e.dtype.name(), PyTuple::new(py, &e.dims)?, e.kind.name()).into_pyobject(py)
+}
+
+impl CheckpointReader {
+    fn entry(&self, py: Python<'_>, key: &str) -> PyResult<Entry<'_>> {
+        self.inner.entry(key).map_err(|e| to_py(py, e))
+    }
+
+    /// A zero-copy buffer for an uncompressed entry, or decoded owned bytes.
+    fn buffer_for(&self, py: Python<'_>, e: &Entry<'_>, verify: bool) -> PyResult<Buffer> {
+        if e.codec == Codec::None {
+            if verify {
+                nogil(py, || self.inner.verify_entry(e))?;
+            }
+            let map = self.inner.shards()[e.shard as usize]
+                .cow()
+                .map_err(|err| to_py(py, err))?;
+            Ok(Buffer {
+                store: Store::Mapped {
+                    map,
+                    off: e.offset as usize,
+                    len: e.stored_len as usize,
+                },
+            })
+        } else {
+            let mut v = alloc_zeroed(e.raw_len)?;
+            nogil(py, || self.inner.read_into(e, &mut v, true))?;
+            Ok(Buffer {
+                store: Store::Owned(v),
+            })
+        }
+    }
+}
+
+#[pymethods]
+impl CheckpointReader {
+    #[new]
+    fn new(py: Python<'_>, prefix: PathBuf) -> PyResult<Self> {
+        let r = nogil(py, || Reader::open(&prefix))?;
+        Ok(CheckpointReader { inner: Arc::new(r) })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.index().len()
+    }
+
+    /// All keys in order.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let idx = self.inner.index();
+        let mut out = Vec::with_capacity(idx.len());
+        for i in 0..idx.len() {
+            out.push(idx.entry(i).map_err(|e| to_py(py, e))?.key);
+        }
+        PyList::new(py, out)
+    }
+
+    /// Keys starting with `prefix`, in order (binary search, then a walk).
+    fn keys_with_prefix<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyList>> {
+        let idx = self.inner.index();
+        let mut i = idx
+            .lower_bound(prefix.as_bytes())
+            .map_err(|e| to_py(py, e))?;
+        let mut out = Vec::new();
+        while i < idx.len() {
+            let e = idx.entry(i).map_err(|e| to_py(py, e))?;
+            if !e.key.starts_with(prefix) {
+                break;
+            }
+            out.push(e.key);
+            i += 1;
+        }
+        PyList::new(py, out)
+    }
+
+    fn __contains__(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .index()
+            .find(key)
+            .map_err(|e| to_py(py, e))?
+            .is_some())
+    }
+
+    /// (dtype, shape, kind, codec, stored_len, raw_len, shard, offset, crc32c, nchunks)
+    fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyTuple>> {
+        let e = self.entry(py, key)?;
+        (
+            e.dtype.name(),
+            PyTuple::new(py, &e.dims)?,
+            e.kind.name(),
+            e.codec.name(),
+            e.stored_len,
+            e.raw_len,
+            e.shard,
+            e.offset,
+            e.crc,
+            e.nchunks(),
+        )
+            .into_pyobject(py)
+    }
+
+    /// (dtype, shape, kind, buffer) for one key.
+    #[pyo3(signature = (key, verify=false))]
+    fn get<'py>(&self, py: Python<'py>, key: &str, verify: bool) -> PyResult<Bound<'py, PyTuple>> {
+        let e = self.entry(py, key)?;
+        let b = self.buffer_for(py, &e, verify)?;
+        let (d, s, k) = entry_tuple(py, &e)?.extract::<(String, Bound<'py, PyTuple>, String)>()?;
+        (d, s, k, Bound::new(py, b)?).into_pyobject(py)
+    }
+
+    /// Like `get` for many keys; compressed entries are decoded in parallel.
+    #[pyo3(signature = (keys, verify=false))]
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        verify: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        use rayon::prelude::*;
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        let reader = &self.inner;
+        // Allocate first (fallibly, with the GIL: MemoryError on absurd sizes), then decode
+        // every compressed entry in parallel with the GIL released.
+        let mut decoded: Vec<Option<Vec<u8>>> = entries
+            .iter()
+            .map(|e| {
+                if e.codec == Codec::None {
+                    Ok(None)
+                } else {
+                    alloc_zeroed(e.raw_len).map(Some)
+                }
+            })
+            .collect::<PyResult<_>>()?;
+        nogil(py, || {
+            entries
+                .par_iter()
+                .zip(decoded.par_iter_mut())
+                .try_for_each(|(e, buf)| match buf {
+                    Some(v) => reader.read_into(e, v, true),
+                    None if verify => reader.verify_entry(e),
+                    None => Ok(()),
+                })
+        })?;
+        let out = PyList::empty(py);
+        for (e, d) in entries.iter().zip(decoded) {
+            let store = match d {
+                Some(v) => Store::Owned(v),
+                None => {
+                    let map = reader.shards()[e.shard as usize]
+                        .cow()
+                        .map_err(|err| to_py(py, err))?;
+                    Store::Mapped {
+                        map,
+                        off: e.offset as usize,
+                        len: e.stored_len as usize,
+                    }
+                }
+            };
+            let t = (
+                e.dtype.name(),
+                PyTuple::new(py, &e.dims)?,
+                e.kind.name(),
+                Bound::new(py, Buffer { store })?,
+            );
+            out.append(t)?;
+        }
+        Ok(out)
+    }
+
+    /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
+    fn read_range(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        out: PyBuffer<u8>,
+    ) -> PyResult<()> {
+        if out.readonly() {
+            return Err(PyValueError::new_err("output buffer is read-only"));
+        }
+        let e = self.entry(py, key)?;
+        let dst = bytes_of(&out)?;
+        // SAFETY: checked writable and contiguous; `out` outlives the call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr() as *mut u8, dst.len()) };
+        nogil(py, || self.inner.read_range(&e, lo, hi, dst))
+    }
+
+    /// Check every checksum and invariant (parallel, GIL released).
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        nogil(py, || self.inner.verify())
+    }
+
+    /// The metadata JSON text (crc checked).
+    fn metadata_json(&self, py: Python<'_>) -> PyResult<String> {
+        let b = self
+            .inner
+            .index()
+            .metadata_bytes()
+            .map_err(|e| to_py(py, e))?;
+        String::from_utf8(b.to_vec()).map_err(|_| {
+            to_py(
+                py,
+                Error::corrupt(self.inner.index().path(), 0, "metadata is not valid UTF-8"),
+            )
+        })
+    }
+
+    /// [(shard file path, size in bytes)]
+    fn shard_files(&self) -> Vec<(PathBuf, u64)> {
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| (s.path.clone(), s.bytes().len() as u64))
+            .collect()
+    }
+
+    /// Size of the index file in bytes.
+    fn index_size(&self) -> u64 {
+        self.inner.index().file_len()
+    }
+
+    /// Raw bytes per chunk.
+    fn chunk_bytes(&self) -> u32 {
+        self.inner.index().chunk_bytes()
+    }
+}

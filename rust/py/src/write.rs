@@ -1,0 +1,168 @@
+//! Saving: the one-call parallel `save`, the streaming `Writer`, `merge` and `remove`.
+
+use crate::buffers::bytes_of;
+use crate::{nogil, parse_codec};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use shardpoint_core::format::{DType, Kind};
+use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
+use std::path::PathBuf;
+
+/// (key, dtype, kind, shape, buffer) tuples from Python → owned parts plus pinned buffers.
+pub(crate) type RawItem = (String, String, String, Vec<u64>, PyBuffer<u8>);
+
+pub(crate) fn to_items(raw: &[RawItem]) -> PyResult<Vec<Item<'_>>> {
+    raw.iter()
+        .map(|(k, d, kind, shape, buf)| {
+            Ok(Item {
+                key: k.clone(),
+                dtype: DType::from_name(d).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                kind: Kind::from_name(kind).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                dims: shape.clone(),
+                data: bytes_of(buf)?,
+            })
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn options(
+    codec: &str,
+    level: i32,
+    chunk_bytes: u32,
+    shards: u32,
+    durable: bool,
+    rank: u32,
+    world_size: u32,
+    metadata_json: String,
+    merge_token: String,
+) -> PyResult<WriterOptions> {
+    Ok(WriterOptions {
+        codec: parse_codec(codec)?,
+        level,
+        chunk_bytes,
+        shards,
+        durable,
+        rank,
+        world_size,
+        metadata_json,
+        merge_token,
+    })
+}
+
+/// Save items in one call, `shards` threads writing in parallel with the GIL released.
+#[pyfunction]
+#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn save(
+    py: Python<'_>,
+    prefix: PathBuf,
+    items: Vec<RawItem>,
+    codec: &str,
+    level: i32,
+    chunk_bytes: u32,
+    shards: u32,
+    durable: bool,
+    metadata_json: String,
+) -> PyResult<()> {
+    let opts = options(
+        codec,
+        level,
+        chunk_bytes,
+        shards,
+        durable,
+        0,
+        1,
+        metadata_json,
+        String::new(),
+    )?;
+    let its = to_items(&items)?;
+    nogil(py, || shardpoint_core::save(&prefix, &its, opts))
+}
+
+/// Merge the partial indexes of a multi-writer save and commit `P.index`.
+#[pyfunction]
+#[pyo3(signature = (prefix, world_size, durable=true, token=None))]
+pub(crate) fn merge(
+    py: Python<'_>,
+    prefix: PathBuf,
+    world_size: u32,
+    durable: bool,
+    token: Option<String>,
+) -> PyResult<()> {
+    nogil(py, || {
+        shardpoint_core::merge(&prefix, world_size, durable, token.as_deref())
+    })
+}
+
+/// Delete checkpoint `prefix` (index first).
+#[pyfunction]
+pub(crate) fn remove(py: Python<'_>, prefix: PathBuf) -> PyResult<()> {
+    nogil(py, || shardpoint_core::commit::remove(&prefix))
+}
+
+/// Streaming writer; `add` may be called from several Python threads at once.
+#[pyclass(module = "shardpoint._core", frozen)]
+pub(crate) struct Writer {
+    inner: CheckpointWriter,
+}
+
+#[pymethods]
+impl Writer {
+    #[new]
+    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        prefix: PathBuf,
+        codec: &str,
+        level: i32,
+        chunk_bytes: u32,
+        shards: u32,
+        durable: bool,
+        rank: u32,
+        world_size: u32,
+        metadata_json: String,
+        merge_token: String,
+    ) -> PyResult<Self> {
+        let opts = options(
+            codec,
+            level,
+            chunk_bytes,
+            shards,
+            durable,
+            rank,
+            world_size,
+            metadata_json,
+            merge_token,
+        )?;
+        let inner = nogil(py, || CheckpointWriter::new(&prefix, opts))?;
+        Ok(Writer { inner })
+    }
+
+    /// Write one value now.
+    fn add(
+        &self,
+        py: Python<'_>,
+        key: String,
+        dtype: String,
+        kind: String,
+        shape: Vec<u64>,
+        data: PyBuffer<u8>,
+    ) -> PyResult<()> {
+        let raw = [(key, dtype, kind, shape, data)];
+        let its = to_items(&raw)?;
+        nogil(py, || self.inner.add(&its[0]))
+    }
+
+    /// Finish: commit `P.index` (one writer) or publish the partial index (several).
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        nogil(py, || self.inner.commit())
+    }
+
+    /// Discard everything written.
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| self.inner.abort())
+    }
+}
