@@ -31,7 +31,7 @@ develop: $(EXT_STAMP)
 demo: develop
 	$(PY) -m shardpoint.demo
 
-test: test-rust test-python
+test: test-rust test-python lint
 
 test-rust:
 	cargo test --release -p shardpoint-core
@@ -62,9 +62,11 @@ fuzz-smoke:
 test-python: develop
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# Part of `make test`: formatting, clippy, ruff, and the stubs of the compiled module checked
+# against the real module.
 lint: develop
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) -m mypy.stubtest shardpoint._core

@@ -1,20 +1,35 @@
 # Stubs of the compiled module shardpoint._core (checked by `mypy.stubtest` in `make lint`).
-from collections.abc import Buffer as _Buffer
 from os import PathLike
+from typing import final
+
+from typing_extensions import Buffer as _Buffer
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_LEVEL",
+    "FORMAT_VERSION",
+    "Buffer",
+    "CheckpointReader",
+    "Writer",
+    "dtype_names",
+    "merge",
+    "remove",
+    "save",
+]
 
 FORMAT_VERSION: int
 DEFAULT_CHUNK_BYTES: int
 DEFAULT_LEVEL: int
 
+@final
 class Buffer:
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
-    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+@final
 class CheckpointReader:
     def __new__(cls, prefix: str | PathLike[str]) -> CheckpointReader: ...
     def __len__(self) -> int: ...
-    def __contains__(self, key: str) -> bool: ...
+    def __contains__(self, key: str, /) -> bool: ...
     def keys(self) -> list[str]: ...
     def keys_with_prefix(self, prefix: str) -> list[str]: ...
     def info(
@@ -31,6 +46,7 @@ class CheckpointReader:
     def index_size(self) -> int: ...
     def chunk_bytes(self) -> int: ...
 
+@final
 class Writer:
     def __new__(
         cls,
@@ -43,7 +59,7 @@ class Writer:
         rank: int,
         world_size: int,
         metadata_json: str,
-        merge_token: str = "",
+        merge_token: str = ...,
     ) -> Writer: ...
     def add(self, key: str, dtype: str, kind: str, shape: list[int], data: _Buffer) -> None: ...
     def commit(self) -> None: ...
