@@ -67,6 +67,16 @@ pub fn crc(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// crc32c of a concatenation, from the crcs and lengths of its consecutive pieces.
+pub fn combine_crcs(pieces: impl IntoIterator<Item = (u32, usize)>) -> u32 {
+    pieces
+        .into_iter()
+        .fold(None, |acc: Option<u32>, (c, n)| {
+            Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, n)))
+        })
+        .unwrap_or_else(|| crc(&[]))
+}
+
 /// Element types (§4). The tag values are the on-disk encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]

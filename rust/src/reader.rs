@@ -14,8 +14,6 @@ use std::sync::{Arc, OnceLock};
 
 /// Attempts at opening when a concurrent commit replaces the index under us.
 const OPEN_RETRIES: usize = 5;
-/// Pieces of a raw payload verified in parallel.
-const VERIFY_PIECE: u64 = 4 << 20;
 
 /// One mapped shard file.
 pub struct ShardMap {
@@ -297,10 +295,7 @@ impl Reader {
                 Ok((crc(o), o.len()))
             })
             .collect::<Result<_>>()?;
-        let whole = crcs.into_iter().fold(None, |acc: Option<u32>, (c, n)| {
-            Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, n)))
-        });
-        let whole = whole.unwrap_or_else(|| crc(&[]));
+        let whole = combine_crcs(crcs);
         if whole != e.crc {
             return Err(Error::Checksum {
                 path: self.shards[e.shard as usize].path.clone(),
@@ -403,46 +398,14 @@ impl Reader {
                 ));
             }
         }
-        // Work items: (entry, piece) so one huge tensor still uses every core.
-        let mut work: Vec<(usize, u64)> = Vec::new();
-        for i in 0..n {
+        // Entries in parallel; inside, large raw payloads and chunk lists are split again
+        // (rayon nests), so one huge tensor still uses every core.
+        (0..n).into_par_iter().try_for_each(|i| -> Result<()> {
             let e = self.index.entry(i)?;
-            if e.codec == Codec::None && e.stored_len > VERIFY_PIECE {
-                work.push((i, u64::MAX)); // split below
-            } else {
-                work.push((i, 0));
+            if e.codec != Codec::None {
+                self.check_chunk_table(&e)?;
             }
-        }
-        work.par_iter().try_for_each(|&(i, mode)| -> Result<()> {
-            let e = self.index.entry(i)?;
-            if mode == u64::MAX {
-                let s = self.stored(&e);
-                let pieces: Vec<(u32, usize)> = s
-                    .par_chunks(VERIFY_PIECE as usize)
-                    .map(|p| (crc(p), p.len()))
-                    .collect();
-                let whole = pieces
-                    .into_iter()
-                    .fold(None, |acc: Option<u32>, (c, l)| {
-                        Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, l)))
-                    })
-                    .expect("non-empty");
-                if whole != e.crc {
-                    return Err(Error::Checksum {
-                        path: self.shards[e.shard as usize].path.clone(),
-                        offset: e.offset,
-                        what: format!("key {:?}", e.key),
-                        expected: e.crc,
-                        actual: whole,
-                    });
-                }
-                Ok(())
-            } else {
-                if e.codec != Codec::None {
-                    self.check_chunk_table(&e)?;
-                }
-                self.verify_entry(&e)
-            }
+            self.verify_entry(&e)
         })
     }
 }

@@ -81,17 +81,8 @@ pub fn par_crc(data: &[u8]) -> u32 {
         return crc(data);
     }
     const PIECE: usize = 4 << 20;
-    data.par_chunks(PIECE)
-        .map(|p| (crc(p), p.len()))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .fold(None, |acc: Option<u32>, (c, n)| {
-            Some(match acc {
-                None => c,
-                Some(a) => crc32c::crc32c_combine(a, c, n),
-            })
-        })
-        .unwrap_or_else(|| crc(&[]))
+    let pieces: Vec<(u32, usize)> = data.par_chunks(PIECE).map(|p| (crc(p), p.len())).collect();
+    combine_crcs(pieces)
 }
 
 /// A shard file being written.
