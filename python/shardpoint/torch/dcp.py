@@ -181,10 +181,12 @@ def decode_metadata(document: Any) -> _md.Metadata:
 
 @dataclass(frozen=True)
 class _RankSlot:
-    """Storage part of a rank's save plan: which partial index this rank writes."""
+    """Storage part of a rank's save plan: which partial index this rank writes, and the merge
+    token shared by every writer of this save (so a stale partial of a crashed save is refused)."""
 
     rank: int
     world_size: int
+    merge_token: str = ""
 
 
 def _storage_key(item: WriteItem) -> str:
@@ -231,6 +233,7 @@ class StorageWriter(_storage.StorageWriter):
         self.is_coordinator = False
         self.rank: int | None = None
         self._world: int | None = None
+        self._token = ""  # set by the coordinator's prepare_global_plan
 
     @property
     def checkpoint_id(self) -> str:
@@ -241,6 +244,7 @@ class StorageWriter(_storage.StorageWriter):
             self.prefix = os.fspath(checkpoint_id)
         self.save_id = uuid.uuid4().hex
         self._world = None
+        self._token = ""
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("use_collectives", True) is False:
@@ -262,8 +266,9 @@ class StorageWriter(_storage.StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         self._world = len(plans)
+        self._token = self.save_id[:32]
         return [
-            dataclasses.replace(plan, storage_data=_RankSlot(i, len(plans)))
+            dataclasses.replace(plan, storage_data=_RankSlot(i, len(plans), self._token))
             for i, plan in enumerate(plans)
         ]
 
@@ -284,6 +289,7 @@ class StorageWriter(_storage.StorageWriter):
             world_size=slot.world_size + 1,
             chunk_bytes=self.chunk_bytes,
             metadata={_MARKER: {"version": 1, "metadata_entry": METADATA_ENTRY}},
+            merge_token=slot.merge_token,
         )
 
         def write_one(item: WriteItem) -> _storage.WriteResult:
@@ -322,6 +328,7 @@ class StorageWriter(_storage.StorageWriter):
             rank=world,
             world_size=world + 1,
             chunk_bytes=self.chunk_bytes,
+            merge_token=self._token,
         )
         try:
             document = encode_metadata(metadata)
@@ -340,7 +347,7 @@ class StorageWriter(_storage.StorageWriter):
         except BaseException:
             writer.abort()
             raise
-        files.merge(self.prefix, world + 1, durable=self.durable)
+        files.merge(self.prefix, world + 1, durable=self.durable, token=self._token or None)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:

@@ -21,6 +21,7 @@ at ``prefix`` intact (its temp files are cleaned up by the next commit at ``pref
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,8 @@ def save_distributed(
     try:
         payload, meta = _prepare(state)
         described = {"keys": sorted(payload) + sorted(meta["aliases"]), "meta": meta}
+        if rank == 0:  # one id for this save: the merge refuses stale partials of another
+            described["merge_token"] = secrets.token_hex(8)
     except Exception as exc:  # re-raised below, after telling the other ranks
         local_exc = exc
     gathered: list[Any] = [None] * world
@@ -138,6 +141,7 @@ def save_distributed(
             rank=rank,
             world_size=world,
             metadata=user if rank == 0 else None,
+            merge_token=gathered[0]["merge_token"],
         )
         try:
             for key, value in payload.items():
@@ -157,7 +161,7 @@ def save_distributed(
     outcome: list[Any] = [None]
     if not failures and rank == 0:
         try:
-            files.merge(prefix, world, durable=durable)
+            files.merge(prefix, world, durable=durable, token=gathered[0]["merge_token"])
         except Exception as exc:  # noqa: BLE001 - broadcast, then raised on every rank
             outcome[0] = _describe(0, exc) + " (merge)"
     # 4. everyone learns whether the checkpoint was committed
