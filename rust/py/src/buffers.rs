@@ -68,6 +68,23 @@ impl Buffer {
     }
 }
 
+/// Outputs at least this large ask for transparent huge pages (see [`advise_huge`]).
+const HUGE_MIN: usize = 8 << 20;
+
+/// Ask the kernel to back the 2 MiB-aligned interior of a fresh allocation with transparent
+/// huge pages: decoding into fresh memory is otherwise dominated by one page fault per 4 KiB.
+/// Only a hint (THP may be off); failure is ignored.
+fn advise_huge(ptr: *mut u8, n: usize) {
+    const HUGE: usize = 2 << 20;
+    let start = (ptr as usize).div_ceil(HUGE) * HUGE;
+    let end = (ptr as usize + n) / HUGE * HUGE;
+    if end > start {
+        // SAFETY: the range lies inside the allocation we own; madvise does not change its
+        // contents (fresh zero pages stay zero).
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+}
+
 /// A zeroed buffer of `n` bytes, or `MemoryError`: `n` comes from the file (a hostile index can
 /// declare a 1 TiB tensor), so an allocation failure must not abort the interpreter. Large
 /// zeroed allocations are lazily mapped pages, so nothing is touched before decoding.
@@ -87,6 +104,9 @@ pub(crate) fn alloc_zeroed(n: u64) -> PyResult<Vec<u8>> {
             return Err(PyMemoryError::new_err(format!(
                 "cannot allocate {n} bytes for a checkpoint entry"
             )));
+        }
+        if n >= HUGE_MIN {
+            advise_huge(ptr, n);
         }
         Ok(Vec::from_raw_parts(ptr, n, n))
     }
