@@ -9,6 +9,7 @@ than the values in flight.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ class Spec:
     kind: str = "tensor"
 
 
-class Source:
+class Source(abc.ABC):
     """Base class of the format readers. Subclasses fill ``notes`` with what they skip."""
 
     #: short format name shown to users ("shardpoint", "safetensors", "torch", "tensorflow")
@@ -38,13 +39,13 @@ class Source:
         #: JSON-able metadata carried over to the destination (safetensors ``__metadata__``...)
         self.metadata: dict[str, Any] = {}
 
+    @abc.abstractmethod
     def specs(self) -> list[Spec]:
         """Every convertible entry, in the source's key order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read(self, key: str) -> Any:
         """The value of ``key`` (a numpy array for tensors; views are fine, not kept)."""
-        raise NotImplementedError
 
     def expected_crc32c(self, key: str) -> int | None:
         """The crc32c of ``key``'s raw little-endian bytes recorded by the source, if any."""
