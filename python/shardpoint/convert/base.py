@@ -55,7 +55,7 @@ class Source(abc.ABC):
         """Where ``key``'s bytes live, for error messages (file, and offset when known)."""
         return self.path
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most sources hold nothing to release
         """Release files and mappings."""
 
     def __enter__(self) -> Source:
