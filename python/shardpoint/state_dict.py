@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import CorruptCheckpointError, InvalidKeyError
 from .tracking import Trackable, ValueSpec
 
 __all__ = ["StateDictTrackable", "STRUCTURE_ATTRIBUTE"]
@@ -32,18 +33,29 @@ def _default_to_numpy(leaf: Any) -> Any:
     return np.asarray(leaf)
 
 
-def _key_tag(key: Any) -> str:
+def key_tag(key: Any) -> str:
+    """The tag recorded with a nested state-dict key so it comes back as the same type
+    (shared with ``shardpoint.torch``)."""
     if isinstance(key, bool):
         return "b"
     if isinstance(key, str):
         return "s"
     if isinstance(key, int):
         return "i"
-    raise TypeError(f"state_dict keys must be str, int or bool, got {type(key).__name__}")
+    raise InvalidKeyError(
+        f"state dict keys must be str, int or bool, got {type(key).__name__}: {key!r}"
+    )
 
 
-def _decode_key(key: str, tag: str) -> Any:
-    return {"s": str, "i": int, "b": lambda k: k == "True"}[tag](key)
+def decode_key(text: str, tag: str) -> Any:
+    """Inverse of :func:`key_tag`; the tag comes from disk, so an unknown one is corruption."""
+    if tag == "s":
+        return text
+    if tag == "i":
+        return int(text)
+    if tag == "b":
+        return text == "True"
+    raise CorruptCheckpointError(f"unknown key tag {tag!r} in the stored structure")
 
 
 class StateDictTrackable(Trackable):
@@ -83,7 +95,7 @@ class StateDictTrackable(Trackable):
                 for key, sub in value.items():
                     if not path and key == STRUCTURE_ATTRIBUTE:
                         raise ValueError(f"state_dict key {STRUCTURE_ATTRIBUTE!r} is reserved")
-                    items.append([str(key), _key_tag(key), visit(sub, [*path, str(key)])])
+                    items.append([str(key), key_tag(key), visit(sub, [*path, str(key)])])
                 return {"d": items}
             if isinstance(value, list | tuple):
                 tag = "l" if isinstance(value, list) else "t"
@@ -98,7 +110,7 @@ class StateDictTrackable(Trackable):
     def _unflatten(self, structure: Any, values: Mapping[str, Any]) -> Any:
         if "d" in structure:
             return {
-                _decode_key(key, tag): self._unflatten(sub, values)
+                decode_key(key, tag): self._unflatten(sub, values)
                 for key, tag, sub in structure["d"]
             }
         if "l" in structure:

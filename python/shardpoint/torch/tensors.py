@@ -28,6 +28,7 @@ import torch
 from .. import files
 from ..dtypes import numpy_dtype
 from ..errors import DuplicateKeyError, InvalidArgumentError, UnsupportedDTypeError
+from ..state_dict import decode_key, key_tag
 
 __all__ = [
     "save",
@@ -143,28 +144,6 @@ def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _key_tag(key: Any) -> str:
-    if isinstance(key, bool):
-        return "b"
-    if isinstance(key, str):
-        return "s"
-    if isinstance(key, int):
-        return "i"
-    raise InvalidArgumentError(
-        f"state dict keys must be str, int or bool, got {type(key).__name__}: {key!r}"
-    )
-
-
-def _decode_key(text: str, tag: str) -> Any:
-    if tag == "s":
-        return text
-    if tag == "i":
-        return int(text)
-    if tag == "b":
-        return text == "True"
-    raise InvalidArgumentError(f"unknown key tag {tag!r} in the stored structure")
-
-
 _SCALARS = (str, bytes, int, float, bool, type(None))
 
 
@@ -197,7 +176,7 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         if isinstance(value, Mapping):
             items = []
             for k, sub in value.items():
-                items.append([str(k), _key_tag(k), visit(sub, [*path, str(k)])])
+                items.append([str(k), key_tag(k), visit(sub, [*path, str(k)])])
             return {"d": items}
         if isinstance(value, list | tuple):
             tag = "l" if isinstance(value, list) else "t"
@@ -219,7 +198,7 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def unflatten(structure: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     """Rebuild the nesting recorded by :func:`flatten` from ``values`` (key -> leaf)."""
     if "d" in structure:
-        return {_decode_key(k, tag): unflatten(sub, values) for k, tag, sub in structure["d"]}
+        return {decode_key(k, tag): unflatten(sub, values) for k, tag, sub in structure["d"]}
     if "l" in structure:
         return [unflatten(sub, values) for sub in structure["l"]]
     if "t" in structure:
