@@ -119,3 +119,35 @@ __all__ += [
     "Variable",
 ]
 # --- end object graph API ---
+
+
+# --- Hugging Face export (issue 18); reading is sp.open(directory) ---
+import os as _os  # noqa: E402
+from typing import Any as _Any  # noqa: E402
+
+
+def export_hf(
+    src: _Any,
+    out_dir: str | _os.PathLike[str],
+    *,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    durable: bool = True,
+    progress: bool | None = None,
+) -> _Any:
+    """Export a checkpoint (prefix or open Reader) as a Hugging Face safetensors directory,
+    split and named as ``huggingface_hub.save_torch_state_dict`` does; see
+    :func:`shardpoint.convert.export_hf`."""
+    from .convert.hf_export import export_hf as _export
+
+    return _export(
+        src,
+        out_dir,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        durable=durable,
+        progress=progress,
+    )
+
+
+__all__ += ["export_hf"]

@@ -221,7 +221,9 @@ def _list_directory(directory: str, as_json: bool) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    if os.path.isdir(args.path):
+    from .convert.hf import is_hf_path
+
+    if os.path.isdir(args.path) and not is_hf_path(args.path):
         _list_directory(args.path, args.json)
         return EXIT_OK
     from .convert import detect_format
@@ -379,6 +381,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         overwrite=args.force,
         durable=not args.no_fsync,
         progress=args.progress,
+        max_shard_size=args.max_shard_size,
     )
     for n in res.notes:
         _note(n)
@@ -477,13 +480,13 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         parents=[common],
         help="convert between formats",
-        description="Convert SRC (shardpoint prefix, .safetensors, PyTorch .pt/.bin, TensorFlow checkpoint prefix) into DST: a shardpoint prefix, or a .safetensors file.",
+        description="Convert SRC (shardpoint prefix, .safetensors, PyTorch .pt/.bin, TensorFlow checkpoint prefix, Hugging Face model directory) into DST: a shardpoint prefix, a .safetensors file, or (--to hf) a Hugging Face directory.",
     )
     c.add_argument("src", metavar="SRC")
     c.add_argument("dst", metavar="DST")
     c.add_argument(
         "--to",
-        choices=["shardpoint", "safetensors"],
+        choices=["shardpoint", "safetensors", "hf"],
         help="destination format (default: from DST's suffix)",
     )
     c.add_argument(
@@ -495,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--level", type=int, help="zstd level (-7..22)")
     c.add_argument(
         "--shards", type=int, help="shard files / writer threads (default: one per 256 MiB)"
+    )
+    c.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="--to hf: largest shard, e.g. 5GB, 500MB (decimal units; default 5GB)",
     )
     c.add_argument("--force", action="store_true", help="replace an existing destination")
     c.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch conversions)")

@@ -370,7 +370,17 @@ class Reader:
 
 
 def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contract
-    """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count)."""
+    """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
+
+    A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
+    or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
+    """
+    p = os.fspath(prefix)
+    if isinstance(p, str) and p and not os.path.exists(p + ".index"):
+        from .convert.hf import HFReader, is_hf_path  # lazily: the storage face needs no HF code
+
+        if is_hf_path(p):
+            return HFReader(p)
     return Reader(prefix)
 
 

@@ -1,8 +1,10 @@
 """Conversions between shardpoint and other checkpoint formats.
 
 Sources (read): shardpoint, safetensors, PyTorch ``torch.save`` files (``.pt``/``.bin``/``.pth``),
-TensorFlow checkpoints (``P.index`` + ``P.data-*``, read without TensorFlow).
-Sinks (written): shardpoint (streamed through :class:`shardpoint.Writer`) and safetensors.
+TensorFlow checkpoints (``P.index`` + ``P.data-*``, read without TensorFlow), Hugging Face
+sharded safetensors directories (``model.safetensors.index.json`` + shards).
+Sinks (written): shardpoint (streamed through :class:`shardpoint.Writer`), safetensors, and
+Hugging Face directories (``to="hf"``, split and named as ``huggingface_hub`` does).
 
 Formats are told apart by content, not only by name: a shardpoint index starts with
 ``SPINDEX\\0``, a TensorFlow index ends with the LevelDB table magic, a safetensors file starts
@@ -20,6 +22,8 @@ import os
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..state_file import latest_checkpoint
 from .base import ConvertResult, Source, Spec
+from .hf import HFSource, is_hf_path
+from .hf_export import export_hf, write_hf
 from .safetensors_io import SafetensorsSource, is_safetensors, write_safetensors
 from .shardpoint_io import ShardpointSource, write_shardpoint
 from .tensorbundle import TensorBundleReader, TensorBundleSource, is_tensorbundle_index
@@ -35,9 +39,10 @@ __all__ = [
     "Spec",
     "TensorBundleReader",
     "SINK_FORMATS",
+    "export_hf",
 ]
 
-SINK_FORMATS = ("shardpoint", "safetensors")
+SINK_FORMATS = ("shardpoint", "safetensors", "hf")
 _SP_MAGIC = b"SPINDEX\0"
 
 
@@ -57,7 +62,15 @@ def resolve_prefix(path: str) -> str:
 
 
 def detect_format(path: str) -> tuple[str, str]:
-    """``(format, resolved path)`` of a source, from its magic bytes."""
+    """``(format, resolved path)`` of a source, from its magic bytes (a directory holding
+    ``*.safetensors.index.json`` or ``.safetensors`` files, or such an index, is ``"hf"``)."""
+    if (
+        os.path.isdir(path)
+        and is_hf_path(path)
+        or path.endswith(".index.json")
+        and is_hf_path(path)
+    ):
+        return "hf", path
     path = resolve_prefix(path)
     if os.path.isfile(path):
         if is_safetensors(path):
@@ -91,6 +104,7 @@ def open_source(path: str) -> Source:
         "safetensors": SafetensorsSource,
         "torch": TorchSource,
         "tensorflow": TensorBundleSource,
+        "hf": HFSource,
     }[fmt]
     return cls(p)
 
@@ -104,6 +118,8 @@ def _sink_format(dst: str, to: str | None) -> str:
 
 
 def _exists(dst: str, fmt: str) -> bool:
+    if fmt == "hf":
+        return os.path.exists(dst) and (not os.path.isdir(dst) or bool(os.listdir(dst)))
     return os.path.exists(dst + ".index") if fmt == "shardpoint" else os.path.exists(dst)
 
 
@@ -118,16 +134,19 @@ def convert(
     overwrite: bool = False,
     durable: bool = True,
     progress: bool | None = None,
+    max_shard_size: int | str = "5GB",
 ) -> ConvertResult:
     """Convert checkpoint ``src`` (any readable format) into ``dst``.
 
     ``dst`` is a shardpoint prefix, or a safetensors file when it ends in ``.safetensors`` (or
     ``to="safetensors"``). An existing destination is refused unless ``overwrite``.
-    ``compression``/``level``/``shards`` apply to shardpoint destinations. Values stream through
+    ``compression``/``level``/``shards`` apply to shardpoint destinations; with ``to="hf"``
+    ``dst`` is a directory of shards of at most ``max_shard_size`` (see :func:`export_hf`). Values stream through
     one at a time; skipped entries (non-tensors into safetensors, TensorFlow string tensors...)
     are listed in the result's ``notes``.
     """
     fmt = _sink_format(dst, to)
+    dst = os.fspath(dst)
     if fmt == "shardpoint" and (not dst or dst.endswith(os.sep) or os.path.isdir(dst)):
         raise InvalidArgumentError(
             f"destination {dst!r} must be a checkpoint prefix, not a directory"
@@ -141,6 +160,15 @@ def convert(
         parent = os.path.dirname(dst)
         if parent and not os.path.isdir(parent):
             raise NotFoundError(f"destination directory {parent} does not exist")
+        if fmt == "hf":
+            return write_hf(
+                source,
+                dst,
+                max_shard_size=max_shard_size,
+                overwrite=overwrite,
+                durable=durable,
+                progress=progress,
+            )
         if fmt == "safetensors":
             return write_safetensors(source, dst, durable=durable, progress=progress)
         return write_shardpoint(

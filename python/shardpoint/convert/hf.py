@@ -1,0 +1,426 @@
+"""Hugging Face safetensors checkpoints opened in place: ``sp.open(directory)``.
+
+A Hugging Face model directory is ``model-00001-of-00030.safetensors`` shards plus
+``model.safetensors.index.json`` (``{"metadata": {...}, "weight_map": {key: file}}``), or a single
+``model.safetensors``. :class:`HFReader` is a read-only :class:`shardpoint.Reader`: opening reads
+the index JSON only; a shard's header is read and validated (see :mod:`.hf_format`) the first time
+one of its keys is used, and its data is memory-mapped, so a tensor is a zero-copy view of the
+pages it occupies and a slice touches only the pages it covers.
+
+The format has no checksums: ``verify()`` checks structure (every header, every weight-map key
+present in its shard), not content. ``shardpoint convert DIR PREFIX`` makes a checksummed,
+compressed shardpoint checkpoint of it.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import numpy_dtype
+from ..errors import (
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    MissingKeyError,
+    NotFoundError,
+    UnsupportedDTypeError,
+)
+from ..files import EntryInfo, Reader
+from ..progress import progress_bar, wanted
+from .base import Source, Spec
+from .hf_format import ShardHeader, TensorRecord, read_index, read_shard_header
+from .safetensors_io import ST_TO_FORMAT
+
+__all__ = ["HFReader", "HFSlice", "HFSource", "is_hf_path", "resolve_hf", "INDEX_SUFFIX"]
+
+INDEX_SUFFIX = ".safetensors.index.json"
+_DEFAULT_INDEX = "model" + INDEX_SUFFIX
+_DEFAULT_FILE = "model.safetensors"
+
+
+def resolve_hf(path: str) -> tuple[str, str | None, str | None]:
+    """``(directory, index json or None, single file or None)`` for what a user passed: a model
+    directory, its index JSON, or one ``.safetensors`` file. Raises ``NotFoundError`` when the
+    path is none of those."""
+    if os.path.isdir(path):
+        idx = os.path.join(path, _DEFAULT_INDEX)
+        if os.path.isfile(idx):
+            return path, idx, None
+        single = os.path.join(path, _DEFAULT_FILE)
+        if os.path.isfile(single):
+            return path, None, single
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "*" + INDEX_SUFFIX)))
+        if len(found) == 1:
+            return path, found[0], None
+        files = sorted(glob.glob(os.path.join(glob.escape(path), "*.safetensors")))
+        if not found and len(files) == 1:
+            return path, None, files[0]
+        what = f"{len(found)} index files" if found else f"{len(files)} .safetensors files"
+        raise NotFoundError(
+            f"{path}: no {_DEFAULT_INDEX} or {_DEFAULT_FILE}, and {what} to choose from"
+        )
+    if os.path.isfile(path):
+        d = os.path.dirname(path) or "."
+        if path.endswith(".json"):
+            return d, path, None
+        return d, None, path
+    raise NotFoundError(f"{path}: no such file or directory")
+
+
+def is_hf_path(path: str) -> bool:
+    """Whether ``path`` looks like a Hugging Face checkpoint: a directory holding an index JSON
+    or ``.safetensors`` files, an ``*.index.json`` file, or a ``.safetensors`` file (that is not
+    also a shardpoint prefix). Cheap: names and stat only."""
+    if os.path.isdir(path):
+        return bool(
+            glob.glob(os.path.join(glob.escape(path), "*" + INDEX_SUFFIX))
+            or glob.glob(os.path.join(glob.escape(path), "*.safetensors"))
+        )
+    if not os.path.isfile(path) or os.path.exists(path + ".index"):
+        return False
+    return path.endswith(".index.json") or path.endswith(".safetensors")
+
+
+class _Shard:
+    """One shard: its validated header and a private copy-on-write mapping of the whole file."""
+
+    def __init__(self, number: int, header: ShardHeader) -> None:
+        self.number = number
+        self.header = header
+        self.mm: mmap.mmap | None = None
+        if header.file_size > header.data_start:
+            with open(header.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != header.file_size:
+                    raise CorruptCheckpointError(f"{header.path}: file changed size while opened")
+                # ACCESS_COPY: arrays handed out are writable, and writes never reach the file.
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+
+class HFSlice:
+    """A lazy view of one tensor (``reader.get_slice(key)``): index it with ints, slices (any
+    step) and ``...`` to read only the bytes the selection covers (the pages of the mapping that
+    hold them); the result is a fresh array."""
+
+    def __init__(self, reader: HFReader, key: str) -> None:
+        self._reader = reader
+        self.key = key
+        rec = reader._record(key)
+        self.shape: tuple[int, ...] = rec.shape
+        self.dtype: str = reader._dtype_name(key, rec)
+
+    def get_shape(self) -> list[int]:
+        """The tensor's shape (as ``safetensors``' slice object spells it)."""
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype tag (``F32``, ``BF16``...), as ``safetensors`` returns it."""
+        return self._reader._record(self.key).tag
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor slice")
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return np.array(self._reader._view(self.key)[_basic_index(index, len(self.shape))])
+
+
+def _basic_index(index: Any, ndim: int) -> tuple[Any, ...]:
+    """``index`` as a tuple of ints, slices and at most one ``...``: the basic indexing that
+    selects a strided window (advanced indexing would read arbitrary rows; refused)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    out: list[Any] = []
+    for p in parts:
+        if p is Ellipsis or isinstance(p, slice):
+            out.append(p)
+        elif isinstance(p, (int, np.integer)) and not isinstance(p, bool):
+            out.append(int(p))
+        else:
+            raise InvalidArgumentError(
+                f"slice index {p!r}: only ints, slices and ... are supported"
+            )
+    if sum(p is Ellipsis for p in out) > 1:
+        raise InvalidArgumentError("a slice index can hold only one '...'")
+    if sum(p is not Ellipsis for p in out) > ndim:
+        raise InvalidArgumentError(f"too many indices ({len(out)}) for a {ndim}-d tensor")
+    return tuple(out)
+
+
+class HFReader(Reader):
+    """A Hugging Face safetensors checkpoint (directory, index JSON or single file), read-only
+    and lazy. Use ``sp.open(path)``. Keys come from the weight map, in sorted order."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:  # noqa: D107 - class doc above
+        p = os.fspath(path)
+        self._prefix = p
+        self._r = None
+        self._meta = None
+        self._dir, self._index, single = resolve_hf(p)
+        if self._index is not None:
+            weight_map, meta = read_index(self._index)
+            self._weight_map = dict(weight_map)
+            self._index_meta: dict[str, Any] = dict(meta)
+        else:
+            assert single is not None
+            self._weight_map = {k: os.path.basename(single) for k in _single_keys(single)}
+            self._index_meta = {}
+        self._single = single
+        self._keys = sorted(self._weight_map)
+        self._files = sorted(set(self._weight_map.values()))
+        self._file_no = {f: i for i, f in enumerate(self._files)}
+        self._shards: dict[str, _Shard] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # --- shards, opened on first use ---------------------------------------------------------
+    def _shard(self, fname: str, key: str | None) -> _Shard:
+        if self._closed:
+            raise InvalidArgumentError(f"checkpoint {self._prefix!r} is closed")
+        sh = self._shards.get(fname)
+        if sh is not None:
+            return sh
+        with self._lock:
+            sh = self._shards.get(fname)
+            if sh is None:
+                full = os.path.join(self._dir, fname)
+                try:
+                    header = read_shard_header(full)
+                except NotFoundError:
+                    why = f" (holds key {key!r})" if key is not None else ""
+                    src = self._index or full
+                    raise CorruptCheckpointError(
+                        f"{full}: shard named by {src} is missing{why}"
+                    ) from None
+                sh = _Shard(self._file_no[fname], header)
+                self._shards[fname] = sh
+        return sh
+
+    def _locate(self, key: str) -> tuple[_Shard, TensorRecord]:
+        if not isinstance(key, str):
+            raise InvalidKeyError(f"keys must be str, got {type(key).__name__}")
+        fname = self._weight_map.get(key)
+        if fname is None:
+            raise MissingKeyError(f"key {key!r} not found in {self._index or self._single}")
+        sh = self._shard(fname, key)
+        rec = sh.header.tensors.get(key)
+        if rec is None:
+            raise CorruptCheckpointError(
+                f"{sh.header.path}: key {key!r}: listed in {self._index} but absent from this shard"
+            )
+        return sh, rec
+
+    def _record(self, key: str) -> TensorRecord:
+        return self._locate(key)[1]
+
+    def _dtype_name(self, key: str, rec: TensorRecord) -> str:
+        name = ST_TO_FORMAT.get(rec.tag)
+        if name is None:
+            raise UnsupportedDTypeError(
+                f"key {key!r}: safetensors dtype {rec.tag} has no numpy counterpart in shardpoint"
+            )
+        return name
+
+    def _view(self, key: str) -> np.ndarray:
+        """Zero-copy view of ``key`` over the copy-on-write mapping of its shard."""
+        sh, rec = self._locate(key)
+        dt = numpy_dtype(self._dtype_name(key, rec))
+        if rec.end == rec.begin:
+            return np.empty(rec.shape, dtype=dt)
+        assert sh.mm is not None
+        n = (rec.end - rec.begin) // dt.itemsize
+        arr = np.frombuffer(sh.mm, dtype=dt, count=n, offset=sh.header.data_start + rec.begin)
+        return arr.reshape(rec.shape)
+
+    # --- the Reader interface ----------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """What was opened (directory, index JSON or file)."""
+        return self._prefix
+
+    @property
+    def index_path(self) -> str | None:
+        """The index JSON, or ``None`` for a single-file checkpoint."""
+        return self._index
+
+    @property
+    def directory(self) -> str:
+        """The directory holding the shards."""
+        return self._dir
+
+    def close(self) -> None:
+        """Drop the shard mappings (arrays already returned keep theirs alive)."""
+        self._closed = True
+        self._shards = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def keys(self) -> list[str]:
+        """All keys of the weight map, sorted."""
+        return list(self._keys)
+
+    def prefix(self, key_prefix: str) -> list[str]:
+        """Keys starting with ``key_prefix``, in order."""
+        if not isinstance(key_prefix, str):
+            raise InvalidKeyError(f"key prefixes must be str, got {type(key_prefix).__name__}")
+        return [k for k in self._keys if k.startswith(key_prefix)]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._weight_map
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._view(key)
+
+    def get(self, key: str, default: Any = None, *, verify: bool = False) -> Any:
+        """The tensor ``key`` (a zero-copy view), or ``default`` when absent. ``verify`` is
+        accepted for compatibility: this format has no checksums to check."""
+        if key not in self:
+            return default
+        return self._view(key)
+
+    def load(
+        self,
+        keys: list[str] | None = None,
+        *,
+        verify: bool = True,
+        progress: bool | None = None,
+    ) -> dict[str, Any]:
+        """Many tensors at once (all by default), shard by shard; zero-copy views."""
+        ks = self.keys() if keys is None else list(keys)
+        order = sorted(ks, key=lambda k: self._weight_map.get(k, ""))
+        bar = None
+        if wanted(progress):
+            bar = progress_bar(
+                sum(self._record(k).end - self._record(k).begin for k in ks),
+                f"load {os.path.basename(os.path.normpath(self._dir))}",
+            )
+        out: dict[str, Any] = {}
+        try:
+            for k in order:
+                out[k] = self._view(k)
+                if bar is not None:
+                    bar.update(out[k].nbytes)
+        finally:
+            if bar is not None:
+                bar.close()
+        return {k: out[k] for k in ks}
+
+    def info(self, key: str) -> EntryInfo:
+        """dtype, shape, size and location of ``key`` (``crc32c`` is 0: no checksums)."""
+        sh, rec = self._locate(key)
+        n = rec.end - rec.begin
+        dtype = self._dtype_name(key, rec)
+        off = sh.header.data_start + rec.begin
+        return EntryInfo(key, dtype, rec.shape, "tensor", "none", n, n, sh.number, off, 0, 1)
+
+    def slice(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` along the first axis (a fresh array; only those pages read)."""
+        v = self._view(key)
+        if not v.shape:
+            raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
+        return np.array(v[start:stop])
+
+    def get_slice(self, key: str) -> HFSlice:
+        """A lazy slice object of ``key`` (``safe_open(...).get_slice`` semantics)."""
+        return HFSlice(self, key)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The index's ``metadata`` object (``total_size`` and what the writer added), or the
+        single file's ``__metadata__``."""
+        if self._single is not None:
+            return dict(self._shard(os.path.basename(self._single), None).header.metadata)
+        return dict(self._index_meta)
+
+    @property
+    def format_info(self) -> dict[str, Any]:
+        """Format, index and shard files with their sizes."""
+        return {
+            "format": "huggingface-safetensors",
+            "index": self._index,
+            "shards": [
+                (os.path.join(self._dir, f), os.path.getsize(os.path.join(self._dir, f)))
+                for f in self._files
+                if os.path.exists(os.path.join(self._dir, f))
+            ],
+            "checksums": False,
+        }
+
+    def shard_files(self) -> list[str]:
+        """The shard file names the weight map uses, sorted."""
+        return list(self._files)
+
+    def keys_by_shard(self) -> dict[str, list[str]]:
+        """Weight-map keys grouped by shard file, each group in file-offset order once read."""
+        out: dict[str, list[str]] = {f: [] for f in self._files}
+        for k in self._keys:
+            out[self._weight_map[k]].append(k)
+        return out
+
+    def verify(self) -> None:
+        """Check every shard header and that each weight-map key is in its shard. This format
+        carries no checksums, so the tensor bytes themselves cannot be checked."""
+        for k in self._keys:
+            self._locate(k)
+
+
+def _single_keys(path: str) -> list[str]:
+    return list(read_shard_header(path).tensors)
+
+
+class HFSource(Source):
+    """A Hugging Face checkpoint as a conversion source: shard by shard, in file order, so a
+    conversion reads each shard once, sequentially, and releases it before the next."""
+
+    format = "hf"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.reader = HFReader(path)
+        meta = self.reader._index_meta if self.reader._single is None else self.reader.metadata
+        # total_size describes the HF files, not the converted checkpoint.
+        self.metadata = {k: v for k, v in meta.items() if k not in ("total_size", "format")}
+        self._specs: list[Spec] = []
+        self._last: str | None = None
+        for fname, keys in self.reader.keys_by_shard().items():
+            sh = self.reader._shard(fname, keys[0] if keys else None)
+            recs = [(k, self.reader._record(k)) for k in keys]
+            for key, rec in sorted(recs, key=lambda kr: kr[1].begin):
+                name = ST_TO_FORMAT.get(rec.tag)
+                if name is None:
+                    self.notes.append(f"skipped {key!r}: safetensors dtype {rec.tag} not supported")
+                    continue
+                self._specs.append(Spec(key, name, rec.shape, rec.end - rec.begin))
+            # Headers are kept; the mapping of each shard is made again when its turn comes.
+            sh.mm = None
+            self.reader._shards.pop(fname, None)
+
+    def specs(self) -> list[Spec]:
+        return list(self._specs)
+
+    def read(self, key: str) -> Any:
+        fname = self.reader._weight_map[key]
+        if self._last is not None and self._last != fname:
+            self.reader._shards.pop(self._last, None)  # done with that shard: unmap it
+        self._last = fname
+        return self.reader._view(key)
+
+    def location(self, key: str) -> str:
+        return os.path.join(self.reader.directory, self.reader._weight_map.get(key, "?"))
+
+    def close(self) -> None:
+        self.reader.close()
