@@ -64,13 +64,15 @@ fuzz-smoke:
 test-python: develop
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-# Part of `make test`: formatting, clippy, ruff, and the stubs of the compiled module checked
-# against the real module.
+# Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
+# (import-linter contracts in pyproject.toml: imports only point down), and the stubs of the
+# compiled module checked against the real module.
 lint: develop
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
+	$(PY) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 	$(PY) -m mypy.stubtest shardpoint._core
 
 fmt:

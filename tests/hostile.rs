@@ -2,7 +2,7 @@
 //! field with every crc recomputed (`reseal_index`, shared with the fuzz targets), so that the
 //! semantic checks of `IndexView`, `Reader` and `decode_chunk` must refuse them, with a
 //! `Corrupt` error (not `Checksum`: the checksums are right), no panic, in bounded time.
-//! The Python suite (tests/test_reliability_hostile.py) covers the same ground end to end,
+//! The Python suite (tests/reliability/test_reliability_hostile.py) covers the same ground end to end,
 //! plus memory bounds; this file pins the core's behaviour without the binding.
 
 use shardpoint_core::format::Kind;

@@ -6,7 +6,7 @@ The public API (names are a contract, see DESIGN.md §4):
   :func:`merge` (multi-writer commit), :func:`exists`, :func:`remove`;
 - errors: :class:`CheckpointError` and its subclasses;
 - object-based checkpointing (``Variable``, ``Module``, ``Checkpoint``, ``CheckpointManager``...)
-  when present below; ``shardpoint.activation`` and ``shardpoint.torch`` need PyTorch and are
+  from :mod:`shardpoint.objgraph`; ``shardpoint.activation`` and ``shardpoint.torch`` need PyTorch and are
   imported explicitly.
 """
 
@@ -54,36 +54,45 @@ __all__ = [
     "save_file",
 ]
 
-# --- object graph API (issue 3) ---
-from .checkpoint import Checkpoint
-from .checkpoint_reader import CheckpointReader, list_variables, load_checkpoint, load_variable
-from .containers import DictWrapper, ListWrapper, TupleWrapper
-from .graph_errors import (
+# --- object graph API (shardpoint.objgraph) ---
+from .objgraph import (
+    Checkpoint,
+    CheckpointLoadStatus,
+    CheckpointManager,
+    CheckpointReader,
     CheckpointStateError,
+    DictWrapper,
     DTypeMismatchError,
     DuplicateDependencyError,
+    InitializationOnlyStatus,
+    ListWrapper,
     LoadStatusError,
+    Module,
+    NoDependency,
     NotTrackableError,
     RestoreMismatchError,
     ShapeMismatchError,
-    SlotReuseError,
-    StatePathConflictError,
-    UnsaveableObjectError,
-)
-from .manager import CheckpointManager
-from .module import Module
-from .restore import CheckpointLoadStatus, InitializationOnlyStatus
-from .state_dict import StateDictTrackable
-from .state_file import latest_checkpoint
-from .tracking import (
-    NoDependency,
     SlotProvider,
+    SlotReuseError,
+    StateDictTrackable,
+    StatePathConflictError,
     Trackable,
+    TupleWrapper,
+    UnsaveableObjectError,
     ValueSpec,
+    Variable,
+    latest_checkpoint,
+    list_variables,
+    load_checkpoint,
+    load_variable,
     register_trackable_adapter,
     unregister_trackable_adapter,
 )
-from .variables import Variable
+from .objgraph.trackable import declare_adapter_module as _declare_adapter_module
+
+# Tracking a torch object imports shardpoint.torch, which registers the torch adapters (so
+# ``sp.Checkpoint(model=net)`` needs no extra import); declared here, where both layers are known.
+_declare_adapter_module("torch", "shardpoint.torch")
 
 __all__ += [
     "Checkpoint",

@@ -174,7 +174,7 @@ def _foreign_checkpoint(prefix: str) -> dict[str, Any] | None:
 
 
 def _list_directory(directory: str, as_json: bool) -> None:
-    from .state_file import read_checkpoint_state, resolve
+    from .objgraph.checkpoint_state import read_checkpoint_state, resolve
 
     state = read_checkpoint_state(directory)
     if state is not None:
@@ -244,7 +244,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # --- info ------------------------------------------------------------------------------------
 def _graph_summary(r: files.Reader) -> dict[str, Any] | None:
-    from .graph import OBJECT_GRAPH_KEY, parse_object_graph
+    from .objgraph.naming import OBJECT_GRAPH_KEY, parse_object_graph
 
     if OBJECT_GRAPH_KEY not in r:
         return None

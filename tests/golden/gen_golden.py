@@ -4,7 +4,7 @@ tests/golden/expected_v1.json. Run from the repository root:
     .venv/bin/python tests/golden/gen_golden.py
 
 The data is fixed and seeded. The committed files are the contract: a later version of shardpoint
-must keep reading them (tests/test_golden.py in Python, tests/golden_v1.rs in Rust). Regenerate
+must keep reading them (tests/storage/test_golden.py in Python, tests/golden_v1.rs in Rust). Regenerate
 only when the format version changes (then as v2/, keeping v1/). The script also prints the table
 that tests/golden_v1.rs embeds.
 """

@@ -1,4 +1,4 @@
-"""Helpers of the reliability suite (tests/test_reliability_*.py).
+"""Helpers of the reliability suite (tests/reliability/test_reliability_*.py).
 
 - :mod:`.craft`: a from-the-spec writer of shard and index files, so hostile tests can build a
   *valid* checkpoint, change one field and recompute every crc (the semantic checks must fire,

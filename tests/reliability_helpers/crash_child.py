@@ -86,8 +86,8 @@ class Hooks:
 def install_hooks(hooks: Hooks) -> None:
     """Wrap the library functions a save goes through (in this process only)."""
     import shardpoint.files as files
-    import shardpoint.state_file as state_file
-    from shardpoint import _graph_io
+    import shardpoint.objgraph.checkpoint_state as checkpoint_state
+    from shardpoint.objgraph import storage_io
 
     real_save = files.save_file
 
@@ -96,9 +96,9 @@ def install_hooks(hooks: Hooks) -> None:
         real_save(*a, **kw)
         hooks("save_file.after")
 
-    files.save_file = save_file  # _graph_io looks it up on every call
+    files.save_file = save_file  # storage_io looks it up on every call (files.save_file)
 
-    real_write_state = state_file.write_checkpoint_state
+    real_write_state = checkpoint_state.write_checkpoint_state
     real_fsync = os.fsync
     in_state = [False]
 
@@ -119,16 +119,16 @@ def install_hooks(hooks: Hooks) -> None:
             in_state[0] = False
         hooks("state.after")
 
-    state_file.write_checkpoint_state = write_checkpoint_state
+    checkpoint_state.write_checkpoint_state = write_checkpoint_state
 
-    real_remove = _graph_io.remove_checkpoint
+    real_remove = storage_io.remove_checkpoint
 
     def remove_checkpoint(prefix: str) -> None:
         hooks("remove.before")
         real_remove(prefix)
         hooks("remove.after")
 
-    _graph_io.remove_checkpoint = remove_checkpoint
+    storage_io.remove_checkpoint = remove_checkpoint
 
 
 def make_checkpoint() -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
-from ..state_file import latest_checkpoint
+from ..objgraph.checkpoint_state import latest_checkpoint
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
 from .hf_export import export_hf, write_hf

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch.nn.parameter import is_lazy
 
-from ..graph_errors import UnsaveableObjectError
-from ..state_dict import STRUCTURE_ATTRIBUTE, StateDictTrackable
-from ..tracking import Trackable, ValueSpec, as_trackable, register_trackable_adapter
-from ..variables import VARIABLE_VALUE
+from ..objgraph.errors import UnsaveableObjectError
+from ..objgraph.state_dict_adapter import STRUCTURE_ATTRIBUTE, StateDictTrackable
+from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_trackable_adapter
+from ..objgraph.variables import VARIABLE_VALUE
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, unflatten
 
 __all__ = [

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..graph_errors import UnsaveableObjectError
-from ..tracking import Trackable, ValueSpec, as_trackable
+from ..objgraph.errors import UnsaveableObjectError
+from ..objgraph.trackable import Trackable, ValueSpec, as_trackable
 from .tensors import format_dtype, numpy_to_tensor, torch_dtype
 
 __all__ = ["OptimizerAdapter", "PARAM_GROUPS", "PARAM_SCALARS"]

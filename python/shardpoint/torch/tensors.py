@@ -28,7 +28,7 @@ import torch
 from .. import files
 from ..dtypes import numpy_dtype
 from ..errors import DuplicateKeyError, InvalidArgumentError, UnsupportedDTypeError
-from ..state_dict import decode_key, key_tag
+from ..nested_keys import decode_key, key_tag
 
 __all__ = [
     "save",

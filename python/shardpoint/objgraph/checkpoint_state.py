@@ -1,0 +1,241 @@
+"""The ``checkpoint`` state file: which checkpoints of a directory exist, newest last.
+
+Text format (the same fields and spelling as TensorFlow's, so it reads familiar)::
+
+    model_checkpoint_path: "ckpt-10"
+    all_model_checkpoint_paths: "ckpt-8"
+    all_model_checkpoint_paths: "ckpt-9"
+    all_model_checkpoint_paths: "ckpt-10"
+    all_model_checkpoint_timestamps: 1795310544.0915663
+    ...
+    last_preserved_timestamp: 1795310542.629382
+
+Paths are relative to the directory when the checkpoint lives in it. Strings are JSON-quoted.
+The file is replaced atomically (temp file, fsync, rename, fsync of the directory): a reader sees
+the old state or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from .errors import CheckpointStateError, StatePathConflictError
+from .storage_io import checkpoint_exists
+
+__all__ = [
+    "STATE_FILENAME",
+    "CheckpointState",
+    "read_checkpoint_state",
+    "write_checkpoint_state",
+    "update_checkpoint_state",
+    "latest_checkpoint",
+]
+
+logger = logging.getLogger("shardpoint")
+STATE_FILENAME = "checkpoint"
+
+
+@dataclass
+class CheckpointState:
+    """Parsed state file; paths are as stored (relative to the directory when possible)."""
+
+    model_checkpoint_path: str
+    all_model_checkpoint_paths: list[str] = field(default_factory=list)
+    all_model_checkpoint_timestamps: list[float] = field(default_factory=list)
+    last_preserved_timestamp: float | None = None
+
+
+class _ParseError(ValueError):
+    pass
+
+
+def _parse(text: str) -> CheckpointState | None:
+    model: str | None = None
+    paths: list[str] = []
+    stamps: list[float] = []
+    preserved: float | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, sep, raw = line.partition(":")
+        if not sep:
+            raise _ParseError(f"line {lineno}: expected 'field: value'")
+        name, raw = name.strip(), raw.strip()
+        try:
+            if name == "model_checkpoint_path":
+                model = _string(raw)
+            elif name == "all_model_checkpoint_paths":
+                paths.append(_string(raw))
+            elif name == "all_model_checkpoint_timestamps":
+                stamps.append(float(raw))
+            elif name == "last_preserved_timestamp":
+                preserved = float(raw)
+            else:
+                raise _ParseError(f"line {lineno}: unknown field {name!r}")
+        except ValueError as exc:
+            raise _ParseError(f"line {lineno}: {exc}") from exc
+    if model is None:
+        return None
+    return CheckpointState(model, paths, stamps, preserved)
+
+
+def _string(raw: str) -> str:
+    value = json.loads(raw)
+    if not isinstance(value, str):
+        raise _ParseError(f"expected a quoted string, got {raw!r}")
+    return value
+
+
+def read_checkpoint_state(directory: str | os.PathLike) -> CheckpointState | None:
+    """Parse ``<directory>/checkpoint``.
+
+    Missing file or directory → None. Empty (or without a model path) → CheckpointStateError
+    "Invalid checkpoint state loaded from <dir>" (STATE-04). Unparsable → a warning and None.
+    """
+    directory = os.fspath(directory)
+    path = os.path.join(directory, STATE_FILENAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    try:
+        state = _parse(text)
+    except _ParseError as exc:
+        logger.warning("ParseError: %s\n%s: Checkpoint ignored", exc, path)
+        return None
+    if state is None:
+        raise CheckpointStateError(f"Invalid checkpoint state loaded from {directory}")
+    return state
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState) -> None:
+    """Atomically replace ``<directory>/checkpoint`` with ``state``."""
+    directory = os.fspath(directory)
+    lines = [f"model_checkpoint_path: {json.dumps(state.model_checkpoint_path)}"]
+    lines += [
+        f"all_model_checkpoint_paths: {json.dumps(p)}" for p in state.all_model_checkpoint_paths
+    ]
+    lines += [
+        f"all_model_checkpoint_timestamps: {t!r}" for t in state.all_model_checkpoint_timestamps
+    ]
+    if state.last_preserved_timestamp is not None:
+        lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    os.makedirs(directory or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=directory or ".")
+    # Locked while we write it: tells _remove_stale_temps in another process it is live.
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(directory, STATE_FILENAME))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    _remove_stale_temps(directory)
+
+
+def _remove_stale_temps(directory: str) -> None:
+    """Unlink ``.checkpoint.*.tmp`` files left by writers killed mid-update. A live writer holds
+    an exclusive flock on its temp file; a dead one's lock died with it."""
+    for tmp in glob.glob(os.path.join(glob.escape(directory or "."), ".checkpoint.*.tmp")):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # in use by a live writer
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _relative(directory: str, path: str) -> str:
+    if not os.path.isabs(path) and os.path.dirname(path) == directory:
+        return os.path.basename(path)
+    if os.path.abspath(os.path.dirname(path)) == os.path.abspath(directory):
+        return os.path.basename(path)
+    return path
+
+
+def update_checkpoint_state(
+    directory: str | os.PathLike,
+    model_checkpoint_path: str,
+    all_model_checkpoint_paths: list[str] | None = None,
+    all_model_checkpoint_timestamps: list[float] | None = None,
+    last_preserved_timestamp: float | None = None,
+) -> None:
+    """Write the state file naming ``model_checkpoint_path`` as the latest checkpoint.
+
+    Raises StatePathConflictError when the checkpoint path is the state file itself (SAVE-09).
+    """
+    directory = os.fspath(directory)
+    state_path = os.path.join(directory, STATE_FILENAME)
+    if os.path.abspath(model_checkpoint_path) == os.path.abspath(state_path):
+        raise StatePathConflictError(
+            f"Save path '{model_checkpoint_path}' conflicts with path used for checkpoint state. "
+            "Please use a different save path."
+        )
+    paths = all_model_checkpoint_paths
+    if paths is None:
+        paths = [model_checkpoint_path]
+    state = CheckpointState(
+        _relative(directory, model_checkpoint_path),
+        [_relative(directory, p) for p in paths],
+        list(all_model_checkpoint_timestamps or []),
+        last_preserved_timestamp,
+    )
+    write_checkpoint_state(directory, state)
+
+
+def resolve(directory: str, stored: str) -> str:
+    """A stored path as a usable one: joined to the directory unless absolute (STATE-02)."""
+    return stored if os.path.isabs(stored) else os.path.join(directory, stored)
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+    """Prefix of the newest checkpoint recorded in ``checkpoint_dir``'s state file, or None.
+
+    None when there is no state file or directory, and (with an error log) when the state file
+    names a checkpoint whose index is gone (STATE-03).
+    """
+    directory = os.fspath(checkpoint_dir)
+    state = read_checkpoint_state(directory)
+    if state is None:
+        return None
+    path = resolve(directory, state.model_checkpoint_path)
+    if checkpoint_exists(path):
+        return path
+    logger.error("Couldn't match files for checkpoint %s", path)
+    return None

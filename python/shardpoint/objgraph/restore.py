@@ -1,0 +1,528 @@
+"""Restore: matching a checkpoint's object graph to live objects, the deferred queue, load status.
+
+One ``restore()``/``read()`` call creates one :class:`RestoreCoordinator`. It walks the stored
+graph from node 0 breadth-first, matching checkpoint edges to live dependencies by local name.
+Matched objects get their values immediately (read lazily: only keys that match live objects are
+read from disk). A checkpoint child with values but no live dependency of that name is parked on
+its live parent (``_sp_defer``) and restored, with its whole subtree, the moment a dependency of
+that name is attached. Each coordinator has a uid from a global counter; an object remembers the
+uid of the restore that last wrote it, so the restore *called* last wins (RES-05).
+
+The coordinator holds the lazy reader open while deferred positions or the status object exist,
+and references live objects only weakly (objects that cannot be weakly referenced, such as
+tuple wrappers, are held strongly).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptCheckpointError
+from .errors import DTypeMismatchError, LoadStatusError, ShapeMismatchError
+from .naming import ATTRIBUTES, OBJECT_GRAPH_KEY, _escape_attribute, attribute_key, walk
+from .trackable import Trackable, as_trackable
+
+__all__ = [
+    "RestoreCoordinator",
+    "CheckpointPosition",
+    "CheckpointLoadStatus",
+    "InitializationOnlyStatus",
+    "NameBasedLoadStatus",
+    "restore_by_name",
+]
+
+logger = logging.getLogger("shardpoint")
+_UIDS = itertools.count(1)
+_SHOW = 10  # how many unmatched objects a message lists
+
+
+def _ref(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # tuples cannot be weakly referenced: keep them alive instead
+        return lambda: obj
+
+
+@dataclass
+class _SlotRestoration:
+    optimizer_node: int
+    variable_node: int
+    slot_node: int
+    slot_name: str
+    done: bool = False
+
+
+class CheckpointPosition:
+    """A node of one restore's checkpoint graph, waiting for (or bound to) a live object."""
+
+    __slots__ = ("coordinator", "node")
+
+    def __init__(self, coordinator: RestoreCoordinator, node: int) -> None:
+        self.coordinator = coordinator
+        self.node = node
+
+    @property
+    def uid(self) -> int:
+        return self.coordinator.uid
+
+    def bind_and_restore(self, obj: Trackable) -> None:
+        """Bind ``obj`` to this node and restore it and everything below it."""
+        self.coordinator.bind_and_restore(self.node, obj)
+
+    def simple_value(self, attribute: str, shape: Any, dtype: np.dtype) -> np.ndarray | None:
+        """The checked value if this node is a plain single-value object, else None."""
+        return self.coordinator.simple_value(self.node, attribute, shape, dtype)
+
+
+class RestoreCoordinator:
+    """State of one restore: reader, stored graph, bindings, unused values."""
+
+    def __init__(self, reader: Any, document: dict, save_path: str, root: Trackable) -> None:
+        self.uid = next(_UIDS)
+        self.reader = reader
+        self.save_path = save_path
+        self.nodes: list[dict] = document["nodes"]
+        self.root_ref = _ref(root)
+        self.bound: dict[int, Callable[[], Any]] = {}
+        # nodes bound at least once: an object restored and later garbage-collected still
+        # counts as resolved (bindings are weak)
+        self.resolved: set[int] = set()
+        self.matched: dict[int, Callable[[], Any]] = {}
+        self.unused: dict[int, tuple[Callable[[], Any], list[str]]] = {}
+        self.expect_partial = False
+        self.slot_restorations: list[_SlotRestoration] = []
+        self.slots_by_node: dict[int, list[_SlotRestoration]] = {}
+        self.slot_nodes: set[int] = set()
+        for opt_node, node in enumerate(self.nodes):
+            for slot in node.get("slots", []):
+                sr = _SlotRestoration(opt_node, slot["original"], slot["node"], slot["slot"])
+                self.slot_restorations.append(sr)
+                self.slot_nodes.add(sr.slot_node)
+                self.slots_by_node.setdefault(opt_node, []).append(sr)
+                self.slots_by_node.setdefault(sr.variable_node, []).append(sr)
+        self.paths = self._display_paths()
+
+    # -- naming for messages -------------------------------------------------------------------
+    def _display_paths(self) -> list[str]:
+        paths = [""] * len(self.nodes)
+        paths[0] = "(root)"
+        seen = {0}
+        queue = deque([0])
+        while queue:
+            node = queue.popleft()
+            for child in self.nodes[node].get("children", []):
+                if child["node"] not in seen:
+                    seen.add(child["node"])
+                    paths[child["node"]] = f"{paths[node]}.{child['name']}"
+                    queue.append(child["node"])
+        for sr in self.slot_restorations:
+            paths[sr.slot_node] = (
+                f"slot {sr.slot_name!r} of {paths[sr.variable_node]} "
+                f"(optimizer {paths[sr.optimizer_node]})"
+            )
+        return paths
+
+    def is_bound(self, node: int) -> bool:
+        ref = self.bound.get(node)
+        return ref is not None and ref() is not None
+
+    def _bound_object(self, node: int) -> Any:
+        ref = self.bound.get(node)
+        return None if ref is None else ref()
+
+    # -- matching --------------------------------------------------------------------------------
+    def _bind(self, node: int, obj: Trackable) -> bool:
+        existing = self._bound_object(node)
+        if existing is obj:
+            return False
+        if existing is not None:
+            logger.warning(
+                "Inconsistent references when loading the checkpoint into this object graph. "
+                "The checkpointed object %s is already bound to %r; not binding it to %r as "
+                "well. Either the graph differs between saving and loading or an object was "
+                "shared when saving but is not shared now.",
+                self.paths[node],
+                existing,
+                obj,
+            )
+            return False
+        self.bound[node] = _ref(obj)
+        self.resolved.add(node)
+        self.matched[id(obj)] = _ref(obj)
+        root = getattr(obj, "_sp_root_object", None)
+        if root is not None:  # Checkpoint(root=...) restores the root's own values as node 0
+            self.matched[id(root)] = _ref(root)
+        return True
+
+    def bind_and_restore(self, node: int, obj: Trackable) -> None:
+        """Bind ``obj`` to ``node`` and restore the subtree breadth-first."""
+        queue = deque([(node, obj)])
+        while queue:
+            nid, live = queue.popleft()
+            if not self._bind(nid, live):
+                continue
+            self._restore_values(nid, live)
+            for child in self.nodes[nid].get("children", []):
+                child_node = child["node"]
+                if not self.nodes[child_node].get("has_values", True):
+                    continue  # RES-03: nothing below to restore, do not queue
+                child_obj = live._sp_lookup(child["name"])
+                if child_obj is None:
+                    live._sp_defer(child["name"], CheckpointPosition(self, child_node))
+                else:
+                    queue.append((child_node, child_obj))
+            self._run_slot_restorations(nid)
+
+    def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
+        """Check shape/dtype against the index (cheap), then read the value (lazy)."""
+        try:
+            info = self.reader.info(key)
+        except KeyError as exc:
+            raise CorruptCheckpointError(
+                f"the object graph of {self.save_path} names key {key!r} but the checkpoint has "
+                "no such entry"
+            ) from exc
+        if dtype is not None:
+            kind = getattr(info, "kind", "tensor")
+            if kind != "tensor":
+                raise DTypeMismatchError(
+                    f"Checkpoint key {key!r} holds a {kind} value, not a tensor; cannot restore "
+                    f"it into {self.paths[node]} ({_short(obj)}) which expects {dtype}."
+                )
+            if shape is not None and tuple(info.shape) != tuple(shape):
+                raise ShapeMismatchError(
+                    f"Received incompatible tensor with shape {tuple(info.shape)} when attempting "
+                    f"to restore variable with shape {tuple(shape)} and name "
+                    f"{getattr(obj, 'name', type(obj).__name__)} (checkpoint key {key!r}, "
+                    f"object {self.paths[node]})."
+                )
+            if str(info.dtype) != dtype:
+                raise DTypeMismatchError(
+                    f"Checkpoint key {key!r} has dtype {info.dtype} but {self.paths[node]} "
+                    f"({_short(obj)}) has dtype {dtype}; values are never cast implicitly on "
+                    "restore."
+                )
+        return self.reader[key]
+
+    def _restore_values(self, node: int, obj: Trackable) -> None:
+        attributes = self.nodes[node].get("attributes", [])
+        if not attributes:
+            return
+        state = obj._sp_state()
+        if state.restore_uid > self.uid:
+            return  # a restore() called later already wrote this object
+        specs = obj._sp_value_specs()
+        values: dict[str, Any] = {}
+        unused: list[str] = []
+        for attribute in attributes:
+            name = attribute["name"]
+            if name in specs:
+                spec = specs[name]
+                shape, dtype = (None, None) if spec is None else (spec.shape, spec.dtype)
+                values[name] = self._read_checked(attribute["key"], shape, dtype, obj, node)
+            elif obj._sp_open_attributes:
+                values[name] = self._read_checked(attribute["key"], None, None, obj, node)
+            else:
+                unused.append(name)
+        if unused:
+            self.unused[node] = (_ref(obj), unused)
+        if values:
+            obj._sp_restore_values(values)
+            state.restore_uid = self.uid
+
+    # -- slots -------------------------------------------------------------------------------------
+    def _run_slot_restorations(self, node: int) -> None:
+        for sr in self.slots_by_node.get(node, ()):
+            if sr.done:
+                continue
+            optimizer = self._bound_object(sr.optimizer_node)
+            variable = self._bound_object(sr.variable_node)
+            if optimizer is None or variable is None:
+                continue  # parked until the other side is bound (SLOT-04)
+            if not hasattr(optimizer, "_sp_get_slot"):
+                continue  # not a slot provider: stays pending, assert_consumed reports it
+            sr.done = True
+            existing = optimizer._sp_get_slot(variable, sr.slot_name)
+            if existing is not None:
+                self.bind_and_restore(sr.slot_node, as_trackable(existing))
+                continue
+            # restore-on-create (SLOT-03): make the slot from the checkpointed value
+            attributes = self.nodes[sr.slot_node].get("attributes", [])
+            if not attributes:
+                continue
+            value = self._read_checked(attributes[0]["key"], None, None, optimizer, sr.slot_node)
+            slot = as_trackable(optimizer._sp_create_slot(variable, sr.slot_name, np.array(value)))
+            if slot is not None:
+                self._bind(sr.slot_node, slot)
+                st = slot._sp_state()
+                st.restore_uid = max(st.restore_uid, self.uid)
+
+    # -- restore-on-create for Module.add_variable ------------------------------------------------
+    def simple_value(self, node: int, attribute: str, shape: Any, dtype: np.dtype) -> Any:
+        entry = self.nodes[node]
+        attributes = entry.get("attributes", [])
+        if entry.get("children") or entry.get("slots") or len(attributes) != 1:
+            return None
+        if attributes[0]["name"] != attribute:
+            return None
+        value = self._read_checked(attributes[0]["key"], shape, dtype.name, None, node)
+        return np.array(value)
+
+    # -- status support --------------------------------------------------------------------------
+    def unresolved_nodes(self) -> list[int]:
+        return [
+            node
+            for node, entry in enumerate(self.nodes)
+            if node not in self.slot_nodes and entry.get("attributes") and node not in self.resolved
+        ]
+
+    def pending_slots(self) -> list[_SlotRestoration]:
+        return [sr for sr in self.slot_restorations if not sr.done]
+
+    def live_unused(self) -> list[tuple[int, Any, list[str]]]:
+        """(node, object or None if collected, attribute names) of values never restored."""
+        return [(node, ref(), names) for node, (ref, names) in self.unused.items()]
+
+    def is_matched(self, obj: Any) -> bool:
+        ref = self.matched.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def __del__(self) -> None:
+        try:
+            if not self.expect_partial and not sys.is_finalizing():
+                lines = [
+                    f"Value in checkpoint could not be found in the restored object: {self.paths[n]}"
+                    for n in self.unresolved_nodes()
+                ]
+                lines += [
+                    f"Slot variable in checkpoint was never restored: {self.paths[sr.slot_node]}"
+                    for sr in self.pending_slots()
+                ]
+                lines += [
+                    "An attribute in the restored object could not be found in the checkpoint. "
+                    f"Object: {self.paths[n]}, attribute: {names}"
+                    for n, _, names in self.live_unused()
+                ]
+                if lines:
+                    logger.warning(
+                        "A restore of %s is being discarded with unrestored values (see below). "
+                        "To silence this warning, call `status.expect_partial()` on the status "
+                        "returned by restore()/read().\n%s",
+                        self.save_path,
+                        "\n".join(lines),
+                    )
+            close = getattr(self.reader, "close", None)
+            if close is not None:
+                close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (interpreter shutdown)
+            pass
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _live_valued(root: Trackable) -> list[tuple[str, Any]]:
+    """(display path, object) for every live object that holds values, breadth-first."""
+    graph = walk(root)
+    out = []
+    for node, obj in enumerate(graph.objects):
+        if obj._sp_value_specs() or obj._sp_open_attributes:
+            out.append((graph.display_path(node), obj))
+    return out
+
+
+class CheckpointLoadStatus:
+    """Returned by ``restore()``/``read()``; assertions are evaluated live, when called (ST-07)."""
+
+    def __init__(self, coordinator: RestoreCoordinator, root: Trackable) -> None:
+        self._coordinator = coordinator
+        # strong: the assertions walk the live graph from the root, which must stay alive for
+        # as long as the status can be asked (the coordinator itself holds objects weakly)
+        self._root = root
+
+    def assert_consumed(self) -> CheckpointLoadStatus:
+        """Every checkpointed value was matched and every live value was restored."""
+        c = self._coordinator
+        for node in c.unresolved_nodes():
+            keys = [a["key"] for a in c.nodes[node]["attributes"]]
+            raise LoadStatusError(
+                f"Unresolved object in checkpoint {c.paths[node]}: its values {keys} have no "
+                "matching Python object (the dependency does not exist yet, or has a different "
+                "name in the program)."
+            )
+        pending = c.pending_slots()
+        if pending:
+            raise LoadStatusError(
+                "Unresolved slot variables in checkpoint: "
+                + "; ".join(c.paths[sr.slot_node] for sr in pending)
+                + ". The variable and its optimizer must both be attached (and the optimizer "
+                "must implement the slot protocol) for slots to be restored."
+            )
+        unused = c.live_unused()
+        if unused:
+            raise LoadStatusError(
+                "Unused attributes in these objects (the attributes exist in the checkpoint but "
+                "were not restored):\n"
+                + "\n".join(f"{c.paths[n]} ({_short(obj)}): {names}" for n, obj, names in unused)
+            )
+        self.assert_existing_objects_matched()
+        return self
+
+    def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
+        """Every live object that holds values was bound to a checkpointed value."""
+        root = self._root
+        c = self._coordinator
+        unmatched = [f"{p}: {_short(o)}" for p, o in _live_valued(root) if not c.is_matched(o)]
+        if unmatched:
+            n = len(unmatched)
+            raise LoadStatusError(
+                f"Found {n} Python objects that were not bound to checkpointed values, likely "
+                f"due to changes in the Python program. Showing {min(_SHOW, n)} of {n} unmatched "
+                f"objects: [{', '.join(unmatched[:_SHOW])}]"
+            )
+        return self
+
+    def assert_nontrivial_match(self) -> CheckpointLoadStatus:
+        """Something besides the root object matched."""
+        c = self._coordinator
+        if any(node != 0 for node in c.resolved):
+            return self
+        root = self._root
+        valued = [(p, o) for p, o in _live_valued(root) if o is not root]
+        if not valued:
+            raise LoadStatusError(
+                f"Nothing to load. No dependencies have been added to {_short(root)} yet."
+            )
+        raise LoadStatusError(
+            "Nothing except the root object matched a checkpointed value. Typically this means "
+            "that the checkpoint does not match the Python program. The following objects have "
+            f"no matching checkpointed value: [{', '.join(p for p, _ in valued[:_SHOW])}]"
+        )
+
+    def expect_partial(self) -> CheckpointLoadStatus:
+        """Silence the warning about unrestored values when this restore is discarded."""
+        self._coordinator.expect_partial = True
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """No-op: values are restored eagerly (TF graph-mode compatibility)."""
+
+    def initialize_or_restore(self, session: Any = None) -> None:
+        """No-op: values are restored eagerly (TF graph-mode compatibility)."""
+
+
+class InitializationOnlyStatus:
+    """Status of ``restore(None)``: nothing was restored; every assertion fails (RES-11)."""
+
+    _MESSAGE = "No checkpoint specified (save_path=None); nothing is being restored."
+
+    def assert_consumed(self) -> InitializationOnlyStatus:
+        raise LoadStatusError(self._MESSAGE)
+
+    def assert_existing_objects_matched(self) -> InitializationOnlyStatus:
+        raise LoadStatusError(self._MESSAGE)
+
+    def assert_nontrivial_match(self) -> InitializationOnlyStatus:
+        raise LoadStatusError(self._MESSAGE)
+
+    def expect_partial(self) -> InitializationOnlyStatus:
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """No-op."""
+
+    def initialize_or_restore(self, session: Any = None) -> None:
+        """No-op."""
+
+
+class NameBasedLoadStatus:
+    """Status of a restore from a file without an object graph (matched by key, KEY-02)."""
+
+    def __init__(self, missing: list[str], unused_keys: list[str], restored: int) -> None:
+        self._missing = missing
+        self._unused = unused_keys
+        self._restored = restored
+
+    def assert_consumed(self) -> NameBasedLoadStatus:
+        self.assert_existing_objects_matched()
+        if self._unused:
+            raise LoadStatusError(
+                f"Keys in the checkpoint were not restored (no object has them): {self._unused}"
+            )
+        return self
+
+    def assert_existing_objects_matched(self) -> NameBasedLoadStatus:
+        if self._missing:
+            raise LoadStatusError(
+                "Live values were not found in the checkpoint (matched by key, the checkpoint "
+                f"has no object graph): {self._missing[:_SHOW]}"
+            )
+        return self
+
+    def assert_nontrivial_match(self) -> NameBasedLoadStatus:
+        if not self._restored:
+            raise LoadStatusError(
+                "Nothing matched: the checkpoint has no object graph and none of its keys "
+                "equals a key of the live objects."
+            )
+        return self
+
+    def expect_partial(self) -> NameBasedLoadStatus:
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """No-op."""
+
+
+def restore_by_name(reader: Any, root: Trackable) -> NameBasedLoadStatus:
+    """Restore a checkpoint that has no object graph by computing the live keys.
+
+    Used for files written by ``save_file`` with TF-style keys. There is no deferred restore in
+    this mode: only objects that exist now are restored.
+    """
+    graph = walk(root)
+    available = set(reader.keys())
+    used: set[str] = set()
+    missing: list[str] = []
+    restored = 0
+    for node, obj in enumerate(graph.objects):
+        specs = obj._sp_value_specs()
+        values = {}
+        for name, spec in specs.items():
+            if node in graph.slot_prefix:
+                key = f"{graph.slot_prefix[node]}/{ATTRIBUTES}/{_escape_attribute(name)}"
+            else:
+                key = attribute_key(graph.paths[node], name)
+            if key not in available:
+                missing.append(key)
+                continue
+            info = reader.info(key)
+            if spec is not None and tuple(info.shape) != tuple(spec.shape):
+                raise ShapeMismatchError(
+                    f"Received incompatible tensor with shape {tuple(info.shape)} when attempting "
+                    f"to restore {graph.display_path(node)} with shape {tuple(spec.shape)} "
+                    f"(checkpoint key {key!r})."
+                )
+            if spec is not None and str(info.dtype) != spec.dtype:
+                raise DTypeMismatchError(
+                    f"Checkpoint key {key!r} has dtype {info.dtype} but "
+                    f"{graph.display_path(node)} has dtype {spec.dtype}; no implicit cast."
+                )
+            values[name] = reader[key]
+            used.add(key)
+        if values:
+            obj._sp_restore_values(values)
+            restored += 1
+    unused = sorted(available - used - {OBJECT_GRAPH_KEY})
+    return NameBasedLoadStatus(missing, unused, restored)

@@ -1,0 +1,317 @@
+"""The trackable protocol: objects that name their children and their saveable values.
+
+An object takes part in an object-based checkpoint when it is a :class:`Trackable`. The protocol
+is a handful of ``_sp_*`` methods (prefixed so they never collide with user attributes):
+
+``_sp_children()``
+    ordered mapping ``local name -> Trackable``: the named edges of the object graph. Order
+    matters: breadth-first naming gives an object the first path found, and among paths of equal
+    length the dependency inserted first wins.
+``_sp_lookup(name)``
+    the live child called ``name`` or ``None`` (restore matches checkpoint edges by name).
+``_sp_values()``
+    ``attribute name -> value`` to save (numpy arrays, numpy scalars, str, bytes, int, float,
+    bool, None, JSON-able dict/list). A Variable has the single attribute ``VARIABLE_VALUE``.
+``_sp_value_specs()``
+    ``attribute name -> ValueSpec | None``: which attributes the object can restore, and the
+    shape/dtype each must have (checked *before* the value is read: no silent casts).
+``_sp_restore_values(values)``
+    receives the checked values (numpy arrays read lazily from disk) and writes them into the
+    object's own storage, in place where it can (foreign adapters copy into torch tensors here).
+
+Optimizers that own per-variable slot variables also implement the slot protocol
+(:class:`~shardpoint.objgraph.variables.SlotProvider`, next to the variables it creates,
+gives a ready-made implementation).
+
+Foreign objects (torch modules, optimizers, tensors) become trackable through adapters:
+:func:`register_trackable_adapter` maps a class or predicate to a factory that wraps the object
+in a Trackable. Objects with ``state_dict()``/``load_state_dict()`` get a built-in adapter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .errors import DuplicateDependencyError, NotTrackableError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .restore import CheckpointPosition
+
+__all__ = [
+    "Trackable",
+    "ValueSpec",
+    "NoDependency",
+    "register_trackable_adapter",
+    "unregister_trackable_adapter",
+    "as_trackable",
+    "declare_adapter_module",
+    "register_fallback_adapter",
+]
+
+
+class ValueSpec(NamedTuple):
+    """Shape and dtype name (numpy spelling: ``float32``, ``bfloat16``, ``int64``…) of a value."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class _TrackState:
+    """Per-object bookkeeping, created lazily so subclasses need not call ``__init__``."""
+
+    __slots__ = ("deps", "deferred", "restore_uid")
+
+    def __init__(self) -> None:
+        self.deps: dict[str, Trackable] = {}
+        # name -> checkpoint positions waiting for a dependency of that name to be attached
+        self.deferred: dict[str, list[CheckpointPosition]] = {}
+        # uid of the newest restore() whose values this object holds; older ones never overwrite
+        self.restore_uid: int = 0
+
+
+class Trackable:
+    """Base class of everything that can be saved in an object-based checkpoint.
+
+    Subclasses override the ``_sp_*`` protocol methods they need; the defaults describe an
+    object with explicitly tracked children (see :meth:`_sp_track`) and no values.
+    """
+
+    # When True, every attribute the checkpoint holds for this object's node is handed to
+    # _sp_restore_values, not only those named by _sp_value_specs (state-dict adapters use this:
+    # a fresh torch optimizer has no state yet but must accept the saved one).
+    _sp_open_attributes: bool = False
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def _sp_state(self) -> _TrackState:
+        try:
+            return self.__dict__["_sp_st"]
+        except KeyError:
+            st = _TrackState()
+            object.__setattr__(self, "_sp_st", st)
+            return st
+
+    # -- graph protocol --------------------------------------------------------------------
+    def _sp_children(self) -> Mapping[str, Trackable]:
+        """Ordered ``name -> Trackable`` of this object's dependencies."""
+        return dict(self._sp_state().deps)
+
+    def _sp_lookup(self, name: str) -> Trackable | None:
+        """The dependency called ``name``, or None."""
+        return self._sp_state().deps.get(name)
+
+    def _sp_values(self) -> Mapping[str, Any]:
+        """``attribute -> value`` to write; empty for pure containers."""
+        return {}
+
+    def _sp_value_specs(self) -> Mapping[str, ValueSpec | None]:
+        """``attribute -> spec`` this object can restore (``None`` = no shape/dtype check)."""
+        return {}
+
+    def _sp_restore_values(self, values: Mapping[str, Any]) -> None:
+        """Write restored, already checked values into this object."""
+
+    def _sp_check_saveable(self) -> None:
+        """Raise UnsaveableObjectError if the object cannot be saved now (called at save)."""
+
+    # -- dependency management -------------------------------------------------------------
+    def _sp_track(self, name: str, value: Any, *, overwrite: bool = False) -> Trackable:
+        """Declare ``value`` a dependency named ``name`` and run pending restores for it.
+
+        Raises NotTrackableError for non-trackables (TRK-07) and DuplicateDependencyError when
+        the name is taken by another object and ``overwrite`` is False (TRK-08).
+        """
+        tracked = as_trackable(value)
+        if tracked is None:
+            raise NotTrackableError(
+                "Trackable._sp_track() can only be used to track trackable objects (Trackable "
+                f"subclasses or objects with a registered adapter). Got type {type(value)}."
+            )
+        deps = self._sp_state().deps
+        current = deps.get(name)
+        if current is tracked:
+            return tracked  # re-assigning the identical object is a no-op (TRK-01)
+        if current is not None and not overwrite:
+            raise DuplicateDependencyError(
+                f"Called _sp_track() with name={name!r}, but a trackable with this name is "
+                "already declared as a dependency. Names must be unique (or overwrite=True)."
+            )
+        if current is not None:
+            del deps[name]  # an overwrite moves the edge to the end, like a fresh insertion
+        deps[name] = tracked
+        self._sp_handle_deferred(name, tracked)
+        return tracked
+
+    def _sp_untrack(self, name: str) -> None:
+        """Remove the dependency called ``name`` (no error if absent)."""
+        self._sp_state().deps.pop(name, None)
+
+    def _sp_defer(self, name: str, position: CheckpointPosition) -> None:
+        """Park a checkpoint position until a dependency called ``name`` is attached."""
+        self._sp_state().deferred.setdefault(name, []).append(position)
+
+    def _sp_pending(self, name: str) -> list[CheckpointPosition]:
+        """Positions waiting for ``name`` (read-only view, used by restore-on-create)."""
+        return list(self._sp_state().deferred.get(name, ()))
+
+    def _sp_handle_deferred(self, name: str, child: Trackable) -> None:
+        """Restore ``child`` (and its subtree) from every restore waiting on ``name``.
+
+        Newest restore first; the per-object uid makes the restore() *called* last win no
+        matter which order objects are attached in (RES-05).
+        """
+        st = self._sp_state()
+        positions = st.deferred.pop(name, None)
+        if not positions:
+            return
+        positions.sort(key=lambda p: p.uid, reverse=True)
+        for position in positions:
+            position.bind_and_restore(child)
+
+
+class NoDependency:
+    """Wrap a value to assign it to a Module attribute without tracking it (TRK-05)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"NoDependency({self.value!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# Adapters for foreign objects
+# --------------------------------------------------------------------------------------------
+
+AdapterFactory = Callable[[Any], Trackable]
+_ADAPTERS: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
+# Tried after every registered adapter: generic protocols such as state_dict()/load_state_dict().
+_FALLBACK_ADAPTERS: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
+# id(value) -> (weakref to value, weakref to adapter). Both weak: the adapter lives exactly as
+# long as something (a Module dependency) holds it, so the same foreign object seen twice maps to
+# the same adapter (shared objects are stored once) without keeping anything alive.
+_ADAPTER_CACHE: dict[int, tuple[Any, Any]] = {}
+
+
+def register_trackable_adapter(
+    cls_or_predicate: type | tuple[type, ...] | Callable[[Any], bool],
+    factory: AdapterFactory,
+) -> None:
+    """Make foreign objects trackable.
+
+    ``cls_or_predicate`` is a class (or tuple of classes, matched with ``isinstance``) or a
+    predicate ``obj -> bool``; ``factory(obj)`` returns a :class:`Trackable` adapter that names the
+    object's children and values and restores values in place into the object's own storage.
+    Adapters registered later take precedence. Used when a foreign object is assigned to a
+    :class:`~shardpoint.objgraph.module.Module` attribute, put in a tracked list/dict, or passed to
+    ``Checkpoint(...)``; the attribute keeps the foreign object, the graph edge points at the
+    adapter. The same live object always gets the same adapter while it is tracked.
+    """
+    if isinstance(cls_or_predicate, type | tuple):
+        classes = cls_or_predicate
+
+        def predicate(obj: Any) -> bool:
+            return isinstance(obj, classes)
+
+    elif callable(cls_or_predicate):
+        predicate = cls_or_predicate
+    else:
+        raise TypeError("cls_or_predicate must be a class, a tuple of classes or a callable")
+    _ADAPTERS.append((predicate, factory))
+
+
+def register_fallback_adapter(predicate: Callable[[Any], bool], factory: AdapterFactory) -> None:
+    """Like :func:`register_trackable_adapter`, but tried only after every regular adapter
+    (for generic protocols: a specific adapter of the same object always wins)."""
+    _FALLBACK_ADAPTERS.append((predicate, factory))
+
+
+def unregister_trackable_adapter(factory: AdapterFactory) -> None:
+    """Remove every registration of ``factory`` (mainly for tests)."""
+    _ADAPTERS[:] = [(p, f) for p, f in _ADAPTERS if f is not factory]
+    _ADAPTER_CACHE.clear()
+
+
+def _cache_get(value: Any) -> Trackable | None:
+    entry = _ADAPTER_CACHE.get(id(value))
+    if entry is None:
+        return None
+    value_ref, adapter_ref = entry
+    if value_ref() is value:
+        adapter = adapter_ref()
+        if adapter is not None:
+            return adapter
+    del _ADAPTER_CACHE[id(value)]
+    return None
+
+
+def _cache_put(value: Any, adapter: Trackable) -> None:
+    try:
+        value_ref = weakref.ref(value)
+        adapter_ref = weakref.ref(adapter)
+    except TypeError:
+        return  # not weak-referenceable: no sharing detection for this object
+    key = id(value)
+    _ADAPTER_CACHE[key] = (value_ref, adapter_ref)
+    weakref.finalize(adapter, _ADAPTER_CACHE.pop, key, None)
+
+
+def as_trackable(value: Any) -> Trackable | None:
+    """``value`` itself if it is Trackable, else its adapter, else None.
+
+    Adapters are tried newest registration first, then the fallbacks (the ``state_dict()``
+    adapter). When no adapter matches an object of a package named in
+    :func:`declare_adapter_module`, that package's adapter module is imported (it registers its
+    adapters) and the adapters are tried again, before the fallbacks.
+    """
+    if isinstance(value, Trackable):
+        return value
+    cached = _cache_get(value)
+    if cached is not None:
+        return cached
+    adapter = _adapt(value, _ADAPTERS)
+    if adapter is None and _import_declared_adapters(value):
+        adapter = _adapt(value, _ADAPTERS)  # the imported module registered its adapters
+    return adapter if adapter is not None else _adapt(value, _FALLBACK_ADAPTERS)
+
+
+def _adapt(
+    value: Any, registry: list[tuple[Callable[[Any], bool], AdapterFactory]]
+) -> Trackable | None:
+    for predicate, factory in reversed(registry):
+        if predicate(value):
+            adapter = factory(value)
+            if not isinstance(adapter, Trackable):
+                raise TypeError(f"adapter factory {factory!r} returned a non-Trackable {adapter!r}")
+            _cache_put(value, adapter)
+            return adapter
+    return None
+
+
+# Foreign module-name prefix -> the shardpoint module whose import registers its adapters. Filled by the package that knows both sides (``shardpoint/__init__``); this layer
+# never names a framework itself.
+_ADAPTER_MODULES: dict[str, str] = {}
+
+
+def declare_adapter_module(foreign_prefix: str, adapter_module: str) -> None:
+    """Import ``adapter_module`` the first time an object is tracked whose class's module name
+    starts with ``foreign_prefix`` and no registered adapter matches it.
+
+    So ``sp.Checkpoint(model=net)`` uses the torch adapters without the user importing
+    ``shardpoint.torch`` first, while ``import shardpoint`` stays free of torch.
+    """
+    _ADAPTER_MODULES[foreign_prefix] = adapter_module
+
+
+def _import_declared_adapters(value: Any) -> bool:
+    """Import the adapter module declared for ``value``'s package, once; True if imported now."""
+    module_name = type(value).__module__
+    for prefix in list(_ADAPTER_MODULES):
+        if module_name.startswith(prefix):
+            importlib.import_module(_ADAPTER_MODULES.pop(prefix))  # popped: imported at most once
+            return True
+    return False
