@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 # --- object graph API (shardpoint.objgraph) ---
+from .files import declare_in_place_reader as _declare_in_place_reader
 from .objgraph import (
     Checkpoint,
     CheckpointLoadStatus,
@@ -89,6 +90,10 @@ from .objgraph import (
     unregister_trackable_adapter,
 )
 from .objgraph.trackable import declare_adapter_module as _declare_adapter_module
+
+# sp.open reads Hugging Face safetensors checkpoints in place (shardpoint.convert.hf, imported
+# only when a path without a P.index needs it).
+_declare_in_place_reader("shardpoint.convert.hf", "is_hf_path", "HFReader")
 
 # Tracking a torch object imports shardpoint.torch, which registers the torch adapters (so
 # ``sp.Checkpoint(model=net)`` needs no extra import); declared here, where both layers are known.

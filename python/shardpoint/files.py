@@ -14,6 +14,7 @@ float, bool, None, JSON-able dicts/lists), never pickled. What comes back:
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -369,6 +370,19 @@ class Reader:
         self._core.verify()
 
 
+# Foreign formats that :func:`open` reads in place when ``P.index`` is absent, as
+# ``(module, predicate, reader class)`` names. Declared by the package that knows both layers
+# (``shardpoint/__init__`` declares the Hugging Face reader of ``shardpoint.convert.hf``): the
+# storage face imports no upper layer, and the module is imported only when a path needs it.
+_IN_PLACE_READERS: list[tuple[str, str, str]] = []
+
+
+def declare_in_place_reader(module: str, predicate: str, reader: str) -> None:
+    """Let :func:`open` read paths for which ``module.predicate(path)`` is true in place, as
+    ``module.reader(path)`` (a Reader-like object)."""
+    _IN_PLACE_READERS.append((module, predicate, reader))
+
+
 def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contract
     """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
 
@@ -377,10 +391,10 @@ def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contr
     """
     p = os.fspath(prefix)
     if isinstance(p, str) and p and not os.path.exists(p + ".index"):
-        from .convert.hf import HFReader, is_hf_path  # lazily: the storage face needs no HF code
-
-        if is_hf_path(p):
-            return HFReader(p)
+        for module_name, predicate, reader in _IN_PLACE_READERS:
+            module = importlib.import_module(module_name)
+            if getattr(module, predicate)(p):
+                return getattr(module, reader)(p)
     return Reader(prefix)
 
 
