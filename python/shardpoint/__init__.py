@@ -135,7 +135,7 @@ __all__ += [
 # --- end object graph API ---
 
 
-# --- Hugging Face export (issue 18); reading is sp.open(directory) ---
+# --- Hugging Face export (issue 18); reading is sp.open(directory), declared above ---
 import os as _os  # noqa: E402
 from typing import Any as _Any  # noqa: E402
 
@@ -149,9 +149,9 @@ def export_hf(
     durable: bool = True,
     progress: bool | None = None,
 ) -> _Any:
-    """Export a checkpoint (prefix or open Reader) as a Hugging Face safetensors directory,
-    split and named as ``huggingface_hub.save_torch_state_dict`` does; see
-    :func:`shardpoint.convert.export_hf`."""
+    """Export a checkpoint (shardpoint prefix, HF directory, or open Reader) as a Hugging Face
+    safetensors directory, split and named as ``huggingface_hub.save_torch_state_dict`` does;
+    see :func:`shardpoint.convert.hf_export.export_hf`."""
     from .convert.hf_export import export_hf as _export
 
     return _export(

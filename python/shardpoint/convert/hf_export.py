@@ -23,9 +23,12 @@ import tempfile
 from typing import Any
 
 from ..errors import InvalidArgumentError, NotFoundError
+from ..files import Reader
 from ..progress import progress_bar
 from .base import ConvertResult, Source, Spec
+from .hf import HFSource, is_hf_path
 from .safetensors_io import FORMAT_TO_ST, write_safetensors
+from .shardpoint_io import ShardpointSource
 
 __all__ = ["export_hf", "write_hf", "parse_size", "plan_shards", "FILENAME_PATTERN"]
 
@@ -230,8 +233,9 @@ def export_hf(
     """Export a checkpoint as a Hugging Face safetensors directory, tensor by tensor.
 
     Args:
-        src: a shardpoint prefix (or any path ``shardpoint convert`` reads), or an open
+        src: a shardpoint prefix, a Hugging Face directory, or an open
             :class:`shardpoint.Reader` (also one returned by ``sp.open`` on an HF directory).
+            Other formats go through ``shardpoint.convert.convert(src, dst, to="hf")``.
         out_dir: the directory to create; it appears complete or not at all.
         max_shard_size: per-shard limit, ``"5GB"`` style (decimal units) or bytes.
         overwrite: replace an existing non-empty ``out_dir``.
@@ -240,9 +244,6 @@ def export_hf(
 
     Returns the :class:`ConvertResult` (entries, bytes, notes on skipped values).
     """
-    from ..files import Reader
-    from . import open_source
-
     if isinstance(src, Reader):
         source: Source = _ReaderSource(src)
         return write_hf(
@@ -253,7 +254,9 @@ def export_hf(
             durable=durable,
             progress=progress,
         )
-    with open_source(os.fspath(src)) as source:
+    path = os.fspath(src)
+    opened: Source = HFSource(path) if is_hf_path(path) else ShardpointSource(path)
+    with opened as source:
         return write_hf(
             source,
             os.fspath(out_dir),
