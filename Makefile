@@ -65,14 +65,15 @@ test-python: develop
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
-# (import-linter contracts in pyproject.toml: imports only point down), and the stubs of the
-# compiled module checked against the real module.
+# (import-linter contracts in pyproject.toml: imports only point down), mypy on the package
+# (settings in pyproject.toml), and the stubs of the compiled module checked against the real one.
 lint: develop
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/ruff format --check python tests benches
 	$(PY) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+	$(PY) -m mypy
 	$(PY) -m mypy.stubtest shardpoint._core
 
 fmt:

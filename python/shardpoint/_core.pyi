@@ -1,8 +1,13 @@
 # Stubs of the compiled module shardpoint._core (checked by `mypy.stubtest` in `make lint`).
+from collections.abc import Sequence
 from os import PathLike
 from typing import final
 
-from typing_extensions import Buffer as _Buffer
+import numpy as np
+from typing_extensions import Buffer as _PyBuffer
+
+# Anything with the buffer protocol; numpy declares it to type checkers only on Python 3.12+.
+_Buffer = _PyBuffer | np.ndarray
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -67,7 +72,7 @@ class Writer:
 
 def save(
     prefix: str | PathLike[str],
-    items: list[tuple[str, str, str, tuple[int, ...], _Buffer]],
+    items: Sequence[tuple[str, str, str, tuple[int, ...], _Buffer]],
     codec: str,
     level: int,
     chunk_bytes: int,

@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import files
 from .errors import (
@@ -211,11 +211,11 @@ def _list_directory(directory: str, as_json: bool) -> None:
         _emit(f"{directory}: no checkpoints (no state file, no *.index files)")
         return
     table = [["CHECKPOINT", "KEYS", "SIZE", "STATUS"]]
-    for r in out:
-        name = r["checkpoint"] + ("  (latest)" if r["latest"] else "")
-        keys = "-" if r["keys"] is None else str(r["keys"])
-        size = "-" if r["bytes"] is None else human(r["bytes"])
-        table.append([name, keys, size, r["status"]])
+    for row in out:
+        name = row["checkpoint"] + ("  (latest)" if row["latest"] else "")
+        keys = "-" if row["keys"] is None else str(row["keys"])
+        size = "-" if row["bytes"] is None else human(row["bytes"])
+        table.append([name, keys, size, row["status"]])
     _emit(_table(table, right={1, 2}))
     _emit(f"{len(out)} checkpoints (from the {source})")
 
@@ -394,7 +394,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 # --- parsing and the error edge --------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         raise _Fail(message, EXIT_USAGE)
 
@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shardpoint {__version__}")
     _progress_flags(p, default=None)
     # The same flags after the command name (`shardpoint convert --progress ...`) too.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _progress_flags(common, default=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 

@@ -12,6 +12,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +50,7 @@ def _size(prefix: str) -> int:
     )
 
 
-def _timed(label: str, fn, nbytes: int):  # type: ignore[no-untyped-def]
+def _timed(label: str, fn: Callable[[], Any], nbytes: int) -> Any:
     t = time.perf_counter()
     out = fn()
     dt = time.perf_counter() - t

@@ -7,6 +7,7 @@ only when such a dtype is actually written or read.
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ FORMAT_DTYPES: tuple[str, ...] = (
 )
 
 
-def _ml_dtypes():  # type: ignore[no-untyped-def]
+def _ml_dtypes() -> Any:
     try:
         import ml_dtypes
     except ImportError as e:  # pragma: no cover - depends on the environment

@@ -18,6 +18,7 @@ with an 8-byte header length followed by ``{``, a PyTorch file is a zip archive 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
@@ -99,7 +100,7 @@ def detect_format(path: str) -> tuple[str, str]:
 def open_source(path: str) -> Source:
     """Open any supported format for reading (see :func:`detect_format`)."""
     fmt, p = detect_format(path)
-    cls = {
+    cls: Callable[[str], Source] = {
         "shardpoint": ShardpointSource,
         "safetensors": SafetensorsSource,
         "torch": TorchSource,

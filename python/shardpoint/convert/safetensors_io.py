@@ -76,7 +76,7 @@ class SafetensorsSource(Source):
         from safetensors import safe_open
 
         try:
-            self._f = safe_open(path, framework="numpy")
+            self._f: Any = safe_open(path, framework="numpy")
         except FileNotFoundError as e:
             raise NotFoundError(f"{path}: not found") from e
         except Exception as e:  # SafetensorError is not exported under a stable name

@@ -104,7 +104,7 @@ class Checkpoint(Module):
             super()._sp_defer(name, position)
 
     @property
-    def _sp_open_attributes(self) -> bool:  # type: ignore[override]
+    def _sp_open_attributes(self) -> bool:  # type: ignore[override]  # class flag, per-root here
         root = self._sp_root_object
         return bool(root is not None and root._sp_open_attributes)
 

@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -253,7 +253,7 @@ class RestoreCoordinator:
             sr.done = True
             existing = optimizer._sp_get_slot(variable, sr.slot_name)
             if existing is not None:
-                self.bind_and_restore(sr.slot_node, as_trackable(existing))
+                self.bind_and_restore(sr.slot_node, cast(Trackable, as_trackable(existing)))
                 continue
             # restore-on-create (SLOT-03): make the slot from the checkpointed value
             attributes = self.nodes[sr.slot_node].get("attributes", [])

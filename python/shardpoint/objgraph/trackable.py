@@ -211,11 +211,14 @@ def register_trackable_adapter(
     ``Checkpoint(...)``; the attribute keeps the foreign object, the graph edge points at the
     adapter. The same live object always gets the same adapter while it is tracked.
     """
+    predicate: Callable[[Any], bool]
     if isinstance(cls_or_predicate, type | tuple):
         classes = cls_or_predicate
 
-        def predicate(obj: Any) -> bool:
+        def is_instance(obj: Any) -> bool:
             return isinstance(obj, classes)
+
+        predicate = is_instance
 
     elif callable(cls_or_predicate):
         predicate = cls_or_predicate

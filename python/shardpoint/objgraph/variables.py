@@ -173,12 +173,12 @@ for _name, _op in {
     "ge": operator.ge,
 }.items():
     setattr(Variable, f"__{_name}__", _binary(_op))
-Variable.__neg__ = lambda self: -self._value  # type: ignore[attr-defined]
-Variable.__pos__ = lambda self: +self._value  # type: ignore[attr-defined]
-Variable.__abs__ = lambda self: abs(self._value)  # type: ignore[attr-defined]
+setattr(Variable, "__neg__", lambda self: -self._value)  # noqa: B010 - set like the ops above
+setattr(Variable, "__pos__", lambda self: +self._value)  # noqa: B010
+setattr(Variable, "__abs__", lambda self: abs(self._value))  # noqa: B010
 # numpy ufuncs treat Variables through __array__; make binary ops with an ndarray on the left
 # call our reflected methods instead of numpy iterating over us.
-Variable.__array_priority__ = 100  # type: ignore[attr-defined]
+setattr(Variable, "__array_priority__", 100)  # noqa: B010
 
 
 class SlotProvider:

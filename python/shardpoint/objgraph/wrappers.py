@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import copy as _copy
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, SupportsIndex
+from typing import Any, SupportsIndex, cast
 
 from .errors import UnsaveableObjectError
 from .trackable import NoDependency, Trackable, as_trackable
@@ -176,11 +176,11 @@ class ListWrapper(Trackable, list):
         for value in list(values):
             self.append(value)
 
-    def __iadd__(self, values: Iterable[Any]) -> ListWrapper:  # type: ignore[override,misc]
+    def __iadd__(self, values: Iterable[Any]) -> ListWrapper:  # type: ignore[misc]  # += keeps the wrapper, + gives a list
         self.extend(values)
         return self
 
-    def __imul__(self, n: SupportsIndex) -> ListWrapper:  # type: ignore[override,misc]
+    def __imul__(self, n: SupportsIndex) -> ListWrapper:
         count = n.__index__()
         if count <= 0:
             self._sp_mutate(lambda s: s.clear())
@@ -254,17 +254,17 @@ class ListWrapper(Trackable, list):
     def __lt__(self, other: Any) -> bool:
         return self._sp_storage < list(other)
 
-    def __add__(self, other: Any) -> list:  # type: ignore[override]
+    def __add__(self, other: Any) -> list:
         return self._sp_storage + list(other)
 
     def __radd__(self, other: Any) -> list:
         return list(other) + self._sp_storage
 
-    def __mul__(self, n: SupportsIndex) -> list:  # type: ignore[override]
+    def __mul__(self, n: SupportsIndex) -> list:
         return self._sp_storage * n
 
     __rmul__ = __mul__
-    __hash__ = None  # type: ignore[assignment]  # unhashable like list (DS-01)
+    __hash__ = None  # unhashable like list (DS-01)
 
     def index(self, value: Any, *args: Any) -> int:
         return self._sp_storage.index(value, *args)
@@ -377,11 +377,11 @@ class DictWrapper(Trackable, dict):
         del self._sp_storage[key]
         self._sp_sync()
 
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
         for key, value in dict(other, **kwargs).items():
             self[key] = value
 
-    def __ior__(self, other: Any) -> DictWrapper:  # type: ignore[override,misc]
+    def __ior__(self, other: Any) -> DictWrapper:  # type: ignore[misc]  # |= keeps the wrapper, | gives a dict
         self.update(other)
         return self
 
@@ -423,13 +423,13 @@ class DictWrapper(Trackable, dict):
     def __contains__(self, key: object) -> bool:
         return key in self._sp_storage
 
-    def keys(self):  # type: ignore[override]
+    def keys(self):
         return self._sp_storage.keys()
 
-    def values(self):  # type: ignore[override]
+    def values(self):
         return self._sp_storage.values()
 
-    def items(self):  # type: ignore[override]
+    def items(self):
         return self._sp_storage.items()
 
     def copy(self) -> dict:
@@ -443,7 +443,7 @@ class DictWrapper(Trackable, dict):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"DictWrapper({self._sp_storage!r})"
@@ -474,8 +474,9 @@ class _TupleTracking(Trackable):
         nodep = self.__dict__.get("_sp_nodep", set())
         out: dict[str, Trackable] = {}
         fields = getattr(type(self), "_fields", ())
-        pairs = [(f, tuple.__getitem__(self, i)) for i, f in enumerate(fields)]
-        pairs += [(str(i), e) for i, e in enumerate(tuple.__iter__(self))]
+        own = cast("tuple[Any, ...]", self)  # only ever mixed into tuple subclasses
+        pairs = [(f, tuple.__getitem__(own, i)) for i, f in enumerate(fields)]
+        pairs += [(str(i), e) for i, e in enumerate(tuple.__iter__(own))]
         for name, element in pairs:
             if id(element) in nodep:
                 continue
@@ -487,7 +488,7 @@ class _TupleTracking(Trackable):
     def _sp_lookup(self, name: str) -> Trackable | None:
         return self._sp_children().get(name)
 
-    def __copy__(self) -> TupleWrapper:
+    def __copy__(self) -> _TupleTracking:
         return self
 
     def __deepcopy__(self, memo: dict) -> Any:
@@ -497,7 +498,7 @@ class _TupleTracking(Trackable):
             for b in type(self).__mro__
             if issubclass(b, tuple) and not issubclass(b, _TupleTracking)
         )
-        elements = _copy.deepcopy(list(tuple.__iter__(self)), memo)
+        elements = _copy.deepcopy(list(tuple.__iter__(cast("tuple[Any, ...]", self))), memo)
         return TupleWrapper.wrap(tuple.__new__(kind, elements))
 
 
@@ -517,14 +518,15 @@ class TupleWrapper(_TupleTracking, tuple):
         kind = type(value)
         target: type = cls
         if kind is not tuple:
-            target = _NAMEDTUPLE_WRAPPERS.get(kind)  # type: ignore[assignment]
-            if target is None:
+            cached = _NAMEDTUPLE_WRAPPERS.get(kind)
+            if cached is None:
                 name = f"TupleWrapper[{kind.__name__}]"
                 try:
-                    target = type(name, (cls, kind), {})
+                    cached = type(name, (cls, kind), {})
                 except TypeError:  # the subclass has its own __dict__: lay-out conflict
-                    target = type(name, (kind, _TupleTracking), {})
-                _NAMEDTUPLE_WRAPPERS[kind] = target
-        new = tuple.__new__(target, elements)
+                    cached = type(name, (kind, _TupleTracking), {})
+                _NAMEDTUPLE_WRAPPERS[kind] = cached
+            target = cached
+        new: Any = tuple.__new__(target, elements)
         object.__setattr__(new, "_sp_nodep", nodep)
         return new

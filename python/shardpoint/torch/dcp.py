@@ -111,7 +111,7 @@ def _encode(value: Any) -> Any:
         return {"__index": [value.fqn, _encode(value.offset), value.index]}
     cls = _DATACLASSES.get(type(value).__name__)
     if cls is type(value):
-        fields = {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(cls)}
         return {"__dc": cls.__name__, "fields": fields}
     raise TypeError(f"cannot describe {type(value).__module__}.{type(value).__name__} in JSON")
 
