@@ -20,6 +20,8 @@ __all__ = [
     "merge",
     "remove",
     "save",
+    "save_incremental",
+    "stage_copy",
 ]
 
 FORMAT_VERSION: int
@@ -84,4 +86,17 @@ def merge(
     prefix: str | PathLike[str], world_size: int, durable: bool = True, token: str | None = None
 ) -> None: ...
 def remove(prefix: str | PathLike[str]) -> None: ...
+def stage_copy(srcs: list[_Buffer], dsts: list[_Buffer], with_crc: bool) -> list[int]: ...
+def save_incremental(
+    prefix: str | PathLike[str],
+    items: list[tuple[str, str, str, tuple[int, ...], _Buffer]],
+    crcs: list[int] | None,
+    base: str | PathLike[str] | None,
+    codec: str,
+    level: int,
+    chunk_bytes: int,
+    solo_bytes: int,
+    durable: bool,
+    metadata_json: str,
+) -> tuple[int, int, int, int, str | None]: ...
 def dtype_names() -> list[str]: ...

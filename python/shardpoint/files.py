@@ -20,7 +20,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from .errors import (
 )
 from .progress import progress_bar, wanted
 from .values import check_key, decode, encode, json_depth
+
+if TYPE_CHECKING:
+    from .async_save import SaveFuture
 
 __all__ = [
     "save_file",
@@ -50,6 +53,9 @@ PathLike = str | os.PathLike[str]
 
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
 _BYTES_PER_AUTO_SHARD = 256 << 20
+#: Incremental saves give values of at least this many bytes a shard of their own, so that an
+#: unchanged value is re-used by linking its shard even when its neighbours changed.
+_SOLO_BYTES = 4 << 20
 
 
 def _prefix(prefix: PathLike) -> str:
@@ -96,7 +102,10 @@ def save_file(
     durable: bool = True,
     chunk_bytes: int | None = None,
     progress: bool | None = None,
-) -> None:
+    blocking: bool = True,
+    incremental: bool = False,
+    base: PathLike | None = None,
+) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
     Args:
@@ -112,6 +121,17 @@ def save_file(
             for scratch checkpoints and like-for-like comparisons with tools that never fsync.
         chunk_bytes: raw bytes per independently compressed chunk (default 1 MiB).
         progress: show a progress bar (``None``: only when stderr is a terminal; needs tqdm).
+        blocking: ``False`` copies the values into reusable host buffers and returns at once
+            a :class:`~shardpoint.async_save.SaveFuture` (result ``None``); compression, writing
+            and the commit run in the background, in call order (see ``async_save``). The
+            values may be modified as soon as the call returns.
+        incremental: lay the shards out for incremental saves: every value of 4 MiB or more
+            gets a shard file of its own (``shards`` is ignored), so a later save with
+            ``base=`` this checkpoint can re-use it whenever that value is unchanged.
+        base: an earlier checkpoint (implies ``incremental``): shard files of ``base`` whose
+            values are all unchanged (same key, dtype, shape and crc32c of the bytes) are
+            hard-linked instead of written again (FORMAT.md §8.1). Deleting ``base`` later
+            never affects this checkpoint. A missing or unusable base means a full save.
 
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
@@ -123,22 +143,88 @@ def save_file(
         )
     codec, lvl = _opts(compression, level)
     items = [encode(check_key(k), v) for k, v in tensors.items()]
-    total = sum(it[4].nbytes for it in items)
-    if shards is None:
-        shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
-    if wanted(progress):
-        _save_with_progress(p, items, codec, lvl, chunk_bytes, int(shards), durable, metadata)
-        return
-    _core.save(
-        p,
-        items,
-        codec,
-        lvl,
-        int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
-        int(shards),
-        bool(durable),
-        _metadata_json(metadata),
+    meta = _metadata_json(metadata)
+    base_p = None if base is None else _prefix(base)
+    plan = _SavePlan(
+        p, codec, lvl, chunk_bytes, shards, durable, meta, progress, incremental, base_p
     )
+    if blocking:
+        plan.write(items, None)
+        return None
+    from .async_save import default_saver
+
+    return default_saver().submit(plan.staged(items))
+
+
+@dataclass
+class _SavePlan:
+    """Everything about one ``save_file`` call except the values: what the background thread
+    of an asynchronous save needs to write the staged copy."""
+
+    prefix: str
+    codec: str
+    level: int
+    chunk_bytes: int | None
+    shards: int | None
+    durable: bool
+    metadata_json: str
+    progress: bool | None
+    incremental: bool = False
+    base: str | None = None
+
+    def staged(self, items: list[Any]) -> Any:
+        """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
+        (with crcs when the save is incremental) and return the writer of the copy."""
+
+        def stage(bufs: Any) -> Any:
+            copy, crcs = bufs.stage(items, with_crc=self.incremental or self.base is not None)
+            return lambda: self.write(copy, crcs)
+
+        return stage
+
+    def write(self, items: list[Any], crcs: list[int] | None) -> None:
+        """Write and commit ``items`` (``crcs``: their crc32c, when already known)."""
+        cb = int(self.chunk_bytes or _core.DEFAULT_CHUNK_BYTES)
+        if self.incremental or self.base is not None:
+            _core.save_incremental(
+                self.prefix,
+                items,
+                crcs,
+                self.base,
+                self.codec,
+                self.level,
+                cb,
+                _SOLO_BYTES,
+                bool(self.durable),
+                self.metadata_json,
+            )
+            return
+        shards = self.shards
+        if shards is None:
+            total = sum(it[4].nbytes for it in items)
+            shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
+        if wanted(self.progress):
+            _save_with_progress(
+                self.prefix,
+                items,
+                self.codec,
+                self.level,
+                self.chunk_bytes,
+                int(shards),
+                self.durable,
+                self.metadata_json,
+            )
+            return
+        _core.save(
+            self.prefix,
+            items,
+            self.codec,
+            self.level,
+            cb,
+            int(shards),
+            bool(self.durable),
+            self.metadata_json,
+        )
 
 
 def _save_with_progress(
@@ -149,7 +235,7 @@ def _save_with_progress(
     chunk_bytes: int | None,
     shards: int,
     durable: bool,
-    metadata: Mapping[str, Any] | None,
+    metadata_json: str,
 ) -> None:
     """``save_file`` through the streaming writer, one thread per shard, updating a bar."""
     from concurrent.futures import ThreadPoolExecutor
@@ -163,7 +249,7 @@ def _save_with_progress(
         bool(durable),
         0,
         1,
-        _metadata_json(metadata),
+        metadata_json,
     )
     bar = progress_bar(sum(it[4].nbytes for it in items), f"save {os.path.basename(prefix)}")
     try:

@@ -10,6 +10,8 @@
 //! - [`shard`]: writing one shard file;
 //! - [`writer`]: multi-shard and multi-writer saves, partial-index merge;
 //! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
+//! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
+//! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
 //! - [`commit`]: file naming, atomic publish, cleanup, removal;
 //! - [`error`]: the crate's one error type.
 
@@ -17,13 +19,16 @@ pub mod codec;
 pub mod commit;
 pub mod error;
 pub mod format;
+pub mod incremental;
 pub mod index;
 pub mod reader;
 pub mod shard;
+pub mod staging;
 pub mod writer;
 
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
+pub use incremental::{save_incremental, IncrementalReport};
 pub use reader::Reader;
 pub use shard::Item;
 pub use writer::{merge, save, CheckpointWriter, WriterOptions};

@@ -99,7 +99,7 @@ impl WriterOptions {
     }
 }
 
-fn meta_blob(user_json: &str, extra: &str) -> String {
+pub(crate) fn meta_blob(user_json: &str, extra: &str) -> String {
     format!(
         "{{\"format\":{FORMAT_VERSION},\"writer\":\"shardpoint {}\"{extra},\"user\":{user_json}}}",
         env!("CARGO_PKG_VERSION")

@@ -6,6 +6,7 @@
 
 mod buffers;
 mod read;
+mod staged;
 mod write;
 
 use pyo3::exceptions::PyValueError;
@@ -72,6 +73,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
+    m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(staged::save_incremental, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add("FORMAT_VERSION", shardpoint_core::format::FORMAT_VERSION)?;
     m.add(

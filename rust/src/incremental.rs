@@ -1,0 +1,554 @@
+//! Incremental saves (FORMAT.md §8.1): a new checkpoint re-uses whole shard files of a base
+//! checkpoint whose every value is unchanged, by hard-linking them under its own names.
+//!
+//! What must stay true:
+//! - a shard is linked only when *every* entry in it matches a value being saved: same key,
+//!   dtype, kind, shape and crc32c of the raw bytes (never an identity or counter alone);
+//! - the result is an ordinary v1 checkpoint: each of its files is a name of `P`, so deleting
+//!   the base (its names) never touches the new checkpoint, and a v1 reader reads it as is;
+//! - a linked file is checked against the base's shard record (length, save token, header crc)
+//!   before the index that references it is written; any doubt falls back to a full save.
+
+use crate::commit::{parent_dir, random_token, sync_dir, with_suffix};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::{EntryMeta, IndexView, ShardRec};
+use crate::shard::{par_crc, Item, ShardWriter};
+use crate::writer::{commit_index, meta_blob, WriterOptions};
+use rayon::prelude::*;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Small values are packed together into shards of about this many bytes.
+const PACK_BYTES: u64 = 256 << 20;
+
+/// What an incremental save did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IncrementalReport {
+    /// Shards hard-linked (or copied) from the base checkpoint.
+    pub linked_shards: u32,
+    /// Raw bytes of the values those shards hold (not written again).
+    pub linked_bytes: u64,
+    /// Raw bytes of the values written.
+    pub written_bytes: u64,
+    /// Shard files written.
+    pub written_shards: u32,
+    /// Why nothing could be re-used from the base, when it could not be read.
+    pub base_problem: Option<String>,
+}
+
+/// Save `items` at `prefix`, re-using the shards of checkpoint `base` whose values are all
+/// unchanged. `crcs` (one per item, crc32c of its bytes, e.g. computed while staging) spares
+/// recomputing them. Values of `solo_bytes` or more get a shard of their own so a changed
+/// value never forces an unchanged one to be rewritten; smaller ones are packed together.
+pub fn save_incremental(
+    prefix: &Path,
+    items: &[Item<'_>],
+    crcs: Option<&[u32]>,
+    base: Option<&Path>,
+    solo_bytes: u64,
+    opts: WriterOptions,
+) -> Result<IncrementalReport> {
+    if opts.world_size != 1 {
+        return Err(Error::InvalidArgument(
+            "incremental saves have one writer".into(),
+        ));
+    }
+    let mut seen = HashSet::with_capacity(items.len());
+    for it in items {
+        it.validate()?;
+        if !seen.insert(it.key.as_str()) {
+            return Err(Error::DuplicateKey {
+                key: it.key.clone(),
+                context: "given twice".into(),
+            });
+        }
+    }
+    let crcs: Vec<u32> = match crcs {
+        Some(c) if c.len() == items.len() => c.to_vec(),
+        Some(c) => {
+            return Err(Error::InvalidArgument(format!(
+                "{} crcs given for {} items",
+                c.len(),
+                items.len()
+            )))
+        }
+        None => items.par_iter().map(|it| par_crc(it.data)).collect(),
+    };
+    let mut report = IncrementalReport::default();
+    let plan = match base {
+        Some(b) => match plan_links(b, items, &crcs, opts.chunk_bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                report.base_problem = Some(e.to_string());
+                LinkPlan::default()
+            }
+        },
+        None => LinkPlan::default(),
+    };
+    match write_and_commit(prefix, items, &plan, solo_bytes, &opts, base, &mut report) {
+        Err(LinkFailed(why)) if !plan.shards.is_empty() => {
+            // The base changed under us (e.g. rotated away): save everything afresh.
+            let mut full = IncrementalReport {
+                base_problem: Some(why),
+                ..Default::default()
+            };
+            write_and_commit(
+                prefix,
+                items,
+                &LinkPlan::default(),
+                solo_bytes,
+                &opts,
+                base,
+                &mut full,
+            )
+            .map_err(|e| e.into_error())?;
+            Ok(full)
+        }
+        Err(e) => Err(e.into_error()),
+        Ok(()) => Ok(report),
+    }
+}
+
+/// Base shards to link and their entries (shard ids still the base's).
+#[derive(Default)]
+struct LinkPlan {
+    base_index_path: Option<std::path::PathBuf>,
+    shards: Vec<(ShardRec, Vec<EntryMeta>)>,
+    covered: HashSet<usize>,
+}
+
+/// Read the base index and pick the shards whose entries all match an item.
+fn plan_links(base: &Path, items: &[Item<'_>], crcs: &[u32], chunk_bytes: u32) -> Result<LinkPlan> {
+    let ip = crate::commit::index_path(base);
+    let bytes = fs::read(&ip).map_err(|e| Error::io(&ip, "read base index", e))?;
+    let view = IndexView::open(bytes, &ip)?;
+    view.verify_all()?;
+    let mut plan = LinkPlan {
+        base_index_path: Some(ip.clone()),
+        ..Default::default()
+    };
+    if view.chunk_bytes() != chunk_bytes {
+        return Ok(plan); // chunk tables would not match this index's chunk size
+    }
+    let by_key: HashMap<&str, usize> = items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| (it.key.as_str(), i))
+        .collect();
+    let nshards = view.shards().len();
+    let mut ok = vec![true; nshards];
+    let mut ents: Vec<Vec<(EntryMeta, usize)>> = vec![Vec::new(); nshards];
+    for i in 0..view.len() {
+        let e = view.entry(i)?.to_meta();
+        let s = e.shard as usize;
+        let hit = by_key.get(e.key.as_str()).copied().filter(|&j| {
+            let it = &items[j];
+            it.dtype == e.dtype && it.kind == e.kind && it.dims == e.dims && crcs[j] == e.crc
+        });
+        match hit {
+            Some(j) => ents[s].push((e, j)),
+            None => ok[s] = false,
+        }
+    }
+    for (s, es) in ents.into_iter().enumerate() {
+        if ok[s] && !es.is_empty() {
+            plan.covered.extend(es.iter().map(|(_, j)| *j));
+            plan.shards.push((
+                view.shards()[s].clone(),
+                es.into_iter().map(|(e, _)| e).collect(),
+            ));
+        }
+    }
+    Ok(plan)
+}
+
+/// Why a write failed: a link that could not be made (retry as a full save) or anything else.
+enum WriteError {
+    LinkFailed(String),
+    Other(Error),
+}
+use WriteError::LinkFailed;
+
+impl WriteError {
+    fn into_error(self) -> Error {
+        match self {
+            WriteError::LinkFailed(why) => Error::InvalidArgument(why),
+            WriteError::Other(e) => e,
+        }
+    }
+}
+
+impl From<Error> for WriteError {
+    fn from(e: Error) -> Self {
+        WriteError::Other(e)
+    }
+}
+
+/// Group the items not covered by links into shards: big ones alone, small ones packed.
+fn group_fresh(items: &[Item<'_>], covered: &HashSet<usize>, solo_bytes: u64) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut pack: Vec<usize> = Vec::new();
+    let mut pack_bytes = 0u64;
+    for (i, it) in items.iter().enumerate() {
+        if covered.contains(&i) {
+            continue;
+        }
+        let n = it.data.len() as u64;
+        if n >= solo_bytes.max(1) {
+            groups.push(vec![i]);
+        } else {
+            if pack_bytes + n > PACK_BYTES && !pack.is_empty() {
+                groups.push(std::mem::take(&mut pack));
+                pack_bytes = 0;
+            }
+            pack.push(i);
+            pack_bytes += n;
+        }
+    }
+    if !pack.is_empty() {
+        groups.push(pack);
+    }
+    groups
+}
+
+fn write_and_commit(
+    prefix: &Path,
+    items: &[Item<'_>],
+    plan: &LinkPlan,
+    solo_bytes: u64,
+    opts: &WriterOptions,
+    base: Option<&Path>,
+    report: &mut IncrementalReport,
+) -> std::result::Result<(), WriteError> {
+    let groups = group_fresh(items, &plan.covered, solo_bytes);
+    let total = groups.len() + plan.shards.len();
+    if total > 99_999 {
+        return Err(Error::InvalidArgument(format!(
+            "{total} shards would exceed the 99999 a checkpoint may have; raise solo_bytes"
+        ))
+        .into());
+    }
+    let total = total.max(1) as u32;
+    let token = random_token();
+    // Links first: if the base vanished, nothing has been written yet.
+    let mut linked_recs = Vec::with_capacity(plan.shards.len());
+    let mut made: Vec<std::path::PathBuf> = Vec::new();
+    for (k, (rec, _)) in plan.shards.iter().enumerate() {
+        let id = (groups.len() + k) as u32;
+        let src = with_suffix(base.expect("a plan has a base"), &rec.name);
+        match link_checked(prefix, &src, rec, id, total, token) {
+            Ok((name, path)) => {
+                made.push(path);
+                linked_recs.push(ShardRec {
+                    name,
+                    ..rec.clone()
+                });
+            }
+            Err(e) => {
+                for p in made {
+                    let _ = fs::remove_file(p);
+                }
+                return Err(LinkFailed(format!(
+                    "could not re-use shard {} of the base checkpoint: {e}",
+                    src.display()
+                )));
+            }
+        }
+    }
+    let fresh = write_groups(prefix, items, &groups, total, token, opts);
+    let (mut recs, mut entries) = match fresh {
+        Ok(x) => x,
+        Err(e) => {
+            for p in made {
+                let _ = fs::remove_file(p);
+            }
+            return Err(e.into());
+        }
+    };
+    report.written_shards = recs.len() as u32;
+    report.written_bytes = groups
+        .iter()
+        .flatten()
+        .map(|&i| items[i].data.len() as u64)
+        .sum();
+    for (k, ((_, ents), rec)) in plan.shards.iter().zip(linked_recs).enumerate() {
+        let id = (report.written_shards as usize + k) as u32;
+        for e in ents {
+            report.linked_bytes += raw_len(&e.dims, e.dtype.itemsize()).unwrap_or(0);
+            entries.push(EntryMeta {
+                shard: id,
+                ..e.clone()
+            });
+        }
+        recs.push(rec);
+    }
+    report.linked_shards = plan.shards.len() as u32;
+    if opts.durable && !plan.shards.is_empty() {
+        sync_dir(&parent_dir(prefix))?; // the links are durable before the index names them
+    }
+    let base_name = plan
+        .base_index_path
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().trim_end_matches(".index").to_string())
+        .unwrap_or_default();
+    let extra = format!(
+        ",\"incremental\":{{\"base\":{},\"linked_shards\":{},\"linked_bytes\":{}}}",
+        json_str(&base_name),
+        report.linked_shards,
+        report.linked_bytes
+    );
+    let meta = meta_blob(&opts.metadata_json, &extra);
+    commit_index(
+        prefix,
+        &recs,
+        entries,
+        opts.chunk_bytes,
+        meta.as_bytes(),
+        opts.durable,
+    )?;
+    Ok(())
+}
+
+/// A JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A finished shard: its record and entries.
+type Finished = (ShardRec, Vec<EntryMeta>);
+
+/// Write the fresh groups, a bounded number of threads pulling groups in turn.
+fn write_groups(
+    prefix: &Path,
+    items: &[Item<'_>],
+    groups: &[Vec<usize>],
+    total: u32,
+    token: u64,
+    opts: &WriterOptions,
+) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+        .min(groups.len().max(1));
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Finished>>> = Mutex::new(vec![None; groups.len()]);
+    let enc = crate::shard::EncodeOptions {
+        codec: opts.codec,
+        level: opts.level,
+        chunk_bytes: opts.chunk_bytes,
+    };
+    std::thread::scope(|sc| -> Result<()> {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| -> Result<()> {
+                    loop {
+                        let g = next.fetch_add(1, Ordering::Relaxed);
+                        if g >= groups.len() {
+                            return Ok(());
+                        }
+                        let mut w = ShardWriter::create(prefix, g as u32, total, token)?;
+                        for &i in &groups[g] {
+                            w.write_item(&items[i], enc)?;
+                        }
+                        let r = w.finish(opts.durable)?;
+                        done.lock().expect("results lock")[g] = Some(r);
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().expect("writer thread panicked"))
+    })?;
+    let mut recs = Vec::with_capacity(groups.len());
+    let mut entries = Vec::new();
+    for (g, r) in done
+        .into_inner()
+        .expect("results lock")
+        .into_iter()
+        .enumerate()
+    {
+        let (rec, ents) = r.expect("every group written");
+        recs.push(rec);
+        entries.extend(ents.into_iter().map(|e| EntryMeta {
+            shard: g as u32,
+            ..e
+        }));
+    }
+    Ok((recs, entries))
+}
+
+/// Give base shard `src` a name of `prefix` (hard link; a copy where links are impossible)
+/// and check the file is the one the base index describes.
+fn link_checked(
+    prefix: &Path,
+    src: &Path,
+    rec: &ShardRec,
+    id: u32,
+    total: u32,
+    token: u64,
+) -> Result<(String, std::path::PathBuf)> {
+    let mut last = None;
+    for name in [
+        shard_name(id, total, None),
+        shard_name(id, total, Some(token)),
+    ] {
+        let dest = with_suffix(prefix, &name);
+        match fs::hard_link(src, &dest) {
+            Ok(()) => {
+                if let Err(e) = check_shard_file(&dest, rec) {
+                    let _ = fs::remove_file(&dest);
+                    return Err(e);
+                }
+                return Ok((name, dest));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(Error::io(&dest, "link base shard", e));
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::Unsupported
+                    || e.raw_os_error() == Some(1) /* EPERM */
+                    || e.raw_os_error() == Some(18) /* EXDEV */ =>
+            {
+                copy_shard(src, &dest, token)?;
+                if let Err(e) = check_shard_file(&dest, rec) {
+                    let _ = fs::remove_file(&dest);
+                    return Err(e);
+                }
+                return Ok((name, dest));
+            }
+            Err(e) => return Err(Error::io(&dest, "link base shard", e)),
+        }
+    }
+    Err(last.expect("two names tried"))
+}
+
+/// Copy a shard to `dest` through a temp name (never exposing a partial file), fsynced.
+fn copy_shard(src: &Path, dest: &Path, token: u64) -> Result<()> {
+    let tmp = with_suffix(dest, &format!(".tmp-{token:016x}"));
+    let res = (|| {
+        fs::copy(src, &tmp).map_err(|e| Error::io(src, "copy base shard", e))?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(&tmp, "fsync copied shard", e))?;
+        fs::hard_link(&tmp, dest)
+            .or_else(|_| fs::rename(&tmp, dest))
+            .map_err(|e| Error::io(dest, "publish copied shard", e))
+    })();
+    let _ = fs::remove_file(&tmp);
+    res
+}
+
+/// The shard file at `path` has the length, save token and header crc of `rec`.
+fn check_shard_file(path: &Path, rec: &ShardRec) -> Result<()> {
+    let mut f = File::open(path).map_err(|e| Error::io(path, "open linked shard", e))?;
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io(path, "stat linked shard", e))?
+        .len();
+    let mut hdr = [0u8; SHARD_HEADER_LEN];
+    f.read_exact(&mut hdr)
+        .map_err(|e| Error::io(path, "read linked shard header", e))?;
+    let (h, hcrc) = ShardHeader::decode(&hdr, path)?;
+    if len != rec.file_len || h.save_token != rec.save_token || hcrc != rec.header_crc {
+        return Err(Error::corrupt(
+            path,
+            0,
+            "base shard does not match the base index (replaced or truncated)",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::Reader;
+
+    fn item<'a>(key: &str, data: &'a [u8]) -> Item<'a> {
+        Item {
+            key: key.into(),
+            dtype: DType::F32,
+            kind: Kind::Tensor,
+            dims: vec![data.len() as u64 / 4],
+            data,
+        }
+    }
+
+    fn read(prefix: &Path, key: &str) -> Vec<u8> {
+        let r = Reader::open(prefix).unwrap();
+        let e = r.entry(key).unwrap();
+        let mut out = vec![0u8; raw_len(&e.to_meta().dims, 4).unwrap() as usize];
+        r.read_into(&e, &mut out, true).unwrap();
+        out
+    }
+
+    #[test]
+    fn unchanged_big_values_are_linked_and_survive_base_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p1, p2) = (dir.path().join("a"), dir.path().join("b"));
+        let frozen: Vec<u8> = (0..(1u32 << 20))
+            .flat_map(|i| (i % 977).to_le_bytes())
+            .collect();
+        let mut train = vec![1u8; 1 << 20];
+        let opts = WriterOptions::default();
+        let r1 = save_incremental(
+            &p1,
+            &[item("frozen", &frozen), item("train", &train)],
+            None,
+            None,
+            1 << 20,
+            opts.clone(),
+        )
+        .unwrap();
+        assert_eq!((r1.linked_shards, r1.written_shards), (0, 2));
+        train[5] = 9;
+        let r2 = save_incremental(
+            &p2,
+            &[item("frozen", &frozen), item("train", &train)],
+            None,
+            Some(&p1),
+            1 << 20,
+            opts,
+        )
+        .unwrap();
+        assert_eq!(r2.linked_shards, 1);
+        assert_eq!(r2.linked_bytes, frozen.len() as u64);
+        assert_eq!(r2.written_bytes, train.len() as u64);
+        crate::commit::remove(&p1).unwrap();
+        Reader::open(&p2).unwrap().verify().unwrap();
+        assert_eq!(read(&p2, "frozen"), frozen);
+        assert_eq!(read(&p2, "train"), train);
+    }
+
+    #[test]
+    fn wrong_crc_count_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = [0u8; 8];
+        let e = save_incremental(
+            &dir.path().join("a"),
+            &[item("x", &d)],
+            Some(&[1, 2]),
+            None,
+            1,
+            WriterOptions::default(),
+        );
+        assert!(matches!(e, Err(Error::InvalidArgument(_))));
+    }
+}
