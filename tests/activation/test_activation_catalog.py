@@ -461,7 +461,10 @@ def test_ck18_tensor_count_mismatch():
         checkpoint(_saves(False, fewer_on_recompute=True), leaf(3)).backward()
     with set_checkpoint_early_stop(False):
         out = checkpoint(_saves(True), leaf(3))
-    with pytest.raises(RecomputeMismatchError, match="more tensors than the original forward"):
+    with pytest.raises(
+        RecomputeMismatchError,
+        match="trying to save more tensors during recomputation than during the original forward pass",
+    ):
         out.backward()
     checkpoint(_saves(True), leaf(3)).backward()
 
@@ -571,7 +574,10 @@ def test_ck21_unpacking_twice_is_an_error():
             return g * 2
 
     out = checkpoint(lambda t: Twice.apply(t.sin()), leaf(3))
-    with pytest.raises(ActivationCheckpointError, match="unpacked twice"):
+    with pytest.raises(
+        ActivationCheckpointError,
+        match="Unpack is being triggered for a tensor that was already unpacked once",
+    ):
         out.sum().backward()
 
 

@@ -27,10 +27,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils.checkpoint import GraphExecGroup as _TorchGraphExecGroup
+
 from ._common import (
     ActivationCheckpointError,
     RecomputeMismatchError,
+    debug_override,
     early_stop_override,
+    set_checkpoint_debug_enabled,
     set_checkpoint_early_stop,
 )
 from ._nonreentrant import checkpoint_nonreentrant
@@ -51,11 +55,17 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "segment_cost",
+    "set_checkpoint_debug_enabled",
     "set_checkpoint_early_stop",
     "split_points",
+    "GraphExecGroup",
 ]
 
 _DETERMINISM_CHECKS = ("default", "none")
+
+#: PyTorch's context manager, re-exported: backward calls under one instance recompute each
+#: checkpointed region at most once (non-reentrant checkpoints of both libraries honour it).
+GraphExecGroup = _TorchGraphExecGroup
 
 
 def checkpoint(
@@ -108,6 +118,9 @@ def checkpoint(
             f"determinism_check should be one of {list(_DETERMINISM_CHECKS)}, "
             f"but got {determinism_check}"
         )
+    debug_forced = debug_override()
+    if debug_forced is not None and not use_reentrant:
+        debug = debug_forced
     if use_reentrant:
         if context_fn is not None or debug:
             raise ValueError(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import CheckpointError as _TorchCheckpointError
 
 from shardpoint.errors import CheckpointError
 
@@ -16,6 +17,8 @@ __all__ = [
     "RecomputeMismatchError",
     "set_checkpoint_early_stop",
     "early_stop_override",
+    "set_checkpoint_debug_enabled",
+    "debug_override",
     "iter_tensors",
     "blank_tensors",
     "fill_tensors",
@@ -23,11 +26,11 @@ __all__ = [
 ]
 
 
-class ActivationCheckpointError(CheckpointError, RuntimeError):
+class ActivationCheckpointError(CheckpointError, _TorchCheckpointError):
     """Activation checkpointing was used in a way it cannot support.
 
-    It is a :class:`RuntimeError` as well, so code written against ``torch.utils.checkpoint``
-    (whose errors are RuntimeErrors) keeps catching it.
+    It is also a ``torch.utils.checkpoint.CheckpointError`` (a :class:`RuntimeError`), so
+    ``except`` clauses written for ``torch.utils.checkpoint`` keep catching it.
     """
 
 
@@ -61,6 +64,32 @@ def set_checkpoint_early_stop(enable: bool) -> Iterator[None]:
 def early_stop_override() -> bool | None:
     """The value set by the innermost active :func:`set_checkpoint_early_stop`, if any."""
     return _EARLY_STOP
+
+
+# Set by ``set_checkpoint_debug_enabled``; ``None`` defers to each call's ``debug`` argument.
+_DEBUG: bool | None = None
+
+
+@contextlib.contextmanager
+def set_checkpoint_debug_enabled(enabled: bool | None) -> Iterator[None]:
+    """Within this block, checkpoints run in debug mode (``True``), not in debug mode
+    (``False``) whatever their ``debug`` argument says, or as their argument says (``None``).
+
+    Same contract as ``torch.utils.checkpoint.set_checkpoint_debug_enabled``: read when the
+    checkpointed forward runs.
+    """
+    global _DEBUG
+    previous = _DEBUG
+    _DEBUG = enabled
+    try:
+        yield
+    finally:
+        _DEBUG = previous
+
+
+def debug_override() -> bool | None:
+    """The value set by the innermost active :func:`set_checkpoint_debug_enabled`, if any."""
+    return _DEBUG
 
 
 def _is_namedtuple(obj: object) -> bool:

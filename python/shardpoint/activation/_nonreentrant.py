@@ -34,12 +34,34 @@ from ._common import (
     fill_tensors,
     iter_tensors,
 )
+from ._debug import OpLog, format_debug_report
 from ._state import AutocastState, DeviceContext, RngSnapshot, accelerator_types
 
 __all__ = ["checkpoint_nonreentrant"]
 
 _FRESH_IDS = itertools.count(start=1 << 62)  # ids for unpacks that happen outside a backward
 _THIS_FILE = __file__
+
+
+DEBUG_TIP = (
+    "\nTip: to see the operators that ran in the forward and in the recomputation, pass "
+    "`debug=True` to checkpoint(...) or wrap the code in "
+    "`with shardpoint.activation.set_checkpoint_debug_enabled(True):`."
+)
+
+# PyTorch's wording for the errors that users' ``except``/``match=`` clauses rely on; each is
+# prefixed with where it comes from.
+UNPACKED_TWICE = (
+    "Unpack is being triggered for a tensor that was already unpacked once. {extra}If you are "
+    "calling ctx.saved_tensors in backward, make sure to do so only once. (shardpoint frees "
+    "each recomputed tensor after its first use to save memory; read ctx.saved_tensors once "
+    "and reuse the result.)"
+)
+GRAPH_EXEC_GROUP_OVERLAP = (
+    "Performing two backward calls that overlap (i.e. require the same saved activation in "
+    "order to compute gradients) is not allowed while under the "
+    "torch.utils.checkpoint.GraphExecGroup context. "
+)
 
 
 class _StopRecompute(Exception):
@@ -69,6 +91,40 @@ class _SaveInputs(torch.autograd.Function):
         raise AssertionError("shardpoint.activation: _SaveInputs.backward must not run")
 
 
+def _user_saved_tensors_hooks() -> Any:
+    """The (pack, unpack) pair a tensor saved right now would use, skipping checkpoint-internal
+    hooks (ours and PyTorch's mark theirs the same way), or ``None``."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # pragma: no cover - older torch
+        return None
+    hooks = top(False)
+    while hooks is not None and getattr(hooks[0], "_checkpoint_internal", False):
+        hooks = getattr(hooks[0], "_user_hooks", None)
+    return hooks
+
+
+class _InternalHooks(torch.autograd.graph.saved_tensors_hooks):
+    """A saved-tensor hook pair marked as belonging to a checkpoint, so that code looking for
+    the *user's* hooks (selective checkpointing's cache, nested checkpoints) looks past it.
+
+    ``_user_hooks`` only exists while the pair is active: the graph keeps the pack hook alive in
+    a way the garbage collector cannot traverse, so a permanent attribute would let the graph
+    pin the user's hooks (and whatever they reach) forever.
+    """
+
+    def __init__(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], Any]) -> None:
+        pack._checkpoint_internal = True  # type: ignore[attr-defined]
+        super().__init__(pack, unpack)
+
+    def __enter__(self) -> None:
+        self.pack_hook._user_hooks = _user_saved_tensors_hooks()  # type: ignore[attr-defined]
+        super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.pack_hook.__dict__.pop("_user_hooks", None)
+        super().__exit__(*exc)
+
+
 def _metadata(t: torch.Tensor) -> dict[str, Any]:
     return {"shape": tuple(t.shape), "dtype": t.dtype, "device": t.device}
 
@@ -79,6 +135,21 @@ def _call_site() -> str:
         if frame.filename != _THIS_FILE and "/torch/" not in frame.filename:
             return f"{frame.filename}:{frame.lineno} in {frame.name}"
     return "<unknown>"
+
+
+def _current_gid() -> Any:
+    """Which backward pass an unpack belongs to: the active ``GraphExecGroup`` if any, else the
+    autograd graph task, else (unpacked outside any backward) a fresh id."""
+    group = _current_graph_exec_group()
+    if group is not None:
+        return group
+    gid = torch._C._current_graph_task_id()
+    return next(_FRESH_IDS) if gid == -1 else gid
+
+
+def _current_graph_exec_group() -> Any:
+    probe = getattr(torch._C, "_get_graph_exec_group", None)
+    return None if probe is None else probe()
 
 
 class _Frame:
@@ -109,15 +180,30 @@ class _Frame:
         self.check_metadata = check_metadata
         self.early_stop = early_stop
         self.debug = debug
+        self.forward_log: OpLog | None = None
+        self.recompute_log: OpLog | None = None
         self.input_node: Any = None  # grad_fn of _SaveInputs, owns the saved inputs
         self.holders: list[weakref.ref[_Holder]] = []
         self.metadata: list[dict[str, Any]] = []
         self.sites: list[str] = []  # where each tensor was saved (debug only)
         self.forward_done = False
-        # Per backward pass (graph task id): recomputed tensors not yet handed out.
-        self.recomputed: dict[int, dict[int, torch.Tensor]] = {}
-        self.finished: set[int] = set()
+        # Per backward pass (graph task id or GraphExecGroup): recomputed tensors not yet
+        # handed out, and the passes that already ran their recompute.
+        self.recomputed: dict[Any, dict[int, torch.Tensor]] = {}
+        self.finished: set[Any] = set()
         self.lock = threading.RLock()
+
+    def hooks(self) -> _InternalHooks:
+        """The forward's hook pair. Closures, not bound methods: the pack hook must carry the
+        attributes of :class:`_InternalHooks`."""
+
+        def pack(t: torch.Tensor) -> _Holder:
+            return self.pack(t)
+
+        def unpack(holder: _Holder) -> torch.Tensor:
+            return self.unpack(holder)
+
+        return _InternalHooks(pack, unpack)
 
     # -- forward ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> _Holder:
@@ -131,63 +217,76 @@ class _Frame:
 
     # -- backward --------------------------------------------------------------------------
     def unpack(self, holder: _Holder) -> torch.Tensor:
-        gid = torch._C._current_graph_task_id()
-        if gid == -1:
-            # Unpacked outside of a backward pass (e.g. reading grad_fn._saved_self).
-            gid = next(_FRESH_IDS)
+        gid = _current_gid()
         with self.lock:
             if gid not in self.finished:
-                if not self.forward_done:
-                    raise ActivationCheckpointError(
-                        "shardpoint.activation: a tensor saved inside a non-reentrant "
-                        "checkpoint was needed by a backward pass that ran before the "
-                        "checkpointed function returned (autograd called inside the "
-                        "function). Compute those gradients outside the checkpoint."
-                    )
-                self.recomputed[gid] = self._recompute(gid)
+                self.recomputed[gid] = self._recompute_reporting(gid)
                 self.finished.add(gid)
             store = self.recomputed.get(gid, {})
             tensor = store.pop(holder.index, None)
             if not store:
                 self.recomputed.pop(gid, None)
         if tensor is None:
+            extra = GRAPH_EXEC_GROUP_OVERLAP if _current_graph_exec_group() is not None else ""
             raise ActivationCheckpointError(
-                "shardpoint.activation: a tensor saved by a checkpointed function was unpacked "
-                "twice in one backward pass. Each recomputed tensor is freed after its first "
-                "use to save memory; if a custom autograd Function reads ctx.saved_tensors "
-                "more than once in backward, read it once and reuse the result."
+                "shardpoint.activation: " + UNPACKED_TWICE.format(extra=extra)
             )
         return tensor
 
-    def _recompute(self, gid: int) -> dict[int, torch.Tensor]:
+    def _recompute_reporting(self, gid: Any) -> dict[int, torch.Tensor]:
+        try:
+            return self._recompute(gid)
+        except RecomputeMismatchError as exc:
+            if not self.debug:
+                raise
+            raise RecomputeMismatchError(
+                format_debug_report(str(exc), self.forward_log, self.recompute_log)
+            ) from exc
+
+    def _recompute(self, gid: Any) -> dict[int, torch.Tensor]:
         saved = iter(self.input_node.saved_tensors)  # raises if an input was modified in place
         args = fill_tensors(self.args, saved)
         kwargs = fill_tensors(self.kwargs, saved)
+        # Autograd run inside the still-running forward (torch.autograd.grad in the function)
+        # may need a tensor saved so far: recompute up to there; the rest does not exist yet.
+        forward_done = self.forward_done
         expected = len(self.holders)
         store: dict[int, torch.Tensor] = {}
         recomputed_meta: list[dict[str, Any]] = []
         recomputed_sites: list[str] = []
-        count = 0
+        state = {"count": 0, "extra": False}
+        # The recompute graph keeps this hook alive where the collector cannot see it: reach the
+        # frame weakly so that graph never pins the frame (and through it the inputs).
+        frame_ref = weakref.ref(self)
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            nonlocal count
-            index = count
-            count += 1
+            frame = frame_ref()
+            if frame is None:  # pragma: no cover - the frame runs this very recompute
+                raise AssertionError("shardpoint.activation: recompute without its frame")
+            # Detached: the recompute graph stores what this hook returns, and a tensor that
+            # still carries its own grad_fn would form a C++ reference cycle (node -> saved
+            # tensor -> node) that Python's collector cannot see, keeping the frame alive.
+            t = t.detach() if t.requires_grad else t
+            index = state["count"]
+            state["count"] += 1
             if index >= expected:
+                if not forward_done:
+                    # Early stop is off and the forward is still running: later tensors were
+                    # not saved by the forward yet; let the function run on.
+                    state["extra"] = True
+                    return t
                 raise RecomputeMismatchError(
-                    "shardpoint.activation: the recompute tried to save more tensors than the "
-                    f"original forward pass ({expected}); the checkpointed function does not "
-                    "behave the same way twice (global state, data-dependent control flow)."
-                    + self._debug_hint()
+                    "shardpoint.activation: trying to save more tensors during recomputation "
+                    f"than during the original forward pass ({expected})." + DEBUG_TIP
                 )
-            holder = self.holders[index]()
+            holder = frame.holders[index]()
             if holder is not None:  # dead when that part of the graph was already freed
-                store[index] = t.detach() if t.requires_grad else t
-            if self.check_metadata:
+                store[index] = t
+            if frame.check_metadata:
                 recomputed_meta.append(_metadata(t))
-            if self.debug:
+            if frame.debug:
                 recomputed_sites.append(_call_site())
-            if self.early_stop and count == expected:
+            if frame.early_stop and state["count"] == expected:
                 raise _StopRecompute
             return t
 
@@ -201,19 +300,25 @@ class _Frame:
             self.device_ctx.enter(stack)
             if self.recompute_ctx is not None:
                 stack.enter_context(self.recompute_ctx)
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+            if self.debug:
+                self.recompute_log = OpLog()
+                stack.enter_context(self.recompute_log)
+            stack.enter_context(_InternalHooks(pack, unpack))
             stack.enter_context(torch.enable_grad())
             try:
                 self.fn(*args, **kwargs)
             except _StopRecompute:
                 pass
 
+        count = state["count"]
+        if state["extra"]:
+            return store
         if count != expected:
             raise RecomputeMismatchError(
-                "shardpoint.activation: a different number of tensors was saved during the "
-                "original forward and the recompute.\n"
+                "shardpoint.activation: A different number of tensors was saved during the "
+                "original forward and recomputation.\n"
                 f"Number of tensors saved during forward: {expected}\n"
-                f"Number of tensors saved during recomputation: {count}." + self._debug_hint()
+                f"Number of tensors saved during recomputation: {count}." + DEBUG_TIP
             )
         if self.check_metadata:
             self._check_metadata(recomputed_meta, recomputed_sites)
@@ -221,7 +326,7 @@ class _Frame:
 
     def _check_metadata(self, recomputed: list[dict[str, Any]], sites: list[str]) -> None:
         lines = []
-        for i, (before, after) in enumerate(zip(self.metadata, recomputed, strict=True)):
+        for i, (before, after) in enumerate(zip(self.metadata, recomputed, strict=False)):
             if before != after:
                 lines.append(
                     f"tensor at position {i}:\nsaved metadata: {before}\n"
@@ -231,16 +336,12 @@ class _Frame:
                     lines.append(f"  saved at: {self.sites[i]}\n  recomputed at: {sites[i]}")
         if lines:
             raise RecomputeMismatchError(
-                "shardpoint.activation: recomputed values for the following tensors have "
-                "different metadata (shape, dtype, device) than during the forward pass:\n"
+                "shardpoint.activation: Recomputed values for the following tensors have "
+                "different metadata than during the forward pass.\n"
                 + "\n".join(lines)
-                + self._debug_hint()
+                + "\n(metadata: shape, dtype, device)"
+                + DEBUG_TIP
             )
-
-    def _debug_hint(self) -> str:
-        if self.debug:
-            return ""
-        return "\nPass debug=True to checkpoint(...) to see where each tensor was saved."
 
 
 def checkpoint_nonreentrant(
@@ -253,8 +354,12 @@ def checkpoint_nonreentrant(
     check_metadata: bool,
     early_stop: bool,
     debug: bool,
+    input_hooks: tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]] | None = None,
 ) -> Any:
-    """Run ``fn(*args, **kwargs)`` so that its activations are recomputed during backward."""
+    """Run ``fn(*args, **kwargs)`` so that its activations are recomputed during backward.
+
+    ``input_hooks``, if given, is a saved-tensor hook pair applied to the inputs the checkpoint
+    keeps (offload to host memory or disk, see :mod:`._offload`)."""
     if not torch.is_grad_enabled():
         # Nothing will be saved for backward, so there is nothing to checkpoint.
         return fn(*args, **kwargs)
@@ -277,13 +382,29 @@ def checkpoint_nonreentrant(
     # The dummy requires grad so that _SaveInputs gets a graph node even when no input does
     # (parameters used inside the function still need their gradients).
     dummy = torch.empty((0,), requires_grad=True)
-    frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
+    if input_hooks is not None:
+        with torch.autograd.graph.saved_tensors_hooks(*input_hooks):
+            frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
+    else:
+        frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
 
+    suppressed = True
     with contextlib.ExitStack() as stack:
         if forward_ctx is not None:
             stack.enter_context(forward_ctx)
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack))
+        if debug:
+            frame.forward_log = OpLog()
+            stack.enter_context(frame.forward_log)
+        stack.enter_context(frame.hooks())
         output = fn(*args, **kwargs)
+        suppressed = False
+    if suppressed:
+        # A context from context_fn swallowed the function's exception: there is no output.
+        raise ActivationCheckpointError(
+            "shardpoint.activation: the forward context provided by context_fn suppressed an "
+            "exception raised during the checkpointed forward; checkpoint cannot return a "
+            "value for a failed forward."
+        )
     frame.forward_done = True
     if rng is not None:
         rng.check_no_new_runtime()

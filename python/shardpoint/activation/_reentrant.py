@@ -22,10 +22,13 @@ from ._state import AutocastState, DeviceContext, RngSnapshot, accelerator_types
 __all__ = ["checkpoint_reentrant", "REENTRANT_GRAD_ERROR"]
 
 REENTRANT_GRAD_ERROR = (
-    "When use_reentrant=True, checkpoint is incompatible with .grad() or passing an `inputs` "
-    "parameter to .backward(): the recomputed segment runs its own nested backward, which "
-    "can only accumulate into .grad. To resolve this error, you can either set "
-    "use_reentrant=False, or call .backward() without passing the `inputs` argument."
+    # PyTorch's exact sentence first (``match=`` and ``except`` written for it keep working),
+    # then why.
+    "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
+    "an `inputs` parameter to .backward(). To resolve this error, you can either set "
+    "use_reentrant=False, or call .backward() without passing the `inputs` argument. "
+    "(shardpoint.activation.checkpoint(use_reentrant=True) re-runs the segment with its own "
+    "nested backward, which can only accumulate into .grad.)"
 )
 
 
