@@ -221,7 +221,10 @@ def read_index(path: str) -> tuple[dict[str, str], dict[str, Any]]:
     if not isinstance(meta, dict):
         raise _corrupt(path, "'metadata' is not an object")
     weight_map: dict[str, str] = doc["weight_map"]
+    checked: set[str] = set()  # thousands of keys share a few file names: check each name once
     for key, fname in weight_map.items():
+        if fname in checked:
+            continue
         if not isinstance(fname, str):
             raise _corrupt(path, f"weight_map value {fname!r} is not a file name", key)
         win = PureWindowsPath(fname)
@@ -232,4 +235,5 @@ def read_index(path: str) -> tuple[dict[str, str], dict[str, Any]]:
                 "without '..'",
                 key,
             )
+        checked.add(fname)
     return weight_map, meta

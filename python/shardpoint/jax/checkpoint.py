@@ -87,7 +87,7 @@ def snapshot(tree: Any) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     for key, leaf in leaves:
         if _is_jax_array(leaf):
             shape = tuple(int(d) for d in leaf.shape)
-            rec = {
+            rec: dict[str, Any] = {
                 "kind": "array",
                 "shape": list(shape),
                 "dtype": format_name(np.dtype(leaf.dtype)),
