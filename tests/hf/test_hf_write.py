@@ -239,3 +239,42 @@ def test_cli_convert_both_ways_and_ls(net_ckpt, tmp_path) -> None:
     assert "proj.weight" in p.stdout and "bfloat16" in p.stdout
     p = _cli("convert", prefix, str(out), "--to", "hf")
     assert p.returncode == 2 and "exists" in p.stderr
+
+
+def test_hf_to_shardpoint_streams_shard_by_shard_with_a_bar(tmp_path, monkeypatch) -> None:
+    torch.manual_seed(2)
+    sd = {f"l{i}.w": torch.randn(40, 40) for i in range(8)}
+    src = tmp_path / "src"
+    src.mkdir()
+    hub.save_torch_state_dict(sd, src, max_shard_size="14KB")
+    from shardpoint.convert import hf as hf_mod
+    from shardpoint.convert import shardpoint_io
+
+    mapped_max = {"n": 0}
+    real_read = hf_mod.HFSource.read
+
+    def read(self, key):  # type: ignore[no-untyped-def]
+        out = real_read(self, key)
+        mapped_max["n"] = max(mapped_max["n"], len(self.reader._shards))
+        return out
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, progress=None):  # type: ignore[no-untyped-def]
+            self.total, self.n, self.progress = total, 0, progress
+            bars.append(self)
+
+        def update(self, n):  # type: ignore[no-untyped-def]
+            self.n += n
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(hf_mod.HFSource, "read", read)
+    monkeypatch.setattr(shardpoint_io, "progress_bar", Bar)
+    res = sp.convert.convert(str(src), str(tmp_path / "sp"), progress=True)
+    assert res.entries == 8 and len([n for n in os.listdir(src) if n.endswith(".safetensors")]) == 4
+    assert mapped_max["n"] == 1  # one shard mapped at a time
+    assert len(bars) == 1 and bars[0].progress is True
+    assert bars[0].total == bars[0].n == 8 * 40 * 40 * 4
