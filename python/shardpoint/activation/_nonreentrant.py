@@ -117,7 +117,7 @@ class _InternalHooks(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
     def __enter__(self) -> None:
-        self.pack_hook._user_hooks = _user_saved_tensors_hooks()  # type: ignore[attr-defined]
+        self.pack_hook._user_hooks = _user_saved_tensors_hooks()
         super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
