@@ -48,7 +48,7 @@ T = TypeVar("T")
 Item = tuple[str, str, str, tuple[int, ...], np.ndarray]
 
 
-class SaveFuture(Future):  # type: ignore[type-arg]
+class SaveFuture(Future[Any]):
     """The future of one asynchronous save: a ``concurrent.futures.Future`` whose result is
     what the blocking call returns. Looking at its exception (``result()`` raising, or
     ``exception()``) counts as observing a failure, so the saver does not raise it again."""

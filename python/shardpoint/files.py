@@ -136,17 +136,18 @@ def save_file(
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
     """
-    p = _prefix(prefix)
-    if not isinstance(tensors, Mapping):
-        raise InvalidArgumentError(
-            f"tensors must be a mapping of str to values, got {type(tensors).__name__}"
-        )
-    codec, lvl = _opts(compression, level)
-    items = [encode(check_key(k), v) for k, v in tensors.items()]
-    meta = _metadata_json(metadata)
-    base_p = None if base is None else _prefix(base)
-    plan = _SavePlan(
-        p, codec, lvl, chunk_bytes, shards, durable, meta, progress, incremental, base_p
+    plan, items = plan_save(
+        tensors,
+        prefix,
+        compression=compression,
+        level=level,
+        shards=shards,
+        metadata=metadata,
+        durable=durable,
+        chunk_bytes=chunk_bytes,
+        progress=progress,
+        incremental=incremental,
+        base=base,
     )
     if blocking:
         plan.write(items, None)
@@ -156,8 +157,40 @@ def save_file(
     return default_saver().submit(plan.staged(items))
 
 
+def plan_save(
+    tensors: Mapping[str, Any],
+    prefix: PathLike,
+    *,
+    compression: str | None = "zstd",
+    level: int | None = None,
+    shards: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    durable: bool = True,
+    chunk_bytes: int | None = None,
+    progress: bool | None = None,
+    incremental: bool = False,
+    base: PathLike | None = None,
+) -> tuple[SavePlan, list[Any]]:
+    """Validate the arguments of :func:`save_file` and encode the values: the plan of the
+    save and its items, for callers that stage and write them themselves (asynchronous saves
+    of the object graph and of torch state dicts)."""
+    p = _prefix(prefix)
+    if not isinstance(tensors, Mapping):
+        raise InvalidArgumentError(
+            f"tensors must be a mapping of str to values, got {type(tensors).__name__}"
+        )
+    codec, lvl = _opts(compression, level)
+    items = [encode(check_key(k), v) for k, v in tensors.items()]
+    meta = _metadata_json(metadata)
+    base_p = None if base is None else _prefix(base)
+    plan = SavePlan(
+        p, codec, lvl, chunk_bytes, shards, durable, meta, progress, incremental, base_p
+    )
+    return plan, items
+
+
 @dataclass
-class _SavePlan:
+class SavePlan:
     """Everything about one ``save_file`` call except the values: what the background thread
     of an asynchronous save needs to write the staged copy."""
 

@@ -19,16 +19,21 @@ numpy side uses the ``ml_dtypes`` type of the same name: still no copy.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .. import files
+from ..async_save import AsyncSaver
 from ..dtypes import numpy_dtype
 from ..errors import DuplicateKeyError, InvalidArgumentError, UnsupportedDTypeError
 from ..nested_keys import decode_key, key_tag
+
+if TYPE_CHECKING:
+    from ..async_save import SaveFuture
+    from .staging import TorchStagingBuffers
 
 __all__ = [
     "save",
@@ -311,8 +316,12 @@ def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.
 
 def _prepare(
     obj: Any,
+    keep_device: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Flat ``key -> storable value`` and our metadata section for a (nested) state dict."""
+    """Flat ``key -> storable value`` and our metadata section for a (nested) state dict.
+    With ``keep_device``, tensors on an accelerator stay tensors (staged asynchronously)."""
+    from .staging import is_device_tensor
+
     if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
         obj = obj.state_dict()  # a module/optimizer: save its state dict
     flat, structure = flatten(obj)
@@ -321,7 +330,10 @@ def _prepare(
     for key, leaf in flat.items():
         if key in aliases:
             continue
-        payload[key] = tensor_to_numpy(leaf) if isinstance(leaf, torch.Tensor) else leaf
+        if keep_device and is_device_tensor(leaf) and type(leaf.detach()) is torch.Tensor:
+            payload[key] = leaf
+        else:
+            payload[key] = tensor_to_numpy(leaf) if isinstance(leaf, torch.Tensor) else leaf
     meta = {
         "version": _META_VERSION,
         "structure": structure,
@@ -341,7 +353,8 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     durable: bool = True,
     chunk_bytes: int | None = None,
-) -> None:
+    blocking: bool = True,
+) -> SaveFuture | None:
     """Save a (nested) state dict of tensors and plain values as checkpoint ``prefix``.
 
     Args:
@@ -351,16 +364,27 @@ def save(
         metadata: JSON-able mapping stored in the index (``sp.open(prefix).metadata``); the
             key ``"shardpoint.torch"`` is reserved.
 
-    CPU tensors are written straight from their memory (no staging copy); non-CPU tensors are
-    copied to the host first. Nested keys are joined with ``/``.
+        blocking: ``False`` returns a :class:`~shardpoint.async_save.SaveFuture` (result
+            ``None``) once the state is snapshotted: CPU tensors are copied into reusable host
+            buffers (parallel, GIL released), CUDA tensors into pinned buffers by non-blocking
+            copies ordered with the current stream (``shardpoint.torch.staging``); the write
+            runs in the background, saves committing in call order. Tensors may be modified in
+            place as soon as the call returns.
+
+    Blocking saves write CPU tensors straight from their memory (no staging copy); non-CPU
+    tensors are copied to the host first. Nested keys are joined with ``/``.
     """
-    payload, meta = _prepare(tensors)
+    payload, meta = _prepare(tensors, keep_device=not blocking)
     user = dict(metadata or {})
     if METADATA_KEY in user:
         raise InvalidArgumentError(f"metadata key {METADATA_KEY!r} is reserved")
     user[METADATA_KEY] = meta
-    files.save_file(
-        payload,
+    from .staging import TorchStagingBuffers, is_device_tensor
+
+    device = {k: v for k, v in payload.items() if is_device_tensor(v)}
+    host = {k: v for k, v in payload.items() if k not in device}
+    plan, items = files.plan_save(
+        host,
         prefix,
         compression=compression,
         level=level,
@@ -369,6 +393,33 @@ def save(
         durable=durable,
         chunk_bytes=chunk_bytes,
     )
+    if blocking:
+        plan.write(items, None)
+        return None
+
+    def stage(bufs: TorchStagingBuffers) -> Callable[[], None]:
+        copy, _ = bufs.stage(items, with_crc=False)
+        dev_items, ready = bufs.stage_devices(device)
+
+        def write() -> None:
+            ready()
+            plan.write(copy + dev_items, None)
+
+        return write
+
+    return _saver().submit(stage, new_buffers=TorchStagingBuffers)
+
+
+_SAVER: AsyncSaver | None = None
+
+
+def _saver() -> AsyncSaver:
+    """The saver of ``shardpoint.torch.save(..., blocking=False)`` (its buffers take CUDA
+    tensors, so it is not the storage face's default saver)."""
+    global _SAVER
+    if _SAVER is None:
+        _SAVER = AsyncSaver(name="shardpoint-torch-save")
+    return _SAVER
 
 
 def _to_torch(value: Any) -> Any:
