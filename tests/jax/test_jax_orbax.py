@@ -81,3 +81,15 @@ def test_handler_directly_and_metadata(tmp_path) -> None:
     assert meta["t"] == "dict" and [k for _, k in meta["keys"]] == ["params", "opt", "step"]
     with sp.open(tmp_path / "c" / "checkpoint") as r:
         assert r.info("params/w").codec == "none"
+
+
+def test_async_save_survives_donating_the_arrays(tmp_path) -> None:
+    w = jnp.arange(100_000, dtype=jnp.float32)
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.save(0, args=ShardpointSave({"w": w}))
+        # Donate the buffer to a computation while the save may still be in flight.
+        out = jax.jit(lambda v: v * 0 - 1, donate_argnums=0)(w)
+        out.block_until_ready()
+        mngr.wait_until_finished()
+        got = mngr.restore(0, args=ShardpointRestore())
+    assert np.array_equal(got["w"], np.arange(100_000, dtype=np.float32))
