@@ -262,6 +262,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .convert import detect_format, resolve_prefix
 
     fmt, path = detect_format(resolve_prefix(args.path))
+    if fmt == "hf":
+        return _info_hf(path, args.json)
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; info reads shardpoint checkpoints")
     with files.open(path) as r:
@@ -319,6 +321,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .progress import run_with_spinner
 
     fmt, path = detect_format(resolve_prefix(args.path))
+    if fmt == "hf":
+        return _verify_hf(path)
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; verify checks shardpoint checkpoints")
     with files.open(path) as r:
@@ -327,6 +331,52 @@ def cmd_verify(args: argparse.Namespace) -> int:
         n = len(r)
     size = fi["index_bytes"] + sum(b for _, b in fi["shards"])
     _emit(f"OK {path}: {n} entries, {len(fi['shards'])} shards, {human(size)} verified")
+    return EXIT_OK
+
+
+def _verify_hf(path: str) -> int:
+    """A Hugging Face directory has no checksums: check its structure and say so."""
+    from .convert.hf import HFReader
+
+    r = HFReader(path)
+    with r:
+        r.verify()
+        n, shards = len(r), len(r.shard_files())
+    _emit(
+        f"OK {path}: {n} tensors, {shards} shards, structure checked (Hugging Face safetensors "
+        "has no checksums; `shardpoint convert` makes a checksummed copy)"
+    )
+    return EXIT_OK
+
+
+def _info_hf(path: str, as_json: bool) -> int:
+    from .convert.hf import HFReader
+
+    with HFReader(path) as r:
+        fi = r.format_info
+        infos = [r.info(k) for k in r.keys()]
+        doc = {
+            "checkpoint": path,
+            "format": fi["format"],
+            "index": fi["index"],
+            "entries": len(infos),
+            "raw_bytes": sum(i.raw_bytes for i in infos),
+            "shards": [{"file": f, "bytes": n} for f, n in fi["shards"]],
+            "metadata": r.metadata,
+            "checksums": False,
+        }
+    if as_json:
+        _emit(json.dumps(doc, indent=1, default=str))
+        return EXIT_OK
+    _emit(f"checkpoint:     {path}")
+    _emit(f"format:         Hugging Face safetensors (index {doc['index'] or '(single file)'})")
+    _emit(f"entries:        {doc['entries']} tensors, {human(doc['raw_bytes'])}")
+    _emit(f"shards:         {len(doc['shards'])}")
+    for s in doc["shards"]:
+        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']} bytes)")
+    meta = json.dumps(doc["metadata"], sort_keys=True) if doc["metadata"] else "(none)"
+    _emit(f"metadata:       {meta}")
+    _emit("checksums:      none in this format (`shardpoint convert` adds them)")
     return EXIT_OK
 
 

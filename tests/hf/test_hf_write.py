@@ -278,3 +278,21 @@ def test_hf_to_shardpoint_streams_shard_by_shard_with_a_bar(tmp_path, monkeypatc
     assert mapped_max["n"] == 1  # one shard mapped at a time
     assert len(bars) == 1 and bars[0].progress is True
     assert bars[0].total == bars[0].n == 8 * 40 * 40 * 4
+
+
+def test_cli_verify_and_info_on_an_hf_directory(tmp_path) -> None:
+    d = tmp_path / "hf"
+    d.mkdir()
+    hub.save_torch_state_dict(
+        {f"l{i}.w": torch.ones(50, 50) for i in range(4)}, d, max_shard_size="12KB"
+    )
+    p = _cli("verify", str(d))
+    assert p.returncode == 0 and "structure checked" in p.stdout and "no checksums" in p.stdout
+    p = _cli("info", str(d), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["entries"] == 4 and doc["checksums"] is False and len(doc["shards"]) == 4
+    os.remove(d / "model-00003-of-00004.safetensors")
+    p = _cli("verify", str(d))
+    assert p.returncode == 1 and "model-00003-of-00004.safetensors" in p.stderr
+    assert "Traceback" not in p.stderr

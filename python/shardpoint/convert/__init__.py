@@ -49,8 +49,8 @@ _SP_MAGIC = b"SPINDEX\0"
 
 def resolve_prefix(path: str) -> str:
     """A checkpoint prefix from what a user typed: ``P``, ``P.index``, or a manager directory
-    (its latest checkpoint). Files are returned unchanged."""
-    if os.path.isdir(path):
+    (its latest checkpoint). Files and Hugging Face directories are returned unchanged."""
+    if os.path.isdir(path) and not is_hf_path(path):
         latest = latest_checkpoint(path)
         if latest is None:
             raise NotFoundError(
