@@ -172,3 +172,27 @@ def test_dcp_async_save_two_gloo_ranks(tmp_path):
         k: v for k, v in sp.load_file(str(tmp_path / "ckpt")).items() if isinstance(v, np.ndarray)
     }
     assert arr
+
+
+def test_manager_nonblocking_snapshot_of_module_and_optimizer(tmp_path):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(torch.randn(8, 32)).sum().backward()
+    opt.step()
+    want = _clone({"model": net.state_dict(), "optim": opt.state_dict()})
+    mgr = sp.CheckpointManager(sp.Checkpoint(model=net, optimizer=opt), str(tmp_path))
+    fut = mgr.save(blocking=False)
+    for _ in range(2):  # training goes on at once: weights and Adam moments change in place
+        opt.zero_grad()
+        net(torch.randn(8, 32)).sum().backward()
+        opt.step()
+    path = fut.result(120)
+    torch.manual_seed(1)
+    net2 = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt2 = torch.optim.Adam(net2.parameters(), lr=0.1)
+    sp.Checkpoint(model=net2, optimizer=opt2).restore(path).assert_consumed()
+    _assert_same(want["model"], net2.state_dict())
+    got_opt = opt2.state_dict()
+    for pid, st in want["optim"]["state"].items():
+        _assert_same(st, got_opt["state"][pid], f"optim/{pid}")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..async_save import AsyncSaver, StagingBuffers
 from ..errors import NotFoundError
 from . import storage_io
 from .checkpoint_state import update_checkpoint_state
@@ -132,21 +133,132 @@ class Checkpoint(Module):
         return self._sp_save_counter
 
     # -- writing -------------------------------------------------------------------------------
-    def write(self, file_prefix: str | os.PathLike, options: Any = None) -> str:
-        """Write exactly at ``file_prefix``; no numbering, no state file, counter untouched."""
-        prefix = os.fspath(file_prefix)
-        values, document = serialize(self)
-        storage_io.write_checkpoint(prefix, values, encode_object_graph(document))
-        return prefix
+    def write(
+        self,
+        file_prefix: str | os.PathLike,
+        options: Any = None,
+        *,
+        blocking: bool = True,
+        incremental: bool = False,
+    ) -> Any:
+        """Write exactly at ``file_prefix``; no numbering, no state file, counter untouched.
 
-    def save(self, file_prefix: str | os.PathLike, options: Any = None) -> str:
-        """Increment ``save_counter``, write ``<prefix>-<n>``, record it in the state file."""
+        Returns the prefix, or with ``blocking=False`` (or ``options`` with
+        ``experimental_enable_async_checkpoint`` set, TensorFlow's spelling) a
+        :class:`~shardpoint.async_save.SaveFuture` whose result is the prefix: every value is
+        copied into reusable host buffers before the call returns, and the write runs in the
+        background (see :meth:`wait`, :attr:`max_in_flight`). ``incremental``: values unchanged
+        since this object's previous committed save are not written again (FORMAT.md §8.1).
+        """
         prefix = os.fspath(file_prefix)
+        return self._write(prefix, _blocking(blocking, options), incremental, then=None)
+
+    def save(
+        self,
+        file_prefix: str | os.PathLike,
+        options: Any = None,
+        *,
+        blocking: bool = True,
+        incremental: bool = False,
+    ) -> Any:
+        """Increment ``save_counter``, write ``<prefix>-<n>``, record it in the state file.
+
+        ``blocking``/``incremental`` as in :meth:`write`; asynchronously, the counter is
+        incremented and the path fixed in the call, the state file is updated in the
+        background after the commit (so ``latest_checkpoint`` only names committed saves)."""
+        prefix = os.fspath(file_prefix)
+        self._sp_check()  # an earlier failure raises before the counter moves
         counter = self.save_counter
         counter.assign_add(1)
-        path = self.write(f"{prefix}-{int(counter)}")
-        update_checkpoint_state(os.path.dirname(path), path)
-        return path
+        path = f"{prefix}-{int(counter)}"
+        return self._write(
+            path,
+            _blocking(blocking, options),
+            incremental,
+            then=lambda: update_checkpoint_state(os.path.dirname(path), path),
+        )
+
+    def _write(
+        self,
+        path: str,
+        blocking: bool,
+        incremental: bool,
+        then: Callable[[], None] | None,
+        base: Callable[[], str | None] | None = None,
+    ) -> Any:
+        """Write at ``path`` (then run ``then``): now, or through this object's saver.
+        ``base()`` names the checkpoint an incremental save re-uses (default: this object's
+        previous committed save); asynchronously it is asked just before the write."""
+        if base is None:
+            base = lambda: self._sp_last_written  # noqa: E731
+        values, document = serialize(self)
+        graph = encode_object_graph(document)
+        saver = self._sp_saver
+        if blocking:
+            if saver is not None and saver.in_flight:
+                saver.wait()  # keep call order: earlier asynchronous saves commit first
+            elif saver is not None:
+                saver.check()
+            storage_io.write_checkpoint(path, values, graph, incremental=incremental, base=base())
+            object.__setattr__(self, "_sp_last_written", path)
+            if then is not None:
+                then()
+            return path
+
+        def committed() -> None:
+            object.__setattr__(self, "_sp_last_written", path)
+            if then is not None:
+                then()
+
+        stage = storage_io.stage_checkpoint(
+            path,
+            values,
+            graph,
+            incremental=incremental,
+            base=base,
+            then=committed,
+        )
+        fut = self._saver().submit(_returning(stage, path))
+        return fut
+
+    # -- asynchronous saves ----------------------------------------------------------------------
+    _sp_saver: AsyncSaver | None = None
+    _sp_last_written: str | None = None
+    _sp_max_in_flight: int = 1
+
+    def _saver(self) -> AsyncSaver:
+        if self._sp_saver is None:
+            saver = AsyncSaver(self._sp_max_in_flight, name="shardpoint-checkpoint")
+            object.__setattr__(self, "_sp_saver", saver)
+            return saver
+        return self._sp_saver
+
+    @property
+    def max_in_flight(self) -> int:
+        """Asynchronous saves of this object staged or being written at once (default 1: a
+        further save waits in its call for the previous one). Each holds one copy of the
+        saved values in host memory."""
+        return self._sp_max_in_flight
+
+    @max_in_flight.setter
+    def max_in_flight(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"max_in_flight must be a positive integer, got {n!r}")
+        if self._sp_saver is not None:
+            self._sp_saver.wait()
+        object.__setattr__(self, "_sp_max_in_flight", n)
+        object.__setattr__(self, "_sp_saver", None)
+
+    def _sp_check(self) -> None:
+        """Raise the unobserved error of an earlier asynchronous save, if any."""
+        if self._sp_saver is not None:
+            self._sp_saver.check()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every asynchronous save of this object has committed; raise the first
+        error nobody has seen yet (on a future's ``result()`` or a later save)."""
+        if self._sp_saver is not None:
+            self._sp_saver.wait(timeout)
 
     # -- reading -------------------------------------------------------------------------------
     def read(
@@ -188,6 +300,28 @@ class Checkpoint(Module):
     def __repr__(self) -> str:
         names = ", ".join(self._sp_children())
         return f"<sp.Checkpoint ({names})>"
+
+
+def _blocking(blocking: bool, options: Any) -> bool:
+    """``blocking``, unless TensorFlow-style ``options`` ask for an asynchronous save."""
+    return bool(blocking) and not getattr(options, "experimental_enable_async_checkpoint", False)
+
+
+def _returning(
+    stage: Callable[[StagingBuffers], Callable[[], None]], result: str
+) -> Callable[[StagingBuffers], Callable[[], str]]:
+    """A ``stage`` step whose background writer returns ``result`` (the checkpoint path)."""
+
+    def staged(bufs: StagingBuffers) -> Callable[[], str]:
+        write = stage(bufs)
+
+        def run() -> str:
+            write()
+            return result
+
+        return run
+
+    return staged
 
 
 def _not_found_message(path: str, hint: bool) -> str:

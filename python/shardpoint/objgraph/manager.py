@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..async_save import SaveFuture
 from ..errors import NotFoundError
 from . import storage_io
 from .checkpoint_state import (
@@ -55,6 +56,9 @@ class CheckpointManager:
         step_counter: Any = None,
         checkpoint_interval: int | None = None,
         init_fn: Callable[[], Any] | None = None,
+        *,
+        incremental: bool = False,
+        max_in_flight: int | None = None,
     ) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep <= 0
@@ -74,6 +78,9 @@ class CheckpointManager:
         self._step_counter = step_counter
         self._checkpoint_interval = checkpoint_interval
         self._init_fn = init_fn
+        self._incremental = bool(incremental)
+        if max_in_flight is not None:
+            checkpoint.max_in_flight = max_in_flight
         self._last_checkpoint_step: int | None = None
         # path -> timestamp of the checkpoints this manager may delete, oldest first
         self._maybe_delete: OrderedDict[str, float] = OrderedDict()
@@ -136,30 +143,67 @@ class CheckpointManager:
 
     # -- saving ----------------------------------------------------------------------------------
     def save(
-        self, checkpoint_number: Any = None, check_interval: bool = True, options: Any = None
-    ) -> str | None:
+        self,
+        checkpoint_number: Any = None,
+        check_interval: bool = True,
+        options: Any = None,
+        *,
+        blocking: bool = True,
+    ) -> Any:
         """Write a numbered checkpoint; returns its prefix, or None when the interval says wait.
 
         ``checkpoint_number`` (an int or an integer Variable, read not incremented) overrides
         the number; ``save_counter`` is incremented either way.
+
+        ``blocking=False`` (or ``options.experimental_enable_async_checkpoint``) returns a
+        :class:`~shardpoint.async_save.SaveFuture` whose result is what the blocking call
+        returns, once every value has been copied to host memory. The write, then the state
+        file update and the deletion of checkpoints out of retention, run in the background in
+        call order: ``latest_checkpoint`` and ``checkpoints`` only ever name committed
+        checkpoints. Errors raise on the future, else on the next save or :meth:`wait`.
         """
+        blocking = bool(blocking) and not getattr(
+            options, "experimental_enable_async_checkpoint", False
+        )
         step = None
         if self._checkpoint_interval is not None:
             step = int(self._step_counter)
             last = self._last_checkpoint_step
             if last is not None:
-                if step == last:
-                    return None
-                if check_interval and step < last + self._checkpoint_interval:
-                    return None
+                if step == last or (check_interval and step < last + self._checkpoint_interval):
+                    return None if blocking else _done(None)
+        check = getattr(self._checkpoint, "_sp_check", None)
+        if callable(check):
+            check()  # an earlier failure raises before the counter moves
         counter = self._checkpoint.save_counter
         counter.assign_add(1)
         number = int(counter) if checkpoint_number is None else int(checkpoint_number)
-        path = self._checkpoint.write(f"{self._prefix}-{number}")
+        path = f"{self._prefix}-{number}"
+        stamp = _now()
+        if not hasattr(self._checkpoint, "_write"):  # a duck-typed checkpoint: write() only
+            if not blocking:
+                raise ValueError("blocking=False needs an sp.Checkpoint")
+            path = self._checkpoint.write(path)
+            result: Any = path
+            self._record_and_sweep(path, stamp)
+        else:
+            result = self._checkpoint._write(
+                path,
+                blocking,
+                self._incremental,
+                then=lambda: self._record_and_sweep(path, stamp),
+                base=lambda: self._latest_checkpoint,
+            )
         if step is not None:
             self._last_checkpoint_step = step
-        self._record_and_sweep(path, _now())
-        return path
+        return result
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every asynchronous save has committed (and old checkpoints are
+        rotated out); raise the first error of a save nobody has seen yet."""
+        wait = getattr(self._checkpoint, "wait", None)
+        if callable(wait):
+            wait(timeout)
 
     def _record_and_sweep(self, path: str, timestamp: float) -> None:
         self._maybe_delete.pop(path, None)
@@ -228,6 +272,13 @@ class CheckpointManager:
         if self._init_fn is not None:
             self._init_fn()
         return None
+
+
+def _done(value: Any) -> SaveFuture:
+    """A future that already holds ``value`` (an asynchronous save that had nothing to do)."""
+    f = SaveFuture()
+    f.set_result(value)
+    return f
 
 
 def _number_of(name: str, base: str) -> int | None:

@@ -8,22 +8,88 @@ the boundary this small lets the object graph be tested against any storage with
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .. import files
+from ..async_save import StagingBuffers
 from .naming import OBJECT_GRAPH_KEY
 
-__all__ = ["write_checkpoint", "open_reader", "checkpoint_exists", "remove_checkpoint"]
+__all__ = [
+    "write_checkpoint",
+    "stage_checkpoint",
+    "open_reader",
+    "checkpoint_exists",
+    "remove_checkpoint",
+]
 
 
-def write_checkpoint(prefix: str, values: dict[str, Any], graph_json: bytes) -> None:
-    """Write ``values`` plus the object graph atomically at ``prefix`` (parents created)."""
+def write_checkpoint(
+    prefix: str,
+    values: dict[str, Any],
+    graph_json: bytes,
+    *,
+    incremental: bool = False,
+    base: str | None = None,
+) -> None:
+    """Write ``values`` plus the object graph atomically at ``prefix`` (parents created).
+    ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
+    (FORMAT.md §8.1)."""
     parent = os.path.dirname(prefix)
     if parent:
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
-    files.save_file(payload, prefix)
+    if not incremental:
+        files.save_file(payload, prefix)
+        return
+    if base is not None and not files.exists(base):
+        base = None
+    files.save_file(payload, prefix, incremental=True, base=base)
+
+
+def stage_checkpoint(
+    prefix: str,
+    values: dict[str, Any],
+    graph_json: bytes,
+    *,
+    incremental: bool = False,
+    base: Callable[[], str | None] | None = None,
+    then: Callable[[], None] | None = None,
+) -> Callable[[StagingBuffers], Callable[[], None]]:
+    """The ``stage`` step of an asynchronous :func:`write_checkpoint` for ``AsyncSaver.submit``:
+    validates and encodes now, copies into the staging buffers when called, and returns the
+    background writer. ``base()`` is asked in the background, just before writing (the
+    previous save has committed by then); ``then()`` runs after the commit."""
+    plan, items = _plan(prefix, values, graph_json, incremental, None)
+
+    def stage(bufs: StagingBuffers) -> Callable[[], None]:
+        copy, crcs = bufs.stage(items, with_crc=incremental)
+
+        def write() -> None:
+            if incremental and base is not None:
+                b = base()
+                plan.base = b if b is not None and files.exists(b) else None
+            plan.write(copy, crcs)
+            if then is not None:
+                then()
+
+        return write
+
+    return stage
+
+
+def _plan(
+    prefix: str, values: dict[str, Any], graph_json: bytes, incremental: bool, base: str | None
+) -> tuple[files.SavePlan, list[Any]]:
+    parent = os.path.dirname(prefix)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    payload = dict(values)
+    payload[OBJECT_GRAPH_KEY] = graph_json
+    if not incremental or (base is not None and not files.exists(base)):
+        base = None
+    return files.plan_save(payload, prefix, incremental=incremental, base=base)
 
 
 def open_reader(prefix: str) -> Any:
