@@ -167,13 +167,16 @@ class HFReader(Reader):
         self._r = None
         self._meta = None
         self._dir, self._index, single = resolve_hf(p)
+        self._single_header: ShardHeader | None = None
         if self._index is not None:
             weight_map, meta = read_index(self._index)
             self._weight_map = dict(weight_map)
             self._index_meta: dict[str, Any] = dict(meta)
         else:
             assert single is not None
-            self._weight_map = {k: os.path.basename(single) for k in _single_keys(single)}
+            # A single file has no index: its header is the list of keys (read once, kept).
+            self._single_header = read_shard_header(single)
+            self._weight_map = {k: os.path.basename(single) for k in self._single_header.tensors}
             self._index_meta = {}
         self._single = single
         self._keys = sorted(self._weight_map)
@@ -195,7 +198,7 @@ class HFReader(Reader):
             if sh is None:
                 full = os.path.join(self._dir, fname)
                 try:
-                    header = read_shard_header(full)
+                    header = self._single_header or read_shard_header(full)
                 except NotFoundError:
                     why = f" (holds key {key!r})" if key is not None else ""
                     src = self._index or full
@@ -376,10 +379,6 @@ class HFReader(Reader):
         carries no checksums, so the tensor bytes themselves cannot be checked."""
         for k in self._keys:
             self._locate(k)
-
-
-def _single_keys(path: str) -> list[str]:
-    return list(read_shard_header(path).tensors)
 
 
 class HFSource(Source):
