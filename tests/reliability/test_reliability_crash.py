@@ -10,7 +10,9 @@ a job that keeps being restarted would). After every kill:
 - the library's temp files of the killed save are gone after the next save.
 
 Kills land inside ``save_file`` (the Rust commit protocol), ``Checkpoint.save``, the manager's
-deletion of old checkpoints, the state-file update and the multi-writer merge: random kills are
+deletion of old checkpoints, the state-file update, the multi-writer merge, asynchronous saves
+(mode ``async``: the kill lands in the background write) and incremental saves whose
+checkpoints share shard files by hard link while rotation deletes older ones (``incremental``): random kills are
 helped by test-only slow-down hooks (``reliability_helpers/crash_child.py``), and when ``strace``
 can inject signals the child is also killed exactly at each link/rename/unlink of one save.
 
@@ -37,8 +39,11 @@ import pytest
 
 import shardpoint as sp
 from reliability_helpers.crash_child import (
+    MANAGED,
     MW_PREFIX,
+    frozen_value,
     make_checkpoint,
+    make_manager,
     merge_save,
     merged_step,
     state_for,
@@ -49,7 +54,7 @@ from shardpoint.objgraph.checkpoint_state import read_checkpoint_state
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 TRIALS = int(os.environ.get("SHARDPOINT_CRASH_TRIALS", "24"))
 SEED = int(os.environ.get("SHARDPOINT_CRASH_SEED", "7"))
-MODES = ("manager", "checkpoint", "merge")
+MODES = ("manager", "checkpoint", "merge", "async", "incremental")
 HOOK_POINTS = (
     "save_file.before",
     "save_file.after",
@@ -142,12 +147,14 @@ def run_child(
 # ---- invariants ----------------------------------------------------------------------------
 
 
-def checkpoint_step(prefix: str) -> int:
+def checkpoint_step(prefix: str, mode: str = "manager") -> int:
     """Open, verify and restore ``prefix``; the step its values are (asserting they are one)."""
     with sp.open(prefix) as r:
         r.verify()
-    ck = make_checkpoint()
+    ck = make_checkpoint(mode)
     ck.restore(prefix).assert_consumed()
+    if mode == "incremental":
+        assert np.array_equal(ck.frozen.numpy(), frozen_value()), f"{prefix}: frozen value"
     vals = {"w": ck.w.numpy(), "b": ck.b.numpy()}
     s = step_of(vals)
     assert s is not None, f"{prefix}: mixed or partial values"
@@ -160,7 +167,7 @@ def latest_step(mode: str, d: str) -> int | None:
     if mode == "merge":
         return merged_step(d)
     latest = sp.latest_checkpoint(d)
-    return None if latest is None else checkpoint_step(latest)
+    return None if latest is None else checkpoint_step(latest, mode)
 
 
 def check_directory(mode: str, d: str) -> None:
@@ -171,8 +178,8 @@ def check_directory(mode: str, d: str) -> None:
             if mode == "merge":
                 assert merged_step(d) is not None
             else:
-                checkpoint_step(p)
-    if mode == "manager":
+                checkpoint_step(p, mode)
+    if mode in MANAGED:
         state = read_checkpoint_state(d)
         if state is not None:
             for p in state.all_model_checkpoint_paths:
@@ -205,9 +212,9 @@ def recovery_save(mode: str, d: str) -> int:
         step = (merged_step(d) or 0) + 1
         merge_save(d, step, lambda point: None)
         return step
-    ck = make_checkpoint()
-    if mode == "manager":
-        mgr = sp.CheckpointManager(ck, d, max_to_keep=3)
+    ck = make_checkpoint(mode)
+    if mode in MANAGED:
+        mgr = make_manager(mode, ck, d)
         mgr.restore_or_initialize()
     else:
         latest = sp.latest_checkpoint(d)
@@ -217,7 +224,7 @@ def recovery_save(mode: str, d: str) -> int:
     vals = state_for(step)
     ck.w.assign(vals["w"])
     ck.b.assign(vals["b"])
-    if mode == "manager":
+    if mode in MANAGED:
         mgr.save()
     else:
         ck.save(os.path.join(d, "ckpt"))

@@ -2,7 +2,10 @@
 
     python -m reliability_helpers.crash_child MODE DIRECTORY [MAX_SAVES]
 
-MODE is ``manager`` (``CheckpointManager``, max_to_keep=3), ``checkpoint`` (plain
+MODE is ``manager`` (``CheckpointManager``, max_to_keep=3), ``async`` (the same with
+``save(blocking=False)``, values scrambled right after the call), ``incremental`` (``async`` with
+``incremental=True`` and a frozen 4.5 MB value whose shard consecutive checkpoints share by hard
+link, so rotation deletes files a newer checkpoint still uses), ``checkpoint`` (plain
 ``Checkpoint.save``, which also writes the state file) or ``merge`` (two ranks of a
 multi-writer ``sp.Writer`` save at the fixed prefix ``DIRECTORY/mw``, then ``sp.merge``). The
 child first restores the latest checkpoint (so a restarted child continues the numbering, as a
@@ -34,6 +37,8 @@ import numpy as np
 
 W_SHAPE = (300, 1000)  # 1.2 MB of float32: two zstd chunks at the default chunk size
 MW_PREFIX = "mw"
+#: Modes that save through a CheckpointManager (max_to_keep=3).
+MANAGED = ("manager", "async", "incremental")
 
 
 def state_for(step: int) -> dict[str, np.ndarray]:
@@ -131,11 +136,44 @@ def install_hooks(hooks: Hooks) -> None:
     storage_io.remove_checkpoint = remove_checkpoint
 
 
-def make_checkpoint() -> Any:
+#: Incremental mode: a frozen value big enough (>= 4 MiB) for a shard of its own, shared by
+#: hard link between consecutive checkpoints, so rotation deletes files newer ones still use.
+FROZEN_SHAPE = (1024, 1100)
+
+
+def frozen_value() -> np.ndarray:
+    return (np.arange(FROZEN_SHAPE[0] * FROZEN_SHAPE[1], dtype=np.float32) % 97).reshape(
+        FROZEN_SHAPE
+    )
+
+
+def make_checkpoint(mode: str = "manager") -> Any:
     import shardpoint as sp
 
     init = state_for(0)
-    return sp.Checkpoint(w=sp.Variable(init["w"]), b=sp.Variable(init["b"]))
+    ck = sp.Checkpoint(w=sp.Variable(init["w"]), b=sp.Variable(init["b"]))
+    if mode == "incremental":
+        ck.frozen = sp.Variable(frozen_value())
+    return ck
+
+
+def make_manager(mode: str, ckpt: Any, directory: str) -> Any:
+    """The manager of the managed modes: plain, asynchronous saves, incremental saves."""
+    import shardpoint as sp
+
+    return sp.CheckpointManager(ckpt, directory, max_to_keep=3, incremental=mode == "incremental")
+
+
+def manager_save(mode: str, mgr: Any, ckpt: Any, step: int) -> None:
+    """One save of ``step`` as the mode does it. Asynchronous modes scramble the values right
+    after the call (a training step): the checkpoint must still hold exactly ``step``."""
+    if mode in ("async", "incremental"):
+        fut = mgr.save(blocking=False)
+        assign(ckpt, step + 1000)
+        fut.result()
+        assign(ckpt, step)
+    else:
+        mgr.save()
 
 
 def assign(ckpt: Any, step: int) -> None:
@@ -186,9 +224,9 @@ def main(argv: list[str]) -> None:
     if mode == "merge":
         step = merged_step(directory) or 0
     else:
-        ckpt = make_checkpoint()
-        if mode == "manager":
-            mgr = sp.CheckpointManager(ckpt, directory, max_to_keep=3)
+        ckpt = make_checkpoint(mode)
+        if mode in MANAGED:
+            mgr = make_manager(mode, ckpt, directory)
             mgr.restore_or_initialize()
         else:
             latest = sp.latest_checkpoint(directory)
@@ -203,8 +241,8 @@ def main(argv: list[str]) -> None:
             merge_save(directory, step, hooks)
         else:
             assign(ckpt, step)
-            if mode == "manager":
-                mgr.save()
+            if mode in MANAGED:
+                manager_save(mode, mgr, ckpt, step)
             else:
                 ckpt.save(os.path.join(directory, "ckpt"))
         print(f"DONE {step}", flush=True)
