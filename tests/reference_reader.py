@@ -162,6 +162,10 @@ DTYPES: dict[int, tuple[str, int]] = {
     15: ("complex128", 16),
     16: ("float8_e4m3fn", 1),
     17: ("float8_e5m2", 1),
+    18: ("float8_e4m3fnuz", 1),
+    19: ("float8_e5m2fnuz", 1),
+    20: ("float8_e8m0fnu", 1),
+    21: ("float4_e2m1fn_x2", 1),
 }
 CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
 KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json"}
@@ -173,10 +177,19 @@ _FLOAT_RE = re.compile(r"-?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?)")
 
 def numpy_dtype(name: str) -> np.dtype:
     """The little-endian numpy dtype of a format dtype name."""
-    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if name in (
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    ):
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, name))
+    if name == "float4_e2m1fn_x2":  # two packed fp4 values per byte: the byte is the element
+        return np.dtype(np.uint8)
     return np.dtype(name).newbyteorder("<")
 
 

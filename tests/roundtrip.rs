@@ -10,7 +10,7 @@ use common::*;
 
 fn value_strategy() -> impl Strategy<Value = Val> {
     (
-        0usize..17,
+        0usize..ALL_DTYPES.len(),
         proptest::collection::vec(0u64..6, 0..4),
         any::<u64>(),
         any::<bool>(),

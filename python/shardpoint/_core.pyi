@@ -67,6 +67,7 @@ class Writer:
         world_size: int,
         metadata_json: str,
         merge_token: str = ...,
+        sections_json: str = ...,
     ) -> Writer: ...
     def add(self, key: str, dtype: str, kind: str, shape: list[int], data: _Buffer) -> None: ...
     def commit(self) -> None: ...
@@ -81,6 +82,7 @@ def save(
     shards: int,
     durable: bool,
     metadata_json: str,
+    sections_json: str = ...,
 ) -> None: ...
 def merge(
     prefix: str | PathLike[str], world_size: int, durable: bool = True, token: str | None = None
@@ -98,5 +100,6 @@ def save_incremental(
     solo_bytes: int,
     durable: bool,
     metadata_json: str,
+    sections_json: str = ...,
 ) -> tuple[int, int, int, int, str | None]: ...
 def dtype_names() -> list[str]: ...

@@ -2,6 +2,10 @@
 
 numpy is the only required dependency: bfloat16 and float8 need ``ml_dtypes`` and import it
 only when such a dtype is actually written or read.
+
+``float4_e2m1fn_x2`` (torch's two packed 4-bit floats per byte) has no numpy or ml_dtypes type:
+on the numpy side it is a ``uint8`` array whose dtype carries the format name in its
+``metadata`` (:data:`PACKED_FP4`), so it round-trips through ``load_file``/``save_file``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import numpy as np
 
 from .errors import UnsupportedDTypeError
 
-__all__ = ["FORMAT_DTYPES", "numpy_dtype", "format_name"]
+__all__ = ["FORMAT_DTYPES", "PACKED_FP4", "numpy_dtype", "format_name", "safetensors_name"]
 
 _NUMPY_NAMES = {
     "bool": np.bool_,
@@ -31,7 +35,17 @@ _NUMPY_NAMES = {
     "complex64": np.complex64,
     "complex128": np.complex128,
 }
-_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+_ML_DTYPES = (
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+)
+_PACKED_FP4_NAME = "float4_e2m1fn_x2"
+#: numpy dtype of ``float4_e2m1fn_x2`` arrays: one byte per element, tagged in ``metadata``
+PACKED_FP4 = np.dtype(np.uint8, metadata={"shardpoint_dtype": _PACKED_FP4_NAME})
 
 #: Every dtype name the format stores, in tag order.
 FORMAT_DTYPES: tuple[str, ...] = (
@@ -52,6 +66,10 @@ FORMAT_DTYPES: tuple[str, ...] = (
     "complex128",
     "float8_e4m3fn",
     "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    _PACKED_FP4_NAME,
 )
 
 
@@ -72,12 +90,22 @@ def numpy_dtype(name: str) -> np.dtype:
         return np.dtype(_NUMPY_NAMES[name]).newbyteorder("<")
     if name in _ML_DTYPES:
         return np.dtype(getattr(_ml_dtypes(), name))
+    if name == _PACKED_FP4_NAME:
+        return PACKED_FP4
     raise UnsupportedDTypeError(f"unknown dtype {name!r} in checkpoint")
 
 
-@cache  # dtype.name is slow (computed in Python); dtypes are hashable and few
 def format_name(dt: np.dtype) -> str:
     """The format dtype name of a numpy dtype, or UnsupportedDTypeError naming it."""
+    # dtype equality and hashing ignore ``metadata``: the packed-fp4 tag is read before the
+    # cache, which would otherwise confuse it with plain uint8
+    if dt.metadata is not None and dt.metadata.get("shardpoint_dtype") == _PACKED_FP4_NAME:
+        return _PACKED_FP4_NAME
+    return _format_name(dt)
+
+
+@cache  # dtype.name is slow (computed in Python); dtypes are hashable and few
+def _format_name(dt: np.dtype) -> str:
     if dt.kind in "biufc" and dt.name in _NUMPY_NAMES:
         return dt.name
     if dt.kind == "V" and dt.name in _ML_DTYPES:  # ml_dtypes types are void-kind extensions
@@ -87,3 +115,38 @@ def format_name(dt: np.dtype) -> str:
     raise UnsupportedDTypeError(
         f"dtype {dt} cannot be stored; supported: {', '.join(FORMAT_DTYPES)}"
     )
+
+
+# safetensors' dtype tags for our names; complex128 and the packed fp4 pair have none there
+# (safetensors' "F4" counts 4-bit elements, ours counts bytes), so they keep a tag of our own.
+_SAFETENSORS = {
+    "bool": "BOOL",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "float64": "F64",
+    "complex64": "C64",
+    "complex128": "C128",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+    _PACKED_FP4_NAME: "F4_X2",
+}
+
+
+def safetensors_name(name: str) -> str:
+    """safetensors' dtype tag (``"F32"``, ``"BF16"``...) for a format dtype name."""
+    try:
+        return _SAFETENSORS[name]
+    except KeyError:
+        raise UnsupportedDTypeError(f"unknown dtype {name!r}") from None

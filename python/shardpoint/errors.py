@@ -16,8 +16,12 @@ __all__ = [
     "MissingKeyError",
     "DuplicateKeyError",
     "UnsupportedDTypeError",
+    "UnknownDTypeError",
+    "SparseTensorError",
+    "MetaTensorError",
     "InvalidKeyError",
     "InvalidArgumentError",
+    "InvalidSliceError",
     "CheckpointIOError",
 ]
 
@@ -57,12 +61,39 @@ class UnsupportedDTypeError(CheckpointError, TypeError):
     """A value has a dtype or type that the format cannot store."""
 
 
+class UnknownDTypeError(UnsupportedDTypeError, KeyError):
+    """A tensor's dtype has no format equivalent (``torch.complex32``, quantized dtypes...).
+
+    Also a ``KeyError``: ``safetensors.torch`` raises ``KeyError`` for the same mistake."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class SparseTensorError(UnsupportedDTypeError, ValueError):
+    """A sparse (non-strided) tensor was given where dense data is stored.
+
+    Also a ``ValueError``: ``safetensors.torch`` raises ``ValueError`` for the same mistake."""
+
+
+class MetaTensorError(UnsupportedDTypeError, NotImplementedError):
+    """A meta tensor (shape and dtype, no data) was given to be stored.
+
+    Also a ``NotImplementedError`` (so a ``RuntimeError``): what ``safetensors.torch`` lets
+    through from torch ("Cannot copy out of meta tensor") for the same mistake."""
+
+
 class InvalidKeyError(CheckpointError, TypeError):
     """A key is not a non-empty string of at most 65535 UTF-8 bytes without NUL."""
 
 
 class InvalidArgumentError(CheckpointError, ValueError):
     """An argument is out of range or inconsistent (bad shape, option, shard count...)."""
+
+
+class InvalidSliceError(InvalidArgumentError, IndexError):
+    """An index of ``Reader.get_slice(key)[...]`` is out of range or of a kind that is not
+    supported (an ``IndexError``, as numpy raises for out-of-range indices)."""
 
 
 class CheckpointIOError(CheckpointError, OSError):

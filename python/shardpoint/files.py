@@ -32,6 +32,7 @@ from .errors import (
     InvalidKeyError,
 )
 from .progress import progress_bar, wanted
+from .slicing import TensorSlice
 from .values import check_key, decode, encode, json_depth
 
 if TYPE_CHECKING:
@@ -91,6 +92,14 @@ def _metadata_json(metadata: Mapping[str, Any] | None) -> str:
         raise InvalidArgumentError(f"metadata is not JSON-serialisable: {e}") from e
 
 
+def _sections_json(sections: Mapping[str, Any] | None) -> str:
+    """The library sections object (FORMAT.md §7) as JSON text; ``""`` when there are none."""
+    if not sections:
+        return ""
+    json_depth(dict(sections))
+    return json.dumps(dict(sections), allow_nan=True)
+
+
 def save_file(
     tensors: Mapping[str, Any],
     prefix: PathLike,
@@ -105,6 +114,7 @@ def save_file(
     blocking: bool = True,
     incremental: bool = False,
     base: PathLike | None = None,
+    _sections: Mapping[str, Any] | None = None,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -132,6 +142,8 @@ def save_file(
             values are all unchanged (same key, dtype, shape and crc32c of the bytes) are
             hard-linked instead of written again (FORMAT.md §8.1). Deleting ``base`` later
             never affects this checkpoint. A missing or unusable base means a full save.
+        _sections: reserved for shardpoint's own layers (``shardpoint.torch`` keeps its nesting
+            there): stored beside the user metadata, read back by ``Reader.sections``.
 
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
@@ -148,6 +160,7 @@ def save_file(
         progress=progress,
         incremental=incremental,
         base=base,
+        _sections=_sections,
     )
     if blocking:
         plan.write(items, None)
@@ -170,6 +183,7 @@ def plan_save(
     progress: bool | None = None,
     incremental: bool = False,
     base: PathLike | None = None,
+    _sections: Mapping[str, Any] | None = None,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -184,7 +198,17 @@ def plan_save(
     meta = _metadata_json(metadata)
     base_p = None if base is None else _prefix(base)
     plan = SavePlan(
-        p, codec, lvl, chunk_bytes, shards, durable, meta, progress, incremental, base_p
+        p,
+        codec,
+        lvl,
+        chunk_bytes,
+        shards,
+        durable,
+        meta,
+        progress,
+        incremental,
+        base_p,
+        _sections_json(_sections),
     )
     return plan, items
 
@@ -204,6 +228,8 @@ class SavePlan:
     progress: bool | None
     incremental: bool = False
     base: str | None = None
+    #: library metadata sections (FORMAT.md §7) as JSON text, "" for none
+    sections_json: str = ""
 
     def staged(self, items: list[Any]) -> Any:
         """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
@@ -230,6 +256,7 @@ class SavePlan:
                 _SOLO_BYTES,
                 bool(self.durable),
                 self.metadata_json,
+                self.sections_json,
             )
             return
         shards = self.shards
@@ -246,6 +273,7 @@ class SavePlan:
                 int(shards),
                 self.durable,
                 self.metadata_json,
+                self.sections_json,
             )
             return
         _core.save(
@@ -257,6 +285,7 @@ class SavePlan:
             int(shards),
             bool(self.durable),
             self.metadata_json,
+            self.sections_json,
         )
 
 
@@ -269,6 +298,7 @@ def _save_with_progress(
     shards: int,
     durable: bool,
     metadata_json: str,
+    sections_json: str = "",
 ) -> None:
     """``save_file`` through the streaming writer, one thread per shard, updating a bar."""
     from concurrent.futures import ThreadPoolExecutor
@@ -283,6 +313,8 @@ def _save_with_progress(
         0,
         1,
         metadata_json,
+        "",
+        sections_json,
     )
     bar = progress_bar(sum(it[4].nbytes for it in items), f"save {os.path.basename(prefix)}")
     try:
@@ -350,6 +382,7 @@ class Reader:
         self._prefix = _prefix(prefix)
         self._r: _core.CheckpointReader | None = _core.CheckpointReader(self._prefix)
         self._meta: dict[str, Any] | None = None
+        self._sections: dict[str, Any] | None = None
 
     @property
     def _core(self) -> _core.CheckpointReader:
@@ -445,6 +478,13 @@ class Reader:
         t = self._core.info(check_key(key))
         return EntryInfo(key, t[0], tuple(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
 
+    def get_slice(self, key: str) -> TensorSlice:
+        """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
+        ``dtype``, ``get_shape()``, ``get_dtype()`` and numpy-style indexing on every axis that
+        reads only the selected bytes (uncompressed) or chunks (compressed). See
+        :mod:`shardpoint.slicing` for the index rules."""
+        return TensorSlice(self, check_key(key))
+
     def slice(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` along the first axis, reading only the chunks that hold them."""
         info = self.info(key)
@@ -458,27 +498,50 @@ class Reader:
         self._core.read_range(key, start * row, stop * row, out.reshape(-1).view(np.uint8))
         return out
 
+    def _blob(self) -> dict[str, Any]:
+        text = self._core.metadata_json()  # checksum errors propagate with their own class
+        try:
+            blob = json.loads(text)
+            json_depth(blob)
+        except (ValueError, RecursionError) as e:
+            raise CorruptCheckpointError(
+                f"{self._prefix}.index: metadata is not valid JSON: {e}"
+            ) from e
+        return blob if isinstance(blob, dict) else {}
+
     @property
     def metadata(self) -> dict[str, Any]:
-        """The ``metadata`` mapping given at save time."""
+        """The ``metadata`` mapping given at save time, exactly (shardpoint's own layers keep
+        their bookkeeping in :attr:`sections`, never in this dict)."""
         if self._meta is None:
-            text = self._core.metadata_json()  # checksum errors propagate with their own class
-            try:
-                blob = json.loads(text)
-                json_depth(blob)
-            except (ValueError, RecursionError) as e:
-                raise CorruptCheckpointError(
-                    f"{self._prefix}.index: metadata is not valid JSON: {e}"
-                ) from e
-            user = blob.get("user", {}) if isinstance(blob, dict) else {}
+            user = self._blob().get("user", {})
             self._meta = user if isinstance(user, dict) else {}
         return self._meta
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """shardpoint's own metadata sections (FORMAT.md §7), by layer name, e.g.
+        ``"shardpoint.torch"``; ``{}`` for checkpoints without any."""
+        if self._sections is None:
+            text = self._blob().get("sections")
+            found: Any = {}
+            if isinstance(text, str):
+                try:
+                    found = json.loads(text)
+                    json_depth(found)
+                except (ValueError, RecursionError) as e:
+                    raise CorruptCheckpointError(
+                        f"{self._prefix}.index: metadata sections are not valid JSON: {e}"
+                    ) from e
+            self._sections = found if isinstance(found, dict) else {}
+        return self._sections
 
     @property
     def format_info(self) -> dict[str, Any]:
         """Writer-level metadata: format version, writer, shards, sizes."""
         blob = json.loads(self._core.metadata_json())
         blob.pop("user", None)
+        blob.pop("sections", None)
         blob["shards"] = [(os.fspath(p), n) for p, n in self._core.shard_files()]
         blob["index_bytes"] = self._core.index_size()
         blob["chunk_bytes"] = self._core.chunk_bytes()
@@ -543,6 +606,7 @@ class Writer:
         metadata: Mapping[str, Any] | None = None,
         chunk_bytes: int | None = None,
         merge_token: str | None = None,
+        _sections: Mapping[str, Any] | None = None,
     ) -> None:
         self.prefix = _prefix(prefix)
         codec, lvl = _opts(compression, level)
@@ -558,6 +622,7 @@ class Writer:
             self.world_size,
             _metadata_json(metadata),
             "" if merge_token is None else str(merge_token),
+            _sections_json(_sections),
         )
 
     def _writer(self) -> _core.Writer:

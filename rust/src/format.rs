@@ -98,10 +98,15 @@ pub enum DType {
     C128 = 15,
     F8E4M3FN = 16,
     F8E5M2 = 17,
+    F8E4M3FNUZ = 18,
+    F8E5M2FNUZ = 19,
+    F8E8M0FNU = 20,
+    /// Two packed 4-bit floats per byte (torch's `float4_e2m1fn_x2`): the element is the byte.
+    F4E2M1FNX2 = 21,
 }
 
 /// Every dtype, in tag order.
-pub const ALL_DTYPES: [DType; 17] = [
+pub const ALL_DTYPES: [DType; 21] = [
     DType::Bool,
     DType::I8,
     DType::I16,
@@ -119,6 +124,10 @@ pub const ALL_DTYPES: [DType; 17] = [
     DType::C128,
     DType::F8E4M3FN,
     DType::F8E5M2,
+    DType::F8E4M3FNUZ,
+    DType::F8E5M2FNUZ,
+    DType::F8E8M0FNU,
+    DType::F4E2M1FNX2,
 ];
 
 impl DType {
@@ -147,6 +156,10 @@ impl DType {
             DType::C128 => "complex128",
             DType::F8E4M3FN => "float8_e4m3fn",
             DType::F8E5M2 => "float8_e5m2",
+            DType::F8E4M3FNUZ => "float8_e4m3fnuz",
+            DType::F8E5M2FNUZ => "float8_e5m2fnuz",
+            DType::F8E8M0FNU => "float8_e8m0fnu",
+            DType::F4E2M1FNX2 => "float4_e2m1fn_x2",
         }
     }
 
@@ -162,7 +175,15 @@ impl DType {
     /// Bytes per element.
     pub fn itemsize(self) -> usize {
         match self {
-            DType::Bool | DType::I8 | DType::U8 | DType::F8E4M3FN | DType::F8E5M2 => 1,
+            DType::Bool
+            | DType::I8
+            | DType::U8
+            | DType::F8E4M3FN
+            | DType::F8E5M2
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0FNU
+            | DType::F4E2M1FNX2 => 1,
             DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
             DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
@@ -462,7 +483,8 @@ mod tests {
             assert_eq!(DType::from_name(d.name()).unwrap(), d);
         }
         assert_eq!(DType::from_tag(0), None);
-        assert_eq!(DType::from_tag(18), None);
+        assert_eq!(DType::from_tag(22), None);
+        assert_eq!(DType::from_name("float4_e2m1fn_x2").unwrap().itemsize(), 1);
     }
 
     #[test]

@@ -303,7 +303,7 @@ fn write_and_commit(
         report.linked_shards,
         report.linked_bytes
     );
-    let meta = meta_blob(&opts.metadata_json, &extra);
+    let meta = meta_blob(&opts.metadata_json, &extra, &opts.sections_json);
     commit_index(
         prefix,
         &recs,

@@ -26,6 +26,10 @@ pub struct WriterOptions {
     pub world_size: u32,
     /// User metadata JSON (an object), stored in the index.
     pub metadata_json: String,
+    /// Library sections (FORMAT.md §7): a JSON object stored beside, never inside, the user
+    /// metadata, so layers such as `shardpoint.torch` keep their bookkeeping out of the user's
+    /// dict. Empty = none.
+    pub sections_json: String,
     /// Multi-writer: an id shared by the writers of one save (e.g. the step), recorded in each
     /// partial index; `merge` refuses partials whose tokens differ (a stale partial of an
     /// earlier, crashed save). Empty = none given.
@@ -43,6 +47,7 @@ impl Default for WriterOptions {
             rank: 0,
             world_size: 1,
             metadata_json: "{}".into(),
+            sections_json: String::new(),
             merge_token: String::new(),
         }
     }
@@ -99,11 +104,35 @@ impl WriterOptions {
     }
 }
 
-pub(crate) fn meta_blob(user_json: &str, extra: &str) -> String {
+pub(crate) fn meta_blob(user_json: &str, extra: &str, sections_json: &str) -> String {
+    // "sections" is stored as a JSON *string* holding the sections object: escaped, it can
+    // never contain the text `,"user":`, so `merge` still finds the top-level "user" (always
+    // last) by position, and finds the end of "sections" at its closing quote.
+    let sections = if sections_json.is_empty() {
+        String::new()
+    } else {
+        format!(",\"sections\":{}", json_string(sections_json))
+    };
     format!(
-        "{{\"format\":{FORMAT_VERSION},\"writer\":\"shardpoint {}\"{extra},\"user\":{user_json}}}",
+        "{{\"format\":{FORMAT_VERSION},\"writer\":\"shardpoint {}\"{extra}{sections},\"user\":{user_json}}}",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// `text` as a JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// A streaming checkpoint writer. `add` may be called from several threads at once: each call
@@ -274,7 +303,7 @@ impl CheckpointWriter {
     pub fn commit(&self) -> Result<()> {
         let (recs, entries) = self.finish_shards()?;
         if self.opts.world_size == 1 {
-            let meta = meta_blob(&self.opts.metadata_json, "");
+            let meta = meta_blob(&self.opts.metadata_json, "", &self.opts.sections_json);
             commit_index(
                 &self.prefix,
                 &recs,
@@ -288,7 +317,7 @@ impl CheckpointWriter {
                 ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\",\"merge_token\":\"{}\"}}",
                 self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
             );
-            let meta = meta_blob(&self.opts.metadata_json, &extra);
+            let meta = meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json);
             let bytes = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes())?;
             write_atomic(
                 &partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size),
@@ -387,12 +416,16 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
             entries.push(e);
         }
     }
-    // Keep rank 0's user metadata; drop the "partial" marker.
+    // Keep rank 0's user metadata and library sections; drop the "partial" marker.
     let user = user_meta
         .as_deref()
         .and_then(extract_user)
         .unwrap_or_else(|| "{}".to_string());
-    let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"));
+    let sections = user_meta
+        .as_deref()
+        .and_then(extract_sections)
+        .unwrap_or_default();
+    let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"), &sections);
     commit_index(
         prefix,
         &shards,
@@ -411,9 +444,50 @@ fn field_str(meta: &str, name: &str) -> Option<String> {
     Some(meta[at..at + end].to_string())
 }
 
+/// The sections object text of a metadata blob we wrote (the decoded `"sections"` string,
+/// which precedes the user's JSON, so the first match is ours). None when absent or malformed.
+fn extract_sections(meta: &str) -> Option<String> {
+    let at = meta.find(",\"sections\":\"")? + 13;
+    let mut out = String::new();
+    let mut chars = meta[at..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                c => out.push(c),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
 /// The value of the top-level `"user"` field of a metadata blob we wrote (it is always last).
 fn extract_user(meta: &str) -> Option<String> {
     let at = meta.find(",\"user\":")?;
     let rest = &meta[at + 8..];
     rest.strip_suffix('}').map(|s| s.to_string())
+}
+
+#[cfg(test)]
+mod sections_tests {
+    use super::*;
+
+    #[test]
+    fn sections_survive_extraction_whatever_they_hold() {
+        let sections = r#"{"t":{"aliases":{"a":1,"user":{"x":"q\"\\"}}},"n":"\u0001"}"#;
+        let blob = meta_blob(r#"{"a":1,"user":2}"#, ",\"writers\":2", sections);
+        assert_eq!(extract_sections(&blob).as_deref(), Some(sections));
+        assert_eq!(extract_user(&blob).as_deref(), Some(r#"{"a":1,"user":2}"#));
+        let plain = meta_blob("{}", "", "");
+        assert_eq!(extract_sections(&plain), None);
+        assert_eq!(extract_user(&plain).as_deref(), Some("{}"));
+    }
 }

@@ -39,8 +39,18 @@ DTYPES = [
     "bfloat16",
     "float8_e4m3fn",
     "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
 ]
-ML = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
+ML = {
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+}
 COMPRESSIONS = ["none", "zstd", "zstd-plain"]
 SETTINGS = settings(
     max_examples=30,

@@ -32,6 +32,10 @@ ALL_DTYPES = [
     torch.complex128,
     torch.float8_e4m3fn,
     torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
+    torch.float4_e2m1fn_x2,
 ]
 
 

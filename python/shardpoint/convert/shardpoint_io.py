@@ -28,6 +28,8 @@ class ShardpointSource(Source):
         super().__init__(prefix)
         self.reader = files.open(prefix)
         self.metadata = dict(self.reader.metadata)
+        #: shardpoint's own metadata sections (the torch layer's nesting...), carried over
+        self.sections = dict(self.reader.sections)
 
     def specs(self) -> list[Spec]:
         out = []
@@ -77,6 +79,7 @@ def write_shardpoint(
         shards=n,
         durable=durable,
         metadata=source.metadata or None,
+        _sections=getattr(source, "sections", None),
     )
     bar = progress_bar(total, f"convert {os.path.basename(dst)}", progress=progress)
     try:

@@ -27,12 +27,16 @@ from .adapters import (
     TorchStateDictTrackable,
     run_deferred_restores,
 )
+from .models import IncompatibleKeys, load_model, save_model
 from .optim import OptimizerAdapter
 from .tensors import format_dtype, load, numpy_to_tensor, save, tensor_to_numpy, torch_dtype
 
 __all__ = [
     "save",
     "load",
+    "save_model",
+    "load_model",
+    "IncompatibleKeys",
     "tensor_to_numpy",
     "numpy_to_tensor",
     "format_dtype",

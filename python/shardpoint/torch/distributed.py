@@ -130,8 +130,6 @@ def save_distributed(
         parent = os.path.dirname(os.fspath(prefix))
         if parent:
             os.makedirs(parent, exist_ok=True)
-        user = dict(metadata or {})
-        user[METADATA_KEY] = merged
         writer = files.Writer(
             prefix,
             compression=compression,
@@ -140,8 +138,9 @@ def save_distributed(
             durable=durable,
             rank=rank,
             world_size=world,
-            metadata=user if rank == 0 else None,
+            metadata=dict(metadata or {}) if rank == 0 else None,
             merge_token=gathered[0]["merge_token"],
+            _sections={METADATA_KEY: merged} if rank == 0 else None,
         )
         try:
             for key, value in payload.items():

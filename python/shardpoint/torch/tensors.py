@@ -27,8 +27,15 @@ import torch
 
 from .. import files
 from ..async_save import AsyncSaver
-from ..dtypes import numpy_dtype
-from ..errors import DuplicateKeyError, InvalidArgumentError, UnsupportedDTypeError
+from ..dtypes import format_name, numpy_dtype
+from ..errors import (
+    DuplicateKeyError,
+    InvalidArgumentError,
+    MetaTensorError,
+    SparseTensorError,
+    UnknownDTypeError,
+    UnsupportedDTypeError,
+)
 from ..nested_keys import decode_key, key_tag
 
 if TYPE_CHECKING:
@@ -47,7 +54,9 @@ __all__ = [
     "METADATA_KEY",
 ]
 
-#: key of our section inside the checkpoint's user metadata
+#: name of our section among the checkpoint's metadata sections (``Reader.sections``, beside
+#: the user's metadata, never inside it). Checkpoints written before sections existed kept it
+#: under this key of the user metadata; :func:`load` still reads those.
 METADATA_KEY = "shardpoint.torch"
 _META_VERSION = 1
 
@@ -70,6 +79,10 @@ _TO_FORMAT: dict[torch.dtype, str] = {
     torch.complex128: "complex128",
     torch.float8_e4m3fn: "float8_e4m3fn",
     torch.float8_e5m2: "float8_e5m2",
+    torch.float8_e4m3fnuz: "float8_e4m3fnuz",
+    torch.float8_e5m2fnuz: "float8_e5m2fnuz",
+    torch.float8_e8m0fnu: "float8_e8m0fnu",
+    torch.float4_e2m1fn_x2: "float4_e2m1fn_x2",
 }
 _FROM_FORMAT = {v: k for k, v in _TO_FORMAT.items()}
 # numpy has no native type for these: view the tensor as a same-width integer (zero-copy)
@@ -77,6 +90,10 @@ _VIEW_AS: dict[str, tuple[torch.dtype, type]] = {
     "bfloat16": (torch.int16, np.int16),
     "float8_e4m3fn": (torch.uint8, np.uint8),
     "float8_e5m2": (torch.uint8, np.uint8),
+    "float8_e4m3fnuz": (torch.uint8, np.uint8),
+    "float8_e5m2fnuz": (torch.uint8, np.uint8),
+    "float8_e8m0fnu": (torch.uint8, np.uint8),
+    "float4_e2m1fn_x2": (torch.uint8, np.uint8),
 }
 
 
@@ -85,7 +102,7 @@ def format_dtype(dtype: torch.dtype) -> str:
     try:
         return _TO_FORMAT[dtype]
     except KeyError:
-        raise UnsupportedDTypeError(
+        raise UnknownDTypeError(
             f"torch dtype {dtype} cannot be stored; supported: "
             + ", ".join(str(d) for d in _TO_FORMAT)
         ) from None
@@ -109,14 +126,16 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
-        raise UnsupportedDTypeError(
+        raise SparseTensorError(
             f"{tensor.layout} tensors cannot be stored (dense strided tensors only); call "
             ".to_dense() first"
         )
     if tensor.is_quantized:
-        raise UnsupportedDTypeError("quantized tensors cannot be stored; dequantize them first")
+        raise UnknownDTypeError(
+            f"quantized tensors ({tensor.dtype}) cannot be stored; dequantize them first"
+        )
     if tensor.device.type == "meta":
-        raise UnsupportedDTypeError("meta tensors have no data to store")
+        raise MetaTensorError("meta tensors have no data to store")
     name = format_dtype(tensor.dtype)
     t = tensor.detach()
     if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
@@ -136,8 +155,9 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
-    """A CPU tensor sharing memory with ``array`` (bfloat16/float8 through an integer view)."""
-    name = array.dtype.name
+    """A CPU tensor sharing memory with ``array`` (bfloat16/float8/fp4 through an integer
+    view)."""
+    name = format_name(array.dtype) if array.dtype.metadata else array.dtype.name
     if name in _VIEW_AS:
         int_dtype, np_int = _VIEW_AS[name]
         return torch.from_numpy(array.view(np_int)).view(_FROM_FORMAT[name])
@@ -361,8 +381,8 @@ def save(
         tensors: a mapping (state dict, possibly nested), or an object with ``state_dict()``.
         prefix: path prefix (``prefix.index`` + ``prefix.data-*``), committed atomically.
         compression, level, shards, durable, chunk_bytes: as :func:`shardpoint.save_file`.
-        metadata: JSON-able mapping stored in the index (``sp.open(prefix).metadata``); the
-            key ``"shardpoint.torch"`` is reserved.
+        metadata: JSON-able mapping stored in the index; ``sp.open(prefix).metadata`` returns
+            exactly it (our own nesting information lives in a separate section).
 
         blocking: ``False`` returns a :class:`~shardpoint.async_save.SaveFuture` (result
             ``None``) once the state is snapshotted: CPU tensors are copied into reusable host
@@ -375,10 +395,6 @@ def save(
     tensors are copied to the host first. Nested keys are joined with ``/``.
     """
     payload, meta = _prepare(tensors, keep_device=not blocking)
-    user = dict(metadata or {})
-    if METADATA_KEY in user:
-        raise InvalidArgumentError(f"metadata key {METADATA_KEY!r} is reserved")
-    user[METADATA_KEY] = meta
     from .staging import TorchStagingBuffers, is_device_tensor
 
     device = {k: v for k, v in payload.items() if is_device_tensor(v)}
@@ -389,9 +405,10 @@ def save(
         compression=compression,
         level=level,
         shards=shards,
-        metadata=user,
+        metadata=metadata,
         durable=durable,
         chunk_bytes=chunk_bytes,
+        _sections={METADATA_KEY: meta},
     )
     if blocking:
         plan.write(items, None)
@@ -422,6 +439,16 @@ def _saver() -> AsyncSaver:
     return _SAVER
 
 
+def torch_section(reader: files.Reader) -> Mapping[str, Any] | None:
+    """Our metadata section of an open checkpoint, or None when :func:`save` did not write it.
+
+    Checkpoints written before metadata sections existed kept it in the user metadata."""
+    meta = reader.sections.get(METADATA_KEY)
+    if meta is None:
+        meta = reader.metadata.get(METADATA_KEY)
+    return meta if isinstance(meta, Mapping) else None
+
+
 def _to_torch(value: Any) -> Any:
     return numpy_to_tensor(value) if isinstance(value, np.ndarray) else value
 
@@ -448,9 +475,7 @@ def load(
     """
     dev = torch.device(device)
     with files.open(prefix) as reader:
-        meta = reader.metadata.get(METADATA_KEY)
-        if not isinstance(meta, Mapping):
-            meta = None
+        meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         wanted = reader.keys() if keys is None else list(keys)
         stored = [k for k in wanted if k not in aliases]

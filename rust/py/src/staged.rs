@@ -51,7 +51,7 @@ fn overlapping(mut r: Vec<(usize, usize)>) -> bool {
 /// unchanged (FORMAT.md §8.1). Returns (linked_shards, linked_bytes, written_shards,
 /// written_bytes, base_problem).
 #[pyfunction]
-#[pyo3(signature = (prefix, items, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json))]
+#[pyo3(signature = (prefix, items, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json, sections_json=String::new()))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save_incremental(
     py: Python<'_>,
@@ -65,6 +65,7 @@ pub(crate) fn save_incremental(
     solo_bytes: u64,
     durable: bool,
     metadata_json: String,
+    sections_json: String,
 ) -> PyResult<(u32, u64, u32, u64, Option<String>)> {
     let opts = options(
         codec,
@@ -76,6 +77,7 @@ pub(crate) fn save_incremental(
         1,
         metadata_json,
         String::new(),
+        sections_json,
     )?;
     let its = to_items(&items)?;
     let r = nogil(py, || {

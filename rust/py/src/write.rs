@@ -37,6 +37,7 @@ pub(crate) fn options(
     world_size: u32,
     metadata_json: String,
     merge_token: String,
+    sections_json: String,
 ) -> PyResult<WriterOptions> {
     Ok(WriterOptions {
         codec: parse_codec(codec)?,
@@ -47,13 +48,14 @@ pub(crate) fn options(
         rank,
         world_size,
         metadata_json,
+        sections_json,
         merge_token,
     })
 }
 
 /// Save items in one call, `shards` threads writing in parallel with the GIL released.
 #[pyfunction]
-#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json))]
+#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new()))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -65,6 +67,7 @@ pub(crate) fn save(
     shards: u32,
     durable: bool,
     metadata_json: String,
+    sections_json: String,
 ) -> PyResult<()> {
     let opts = options(
         codec,
@@ -76,6 +79,7 @@ pub(crate) fn save(
         1,
         metadata_json,
         String::new(),
+        sections_json,
     )?;
     let its = to_items(&items)?;
     nogil(py, || shardpoint_core::save(&prefix, &its, opts))
@@ -111,7 +115,7 @@ pub(crate) struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new()))]
+    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -125,6 +129,7 @@ impl Writer {
         world_size: u32,
         metadata_json: String,
         merge_token: String,
+        sections_json: String,
     ) -> PyResult<Self> {
         let opts = options(
             codec,
@@ -136,6 +141,7 @@ impl Writer {
             world_size,
             metadata_json,
             merge_token,
+            sections_json,
         )?;
         let inner = nogil(py, || CheckpointWriter::new(&prefix, opts))?;
         Ok(Writer { inner })
