@@ -276,7 +276,64 @@ def test_mgr09_clock_behind_last_preserved(tmp_path, clock, caplog):
             Checkpoint(v=f32(1)), tmp_path, max_to_keep=2, keep_checkpoint_every_n_hours=1.0
         )
     assert "seconds behind the last preserved checkpoint timestamp" in caplog.text
-    assert len(later.checkpoints) == 2
+    # as TensorFlow: only checkpoints newer than last_preserved_timestamp are taken over, and
+    # after the clock went back none are, so later saves never delete the earlier ones
+    assert later.checkpoints == []
+    assert later.latest_checkpoint is not None and later.latest_checkpoint.endswith("ckpt-2")
+    later.checkpoint.restore(later.latest_checkpoint)  # numbering continues at 3
+    for _ in range(4):
+        clock.t += 10
+        later.save()
+    assert (tmp_path / "ckpt-1.index").exists() and (tmp_path / "ckpt-2.index").exists()
+    assert [os.path.basename(p) for p in later.checkpoints] == ["ckpt-5", "ckpt-6"]
+    assert not (tmp_path / "ckpt-3.index").exists()  # its own saves are managed as usual
+
+
+def test_mgr09b_takes_over_only_checkpoints_newer_than_last_preserved(tmp_path, clock):
+    """Preserved checkpoints (keep_checkpoint_every_n_hours) stay listed in the state file
+    only while newer than last_preserved_timestamp; a new manager takes over just those."""
+    mgr = CheckpointManager(
+        Checkpoint(v=f32(1)), tmp_path, max_to_keep=3, keep_checkpoint_every_n_hours=None
+    )
+    for _ in range(3):
+        clock.t += 100
+        mgr.save()
+    again = CheckpointManager(Checkpoint(v=f32(1)), tmp_path, max_to_keep=3)
+    assert again.checkpoints == mgr.checkpoints  # all newer than the preserved timestamp
+    from shardpoint.objgraph.checkpoint_state import read_checkpoint_state as read_state
+    from shardpoint.objgraph.checkpoint_state import update_checkpoint_state as write_state
+
+    st = read_state(tmp_path)
+    stamps = list(st.all_model_checkpoint_timestamps)
+    # pretend ckpt-1 was preserved at its own time: it is no longer the manager's to delete
+    write_state(
+        str(tmp_path),
+        st.model_checkpoint_path,
+        list(st.all_model_checkpoint_paths),
+        stamps,
+        stamps[0],
+    )
+    third = CheckpointManager(Checkpoint(v=f32(1)), tmp_path, max_to_keep=1)
+    assert [os.path.basename(p) for p in third.checkpoints] == ["ckpt-2", "ckpt-3"]
+    clock.t += 100
+    third.save()
+    assert (tmp_path / "ckpt-1.index").exists()
+    assert not (tmp_path / "ckpt-2.index").exists()
+
+
+def test_mgr10b_last_checkpoint_step_constructor_argument(tmp_path):
+    step = Variable(np.int64(5))
+    mgr = CheckpointManager(
+        Checkpoint(step=step),
+        tmp_path,
+        step_counter=step,
+        checkpoint_interval=3,
+        last_checkpoint_step=4,
+    )
+    assert mgr.last_checkpoint_step == 4
+    assert mgr.save() is None  # 5 < 4 + 3
+    step.assign(7)
+    assert mgr.save() is not None and mgr.last_checkpoint_step == 7
 
 
 def test_mgr10_checkpoint_interval(tmp_path):

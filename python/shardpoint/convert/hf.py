@@ -350,6 +350,11 @@ class HFReader(Reader):
         return dict(self._index_meta)
 
     @property
+    def sections(self) -> dict[str, Any]:
+        """shardpoint's own metadata sections: none in a Hugging Face checkpoint."""
+        return {}
+
+    @property
     def format_info(self) -> dict[str, Any]:
         """Format, index and shard files with their sizes."""
         return {

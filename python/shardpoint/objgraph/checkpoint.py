@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,13 @@ __all__ = ["Checkpoint"]
 _SAVE_COUNTER = "save_counter"
 
 
+def _deref(name: str, ref: weakref.ref) -> Any:
+    target = ref()
+    if target is None:
+        raise ValueError(f"`Checkpoint` was given a dead weak reference as {name}")
+    return target
+
+
 def _require_trackable(name: str, value: Any) -> Trackable:
     tracked = as_trackable(value)
     if tracked is None:
@@ -51,16 +59,29 @@ class Checkpoint(Module):
     the keyword (inserted in sorted order); with ``root`` the root's own dependencies are
     top-level too (no ``root/`` prefix). ``save_counter`` (int64) is created on the first
     ``save()``/``restore()`` or on first access and is listed after the keywords.
+
+    As in TensorFlow, ``root`` may be a ``weakref.ref`` to the root object: the Checkpoint then
+    holds it weakly (saving after it was collected raises ``ValueError``). A keyword value that
+    is a ``weakref.ref`` is dereferenced and tracked like the object itself.
     """
 
     def __init__(self, root: Any = None, **kwargs: Any) -> None:
-        self._sp_root_object: Trackable | None = None
+        self._sp_root_strong: Trackable | None = None
+        self._sp_root_weak: weakref.ref | None = None
         self._sp_save_counter: Variable | None = None
         if root is not None:
-            root = wrap_value(root)
-            self._sp_root_object = _require_trackable("root", root)
+            if isinstance(root, weakref.ref):
+                target = _deref("root", root)
+                _require_trackable("root", wrap_value(target))
+                self._sp_root_weak = root
+            else:
+                root = wrap_value(root)
+                self._sp_root_strong = _require_trackable("root", root)
         for name in sorted(kwargs):
-            value = wrap_value(kwargs[name])
+            raw = kwargs[name]
+            if isinstance(raw, weakref.ref):
+                raw = _deref(name, raw)
+            value = wrap_value(raw)
             tracked = _require_trackable(name, value)
             if self._sp_root_object is not None:
                 existing = self._sp_root_object._sp_lookup(name)
@@ -75,6 +96,18 @@ class Checkpoint(Module):
             setattr(self, name, value)
 
     # -- root delegation ---------------------------------------------------------------------
+    @property
+    def _sp_root_object(self) -> Trackable | None:
+        if self._sp_root_weak is None:
+            return self._sp_root_strong
+        target = self._sp_root_weak()
+        if target is None:
+            raise ValueError(
+                "The root object of this Checkpoint was passed as a weak reference and has "
+                "been garbage-collected; keep a strong reference to it while checkpointing."
+            )
+        return as_trackable(target)
+
     @property
     def root(self) -> Trackable | None:
         """The ``root`` object, if one was given."""
@@ -290,9 +323,12 @@ class Checkpoint(Module):
                 raise  # the index is there: the error names the missing shard
             raise NotFoundError(_not_found_message(path, hint)) from exc
         if OBJECT_GRAPH_KEY not in reader:
-            return restore_by_name(reader, self)
+            try:
+                return restore_by_name(reader, self)
+            finally:
+                reader.close()  # no deferred restore in this mode: done with the files
         document = parse_object_graph(reader[OBJECT_GRAPH_KEY])
-        coordinator = RestoreCoordinator(reader, document, path, self)
+        coordinator = RestoreCoordinator(reader, document, path, self, storage_io.open_reader)
         status = CheckpointLoadStatus(coordinator, self)
         coordinator.bind_and_restore(0, self)
         return status

@@ -43,7 +43,13 @@ class CheckpointManager:
     in addition, one checkpoint per that many hours (it leaves the listed set but stays on disk);
     ``checkpoint_name`` is the file prefix (``<directory>/<name>-<n>``); with ``step_counter`` and
     ``checkpoint_interval``, ``save()`` writes only when at least that many steps have passed;
-    ``init_fn`` is called by ``restore_or_initialize()`` when there is nothing to restore.
+    ``init_fn`` is called by ``restore_or_initialize()`` when there is nothing to restore;
+    ``last_checkpoint_step`` seeds the step of the last save for the ``checkpoint_interval``
+    check (as the ``last_checkpoint_step`` property, e.g. after restoring a step counter).
+
+    A manager created over an existing directory takes over (may later delete) only the listed
+    checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
+    after the clock went backwards, none, so checkpoints kept so far are never deleted.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class CheckpointManager:
         step_counter: Any = None,
         checkpoint_interval: int | None = None,
         init_fn: Callable[[], Any] | None = None,
+        last_checkpoint_step: int | None = None,
         *,
         incremental: bool = False,
         max_in_flight: int | None = None,
@@ -81,7 +88,9 @@ class CheckpointManager:
         self._incremental = bool(incremental)
         if max_in_flight is not None:
             checkpoint.max_in_flight = max_in_flight
-        self._last_checkpoint_step: int | None = None
+        self._last_checkpoint_step: int | None = (
+            None if last_checkpoint_step is None else int(last_checkpoint_step)
+        )
         # path -> timestamp of the checkpoints this manager may delete, oldest first
         self._maybe_delete: OrderedDict[str, float] = OrderedDict()
         now = _now()
@@ -102,12 +111,15 @@ class CheckpointManager:
                 self._last_preserved_timestamp - now,
             )
             self._last_preserved_timestamp = now
-            stamps = [min(t, now) for t in stamps]
         # checkpoints written by plain Checkpoint.save() carry no timestamps: they can be the
-        # latest checkpoint but are never managed (listed or deleted) by a manager (MGR-07)
+        # latest checkpoint but are never managed (listed or deleted) by a manager (MGR-07).
+        # Only checkpoints newer than the last preserved timestamp are taken over; clamping to
+        # now means that after a clock reset none are (TensorFlow's rule).
         if len(stamps) == len(paths):
             for path, stamp in zip(paths, stamps, strict=True):
-                self._maybe_delete[resolve(self._directory, path)] = stamp
+                stamp = min(stamp, now)
+                if stamp > self._last_preserved_timestamp:
+                    self._maybe_delete[resolve(self._directory, path)] = stamp
 
     # -- properties ------------------------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DuplicateDependencyError
 from .trackable import NoDependency, Trackable, as_trackable
 from .variables import VARIABLE_VALUE, Variable
 from .wrappers import wrap_value
@@ -56,14 +57,22 @@ class Module(Trackable):
         dtype: Any = np.float32,
         initializer: Callable[[tuple[int, ...], np.dtype], Any] | None = None,
         trainable: bool = True,
+        overwrite: bool = False,
     ) -> Variable:
         """Create a Variable attribute ``name``, restoring it on creation if possible (RES-04).
 
         When a ``restore()`` is waiting for a dependency called ``name`` and the checkpoint
         holds a plain variable value there, the variable is created directly from that value and
         ``initializer`` is not called. Otherwise ``initializer(shape, dtype)`` (zeros by
-        default) provides the initial value.
+        default) provides the initial value. A name already used by a dependency raises
+        ``DuplicateDependencyError`` (a ValueError, TensorFlow's wording) unless ``overwrite``.
         """
+        if not overwrite and self._sp_lookup(name) is not None:
+            raise DuplicateDependencyError(
+                f"Called Module.add_variable() with name={name!r}, but a trackable with this "
+                "name is already declared as a dependency. Names must be unique (or "
+                "overwrite=True)."
+            )
         dtype = np.dtype(dtype)
         value = None
         for position in sorted(self._sp_pending(name), key=lambda p: p.uid, reverse=True):
@@ -83,14 +92,15 @@ class Module(Trackable):
         return var
 
     @property
-    def variables(self) -> list[Variable]:
-        """Every Variable reachable from this module (breadth-first, each once)."""
-        return _collect_variables(self, trainable_only=False)
+    def variables(self) -> tuple[Variable, ...]:
+        """Every Variable reachable from this module (breadth-first, each once), as a tuple
+        (as ``tf.Module.variables``)."""
+        return tuple(_collect_variables(self, trainable_only=False))
 
     @property
-    def trainable_variables(self) -> list[Variable]:
-        """Every trainable Variable reachable from this module."""
-        return _collect_variables(self, trainable_only=True)
+    def trainable_variables(self) -> tuple[Variable, ...]:
+        """Every trainable Variable reachable from this module, as a tuple (as TensorFlow)."""
+        return tuple(_collect_variables(self, trainable_only=True))
 
 
 def _collect_variables(root: Trackable, trainable_only: bool) -> list[Variable]:

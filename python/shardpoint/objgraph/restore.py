@@ -8,8 +8,11 @@ its live parent (``_sp_defer``) and restored, with its whole subtree, the moment
 that name is attached. Each coordinator has a uid from a global counter; an object remembers the
 uid of the restore that last wrote it, so the restore *called* last wins (RES-05).
 
-The coordinator holds the lazy reader open while deferred positions or the status object exist,
-and references live objects only weakly (objects that cannot be weakly referenced, such as
+The coordinator closes its reader (files and mappings) as soon as every value of the checkpoint
+has a live object and every slot is restored; while some value still waits for its object
+(deferred restore) it keeps the reader open, until that happens or the coordinator (the status
+object and the parked positions) is garbage-collected. A value needed after the reader was
+closed (an object bound again after the first one died) reopens it. It references live objects only weakly (objects that cannot be weakly referenced, such as
 tuple wrappers, are held strongly).
 """
 
@@ -86,9 +89,18 @@ class CheckpointPosition:
 class RestoreCoordinator:
     """State of one restore: reader, stored graph, bindings, unused values."""
 
-    def __init__(self, reader: Any, document: dict, save_path: str, root: Trackable) -> None:
+    def __init__(
+        self,
+        reader: Any,
+        document: dict,
+        save_path: str,
+        root: Trackable,
+        reopen: Callable[[str], Any] | None = None,
+    ) -> None:
         self.uid = next(_UIDS)
-        self.reader = reader
+        self._reader: Any = reader
+        self._reopen = reopen
+        self._depth = 0  # nesting of bind_and_restore (slots restore from inside it)
         self.save_path = save_path
         self.nodes: list[dict] = document["nodes"]
         self.root_ref = _ref(root)
@@ -110,6 +122,29 @@ class RestoreCoordinator:
                 self.slots_by_node.setdefault(opt_node, []).append(sr)
                 self.slots_by_node.setdefault(sr.variable_node, []).append(sr)
         self.paths = self._display_paths()
+        # what still needs the reader: valued nodes never bound, slots not restored
+        self._waiting_nodes = len(self.unresolved_nodes())
+
+    # -- the reader: closed once nothing waits for a value ------------------------------------------
+    @property
+    def reader(self) -> Any:
+        if self._reader is None:
+            if self._reopen is None:
+                raise CorruptCheckpointError(f"the reader of {self.save_path} was closed")
+            self._reader = self._reopen(self.save_path)
+        return self._reader
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+
+    def release_if_done(self) -> None:
+        """Close the reader when no value can be asked for any more (bug: a restore kept the
+        data files open as long as its status object lived)."""
+        if self._depth == 0 and self._waiting_nodes == 0 and not self.pending_slots():
+            self._close_reader()
 
     # -- naming for messages -------------------------------------------------------------------
     def _display_paths(self) -> list[str]:
@@ -156,6 +191,12 @@ class RestoreCoordinator:
             )
             return False
         self.bound[node] = _ref(obj)
+        if (
+            node not in self.resolved
+            and node not in self.slot_nodes
+            and self.nodes[node].get("attributes")
+        ):
+            self._waiting_nodes -= 1
         self.resolved.add(node)
         self.matched[id(obj)] = _ref(obj)
         root = getattr(obj, "_sp_root_object", None)
@@ -164,7 +205,16 @@ class RestoreCoordinator:
         return True
 
     def bind_and_restore(self, node: int, obj: Trackable) -> None:
-        """Bind ``obj`` to ``node`` and restore the subtree breadth-first."""
+        """Bind ``obj`` to ``node`` and restore the subtree breadth-first; then close the
+        reader if nothing waits for a value any more."""
+        self._depth += 1
+        try:
+            self._bind_and_restore(node, obj)
+        finally:
+            self._depth -= 1
+        self.release_if_done()
+
+    def _bind_and_restore(self, node: int, obj: Trackable) -> None:
         queue = deque([(node, obj)])
         while queue:
             nid, live = queue.popleft()
@@ -320,9 +370,7 @@ class RestoreCoordinator:
                         self.save_path,
                         "\n".join(lines),
                     )
-            close = getattr(self.reader, "close", None)
-            if close is not None:
-                close()
+            self._close_reader()
         except Exception:  # noqa: BLE001 - never raise from a finalizer (interpreter shutdown)
             pass
 

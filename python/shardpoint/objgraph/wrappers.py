@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import copy as _copy
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, SupportsIndex, cast
 
@@ -75,6 +76,11 @@ def _unwrap_element(value: Any, nodep: set[int]) -> Any:
     return wrap_value(value)
 
 
+def _plain(value: Any) -> Any:
+    """The shared storage of a wrapper (its C-level mirror may be stale), else the value."""
+    return value._sp_storage if isinstance(value, ListWrapper | DictWrapper) else value
+
+
 class ListWrapper(Trackable, list):
     """A list whose trackable elements are dependencies named ``"0"``, ``"1"``, …"""
 
@@ -85,6 +91,7 @@ class ListWrapper(Trackable, list):
         self._sp_storage: list = storage
         self._sp_nodep: set[int] = set()
         self._sp_dirty: str | None = None  # "mutation" or "external": permanent (DS-07)
+        self._sp_dirty_method: str | None = None  # the first non-append mutation, for errors
         for i, element in enumerate(storage):
             storage[i] = _unwrap_element(element, self._sp_nodep)
         self._sp_sync()
@@ -108,15 +115,21 @@ class ListWrapper(Trackable, list):
             if self._sp_has_trackable(snap) or self._sp_has_trackable(cur):
                 self._sp_dirty = "external"
 
-    def _sp_mutate(self, op: Any) -> Any:
-        """Run a non-append mutation; mark dirty if trackables were involved."""
+    def _sp_mutate(self, op: Any, method: str) -> Any:
+        """Run a non-append mutation (``method`` names it in the save-time error); mark dirty
+        if trackables were involved."""
         self._sp_check_external()
         before = self._sp_has_trackable()
         result = op(self._sp_storage)
         if before or self._sp_has_trackable():
-            self._sp_dirty = self._sp_dirty or "mutation"
+            self._sp_mark_mutated(method)
         self._sp_sync()
         return result
+
+    def _sp_mark_mutated(self, method: str) -> None:
+        if self._sp_dirty is None:
+            self._sp_dirty = "mutation"
+            self._sp_dirty_method = method
 
     # -- trackable protocol ----------------------------------------------------------------
     def _sp_children(self) -> Mapping[str, Trackable]:
@@ -142,10 +155,11 @@ class ListWrapper(Trackable, list):
         if self._sp_dirty == "mutation":
             raise UnsaveableObjectError(
                 f"Unable to save the object {self!r} (a list wrapper constructed to track "
-                "trackable objects). A list element was replaced (__setitem__), deleted "
-                "(__delitem__, pop, remove, clear), inserted (insert) or moved (sort, reverse) "
-                "while the list held trackable objects. In order to support restoration on "
-                "object creation, tracking is exclusively for append-only data structures.\n\n"
+                "trackable objects). A list element was replaced (__setitem__, __setslice__), "
+                "deleted (__delitem__, __delslice__), or moved (sort). In order to support "
+                "restoration on object creation, tracking is exclusively for append-only data "
+                f"structures. The list was changed by `{self._sp_dirty_method}` while it held "
+                "trackable objects.\n\n"
                 "If you don't need this list checkpointed, wrap it in NoDependency; it will be "
                 "ignored."
             )
@@ -181,9 +195,9 @@ class ListWrapper(Trackable, list):
         return self
 
     def __imul__(self, n: SupportsIndex) -> ListWrapper:
-        count = n.__index__()
+        count = operator.index(n)
         if count <= 0:
-            self._sp_mutate(lambda s: s.clear())
+            self._sp_mutate(lambda s: s.clear(), "__imul__")
             return self
         self.extend(list(self._sp_storage) * (count - 1))
         return self
@@ -198,34 +212,36 @@ class ListWrapper(Trackable, list):
         def op(s: list) -> None:
             s[key] = value
 
-        self._sp_mutate(op)
+        # TF's names: slice assignment is `__setslice__` (Python 2's hook)
+        method = "__setslice__" if isinstance(key, slice) else "__setitem__"
+        self._sp_mutate(op, method)
         if not isinstance(key, slice) and as_trackable(value) is not None:
-            self._sp_dirty = self._sp_dirty or "mutation"
+            self._sp_mark_mutated(method)
 
     def __delitem__(self, key: Any) -> None:
         def op(s: list) -> None:
             del s[key]
 
-        self._sp_mutate(op)
+        self._sp_mutate(op, "__delslice__" if isinstance(key, slice) else "__delitem__")
 
     def insert(self, index: SupportsIndex, value: Any) -> None:
         value = _unwrap_element(value, self._sp_nodep)
-        self._sp_mutate(lambda s: s.insert(index, value))
+        self._sp_mutate(lambda s: s.insert(index, value), "insert")
 
     def pop(self, index: SupportsIndex = -1) -> Any:
-        return self._sp_mutate(lambda s: s.pop(index))
+        return self._sp_mutate(lambda s: s.pop(index), "pop")
 
     def remove(self, value: Any) -> None:
-        self._sp_mutate(lambda s: s.remove(value))
+        self._sp_mutate(lambda s: s.remove(value), "remove")
 
     def clear(self) -> None:
-        self._sp_mutate(lambda s: s.clear())
+        self._sp_mutate(lambda s: s.clear(), "clear")
 
     def sort(self, *, key: Any = None, reverse: bool = False) -> None:
-        self._sp_mutate(lambda s: s.sort(key=key, reverse=reverse))
+        self._sp_mutate(lambda s: s.sort(key=key, reverse=reverse), "sort")
 
     def reverse(self) -> None:
-        self._sp_mutate(lambda s: s.reverse())
+        self._sp_mutate(lambda s: s.reverse(), "reverse")
 
     # -- reads (always through the shared storage) -----------------------------------------
     def __getitem__(self, key: Any) -> Any:
@@ -243,28 +259,40 @@ class ListWrapper(Trackable, list):
     def __contains__(self, value: object) -> bool:
         return value in self._sp_storage
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, ListWrapper):
-            other = other._sp_storage
-        return self._sp_storage == other
+    # Every operator reads the shared storage (a wrapped wrapper: its storage), and returns
+    # NotImplemented / raises exactly where a plain list would (``[1] < (1,)``, ``[] + ()``).
+    def __eq__(self, other: object) -> Any:
+        return self._sp_storage.__eq__(_plain(other))
 
-    def __ne__(self, other: object) -> bool:
-        return not self == other
+    def __ne__(self, other: object) -> Any:
+        return self._sp_storage.__ne__(_plain(other))
 
-    def __lt__(self, other: Any) -> bool:
-        return self._sp_storage < list(other)
+    def __lt__(self, other: Any) -> Any:
+        return self._sp_storage.__lt__(_plain(other))
+
+    def __le__(self, other: Any) -> Any:
+        return self._sp_storage.__le__(_plain(other))
+
+    def __gt__(self, other: Any) -> Any:
+        return self._sp_storage.__gt__(_plain(other))
+
+    def __ge__(self, other: Any) -> Any:
+        return self._sp_storage.__ge__(_plain(other))
 
     def __add__(self, other: Any) -> list:
-        return self._sp_storage + list(other)
+        return self._sp_storage + _plain(other)
 
     def __radd__(self, other: Any) -> list:
-        return list(other) + self._sp_storage
+        return _plain(other) + self._sp_storage
 
     def __mul__(self, n: SupportsIndex) -> list:
         return self._sp_storage * n
 
     __rmul__ = __mul__
     __hash__ = None  # unhashable like list (DS-01)
+
+    def __sizeof__(self) -> int:
+        return self._sp_storage.__sizeof__()
 
     def index(self, value: Any, *args: Any) -> int:
         return self._sp_storage.index(value, *args)
@@ -280,23 +308,29 @@ class ListWrapper(Trackable, list):
 
     def __copy__(self) -> ListWrapper:
         new = ListWrapper(_copy.copy(self._sp_storage))
-        new._sp_dirty = self._sp_dirty
+        new._sp_dirty, new._sp_dirty_method = self._sp_dirty, self._sp_dirty_method
         return new
 
     def __deepcopy__(self, memo: dict) -> ListWrapper:
         new = ListWrapper(_copy.deepcopy(self._sp_storage, memo))
-        new._sp_dirty = self._sp_dirty
+        new._sp_dirty, new._sp_dirty_method = self._sp_dirty, self._sp_dirty_method
         return new
 
-    def __reduce__(self) -> Any:
-        raise TypeError("ListWrapper cannot be pickled; pickle list(wrapper) instead")
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        # as TensorFlow's: a pickle holds the plain contents and loads as a fresh wrapper
+        return (ListWrapper, (list(self._sp_storage),))
 
 
 class DictWrapper(Trackable, dict):
     """A dict whose trackable values under string keys are dependencies named by the key."""
 
-    def __init__(self, wrapped: dict | None = None) -> None:
+    def __init__(self, wrapped: Any = None, /, **kwargs: Any) -> None:
+        # like dict(): a mapping (shared, DS-02), or key/value pairs and keywords (a new dict)
         storage = {} if wrapped is None else wrapped
+        if not isinstance(storage, dict):
+            storage = dict(storage)
+        if kwargs:
+            storage.update(kwargs)
         self._sp_storage: dict = storage
         self._sp_nodep: set[int] = set()
         self._sp_dirty: str | None = None
@@ -435,13 +469,11 @@ class DictWrapper(Trackable, dict):
     def copy(self) -> dict:
         return dict(self._sp_storage)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, DictWrapper):
-            other = other._sp_storage
-        return self._sp_storage == other
+    def __eq__(self, other: object) -> Any:
+        return self._sp_storage.__eq__(_plain(other))
 
-    def __ne__(self, other: object) -> bool:
-        return not self == other
+    def __ne__(self, other: object) -> Any:
+        return self._sp_storage.__ne__(_plain(other))
 
     __hash__ = None
 
@@ -458,8 +490,25 @@ class DictWrapper(Trackable, dict):
         new._sp_dirty = self._sp_dirty
         return new
 
-    def __reduce__(self) -> Any:
-        raise TypeError("DictWrapper cannot be pickled; pickle dict(wrapper) instead")
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        # as TensorFlow's: a pickle holds the plain contents and loads as a fresh wrapper
+        return (DictWrapper, (dict(self._sp_storage),))
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(self._sp_storage)
+
+    def __or__(self, other: Any) -> Any:
+        return self._sp_storage.__or__(_plain(other))
+
+    def __ror__(self, other: Any) -> Any:
+        return _plain(other).__or__(self._sp_storage) if isinstance(other, dict) else NotImplemented
+
+    def __sizeof__(self) -> int:
+        return self._sp_storage.__sizeof__()
+
+    @classmethod
+    def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> DictWrapper:  # type: ignore[override]  # returns the wrapper, as dict subclasses do
+        return cls(dict.fromkeys(iterable, value))
 
 
 _NAMEDTUPLE_WRAPPERS: dict[type, type] = {}
