@@ -32,7 +32,7 @@ from .errors import (
     InvalidKeyError,
 )
 from .progress import progress_bar, wanted
-from .slicing import TensorSlice
+from .slicing import LazySlice, TensorSlice
 from .values import check_key, decode, encode, json_depth
 
 if TYPE_CHECKING:
@@ -478,7 +478,7 @@ class Reader:
         t = self._core.info(check_key(key))
         return EntryInfo(key, t[0], tuple(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
 
-    def get_slice(self, key: str) -> TensorSlice:
+    def get_slice(self, key: str) -> LazySlice:
         """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
         ``dtype``, ``get_shape()``, ``get_dtype()`` and numpy-style indexing on every axis that
         reads only the selected bytes (uncompressed) or chunks (compressed). See

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .errors import InvalidArgumentError, InvalidSliceError
 if TYPE_CHECKING:  # pragma: no cover
     from .files import Reader
 
-__all__ = ["TensorSlice", "RUN_BYTES"]
+__all__ = ["TensorSlice", "LazySlice", "RUN_BYTES"]
 
 #: Largest temporary buffer one run of a compressed read uses (a single longer row is one run).
 RUN_BYTES = 64 << 20
@@ -51,6 +51,19 @@ def _describe(index: tuple[Any, ...]) -> str:
         return "..." if x is Ellipsis else repr(x)
 
     return "[" + ", ".join(one(x) for x in index) + "]"
+
+
+class LazySlice(Protocol):
+    """What ``Reader.get_slice`` returns, whatever the reader (safetensors' slice interface)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def get_shape(self) -> list[int]: ...
+
+    def get_dtype(self) -> str: ...
+
+    def __getitem__(self, index: Any) -> np.ndarray: ...
 
 
 class _Axis:
@@ -226,7 +239,7 @@ class TensorSlice:
                 flips.append(d)
         got = self._read_runs(axes)
         if flips:
-            got = np.flip(got, axis=flips).copy()
+            got = np.flip(got, axis=tuple(flips)).copy()
         return got.reshape(out_shape)
 
     def _from_mapping(self, axes: list[_Axis]) -> np.ndarray:

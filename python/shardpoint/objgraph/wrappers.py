@@ -415,7 +415,7 @@ class DictWrapper(Trackable, dict):
         for key, value in dict(other, **kwargs).items():
             self[key] = value
 
-    def __ior__(self, other: Any) -> DictWrapper:  # type: ignore[misc]  # |= keeps the wrapper, | gives a dict
+    def __ior__(self, other: Any) -> DictWrapper:  # |= keeps the wrapper, | gives a dict
         self.update(other)
         return self
 
@@ -507,7 +507,8 @@ class DictWrapper(Trackable, dict):
         return self._sp_storage.__sizeof__()
 
     @classmethod
-    def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> DictWrapper:  # type: ignore[override]  # returns the wrapper, as dict subclasses do
+    def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> DictWrapper:
+        """A wrapper of ``dict.fromkeys(iterable, value)``."""
         return cls(dict.fromkeys(iterable, value))
 
 
