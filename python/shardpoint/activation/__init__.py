@@ -34,10 +34,16 @@ from ._common import (
     RecomputeMismatchError,
     debug_override,
     early_stop_override,
+    iter_tensors,
     set_checkpoint_debug_enabled,
     set_checkpoint_early_stop,
 )
+from ._memory import ActivationMemoryMeter
 from ._nonreentrant import checkpoint_nonreentrant
+from ._offload import OFFLOAD_KINDS, OffloadSession
+from ._planner import BudgetTooSmallError, Plan, run_plan, solve
+from ._policy import policy_context_fn
+from ._profile import LayerProfile, profile_chain
 from ._reentrant import checkpoint_reentrant
 from ._sequential import (
     as_function_list,
@@ -50,6 +56,13 @@ from ._sequential import (
 
 __all__ = [
     "ActivationCheckpointError",
+    "ActivationMemoryMeter",
+    "BudgetTooSmallError",
+    "CheckpointedSequential",
+    "LayerProfile",
+    "Plan",
+    "plan",
+    "profile_chain",
     "RecomputeMismatchError",
     "auto_segments",
     "checkpoint",
@@ -77,6 +90,7 @@ def checkpoint(
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    policy: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` without keeping its activations; recompute them in
@@ -101,6 +115,10 @@ def checkpoint(
         early_stop: non-reentrant only; stop the recompute once every tensor saved during
             forward exists again (default). An active :func:`set_checkpoint_early_stop` wins.
             The reentrant variant always re-runs the whole function.
+        policy: non-reentrant only; selective checkpointing in one argument: ``"matmul"``
+            (keep matmul/convolution/attention outputs, recompute the rest), a list of ops to
+            keep, or a policy callable as PyTorch's. Shorthand for ``context_fn`` built with
+            ``create_selective_checkpoint_contexts``; cannot be combined with ``context_fn``.
         **kwargs: keyword arguments for ``function`` (non-reentrant only).
 
     Returns:
@@ -121,6 +139,12 @@ def checkpoint(
     debug_forced = debug_override()
     if debug_forced is not None and not use_reentrant:
         debug = debug_forced
+    if policy is not None:
+        if context_fn is not None:
+            raise ValueError("pass either policy= or context_fn=, not both")
+        if use_reentrant:
+            raise ValueError("policy= is only supported when use_reentrant=False.")
+        context_fn = policy_context_fn(policy)
     if use_reentrant:
         if context_fn is not None or debug:
             raise ValueError(
@@ -146,12 +170,121 @@ def checkpoint(
     )
 
 
+def _checkpoint_piece(
+    fn: Callable[[Any], Any],
+    value: Any,
+    *,
+    use_reentrant: bool = False,
+    preserve_rng_state: bool = True,
+    input_hooks: Any = None,
+) -> Any:
+    """One checkpointed chunk of a sequential run (offload hooks apply to its input)."""
+    if use_reentrant or input_hooks is None:
+        return checkpoint(
+            fn, value, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state
+        )
+    override = early_stop_override()
+    debug_forced = debug_override()
+    return checkpoint_nonreentrant(
+        fn,
+        (value,),
+        {},
+        preserve_rng_state=preserve_rng_state,
+        context_fn=None,
+        check_metadata=True,
+        early_stop=True if override is None else override,
+        debug=bool(debug_forced),
+        input_hooks=input_hooks,
+    )
+
+
+def plan(
+    functions: torch.nn.Sequential | list[Callable[[Any], Any]],
+    sample_input: Any,
+    memory_budget: int,
+    *,
+    offload: str | None = None,
+    repeats: int = 3,
+) -> Plan:
+    """Profile ``functions`` on ``sample_input`` and solve for the schedule with the least
+    recomputation whose peak saved-activation memory fits ``memory_budget`` bytes.
+
+    Each layer is run ``repeats + 1`` times for real (saved bytes, input bytes and forward
+    time measured; random state and module buffers are put back afterwards). The solver is a
+    dynamic program over the chain in the spirit of Rotor (heterogeneous layers; checkpointed
+    pieces may themselves be re-run with nested checkpoints); docs/ACTIVATION.md describes its
+    memory and time model and what it ignores. ``print(plan)`` shows the table.
+
+    Args:
+        functions: an ``nn.Sequential`` or a list of modules/functions.
+        sample_input: an input of the size the plan is for.
+        memory_budget: bytes of saved activations allowed at any moment (see
+            :class:`ActivationMemoryMeter` for what is counted).
+        offload: ``"cpu"`` or ``"disk"``: the inputs kept by top-level checkpoints go there and
+            do not count against the budget (the largest is reserved for read-ahead).
+
+    Raises:
+        BudgetTooSmallError: (a ``ValueError``) below the minimum any schedule needs; the
+            message and its ``minimum`` attribute give it in bytes.
+    """
+    if offload is not None and offload not in OFFLOAD_KINDS:
+        raise ValueError(f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}")
+    fns = as_function_list(functions)
+    if not fns:
+        raise ValueError("plan needs at least one function")
+    profiles = profile_chain(fns, sample_input, repeats=repeats)
+    return solve(profiles, memory_budget, offload=offload)
+
+
+# Plans reused by checkpoint_sequential(segments="budget"): keyed by the identity of the
+# functions, the input's signature, the budget and offload; the functions are held weakly where
+# possible so a recycled id never matches a dead model.
+_PLAN_CACHE: dict[tuple[Any, ...], tuple[list[Any], Plan]] = {}
+_PLAN_CACHE_SIZE = 16
+
+
+def _signature(value: Any) -> tuple[Any, ...]:
+    return tuple((tuple(t.shape), t.dtype, str(t.device)) for t in iter_tensors(value))
+
+
+def _cached_plan(
+    fns: list[Callable[[Any], Any]], value: Any, memory_budget: int, offload: str | None
+) -> Plan:
+    key = (tuple(id(f) for f in fns), _signature(value), memory_budget, offload)
+    hit = _PLAN_CACHE.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], fns, strict=True)):
+        return hit[1]
+    result = plan(fns, value, memory_budget, offload=offload)
+    if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+        _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+    _PLAN_CACHE[key] = (list(fns), result)
+    return result
+
+
+def _run_offloaded(offload: str | None, offload_dir: Any, body: Callable[[Any], Any]) -> Any:
+    """Run ``body(input_hooks)`` inside an offload session (or without one)."""
+    if offload is None:
+        return body(None)
+    session = OffloadSession(offload, directory=offload_dir)
+    try:
+        output = body(session.hooks())
+    except BaseException:
+        session.close()  # nothing will read the files back
+        raise
+    session.watch(output)
+    return output
+
+
 def checkpoint_sequential(
     functions: torch.nn.Sequential | list[Callable[[Any], Any]],
-    segments: int | str,
+    segments: int | str | Plan,
     input: Any,
     use_reentrant: bool = False,
     preserve_rng_state: bool = True,
+    *,
+    memory_budget: int | None = None,
+    offload: str | None = None,
+    offload_dir: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run a sequence of functions, checkpointing all chunks but the last.
@@ -163,29 +296,129 @@ def checkpoint_sequential(
 
     Args:
         functions: the model, applied as ``f_n(...f_2(f_1(input)))``.
-        segments: number of chunks, ``1 <= segments <= len(functions)``, or ``"auto"`` for the
-            count minimizing peak activation memory (:func:`auto_segments`, about
-            ``sqrt(len(functions))``).
+        segments: number of chunks, ``1 <= segments <= len(functions)``; ``"auto"`` for the
+            count minimizing modelled peak memory (:func:`auto_segments`, about
+            ``sqrt(len(functions))``); ``"budget"`` to run the plan of :func:`plan` for
+            ``memory_budget`` (profiled on this input the first time, then cached for inputs
+            of the same shapes); or a :class:`Plan`.
         input: the input of the first function.
-        use_reentrant: variant used for the chunks, see :func:`checkpoint`.
+        use_reentrant: variant used for the chunks, see :func:`checkpoint` (the planner and
+            offload need the default, ``False``).
         preserve_rng_state: see :func:`checkpoint`.
+        memory_budget: bytes, with ``segments="budget"``.
+        offload: ``"cpu"`` or ``"disk"``: the inputs the checkpoints keep go to host memory or
+            through shardpoint's store to a scratch directory (``offload_dir``), and are read
+            back ahead of backward. See docs/ACTIVATION.md.
+        offload_dir: root of the scratch directories of ``offload="disk"``.
 
     Raises:
-        ValueError: ``segments`` out of range, or an unexpected keyword argument.
+        ValueError: ``segments`` out of range, a bad budget (:class:`BudgetTooSmallError`
+            states the minimum), or an unexpected keyword argument.
         TypeError: ``segments`` or ``functions`` of the wrong type.
     """
     if kwargs:
         raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
     fns = as_function_list(functions)
+    if offload is not None and offload not in OFFLOAD_KINDS:
+        raise ValueError(f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}")
+    if offload is not None and use_reentrant:
+        raise ValueError("offload is only supported with use_reentrant=False")
+    if isinstance(segments, str) and segments == "budget" or isinstance(segments, Plan):
+        if use_reentrant:
+            raise ValueError("segments='budget' is only supported with use_reentrant=False")
+        if isinstance(segments, Plan):
+            chosen = segments
+        else:
+            if memory_budget is None:
+                raise ValueError("segments='budget' needs memory_budget=<bytes>")
+            if not torch.is_grad_enabled():
+                return run_range(fns, 0, len(fns))(input)
+            chosen = _cached_plan(fns, input, memory_budget, offload)
+
+        def planned(hooks: Any) -> Any:
+            def piece(fn: Callable[[Any], Any], value: Any, **kw: Any) -> Any:
+                return _checkpoint_piece(
+                    fn, value, preserve_rng_state=preserve_rng_state, input_hooks=kw.get("hooks")
+                )
+
+            top = {"hooks": hooks} if hooks is not None else {}
+            return run_plan(chosen, fns, input, piece, top)
+
+        return _run_offloaded(offload, offload_dir, planned)
+    if memory_budget is not None:
+        raise ValueError("memory_budget is only used with segments='budget'")
     count = resolve_segments(len(fns), segments)
-    value = input
     bounds = split_points(len(fns), count)
-    for start, stop in bounds[:-1]:
-        value = checkpoint(
-            run_range(fns, start, stop),
-            value,
-            use_reentrant=use_reentrant,
-            preserve_rng_state=preserve_rng_state,
+
+    def split(hooks: Any) -> Any:
+        value = input
+        for start, stop in bounds[:-1]:
+            value = _checkpoint_piece(
+                run_range(fns, start, stop),
+                value,
+                use_reentrant=use_reentrant,
+                preserve_rng_state=preserve_rng_state,
+                input_hooks=hooks,
+            )
+        start, stop = bounds[-1]
+        return run_range(fns, start, stop)(value)
+
+    return _run_offloaded(offload, offload_dir, split)
+
+
+class CheckpointedSequential(torch.nn.Module):
+    """``module`` (an ``nn.Sequential``) run under a memory budget: in training with grad
+    enabled, each forward follows the plan of :func:`plan` for that input's shapes (profiled
+    once per shape, then cached; ``.last_plan`` is the plan used last); otherwise it runs the
+    module as it is.
+
+    Example::
+
+        model = CheckpointedSequential(nn.Sequential(*blocks), memory_budget=2 << 30)
+        loss = model(x).sum(); loss.backward()
+        print(model.last_plan)
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Sequential,
+        memory_budget: int,
+        *,
+        offload: str | None = None,
+        offload_dir: str | None = None,
+        preserve_rng_state: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, torch.nn.Sequential):
+            raise TypeError(
+                f"CheckpointedSequential wraps a torch.nn.Sequential, got {type(module).__name__}"
+            )
+        if offload is not None and offload not in OFFLOAD_KINDS:
+            raise ValueError(
+                f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}"
+            )
+        self.module = module
+        self.memory_budget = int(memory_budget)
+        self.offload = offload
+        self.offload_dir = offload_dir
+        self.preserve_rng_state = preserve_rng_state
+        self._plans: dict[tuple[Any, ...], Plan] = {}
+        self.last_plan: Plan | None = None
+
+    def forward(self, input: Any) -> Any:
+        if not (self.training and torch.is_grad_enabled()):
+            return self.module(input)
+        key = _signature(input)
+        chosen = self._plans.get(key)
+        if chosen is None:
+            chosen = plan(self.module, input, self.memory_budget, offload=self.offload)
+            self._plans[key] = chosen
+        self.last_plan = chosen
+        return checkpoint_sequential(
+            self.module,
+            chosen,
+            input,
+            preserve_rng_state=self.preserve_rng_state,
+            offload=self.offload,
+            offload_dir=self.offload_dir,
         )
-    start, stop = bounds[-1]
-    return run_range(fns, start, stop)(value)

@@ -35,6 +35,7 @@ from ._common import (
     iter_tensors,
 )
 from ._debug import OpLog, format_debug_report
+from ._memory import active_meters
 from ._state import AutocastState, DeviceContext, RngSnapshot, accelerator_types
 
 __all__ = ["checkpoint_nonreentrant"]
@@ -62,6 +63,73 @@ GRAPH_EXEC_GROUP_OVERLAP = (
     "order to compute gradients) is not allowed while under the "
     "torch.utils.checkpoint.GraphExecGroup context. "
 )
+
+
+class _InputBox:
+    """A checkpoint input as _SaveInputs stores it: releasable, and passed through the hooks
+    that were active outside (``outer``), as autograd would have done."""
+
+    __slots__ = ("value", "unpack", "released", "version")
+
+    def __init__(self, t: torch.Tensor, outer: tuple[Any, Any] | None) -> None:
+        self.value: Any = outer[0](t) if outer is not None else t
+        self.unpack = outer[1] if outer is not None else None
+        self.released = False
+        # Autograd checks versions only for tensors it stores itself; do it for the boxed ones.
+        self.version = t._version
+
+    def get(self) -> torch.Tensor:
+        if self.released:
+            raise ActivationCheckpointError(
+                "shardpoint.activation: the inputs of this checkpoint were already freed: its "
+                "part of the graph was used by a backward pass without retain_graph=True. "
+                "Trying to backward through the graph a second time? Specify "
+                "retain_graph=True on the first backward."
+            )
+        if self.unpack is not None:
+            return self.unpack(self.value)
+        t = self.value
+        if t._version != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t.type()} {list(t.shape)}] (an input of a "
+                f"shardpoint.activation checkpoint) is at version {t._version}; expected "
+                f"version {self.version} instead."
+            )
+        return t
+
+    def release(self) -> None:
+        self.value = None
+        self.released = True
+
+
+def _holder_died_callback(frame: _Frame) -> Callable[[Any], None]:
+    frame_ref = weakref.ref(frame)
+
+    def died(_ref: Any) -> None:
+        alive = frame_ref()
+        if alive is not None:
+            alive.live_holders -= 1
+            alive.release_inputs_if_unused()
+
+    return died
+
+
+class _Kept:
+    """A recomputed tensor waiting for backward, counted by the active memory meters until it
+    is handed out (or its frame dies)."""
+
+    __slots__ = ("tensor", "holds")
+
+    def __init__(self, tensor: torch.Tensor, original: torch.Tensor) -> None:
+        self.tensor = tensor
+        # Judged on the undetached tensor: a detached parameter no longer looks like one.
+        self.holds = [(meter, meter.hold(original)) for meter in active_meters()]
+
+    def __del__(self) -> None:
+        for meter, key in self.holds:
+            if key is not None:
+                meter.release(key)
 
 
 class _StopRecompute(Exception):
@@ -101,6 +169,12 @@ def _user_saved_tensors_hooks() -> Any:
     while hooks is not None and getattr(hooks[0], "_checkpoint_internal", False):
         hooks = getattr(hooks[0], "_user_hooks", None)
     return hooks
+
+
+def _top_saved_tensors_hooks() -> Any:
+    """The (pack, unpack) pair a tensor saved right now would use, or ``None``."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return None if top is None else top(False)
 
 
 class _InternalHooks(torch.autograd.graph.saved_tensors_hooks):
@@ -189,9 +263,42 @@ class _Frame:
         self.forward_done = False
         # Per backward pass (graph task id or GraphExecGroup): recomputed tensors not yet
         # handed out, and the passes that already ran their recompute.
-        self.recomputed: dict[Any, dict[int, torch.Tensor]] = {}
+        self.recomputed: dict[Any, dict[int, Any]] = {}
         self.finished: set[Any] = set()
         self.lock = threading.RLock()
+        # Inputs, boxed so they can be dropped once no saved tensor of this checkpoint is left
+        # in the graph (see _holder_died): autograd never runs _SaveInputs' backward, so its
+        # saved inputs would otherwise live as long as the whole graph.
+        self.input_boxes: list[_InputBox] = []
+        self.live_holders = 0
+
+    def input_hooks(self, outer: tuple[Any, Any] | None) -> _InternalHooks:
+        """Hooks for saving the inputs in _SaveInputs: box them (after ``outer``'s pack, the
+        user's or offload's hooks, which a box must apply itself since only one pair runs)."""
+        if outer is None:
+            # Whatever pair is active now, an enclosing checkpoint's included: the inputs of an
+            # inner checkpoint are saved tensors of its parent (PyTorch's nesting rule 2).
+            outer = _top_saved_tensors_hooks()
+        # The graph keeps this pack hook alive in the _SaveInputs node the frame points to:
+        # a strong reference back to the frame would be a cycle the collector cannot see.
+        boxes = self.input_boxes
+
+        def pack(t: torch.Tensor) -> _InputBox:
+            box = _InputBox(t, outer)
+            boxes.append(box)
+            return box
+
+        def unpack(box: _InputBox) -> torch.Tensor:
+            return box.get()
+
+        return _InternalHooks(pack, unpack)
+
+    def release_inputs_if_unused(self) -> None:
+        """Drop the inputs once the forward is over and every saved tensor of this checkpoint
+        has left the graph (backward consumed them without retain_graph, or the graph died)."""
+        if self.forward_done and self.live_holders == 0:
+            for box in self.input_boxes:
+                box.release()
 
     def hooks(self) -> _InternalHooks:
         """The forward's hook pair. Closures, not bound methods: the pack hook must carry the
@@ -208,7 +315,8 @@ class _Frame:
     # -- forward ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> _Holder:
         holder = _Holder(len(self.holders))
-        self.holders.append(weakref.ref(holder))
+        self.holders.append(weakref.ref(holder, _holder_died_callback(self)))
+        self.live_holders += 1
         if self.check_metadata:
             self.metadata.append(_metadata(t))
         if self.debug:
@@ -224,6 +332,8 @@ class _Frame:
                 self.finished.add(gid)
             store = self.recomputed.get(gid, {})
             tensor = store.pop(holder.index, None)
+            if isinstance(tensor, _Kept):
+                tensor = tensor.tensor
             if not store:
                 self.recomputed.pop(gid, None)
         if tensor is None:
@@ -233,7 +343,7 @@ class _Frame:
             )
         return tensor
 
-    def _recompute_reporting(self, gid: Any) -> dict[int, torch.Tensor]:
+    def _recompute_reporting(self, gid: Any) -> dict[int, Any]:
         try:
             return self._recompute(gid)
         except RecomputeMismatchError as exc:
@@ -243,7 +353,7 @@ class _Frame:
                 format_debug_report(str(exc), self.forward_log, self.recompute_log)
             ) from exc
 
-    def _recompute(self, gid: Any) -> dict[int, torch.Tensor]:
+    def _recompute(self, gid: Any) -> dict[int, Any]:
         saved = iter(self.input_node.saved_tensors)  # raises if an input was modified in place
         args = fill_tensors(self.args, saved)
         kwargs = fill_tensors(self.kwargs, saved)
@@ -251,7 +361,7 @@ class _Frame:
         # may need a tensor saved so far: recompute up to there; the rest does not exist yet.
         forward_done = self.forward_done
         expected = len(self.holders)
-        store: dict[int, torch.Tensor] = {}
+        store: dict[int, Any] = {}
         recomputed_meta: list[dict[str, Any]] = []
         recomputed_sites: list[str] = []
         state = {"count": 0, "extra": False}
@@ -266,6 +376,7 @@ class _Frame:
             # Detached: the recompute graph stores what this hook returns, and a tensor that
             # still carries its own grad_fn would form a C++ reference cycle (node -> saved
             # tensor -> node) that Python's collector cannot see, keeping the frame alive.
+            original = t
             t = t.detach() if t.requires_grad else t
             index = state["count"]
             state["count"] += 1
@@ -281,7 +392,7 @@ class _Frame:
                 )
             holder = frame.holders[index]()
             if holder is not None:  # dead when that part of the graph was already freed
-                store[index] = t
+                store[index] = _Kept(t, original) if active_meters() else t
             if frame.check_metadata:
                 recomputed_meta.append(_metadata(t))
             if frame.debug:
@@ -382,10 +493,7 @@ def checkpoint_nonreentrant(
     # The dummy requires grad so that _SaveInputs gets a graph node even when no input does
     # (parameters used inside the function still need their gradients).
     dummy = torch.empty((0,), requires_grad=True)
-    if input_hooks is not None:
-        with torch.autograd.graph.saved_tensors_hooks(*input_hooks):
-            frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
-    else:
+    with frame.input_hooks(input_hooks):
         frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
 
     suppressed = True
@@ -406,6 +514,7 @@ def checkpoint_nonreentrant(
             "value for a failed forward."
         )
     frame.forward_done = True
+    frame.release_inputs_if_unused()  # nothing saved: the inputs are never needed
     if rng is not None:
         rng.check_no_new_runtime()
     return output
