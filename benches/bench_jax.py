@@ -6,9 +6,10 @@ Not a test: prints figures measured side by side.
 
 Tree: ``make_model`` of ``bench_storage.py`` (~1 GB fp32, ~220 tensors, trained-weight-like
 values) nested as ``params/<a>/<b>/...`` jax arrays, plus a step counter. Save times include
-everything up to a committed checkpoint on disk (Orbax: ``save`` + ``wait_until_finished``);
-restore is into an abstract target (``jax.ShapeDtypeStruct`` leaves), result blocked until
-ready. Best of ``--repeat`` runs; each save goes to a fresh directory.
+everything up to a committed checkpoint on disk (shardpoint fsyncs, its default; Orbax:
+``save`` + ``wait_until_finished``); restore is into an abstract target
+(``jax.ShapeDtypeStruct`` leaves), result blocked until ready. Best of ``--repeat`` rounds; each
+round runs every writer once, interleaved, each save into a fresh directory.
 """
 
 from __future__ import annotations
@@ -55,17 +56,6 @@ def du(path: str) -> int:
     return n
 
 
-def best(fn: Callable[[int], object], repeat: int) -> float:
-    t = float("inf")
-    for i in range(repeat):
-        gc.collect()
-        os.sync()
-        t0 = time.perf_counter()
-        fn(i)
-        t = min(t, time.perf_counter() - t0)
-    return t
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the tree (1.0: ~1 GB)")
@@ -96,44 +86,46 @@ def run(root: str, scale: float, repeat: int) -> None:
     )
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
-    results = []
-
-    def sp_case(name: str, **kw: object) -> None:
-        def save(i: int) -> None:
-            spj.save(tree, f"{root}/{name}{i}/ckpt", **kw)
-
-        for i in range(repeat):
-            os.makedirs(f"{root}/{name}{i}", exist_ok=True)
-        t_save = best(save, repeat)
-        size = du(f"{root}/{name}0")
-
-        def restore(i: int) -> None:
-            out = spj.restore(f"{root}/{name}0/ckpt", target=abstract)
-            jax.block_until_ready(out)
-
-        t_restore = best(restore, repeat)
-        results.append((f"shardpoint.jax {name}", t_save, t_restore, size))
-
-    sp_case("zstd")
-    sp_case("none", compression="none")
-    sp_case("zstd-nofsync", durable=False)
-
     ckptr = ocp.StandardCheckpointer()
 
-    def o_save(i: int) -> None:
-        ckptr.save(f"{root}/orbax{i}", tree)
+    def sp_save(kw: dict) -> Callable[[str], None]:
+        return lambda d: spj.save(tree, f"{d}/ckpt", **kw)
+
+    def sp_restore(d: str) -> None:
+        jax.block_until_ready(spj.restore(f"{d}/ckpt", target=abstract))
+
+    def o_save(d: str) -> None:
+        ckptr.save(f"{d}/orbax", tree)
         ckptr.wait_until_finished()
 
-    t_save = best(o_save, repeat)
-    size = du(f"{root}/orbax0")
+    def o_restore(d: str) -> None:
+        jax.block_until_ready(ckptr.restore(f"{d}/orbax", abstract))
 
-    def o_restore(i: int) -> None:
-        out = ckptr.restore(f"{root}/orbax0", abstract)
-        jax.block_until_ready(out)
-
-    t_restore = best(o_restore, repeat)
-    results.append(("orbax StandardCheckpointer", t_save, t_restore, size))
+    cases: list[tuple[str, Callable[[str], None], Callable[[str], None]]] = [
+        ("shardpoint.jax zstd", sp_save({}), sp_restore),
+        ("shardpoint.jax none", sp_save({"compression": "none"}), sp_restore),
+        ("orbax StandardCheckpointer", o_save, o_restore),
+    ]
+    # Rounds interleave the writers, so a change in the (shared) machine's load hits all alike.
+    times = {name: [float("inf"), float("inf")] for name, _, _ in cases}
+    sizes: dict[str, int] = {}
+    for rnd in range(repeat):
+        for i, (name, save, restore) in enumerate(cases):
+            d = f"{root}/c{i}r{rnd}"
+            os.makedirs(d)
+            gc.collect()
+            os.sync()
+            t0 = time.perf_counter()
+            save(d)
+            times[name][0] = min(times[name][0], time.perf_counter() - t0)
+            sizes[name] = du(d)
+            gc.collect()
+            t0 = time.perf_counter()
+            restore(d)
+            times[name][1] = min(times[name][1], time.perf_counter() - t0)
+            shutil.rmtree(d)
     ckptr.close()
+    results = [(name, ts, tr, sizes[name]) for name, (ts, tr) in times.items()]
 
     print("\n| writer | save (s) | save GB/s | restore (s) | restore GB/s | on disk (MB) | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
