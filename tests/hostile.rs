@@ -168,7 +168,7 @@ fn payloads_overlap_is_caught_by_verify() {
     let (a_off, a_first) = {
         let r = Reader::open(&p).unwrap();
         let e = r.entry("a").unwrap();
-        (e.offset, r.stored(&e)[..5].to_vec())
+        (e.offset, r.stored(&e).unwrap()[..5].to_vec())
     };
     // "c" (5 bytes) moved onto "a"'s payload; its crc made right for those bytes
     patch(&p, |b| {

@@ -23,6 +23,7 @@ from .errors import (
     InvalidKeyError,
     MissingKeyError,
     NotFoundError,
+    PickleRefusedError,
     UnsupportedDTypeError,
     UnsupportedFormatError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "InvalidKeyError",
     "MissingKeyError",
     "NotFoundError",
+    "PickleRefusedError",
     "UnsupportedDTypeError",
     "UnsupportedFormatError",
     "EntryInfo",

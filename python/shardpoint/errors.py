@@ -7,6 +7,8 @@ and ``except KeyError`` keep working.
 
 from __future__ import annotations
 
+import pickle
+
 __all__ = [
     "CheckpointError",
     "NotFoundError",
@@ -22,6 +24,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidArgumentError",
     "InvalidSliceError",
+    "PickleRefusedError",
     "CheckpointIOError",
 ]
 
@@ -94,6 +97,11 @@ class InvalidArgumentError(CheckpointError, ValueError):
 class InvalidSliceError(InvalidArgumentError, IndexError):
     """An index of ``Reader.get_slice(key)[...]`` is out of range or of a kind that is not
     supported (an ``IndexError``, as numpy raises for out-of-range indices)."""
+
+
+class PickleRefusedError(CheckpointError, pickle.UnpicklingError):
+    """A checkpoint holds pickled data and the caller did not opt in with ``allow_pickle=True``
+    (unpickling runs code chosen by whoever wrote the file)."""
 
 
 class CheckpointIOError(CheckpointError, OSError):

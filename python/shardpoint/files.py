@@ -6,7 +6,15 @@ float, bool, None, JSON-able dicts/lists), never pickled. What comes back:
 - arrays are C-contiguous and little-endian, whatever their input layout (non-contiguous and
   big-endian inputs are converted on save); numpy scalars come back as 0-d arrays;
 - uncompressed arrays are zero-copy views of a private copy-on-write mapping of the shard: they
-  are writable, writes never reach the file, and they stay valid after the reader is closed;
+  are writable, writes never reach the file, and they stay valid after the reader is closed.
+  Hazard (shared by every mmap reader, numpy.memmap and safetensors included): if another
+  program truncates or rewrites a shard file in place while you hold such an array, touching
+  the array's pages beyond the new end of file kills the process with SIGBUS. shardpoint never
+  does this to its own files (it only creates and unlinks them), but a foreign tool, a partial
+  rsync or a full network disk can. ``load_file(..., copy=True)`` / ``open(..., copy=True)``
+  read into private memory instead and never map; reading through the library itself (loads,
+  ``verify``, slices, compressed values) never faults: a shortened file raises
+  ``CorruptCheckpointError`` naming the file and offset;
 - compressed arrays are decoded (chunk-parallel, GIL released) into fresh memory;
 - bytes → bytes, str → str, int → int, float → float, bool/None/dict/list → via JSON (tuples
   come back as lists).
@@ -340,16 +348,19 @@ def load_file(
     keys: list[str] | None = None,
     verify: bool = True,
     progress: bool | None = None,
+    copy: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint (or only ``keys``) into a dict.
 
-    Uncompressed arrays are zero-copy copy-on-write views of the mmapped shards; compressed ones
-    are decoded in parallel. With ``verify`` (default) every value's crc32c is checked, so
-    corrupt bytes raise ``ChecksumMismatchError`` instead of being returned; compressed values
-    are always checked.
+    Uncompressed arrays are zero-copy copy-on-write views of the mmapped shards (unless
+    ``copy``: then they are read into private memory and nothing stays mapped, so a shard file
+    truncated later by another program cannot fault them); compressed ones are decoded in
+    parallel. With ``verify`` (default) every value's crc32c is checked, so corrupt bytes raise
+    ``ChecksumMismatchError`` instead of being returned; compressed values are always checked.
+    ``verify=False`` skips the check of uncompressed values (for data you checked already).
     """
-    with open(prefix) as r:
-        return r.load(keys, verify=verify, progress=progress)
+    with open(prefix, verify=verify, copy=copy) as r:
+        return r.load(keys, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -375,14 +386,23 @@ class EntryInfo:
 
 
 class Reader:
-    """A lazily opened checkpoint: the index is mmapped and searched in place; shard files are
-    mmapped and only the pages of the values you read are touched. Use ``sp.open(prefix)``."""
+    """A lazily opened checkpoint: the index is searched in place and only the bytes of the
+    values you read are touched. Use ``sp.open(prefix)``.
 
-    def __init__(self, prefix: PathLike) -> None:
+    Every value handed out has its crc32c checked first (``verify=True``, the default; a raw
+    value is checked when it is read, and a slice of one checks the whole value once, on the
+    first slice). ``verify=False`` opts out, for callers that verified the checkpoint already.
+    ``copy=True`` never hands out views of a mapping (see the module docstring's hazard).
+    """
+
+    def __init__(self, prefix: PathLike, *, verify: bool = True, copy: bool = False) -> None:
         self._prefix = _prefix(prefix)
         self._r: _core.CheckpointReader | None = _core.CheckpointReader(self._prefix)
         self._meta: dict[str, Any] | None = None
         self._sections: dict[str, Any] | None = None
+        self._verify = bool(verify)
+        self._copy = bool(copy)
+        self._sliced_ok: set[str] = set()  # raw keys whose whole-value crc was checked
 
     @property
     def _core(self) -> _core.CheckpointReader:
@@ -425,27 +445,30 @@ class Reader:
         return isinstance(key, str) and key in self._core
 
     def __getitem__(self, key: str) -> Any:
-        return self._value(check_key(key), verify=False)
+        return self._value(check_key(key), verify=self._verify)
 
-    def get(self, key: str, default: Any = None, *, verify: bool = False) -> Any:
-        """The value of ``key``, or ``default`` when it is absent."""
+    def get(self, key: str, default: Any = None, *, verify: bool | None = None) -> Any:
+        """The value of ``key``, or ``default`` when it is absent. ``verify`` defaults to the
+        reader's setting (crc32c checked)."""
         if key not in self:
             return default
-        return self._value(key, verify=verify)
+        return self._value(key, verify=self._verify if verify is None else verify)
 
     def _value(self, key: str, verify: bool) -> Any:
-        dtype, shape, kind, buf = self._core.get(key, verify)
+        dtype, shape, kind, buf = self._core.get(key, verify, self._copy)
         return decode(key, dtype, tuple(shape), kind, buf)
 
     def load(
         self,
         keys: list[str] | None = None,
         *,
-        verify: bool = True,
+        verify: bool | None = None,
         progress: bool | None = None,
     ) -> dict[str, Any]:
         """Many values at once (all by default); compressed ones decoded in parallel.
-        ``progress`` shows a bar (``None``: only when stderr is a terminal)."""
+        ``verify`` defaults to the reader's setting; ``progress`` shows a bar (``None``: only
+        when stderr is a terminal)."""
+        verify = self._verify if verify is None else bool(verify)
         ks = self.keys() if keys is None else [check_key(k) for k in keys]
         batches = [ks]
         bar = None
@@ -463,7 +486,7 @@ class Reader:
         out = {}
         try:
             for batch in batches:
-                got = self._core.get_many(batch, verify)
+                got = self._core.get_many(batch, verify, self._copy)
                 for k, (dtype, shape, kind, buf) in zip(batch, got, strict=True):
                     out[k] = decode(k, dtype, tuple(shape), kind, buf)
                     if bar is not None:
@@ -486,8 +509,13 @@ class Reader:
         return TensorSlice(self, check_key(key))
 
     def slice(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` along the first axis, reading only the chunks that hold them."""
+        """Rows ``start:stop`` along the first axis, reading only the chunks that hold them.
+        Compressed chunks are crc-checked as they are decoded; an uncompressed value has one
+        crc for all its bytes, so (with ``verify``) its first slice checks it whole, once."""
         info = self.info(key)
+        if self._verify and info.codec == "none" and key not in self._sliced_ok:
+            self._core.verify_key(key)
+            self._sliced_ok.add(key)
         if info.kind != "tensor" or not info.shape:
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
         start, stop, _ = slice(start, stop).indices(info.shape[0])
@@ -565,8 +593,10 @@ def declare_in_place_reader(module: str, predicate: str, reader: str) -> None:
     _IN_PLACE_READERS.append((module, predicate, reader))
 
 
-def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contract
+def open(prefix: PathLike, *, verify: bool = True, copy: bool = False) -> Reader:  # noqa: A001
     """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
+    ``verify``: check each value's crc32c when it is read (default; ``False`` opts out);
+    ``copy``: read values into private memory instead of handing out mapped views.
 
     A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
     or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
@@ -577,7 +607,7 @@ def open(prefix: PathLike) -> Reader:  # noqa: A001 - the public name is a contr
             module = importlib.import_module(module_name)
             if getattr(module, predicate)(p):
                 return getattr(module, reader)(p)
-    return Reader(prefix)
+    return Reader(prefix, verify=verify, copy=copy)
 
 
 class Writer:

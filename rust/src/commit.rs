@@ -2,9 +2,13 @@
 //! rename into place, directory fsync, cleanup of leftovers, removal.
 //!
 //! What must stay true: no existing file is ever truncated or rewritten; `P.index` appears by
-//! one atomic rename after everything it references is durable (when `durable`).
+//! one atomic rename after everything it references is durable (when `durable`); cleanup only
+//! unlinks files it can prove are orphaned. Writers of one prefix serialise their publish,
+//! commit and cleanup steps on the prefix lock `P.lock` ([`PrefixLock`]); where the file system
+//! has no `flock`, cleanup falls back to removing only the previous checkpoint's own shards.
 
 use crate::error::{Error, Result};
+use crate::index::{IndexView, ShardRec};
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -26,6 +30,105 @@ pub fn index_path(prefix: &Path) -> PathBuf {
 /// The partial index path of writer `rank` of `world`.
 pub fn partial_index_path(prefix: &Path, rank: u32, world: u32) -> PathBuf {
     with_suffix(prefix, &format!(".index.part-{rank:05}-of-{world:05}"))
+}
+
+/// The commit lock path `P.lock`.
+pub fn lock_path(prefix: &Path) -> PathBuf {
+    with_suffix(prefix, ".lock")
+}
+
+/// Whether a lock error means "this file system has no flock" (Lustre mounted noflock, some
+/// FUSE and NFS setups) rather than a real failure.
+pub fn lock_unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::ENOLCK) | Some(libc::EINVAL)
+    ) || e.kind() == std::io::ErrorKind::Unsupported
+}
+
+/// Take an exclusive advisory lock on a temp file we are writing (a hint to a concurrent
+/// cleanup that the file is in use). Unsupported locks are ignored: cleanup then never deletes
+/// temp files it cannot prove abandoned.
+pub fn lock_temp(f: &File, path: &Path) -> Result<()> {
+    match f.lock() {
+        Ok(()) => Ok(()),
+        Err(e) if lock_unsupported(&e) => Ok(()),
+        Err(e) => Err(Error::io(path, "lock temp file", e)),
+    }
+}
+
+/// The per-prefix commit lock: an exclusive `flock` on `P.lock`, held while a writer publishes
+/// its shards, commits the index and cleans up, and while `remove` deletes. The lock file is
+/// created with mode 0666 minus the umask and is never rewritten; `remove` unlinks it while
+/// holding it, so `acquire` re-checks after locking that the path still names the locked file.
+/// The holder unlinks `P.lock` when it lets go, so no lock file outlives a commit.
+pub struct PrefixLock {
+    /// None where the file system does not support `flock` (degraded mode, see `cleanup`).
+    file: Option<File>,
+    path: PathBuf,
+}
+
+impl Drop for PrefixLock {
+    fn drop(&mut self) {
+        // Unlink while still holding the lock (no lock file lingers beside the checkpoint);
+        // a waiter that locked this inode sees the path gone and locks a fresh file.
+        if let Some(f) = self.file.take() {
+            let _ = fs::remove_file(&self.path);
+            drop(f);
+        }
+    }
+}
+
+impl PrefixLock {
+    /// Block until the lock of `prefix` is ours. Where locks are unsupported, returns an
+    /// unheld lock (`held() == false`) instead of failing: the save goes on in degraded mode.
+    pub fn acquire(prefix: &Path) -> Result<PrefixLock> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = lock_path(prefix);
+        loop {
+            let f = match fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o666)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(f) => f,
+                // Another user's lock file we may not write: flock works on a read-only fd.
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    File::open(&path).map_err(|e| Error::io(&path, "open commit lock", e))?
+                }
+                Err(e) => return Err(Error::io(&path, "open commit lock", e)),
+            };
+            match f.lock() {
+                Ok(()) => {}
+                Err(e) if lock_unsupported(&e) => {
+                    // No flock here: the file serves nothing, so leave none behind.
+                    let _ = fs::remove_file(&path);
+                    return Ok(PrefixLock { file: None, path });
+                }
+                Err(e) => return Err(Error::io(&path, "lock prefix for commit", e)),
+            }
+            let same = match (f.metadata(), fs::metadata(&path)) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
+            };
+            if same {
+                return Ok(PrefixLock {
+                    file: Some(f),
+                    path,
+                });
+            }
+            // `remove` unlinked the file we locked: lock the new one.
+        }
+    }
+
+    /// Whether the lock is really held (false where the file system has no flock).
+    pub fn held(&self) -> bool {
+        self.file.is_some()
+    }
 }
 
 /// A random 64-bit token (save ids, temp names).
@@ -60,21 +163,40 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Write `bytes` to a temp file next to `dest`, fsync it (if `durable`), rename it over `dest`
 /// and fsync the directory. Atomic replace: readers see the old or the new file, never a mix.
 pub fn write_atomic(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    replace_file(dest, bytes, durable)?;
+    if durable {
+        sync_dir_after_commit(&parent_dir(dest))?;
+    }
+    Ok(())
+}
+
+/// fsync the directory after `P.index` was renamed into place. An error here means the new
+/// file is visible but may not survive a power loss; the message says so.
+pub fn sync_dir_after_commit(dir: &Path) -> Result<()> {
+    let d = File::open(dir).map_err(|e| Error::io(dir, "open directory for fsync", e))?;
+    d.sync_all().map_err(|e| {
+        Error::io(
+            dir,
+            "fsync directory after the rename (the new file is in place but may not survive a crash)",
+            e,
+        )
+    })
+}
+
+/// `write_atomic` without the directory fsync: temp file, fsync (if `durable`), rename over
+/// `dest`. On any error the temp file is removed and `dest` is untouched.
+pub fn replace_file(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let tmp = with_suffix(dest, &format!(".tmp-{:016x}", random_token()));
     let res = (|| {
         let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
-        f.lock().map_err(|e| Error::io(&tmp, "lock temp file", e))?; // see `cleanup`
+        lock_temp(&f, &tmp)?; // see `cleanup`
         f.write_all(bytes)
             .map_err(|e| Error::io(&tmp, "write", e))?;
         if durable {
             f.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
         }
         drop(f);
-        fs::rename(&tmp, dest).map_err(|e| Error::io(dest, "rename into place", e))?;
-        if durable {
-            sync_dir(&parent_dir(dest))?;
-        }
-        Ok(())
+        fs::rename(&tmp, dest).map_err(|e| Error::io(dest, "rename into place", e))
     })();
     if res.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -84,8 +206,21 @@ pub fn write_atomic(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
 
 /// Move a finished temp shard to its final name without replacing anything: link to the plain
 /// name if free, else to the name carrying the save token. Returns the chosen suffix.
-pub fn publish_shard(prefix: &Path, tmp: &Path, plain: &str, tokened: &str) -> Result<String> {
-    for name in [plain, tokened] {
+/// With `allow_plain == false` (no commit lock) only the tokened name is used, so shard names
+/// are never reused and name-based cleanup cannot hit another save's file.
+pub fn publish_shard(
+    prefix: &Path,
+    tmp: &Path,
+    plain: &str,
+    tokened: &str,
+    allow_plain: bool,
+) -> Result<String> {
+    let names: &[&str] = if allow_plain {
+        &[plain, tokened]
+    } else {
+        &[tokened]
+    };
+    for &name in names {
         let dest = with_suffix(prefix, name);
         match fs::hard_link(tmp, &dest) {
             Ok(()) => {
@@ -139,35 +274,96 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-/// Whether another live writer holds the temp file at `path` (writers keep an exclusive
-/// advisory lock on their temp files until they close them; a killed writer's lock is gone).
+/// Whether the temp file at `path` may still be in use: a live writer holds an exclusive
+/// advisory lock on its temp files until it closes them (a killed writer's lock dies with it).
+/// Where locks are unsupported nothing can be proven, so the file counts as in use.
 fn temp_in_use(path: &Path) -> bool {
     match File::open(path) {
-        Ok(f) => matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Ok(f) => match f.try_lock() {
+            Ok(()) => false,
+            Err(std::fs::TryLockError::WouldBlock) => true,
+            Err(std::fs::TryLockError::Error(_)) => true,
+        },
         Err(_) => false,
     }
 }
 
-/// After a commit: unlink files of `P` that the new index does not reference (old shards,
-/// leftovers of crashed saves), except temp files another writer is still writing. Best
-/// effort: failures here never fail a committed save.
-pub fn cleanup(prefix: &Path, keep: &HashSet<String>) {
-    if let Ok(names) = owned_names(prefix) {
-        for (suffix, path) in names {
-            if keep.contains(&suffix) || (suffix.contains(".tmp-") && temp_in_use(&path)) {
-                continue;
+/// What a commit's cleanup may remove besides the files the new index references.
+pub enum Orphans {
+    /// The commit lock is held: every publish and commit at `P` happens under it, so a shard
+    /// no index references is a leftover of a crashed save (temp files still locked by their
+    /// writer are kept). Partial indexes are removed: a commit ends every multi-writer save at
+    /// `P` (a concurrent one's merge then fails, naming the missing partial; FORMAT.md §8).
+    Locked,
+    /// No lock (unsupported): only the shards of the checkpoint this commit replaced, named by
+    /// the index read just before the commit and still carrying its save token, are provably
+    /// orphaned. Anything else may belong to a concurrent writer and stays (a later locked
+    /// commit, or `remove`, removes it).
+    Unlocked { previous: Vec<ShardRec> },
+}
+
+/// The shard records of the index currently at `prefix` (empty if none or unreadable).
+pub fn current_shards(prefix: &Path) -> Vec<ShardRec> {
+    fs::read(index_path(prefix))
+        .ok()
+        .and_then(|b| IndexView::open(b, &index_path(prefix)).ok())
+        .map(|v| v.shards().to_vec())
+        .unwrap_or_default()
+}
+
+/// Whether the file at `path` is a shard carrying `token` (guards name-based deletion in
+/// unlocked mode against a newer file that reused the name).
+fn shard_has_token(path: &Path, token: u64) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; crate::format::SHARD_HEADER_LEN];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut b))
+        .ok()
+        .and_then(|_| crate::format::ShardHeader::decode(&b, path).ok())
+        .is_some_and(|(h, _)| h.save_token == token)
+}
+
+/// After a commit: unlink the files of `P` that the new index (`keep`) does not reference and
+/// that `orphans` proves abandoned. Best effort: failures here never fail a committed save.
+pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
+    match orphans {
+        Orphans::Unlocked { previous } => {
+            for rec in previous {
+                if keep.contains(&rec.name) {
+                    continue;
+                }
+                let p = with_suffix(prefix, &rec.name);
+                if shard_has_token(&p, rec.save_token) {
+                    let _ = fs::remove_file(p);
+                }
             }
-            let _ = fs::remove_file(path);
+        }
+        Orphans::Locked => {
+            let Ok(names) = owned_names(prefix) else {
+                return;
+            };
+            for (suffix, path) in names {
+                if keep.contains(&suffix) || (suffix.contains(".tmp-") && temp_in_use(&path)) {
+                    continue;
+                }
+                let _ = fs::remove_file(path);
+            }
         }
     }
 }
 
-/// Delete checkpoint `P`: the index first (the checkpoint disappears atomically), then the rest.
+/// Delete checkpoint `P`: the index first (the checkpoint disappears atomically), then the
+/// rest, under the commit lock (so no concurrent commit at `P` is half-deleted).
 pub fn remove(prefix: &Path) -> Result<()> {
+    let lock = PrefixLock::acquire(prefix)?;
     let idx = index_path(prefix);
     fs::remove_file(&idx).map_err(|e| Error::io(&idx, "remove checkpoint index", e))?;
-    for (_, path) in owned_names(prefix)? {
+    for (suffix, path) in owned_names(prefix)? {
+        if suffix.contains(".tmp-") && temp_in_use(&path) {
+            continue; // a writer that started after us: its save will commit
+        }
         let _ = fs::remove_file(path);
     }
+    drop(lock);
     Ok(())
 }

@@ -14,31 +14,100 @@ use std::sync::{Arc, OnceLock};
 
 /// Attempts at opening when a concurrent commit replaces the index under us.
 const OPEN_RETRIES: usize = 5;
+/// Indexes up to this size are read into memory at open (a file truncated under the reader
+/// then cannot fault a lookup); larger ones are mapped, keeping open O(1) in the key count.
+const INDEX_IN_MEMORY_MAX: u64 = 64 << 20;
+/// Piece size of parallel preads of large uncompressed payloads.
+const READ_PIECE: usize = 8 << 20;
 
-/// One mapped shard file.
+/// One shard file of an open checkpoint.
+///
+/// Everything the core itself reads from a shard (headers, payloads, chunks, verification) is
+/// read with `pread`: a file truncated after open then gives a [`Error::Corrupt`] naming the
+/// file and offset instead of a SIGBUS. Only the zero-copy views handed to Python use a
+/// mapping ([`ShardMap::cow`]); its length is checked against the file's current size each time
+/// a view is made.
 pub struct ShardMap {
     pub path: PathBuf,
     file: File,
-    map: Mmap,
+    len: u64,
     cow: OnceLock<std::result::Result<Arc<MmapMut>, String>>,
 }
 
 impl ShardMap {
-    /// The whole file, read-only.
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
+    /// The file's length as recorded in the index (and found at open).
+    pub fn len(&self) -> u64 {
+        self.len
     }
 
-    /// A private copy-on-write mapping of the file: writable memory whose writes never reach the
-    /// file. Created on first use and shared by every array handed out from this shard.
+    /// Whether the shard is empty (never true for a valid shard: it has a header).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file's size now (another process may have truncated it since open).
+    fn current_len(&self) -> Result<u64> {
+        self.file
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| Error::io(&self.path, "stat shard", e))
+    }
+
+    fn truncated(&self, need: u64) -> Error {
+        let now = self.current_len().unwrap_or(0);
+        Error::corrupt(
+            &self.path,
+            now,
+            format!(
+                "shard is now {now} bytes but bytes up to offset {need} are needed ({} when the checkpoint was opened): the file was truncated or rewritten in place after open",
+                self.len
+            ),
+        )
+    }
+
+    /// Fill `buf` with the file's bytes at `off` (pread; never faults on a shortened file).
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        match self.file.read_exact_at(buf, off) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(self.truncated(off + buf.len() as u64))
+            }
+            Err(e) => Err(Error::Io {
+                path: self.path.clone(),
+                op: "read shard",
+                source: e,
+            }),
+        }
+    }
+
+    /// Check that the file still has (at least) its recorded length. Called before every
+    /// zero-copy view is handed out: a view of a mapping past the end of the file would fault.
+    pub fn check_len(&self) -> Result<()> {
+        if self.current_len()? < self.len {
+            return Err(self.truncated(self.len));
+        }
+        Ok(())
+    }
+
+    /// A private copy-on-write mapping of the file's recorded length: writable memory whose
+    /// writes never reach the file. Created on first use and shared by every array handed out
+    /// from this shard. Fails (instead of mapping less) if the file is shorter than recorded.
     pub fn cow(&self) -> Result<Arc<MmapMut>> {
+        self.check_len()?;
         self.cow
             .get_or_init(|| {
-                // SAFETY: a private mapping; the file is never modified by shardpoint once
-                // published (files are only ever created and unlinked).
-                unsafe { MmapOptions::new().map_copy(&self.file) }
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
+                // SAFETY: a private mapping of `len` bytes, checked above to exist in the file.
+                // shardpoint never modifies a published file; a file truncated by someone else
+                // later faults on access to views the user holds (the hazard every mmap reader
+                // shares, documented in docs/RELIABILITY.md; `copy=True` avoids it).
+                unsafe {
+                    MmapOptions::new()
+                        .len(self.len as usize)
+                        .map_copy(&self.file)
+                }
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
             })
             .clone()
             .map_err(|e| Error::Io {
@@ -49,14 +118,30 @@ impl ShardMap {
     }
 }
 
+/// The bytes of an index: read into memory (small) or mapped (large).
+pub enum IndexBytes {
+    Mem(Vec<u8>),
+    Map(Mmap),
+}
+
+impl AsRef<[u8]> for IndexBytes {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            IndexBytes::Mem(v) => v,
+            IndexBytes::Map(m) => m,
+        }
+    }
+}
+
 /// An open checkpoint.
 pub struct Reader {
     prefix: PathBuf,
-    index: IndexView<Mmap>,
+    index: IndexView<IndexBytes>,
     shards: Vec<ShardMap>,
 }
 
-fn map_file(path: &Path, what: &'static str) -> Result<(File, Mmap)> {
+/// Open a regular, non-empty file for reading; returns it and its length.
+fn open_file(path: &Path, what: &'static str) -> Result<(File, u64)> {
     use std::os::unix::fs::OpenOptionsExt;
     // O_NONBLOCK: a FIFO (or device) planted under a checkpoint name must not hang the open.
     let f = std::fs::OpenOptions::new()
@@ -72,10 +157,24 @@ fn map_file(path: &Path, what: &'static str) -> Result<(File, Mmap)> {
     if len == 0 {
         return Err(Error::corrupt(path, 0, "file is empty"));
     }
-    // SAFETY: shardpoint never modifies a published file; a file truncated by someone else
-    // while mapped would SIGBUS, the one hazard every mmap reader shares (safetensors too).
+    Ok((f, len))
+}
+
+fn read_index(path: &Path) -> Result<(File, IndexBytes)> {
+    use std::io::Read;
+    let (mut f, len) = open_file(path, "open checkpoint index")?;
+    if len <= INDEX_IN_MEMORY_MAX {
+        let mut v = Vec::with_capacity(len as usize);
+        (&mut f)
+            .take(INDEX_IN_MEMORY_MAX + 1)
+            .read_to_end(&mut v)
+            .map_err(|e| Error::io(path, "read index", e))?;
+        return Ok((f, IndexBytes::Mem(v)));
+    }
+    // SAFETY: indexes are only ever replaced by rename, never rewritten; a huge index truncated
+    // by another tool while open is the one remaining mapped read (docs/RELIABILITY.md).
     let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))?;
-    Ok((f, m))
+    Ok((f, IndexBytes::Map(m)))
 }
 
 /// (device, inode) of a file: tells whether `P.index` was replaced between two looks.
@@ -112,34 +211,37 @@ impl Reader {
 
     fn open_once(prefix: &Path, opened: &mut Option<(u64, u64)>) -> Result<Reader> {
         let ipath = index_path(prefix);
-        let (f, imap) = map_file(&ipath, "open checkpoint index")?;
+        let (f, ibytes) = read_index(&ipath)?;
         *opened = f.metadata().ok().map(|m| file_id(&m));
-        let index = IndexView::open(imap, &ipath)?;
+        let index = IndexView::open(ibytes, &ipath)?;
         let mut shards = Vec::with_capacity(index.shards().len());
         for (i, rec) in index.shards().iter().enumerate() {
             let path = with_suffix(prefix, &rec.name);
-            let (file, map) = map_file(&path, "open shard")?;
-            if map.len() as u64 != rec.file_len {
+            let (file, len) = open_file(&path, "open shard")?;
+            if len != rec.file_len {
                 return Err(Error::corrupt(
                     &path,
-                    map.len() as u64,
+                    len,
                     format!(
-                        "shard {i} is {} bytes but the index records {} (truncated or replaced)",
-                        map.len(),
+                        "shard {i} is {len} bytes but the index records {} (truncated or replaced)",
                         rec.file_len
                     ),
                 ));
             }
-            let (h, hcrc) = ShardHeader::decode(&map, &path)?;
-            if h.save_token != rec.save_token || hcrc != rec.header_crc {
-                return Err(Error::corrupt(&path, 0, format!("shard {i} belongs to another save (token/header crc differ from the index)")));
-            }
-            shards.push(ShardMap {
+            let shard = ShardMap {
                 path,
                 file,
-                map,
+                len,
                 cow: OnceLock::new(),
-            });
+            };
+            let mut hdr = [0u8; SHARD_HEADER_LEN];
+            let n = (len as usize).min(SHARD_HEADER_LEN);
+            shard.read_at(0, &mut hdr[..n])?;
+            let (h, hcrc) = ShardHeader::decode(&hdr[..n], &shard.path)?;
+            if h.save_token != rec.save_token || hcrc != rec.header_crc {
+                return Err(Error::corrupt(&shard.path, 0, format!("shard {i} belongs to another save (token/header crc differ from the index)")));
+            }
+            shards.push(shard);
         }
         Ok(Reader {
             prefix: prefix.to_path_buf(),
@@ -154,7 +256,7 @@ impl Reader {
     }
 
     /// The index.
-    pub fn index(&self) -> &IndexView<Mmap> {
+    pub fn index(&self) -> &IndexView<IndexBytes> {
         &self.index
     }
 
@@ -174,11 +276,25 @@ impl Reader {
         }
     }
 
-    /// The stored payload bytes of an entry.
-    pub fn stored(&self, e: &Entry<'_>) -> &[u8] {
-        // Bounds were checked against the shard's recorded (= actual) length in `entry`.
-        &self.shards[e.shard as usize].bytes()
-            [e.offset as usize..(e.offset + e.stored_len) as usize]
+    /// The stored payload bytes of an entry, read from the file (a copy).
+    pub fn stored(&self, e: &Entry<'_>) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; e.stored_len as usize];
+        self.read_stored(e, 0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Stored bytes `[rel, rel + out.len())` of an entry's payload into `out` (pread; large
+    /// reads are split into pieces read in parallel). Bounds were checked against the shard's
+    /// recorded length when the entry was looked up.
+    pub fn read_stored(&self, e: &Entry<'_>, rel: u64, out: &mut [u8]) -> Result<()> {
+        let shard = &self.shards[e.shard as usize];
+        let base = e.offset + rel;
+        if out.len() <= READ_PIECE {
+            return shard.read_at(base, out);
+        }
+        out.par_chunks_mut(READ_PIECE)
+            .enumerate()
+            .try_for_each(|(i, piece)| shard.read_at(base + (i * READ_PIECE) as u64, piece))
     }
 
     fn chunk_err(&self, e: &Entry<'_>, ci: usize, off: u64, what: String) -> Error {
@@ -217,8 +333,8 @@ impl Reader {
         Ok(())
     }
 
-    /// Stored bytes and raw byte range of chunk `ci`, validated.
-    fn chunk_bytes_of<'a>(&'a self, e: &Entry<'_>, ci: usize) -> Result<(&'a [u8], u64, u64, u32)> {
+    /// File offset, stored length, raw range and crc of chunk `ci`, validated.
+    fn chunk_loc(&self, e: &Entry<'_>, ci: usize) -> Result<(u64, usize, u64, u64, u32)> {
         let c = e.chunk(ci);
         let cb = self.index.chunk_bytes() as u64;
         let raw_lo = ci as u64 * cb;
@@ -240,29 +356,51 @@ impl Reader {
                 ),
             ));
         }
-        let off = off.expect("checked");
-        let s = &self.shards[e.shard as usize].bytes()
-            [off as usize..(off + c.stored_len as u64) as usize];
-        Ok((s, raw_lo, raw_n, c.crc))
+        Ok((
+            off.expect("checked"),
+            c.stored_len as usize,
+            raw_lo,
+            raw_n,
+            c.crc,
+        ))
+    }
+
+    /// Read chunk `ci`'s stored bytes into the calling thread's scratch buffer, check its crc
+    /// and hand them to `f`.
+    fn with_chunk<T>(
+        &self,
+        e: &Entry<'_>,
+        ci: usize,
+        f: impl FnOnce(&[u8], u64) -> Result<T>,
+    ) -> Result<T> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let (off, n, _, _, ccrc) = self.chunk_loc(e, ci)?;
+        SCRATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            buf.resize(n, 0);
+            self.shards[e.shard as usize].read_at(off, &mut buf[..n])?;
+            let actual = crc(&buf[..n]);
+            if actual != ccrc {
+                return Err(Error::Checksum {
+                    path: self.shards[e.shard as usize].path.clone(),
+                    offset: off,
+                    what: format!("key {:?} chunk {ci}", e.key),
+                    expected: ccrc,
+                    actual,
+                });
+            }
+            f(&buf[..n], off)
+        })
     }
 
     /// Decode chunk `ci` into `out` (its raw length), checking its stored crc.
     fn decode_one(&self, e: &Entry<'_>, ci: usize, out: &mut [u8]) -> Result<()> {
-        let (stored, _, raw_n, ccrc) = self.chunk_bytes_of(e, ci)?;
-        debug_assert_eq!(out.len() as u64, raw_n);
         let path = &self.shards[e.shard as usize].path;
-        let off = e.offset + e.chunk(ci).rel_offset;
-        let actual = crc(stored);
-        if actual != ccrc {
-            return Err(Error::Checksum {
-                path: path.clone(),
-                offset: off,
-                what: format!("key {:?} chunk {ci}", e.key),
-                expected: ccrc,
-                actual,
-            });
-        }
-        decode_chunk(e.codec, e.dtype, stored, out, path, off)
+        self.with_chunk(e, ci, |stored, off| {
+            decode_chunk(e.codec, e.dtype, stored, out, path, off)
+        })
     }
 
     /// Read the whole entry into `out` (exactly `raw_len` bytes), decompressing chunks in
@@ -278,8 +416,7 @@ impl Reader {
             )));
         }
         if e.codec == Codec::None {
-            let s = self.stored(e);
-            out.copy_from_slice(s);
+            self.read_stored(e, 0, out)?;
             if verify {
                 self.check_raw_crc(e, out)?;
             }
@@ -322,26 +459,41 @@ impl Reader {
         Ok(())
     }
 
-    /// Check the raw crc of an uncompressed entry in place (no copy).
+    /// Check an entry's stored crcs, reading it with pread in pieces (parallel for large
+    /// payloads). Used by `verify` and before zero-copy views are handed out.
     pub fn verify_entry(&self, e: &Entry<'_>) -> Result<()> {
         if e.codec == Codec::None {
-            self.check_raw_crc(e, self.stored(e))
+            let shard = &self.shards[e.shard as usize];
+            let n = e.stored_len as usize;
+            let pieces: Vec<(u32, usize)> = (0..n.div_ceil(READ_PIECE))
+                .into_par_iter()
+                .map(|i| {
+                    let lo = i * READ_PIECE;
+                    let len = READ_PIECE.min(n - lo);
+                    let mut buf = vec![0u8; len];
+                    shard.read_at(e.offset + lo as u64, &mut buf)?;
+                    Ok((crc(&buf), len))
+                })
+                .collect::<Result<_>>()?;
+            let actual = if pieces.is_empty() {
+                crc(&[])
+            } else {
+                combine_crcs(pieces)
+            };
+            if actual != e.crc {
+                return Err(Error::Checksum {
+                    path: shard.path.clone(),
+                    offset: e.offset,
+                    what: format!("key {:?}", e.key),
+                    expected: e.crc,
+                    actual,
+                });
+            }
+            Ok(())
         } else {
-            (0..e.nchunks()).into_par_iter().try_for_each(|ci| {
-                let (stored, ..) = self.chunk_bytes_of(e, ci)?;
-                let c = e.chunk(ci);
-                let actual = crc(stored);
-                if actual != c.crc {
-                    return Err(Error::Checksum {
-                        path: self.shards[e.shard as usize].path.clone(),
-                        offset: e.offset + c.rel_offset,
-                        what: format!("key {:?} chunk {ci}", e.key),
-                        expected: c.crc,
-                        actual,
-                    });
-                }
-                Ok(())
-            })
+            (0..e.nchunks())
+                .into_par_iter()
+                .try_for_each(|ci| self.with_chunk(e, ci, |_, _| Ok(())))
         }
     }
 
@@ -354,8 +506,7 @@ impl Reader {
             )));
         }
         if e.codec == Codec::None {
-            out.copy_from_slice(&self.stored(e)[lo as usize..hi as usize]);
-            return Ok(());
+            return self.read_stored(e, lo, out);
         }
         if lo == hi {
             return Ok(());

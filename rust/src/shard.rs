@@ -1,7 +1,7 @@
 //! Writing one shard file: header, aligned payloads, chunked compression, crc32c.
 //!
 //! A shard is written under a temp name and only published (linked to its final name) by
-//! `finish`; dropping an unfinished writer removes the temp file.
+//! `seal` + `publish`; dropping an unpublished writer removes the temp file.
 
 use crate::codec::{effective_codec, encode_chunk};
 use crate::commit::{publish_shard, with_suffix};
@@ -98,6 +98,9 @@ pub struct ShardWriter {
     count: u32,
     entries: Vec<EntryMeta>,
     bytes_written: u64,
+    /// Flushed and fsynced by [`ShardWriter::seal`]; the file stays open (and locked) until
+    /// [`ShardWriter::publish`].
+    sealed: bool,
 }
 
 impl ShardWriter {
@@ -109,31 +112,35 @@ impl ShardWriter {
         );
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create shard", e))?;
         // Held until the file is closed: tells a concurrent commit's cleanup that this temp
-        // file is in use (a crashed writer's lock dies with it).
-        file.lock()
-            .map_err(|e| Error::io(&tmp, "lock temp shard", e))?;
+        // file is in use (a crashed writer's lock dies with it). Without flock support it is
+        // skipped, and cleanup leaves temp files alone.
+        let mut w = ShardWriter {
+            prefix: prefix.to_path_buf(),
+            tmp,
+            file: Some(file),
+            buf: Vec::new(),
+            pos: DATA_START,
+            token,
+            header_crc: 0,
+            index,
+            count,
+            entries: Vec::new(),
+            bytes_written: 0,
+            sealed: false,
+        };
+        // From here on an error drops `w`, whose Drop removes the temp file.
+        crate::commit::lock_temp(w.file.as_ref().expect("just created"), &w.tmp)?;
         let (hdr, header_crc) = ShardHeader {
             save_token: token,
             shard_index: index,
             shard_count: count,
         }
         .encode();
-        let mut buf = Vec::with_capacity(WRITE_BUF);
-        buf.extend_from_slice(&hdr);
-        buf.resize(DATA_START as usize, 0);
-        Ok(ShardWriter {
-            prefix: prefix.to_path_buf(),
-            tmp,
-            file: Some(file),
-            buf,
-            pos: DATA_START,
-            token,
-            header_crc,
-            index,
-            count,
-            entries: Vec::new(),
-            bytes_written: 0,
-        })
+        w.buf.reserve(WRITE_BUF);
+        w.buf.extend_from_slice(&hdr);
+        w.buf.resize(DATA_START as usize, 0);
+        w.header_crc = header_crc;
+        Ok(w)
     }
 
     /// Payload bytes written so far (for balancing).
@@ -287,21 +294,42 @@ impl ShardWriter {
         });
     }
 
-    /// Flush, fsync (if `durable`), publish under the final name. Returns the shard record and
-    /// the entries written (their `shard` field still 0).
-    pub fn finish(mut self, durable: bool) -> Result<(ShardRec, Vec<EntryMeta>)> {
+    /// Flush and fsync (if `durable`) the temp file. It stays open, and so locked, until
+    /// `publish`: a concurrent commit's cleanup must not take it for a crashed save's leftover.
+    /// On error the writer is dropped by its caller and the temp file removed.
+    pub fn seal(&mut self, durable: bool) -> Result<()> {
         self.flush_buf()?;
-        let f = self.file.take().expect("open until finish");
         if durable {
+            let f = self.file.as_ref().expect("open until publish");
             f.sync_all()
                 .map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
         }
-        drop(f);
+        self.sealed = true;
+        Ok(())
+    }
+
+    /// `seal` then `publish` (no commit lock involved: for tools and tests that build a shard
+    /// by hand; `CheckpointWriter` publishes under the lock).
+    pub fn finish(mut self, durable: bool) -> Result<(ShardRec, Vec<EntryMeta>)> {
+        self.seal(durable)?;
+        self.publish(true)
+    }
+
+    /// Close and publish the sealed temp file under its final name (call with the commit lock
+    /// held; `allow_plain`: see [`publish_shard`]). Returns the shard record and the entries
+    /// written (their `shard` field still 0). On error the temp file is removed.
+    pub fn publish(mut self, allow_plain: bool) -> Result<(ShardRec, Vec<EntryMeta>)> {
+        if !self.sealed {
+            return Err(Error::InvalidArgument(
+                "shard published before it was sealed".into(),
+            ));
+        }
         let plain = shard_name(self.index, self.count, None);
         let tokened = shard_name(self.index, self.count, Some(self.token));
-        let name = publish_shard(&self.prefix, &self.tmp, &plain, &tokened).inspect_err(|_| {
-            let _ = std::fs::remove_file(&self.tmp);
-        })?;
+        // Drop (which removes the temp file on error) still sees `file`, so keep it until
+        // the link succeeded; the lock on it is released when it is closed.
+        let name = publish_shard(&self.prefix, &self.tmp, &plain, &tokened, allow_plain)?;
+        self.file.take();
         let rec = ShardRec {
             file_len: self.pos,
             save_token: self.token,
@@ -314,7 +342,7 @@ impl ShardWriter {
 
 impl Drop for ShardWriter {
     fn drop(&mut self) {
-        // Unfinished (error or abandoned save): the temp file must not linger.
+        // Unpublished (error or abandoned save): the temp file must not linger.
         if self.file.is_some() {
             let _ = std::fs::remove_file(&self.tmp);
         }

@@ -2,7 +2,10 @@
 //! in parallel), a one-call parallel save, partial indexes for multi-process writers, and the
 //! merge that commits them.
 
-use crate::commit::{cleanup, index_path, partial_index_path, random_token, write_atomic};
+use crate::commit::{
+    cleanup, current_shards, index_path, parent_dir, partial_index_path, random_token,
+    replace_file, sync_dir_after_commit, with_suffix, write_atomic, Orphans, PrefixLock,
+};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
@@ -265,9 +268,9 @@ impl CheckpointWriter {
         })
     }
 
-    /// Finish the shards (fsync, publish; one thread per shard so the fsyncs overlap) and
-    /// return their records and entries, shard ids set.
-    fn finish_shards(&self) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+    /// Seal the shards (flush and fsync; one thread per shard so the fsyncs overlap). On any
+    /// error every temp shard is removed (the writers are dropped).
+    fn seal_shards(&self) -> Result<Vec<ShardWriter>> {
         let writers: Vec<ShardWriter> = self
             .shards
             .iter()
@@ -275,33 +278,26 @@ impl CheckpointWriter {
             .collect::<Option<_>>()
             .ok_or_else(|| Error::InvalidArgument("writer already committed".into()))?;
         let durable = self.opts.durable;
-        let finished: Vec<Result<(ShardRec, Vec<EntryMeta>)>> = std::thread::scope(|sc| {
+        let sealed: Vec<Result<ShardWriter>> = std::thread::scope(|sc| {
             let hs: Vec<_> = writers
                 .into_iter()
-                .map(|w| sc.spawn(move || w.finish(durable)))
+                .map(|mut w| sc.spawn(move || w.seal(durable).map(|()| w)))
                 .collect();
             hs.into_iter()
-                .map(|h| h.join().expect("finish thread panicked"))
+                .map(|h| h.join().expect("seal thread panicked"))
                 .collect()
         });
-        let mut recs = Vec::new();
-        let mut entries = Vec::new();
-        for f in finished {
-            let (rec, mut ents) = f?;
-            let id = recs.len() as u32;
-            for e in ents.iter_mut() {
-                e.shard = id;
-            }
-            recs.push(rec);
-            entries.append(&mut ents);
-        }
-        Ok((recs, entries))
+        sealed.into_iter().collect()
     }
 
     /// Finish and make the result visible: with one writer, commit `P.index`; with several,
-    /// publish this writer's partial index (the checkpoint appears after [`merge`]).
+    /// publish this writer's partial index (the checkpoint appears after [`merge`]). Shards
+    /// are fsynced first, then published, committed and cleaned up under the prefix's commit
+    /// lock (FORMAT.md §8). On error nothing of this save is left behind.
     pub fn commit(&self) -> Result<()> {
-        let (recs, entries) = self.finish_shards()?;
+        let sealed = self.seal_shards()?;
+        let lock = PrefixLock::acquire(&self.prefix)?;
+        let (recs, entries) = publish_all(&self.prefix, sealed, lock.held())?;
         if self.opts.world_size == 1 {
             let meta = meta_blob(&self.opts.metadata_json, "", &self.opts.sections_json);
             commit_index(
@@ -311,6 +307,7 @@ impl CheckpointWriter {
                 self.opts.chunk_bytes,
                 meta.as_bytes(),
                 self.opts.durable,
+                &lock,
             )
         } else {
             let extra = format!(
@@ -318,12 +315,19 @@ impl CheckpointWriter {
                 self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
             );
             let meta = meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json);
-            let bytes = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes())?;
-            write_atomic(
-                &partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size),
-                &bytes,
-                self.opts.durable,
-            )
+            let res = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes()).and_then(
+                |bytes| {
+                    write_atomic(
+                        &partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size),
+                        &bytes,
+                        self.opts.durable,
+                    )
+                },
+            );
+            if res.is_err() {
+                unlink_shards(&self.prefix, &recs);
+            }
+            res
         }
     }
 
@@ -337,7 +341,47 @@ impl CheckpointWriter {
     }
 }
 
-/// Write `P.index` atomically for the given shards and entries, then clean up leftovers.
+/// Publish sealed shards under their final names (commit lock held) and number them. If one
+/// fails, the ones already published are unlinked again (no index references them) and the
+/// rest are dropped, removing their temp files.
+fn publish_all(
+    prefix: &Path,
+    sealed: Vec<ShardWriter>,
+    allow_plain: bool,
+) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+    let mut recs = Vec::with_capacity(sealed.len());
+    let mut entries = Vec::new();
+    for w in sealed {
+        match w.publish(allow_plain) {
+            Ok((rec, mut ents)) => {
+                let id = recs.len() as u32;
+                for e in ents.iter_mut() {
+                    e.shard = id;
+                }
+                recs.push(rec);
+                entries.append(&mut ents);
+            }
+            Err(e) => {
+                unlink_shards(prefix, &recs);
+                return Err(e);
+            }
+        }
+    }
+    Ok((recs, entries))
+}
+
+/// Unlink published shards that no index references (a commit that failed before its rename).
+fn unlink_shards(prefix: &Path, recs: &[ShardRec]) {
+    for r in recs {
+        let _ = std::fs::remove_file(with_suffix(prefix, &r.name));
+    }
+}
+
+/// Write `P.index` atomically for the given (published) shards and entries, fsync the
+/// directory, then clean up what is provably orphaned. Call with `lock` acquired. If the index
+/// cannot be written, the shards are unlinked again; if only the directory fsync fails, the
+/// checkpoint is in place and the error says it may not survive a crash (nothing is cleaned).
+#[allow(clippy::too_many_arguments)]
 pub fn commit_index(
     prefix: &Path,
     shards: &[ShardRec],
@@ -345,11 +389,27 @@ pub fn commit_index(
     chunk_bytes: u32,
     meta: &[u8],
     durable: bool,
+    lock: &PrefixLock,
 ) -> Result<()> {
-    let bytes = build_index(shards, entries, chunk_bytes, meta)?;
-    write_atomic(&index_path(prefix), &bytes, durable)?;
+    let orphans = if lock.held() {
+        Orphans::Locked
+    } else {
+        Orphans::Unlocked {
+            previous: current_shards(prefix),
+        }
+    };
+    let written = build_index(shards, entries, chunk_bytes, meta)
+        .and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
+    if let Err(e) = written {
+        unlink_shards(prefix, shards);
+        return Err(e);
+    }
+    if durable {
+        // Before cleanup: unlinking the old shards must not become durable before the rename.
+        sync_dir_after_commit(&parent_dir(prefix))?;
+    }
     let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
-    cleanup(prefix, &keep);
+    cleanup(prefix, &keep, &orphans);
     Ok(())
 }
 
@@ -366,6 +426,7 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
     if world_size == 0 {
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
+    let lock = PrefixLock::acquire(prefix)?;
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
     let mut entries: Vec<EntryMeta> = Vec::new();
@@ -433,6 +494,7 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
         chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
         meta.as_bytes(),
         durable,
+        &lock,
     )
 }
 

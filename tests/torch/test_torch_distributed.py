@@ -263,7 +263,10 @@ def test_dcp_single_process_metadata_json_fallback_and_foreign_checkpoints(tmp_p
     with sp.open(tmp_path / "b") as r:
         assert ".dcp_metadata.pickle" in r and ".dcp_metadata" not in r
     target = {"w": torch.zeros(5, 3), "nested": {"i": torch.zeros(3, dtype=torch.uint16)}, "n": 0}
-    dcp.load(target, storage_reader=spt.StorageReader(tmp_path / "b"))
+    with pytest.raises(BaseException) as refused:  # dcp.load wraps the reader's error
+        dcp.load(target, storage_reader=spt.StorageReader(tmp_path / "b"))
+    assert "allow_pickle=True" in "".join(traceback.format_exception(refused.value))
+    dcp.load(target, storage_reader=spt.StorageReader(tmp_path / "b", allow_pickle=True))
     assert torch.equal(target["w"], state["w"]) and target["n"] == 2
     assert torch.equal(target["nested"]["i"], state["nested"]["i"])
 

@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.futures import Future
 
 from .. import files
-from ..errors import CorruptCheckpointError, InvalidArgumentError
+from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
 from .tensors import numpy_to_tensor, tensor_to_numpy
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]
@@ -367,12 +367,21 @@ class StorageReader(_storage.StorageReader):
         path: checkpoint prefix (a ``checkpoint_id`` given to ``dcp.load`` replaces it).
         verify: check the crc32c of every value read (compressed values are always checked;
             row slices of compressed tensors check the chunks they decode).
+        allow_pickle: unpickling runs code chosen by whoever wrote the file, so by default
+            nothing read from the checkpoint is unpickled beyond what
+            ``torch.load(weights_only=True)`` accepts: DCP's non-tensor items (ints, lists,
+            dicts, tensors...) are first checked with that restricted unpickler, and a
+            ``.dcp_metadata.pickle`` entry is refused. ``True`` (for checkpoints you trust)
+            lets both through; the refusal is a ``PickleRefusedError`` naming this option.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, verify: bool = True, allow_pickle: bool = False
+    ) -> None:
         super().__init__()
         self.prefix = os.fspath(path)
         self.verify = verify
+        self.allow_pickle = bool(allow_pickle)
         self.load_id = uuid.uuid4().hex
         self.storage_data: dict[Any, str] = {}
         self._reader: files.Reader | None = None
@@ -398,7 +407,15 @@ class StorageReader(_storage.StorageReader):
         if METADATA_ENTRY in reader:
             metadata = decode_metadata(reader.get(METADATA_ENTRY, verify=True))
         elif PICKLED_METADATA_ENTRY in reader:
-            # DCP's own metadata from a custom planner (see the module docstring)
+            # DCP's own metadata from a custom planner (see the module docstring): a pickle,
+            # so only with the caller's explicit consent
+            if not self.allow_pickle:
+                raise PickleRefusedError(
+                    f"{self.prefix}: DCP metadata is stored pickled ({PICKLED_METADATA_ENTRY!r}, "
+                    "written for a custom planner); unpickling can run arbitrary code, so it is "
+                    "refused. Pass StorageReader(..., allow_pickle=True) if you trust this "
+                    "checkpoint"
+                )
             metadata = pickle.loads(reader.get(PICKLED_METADATA_ENTRY, verify=True))
         else:
             raise CorruptCheckpointError(
@@ -442,12 +459,28 @@ class StorageReader(_storage.StorageReader):
                 tensor = tensor.narrow(dim, offsets[dim], lengths[dim])
         return tensor
 
+    def _check_restricted_pickle(self, key: str, raw: bytes) -> None:
+        """Refuse a non-tensor item unless ``torch.load(weights_only=True)`` accepts it: DCP's
+        planner unpickles it with the unrestricted unpickler, and a pickle the restricted one
+        accepts references only allowlisted callables, so that is then safe."""
+        try:
+            torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise PickleRefusedError(
+                f"{self.prefix}: item {key!r} is a pickle that torch.load(weights_only=True) "
+                f"refuses ({e}); unpickling it could run arbitrary code. Pass "
+                "StorageReader(..., allow_pickle=True) if you trust this checkpoint"
+            ) from e
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         reader = self._open()
         for req in plan.items:
             key = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(reader.get(key, verify=True)))
+                raw = reader.get(key, verify=True)
+                if not self.allow_pickle:
+                    self._check_restricted_pickle(key, raw)
+                planner.load_bytes(req, io.BytesIO(raw))
                 continue
             source = self._read_box(key, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()

@@ -27,9 +27,16 @@ impl CheckpointReader {
         self.inner.entry(key).map_err(|e| to_py(py, e))
     }
 
-    /// A zero-copy buffer for an uncompressed entry, or decoded owned bytes.
-    fn buffer_for(&self, py: Python<'_>, e: &Entry<'_>, verify: bool) -> PyResult<Buffer> {
-        if e.codec == Codec::None {
+    /// A zero-copy buffer for an uncompressed entry (unless `copy`), or owned bytes read with
+    /// pread and decoded. Reads never touch a mapping, so a file truncated since open raises.
+    fn buffer_for(
+        &self,
+        py: Python<'_>,
+        e: &Entry<'_>,
+        verify: bool,
+        copy: bool,
+    ) -> PyResult<Buffer> {
+        if e.codec == Codec::None && !copy {
             if verify {
                 nogil(py, || self.inner.verify_entry(e))?;
             }
@@ -45,7 +52,7 @@ impl CheckpointReader {
             })
         } else {
             let mut v = alloc_zeroed(e.raw_len)?;
-            nogil(py, || self.inner.read_into(e, &mut v, true))?;
+            nogil(py, || self.inner.read_into(e, &mut v, verify))?;
             Ok(Buffer {
                 store: Store::Owned(v),
             })
@@ -120,22 +127,30 @@ impl CheckpointReader {
             .into_pyobject(py)
     }
 
-    /// (dtype, shape, kind, buffer) for one key.
-    #[pyo3(signature = (key, verify=false))]
-    fn get<'py>(&self, py: Python<'py>, key: &str, verify: bool) -> PyResult<Bound<'py, PyTuple>> {
+    /// (dtype, shape, kind, buffer) for one key. `verify`: check the crc32c of uncompressed
+    /// values too (compressed ones are always checked); `copy`: never hand out a mapping.
+    #[pyo3(signature = (key, verify=false, copy=false))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        verify: bool,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let e = self.entry(py, key)?;
-        let b = self.buffer_for(py, &e, verify)?;
+        let b = self.buffer_for(py, &e, verify, copy)?;
         let (d, s, k) = entry_tuple(py, &e)?.extract::<(String, Bound<'py, PyTuple>, String)>()?;
         (d, s, k, Bound::new(py, b)?).into_pyobject(py)
     }
 
     /// Like `get` for many keys; compressed entries are decoded in parallel.
-    #[pyo3(signature = (keys, verify=false))]
+    #[pyo3(signature = (keys, verify=false, copy=false))]
     fn get_many<'py>(
         &self,
         py: Python<'py>,
         keys: Vec<String>,
         verify: bool,
+        copy: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         use rayon::prelude::*;
         let entries: Vec<Entry<'_>> = keys
@@ -148,7 +163,7 @@ impl CheckpointReader {
         let mut decoded: Vec<Option<Vec<u8>>> = entries
             .iter()
             .map(|e| {
-                if e.codec == Codec::None {
+                if e.codec == Codec::None && !copy {
                     Ok(None)
                 } else {
                     alloc_zeroed(e.raw_len).map(Some)
@@ -160,7 +175,7 @@ impl CheckpointReader {
                 .par_iter()
                 .zip(decoded.par_iter_mut())
                 .try_for_each(|(e, buf)| match buf {
-                    Some(v) => reader.read_into(e, v, true),
+                    Some(v) => reader.read_into(e, v, verify || e.codec != Codec::None),
                     None if verify => reader.verify_entry(e),
                     None => Ok(()),
                 })
@@ -210,6 +225,12 @@ impl CheckpointReader {
         nogil(py, || self.inner.read_range(&e, lo, hi, dst))
     }
 
+    /// Check the crc32c(s) of one key's stored bytes (pread; GIL released).
+    fn verify_key(&self, py: Python<'_>, key: &str) -> PyResult<()> {
+        let e = self.entry(py, key)?;
+        nogil(py, || self.inner.verify_entry(&e))
+    }
+
     /// Check every checksum and invariant (parallel, GIL released).
     fn verify(&self, py: Python<'_>) -> PyResult<()> {
         nogil(py, || self.inner.verify())
@@ -235,7 +256,7 @@ impl CheckpointReader {
         self.inner
             .shards()
             .iter()
-            .map(|s| (s.path.clone(), s.bytes().len() as u64))
+            .map(|s| (s.path.clone(), s.len()))
             .collect()
     }
 
