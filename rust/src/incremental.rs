@@ -9,7 +9,7 @@
 //! - a linked file is checked against the base's shard record (length, save token, header crc)
 //!   before the index that references it is written; any doubt falls back to a full save.
 
-use crate::commit::{parent_dir, random_token, sync_dir, with_suffix};
+use crate::commit::{parent_dir, random_token, sync_dir, with_suffix, PrefixLock};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, IndexView, ShardRec};
@@ -235,13 +235,19 @@ fn write_and_commit(
     }
     let total = total.max(1) as u32;
     let token = random_token();
-    // Links first: if the base vanished, nothing has been written yet.
+    // Fresh shards are written and fsynced outside the commit lock (their temp files are
+    // locked by their writers); links, publishing, the index and cleanup happen under it
+    // (FORMAT.md §8), so a concurrent save at `P` never removes or half-sees them.
+    let sealed = write_groups(prefix, items, &groups, total, token, opts)?;
+    let lock = PrefixLock::acquire(prefix)?;
+    let allow_plain = lock.held();
+    // Links first: if the base vanished, nothing has been published yet.
     let mut linked_recs = Vec::with_capacity(plan.shards.len());
     let mut made: Vec<std::path::PathBuf> = Vec::new();
     for (k, (rec, _)) in plan.shards.iter().enumerate() {
         let id = (groups.len() + k) as u32;
         let src = with_suffix(base.expect("a plan has a base"), &rec.name);
-        match link_checked(prefix, &src, rec, id, total, token) {
+        match link_checked(prefix, &src, rec, id, total, token, allow_plain) {
             Ok((name, path)) => {
                 made.push(path);
                 linked_recs.push(ShardRec {
@@ -260,7 +266,7 @@ fn write_and_commit(
             }
         }
     }
-    let fresh = write_groups(prefix, items, &groups, total, token, opts);
+    let fresh = publish_groups(prefix, sealed, allow_plain);
     let (mut recs, mut entries) = match fresh {
         Ok(x) => x,
         Err(e) => {
@@ -311,6 +317,7 @@ fn write_and_commit(
         opts.chunk_bytes,
         meta.as_bytes(),
         opts.durable,
+        &lock,
     )?;
     Ok(())
 }
@@ -330,10 +337,8 @@ fn json_str(s: &str) -> String {
     out
 }
 
-/// A finished shard: its record and entries.
-type Finished = (ShardRec, Vec<EntryMeta>);
-
-/// Write the fresh groups, a bounded number of threads pulling groups in turn.
+/// Write and seal (fsync) the fresh groups, a bounded number of threads pulling groups in
+/// turn. On error the writers are dropped, removing their temp files.
 fn write_groups(
     prefix: &Path,
     items: &[Item<'_>],
@@ -341,14 +346,15 @@ fn write_groups(
     total: u32,
     token: u64,
     opts: &WriterOptions,
-) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+) -> Result<Vec<ShardWriter>> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
         .clamp(2, 8)
         .min(groups.len().max(1));
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Finished>>> = Mutex::new(vec![None; groups.len()]);
+    let done: Mutex<Vec<Option<ShardWriter>>> =
+        Mutex::new((0..groups.len()).map(|_| None).collect());
     let enc = crate::shard::EncodeOptions {
         codec: opts.codec,
         level: opts.level,
@@ -367,8 +373,8 @@ fn write_groups(
                         for &i in &groups[g] {
                             w.write_item(&items[i], enc)?;
                         }
-                        let r = w.finish(opts.durable)?;
-                        done.lock().expect("results lock")[g] = Some(r);
+                        w.seal(opts.durable)?;
+                        done.lock().expect("results lock")[g] = Some(w);
                     }
                 })
             })
@@ -376,20 +382,39 @@ fn write_groups(
         hs.into_iter()
             .try_for_each(|h| h.join().expect("writer thread panicked"))
     })?;
-    let mut recs = Vec::with_capacity(groups.len());
-    let mut entries = Vec::new();
-    for (g, r) in done
+    Ok(done
         .into_inner()
         .expect("results lock")
         .into_iter()
-        .enumerate()
-    {
-        let (rec, ents) = r.expect("every group written");
-        recs.push(rec);
-        entries.extend(ents.into_iter().map(|e| EntryMeta {
-            shard: g as u32,
-            ..e
-        }));
+        .map(|w| w.expect("every group written"))
+        .collect())
+}
+
+/// Publish sealed shards (commit lock held). If one fails, those already published are
+/// unlinked again and the rest dropped (removing their temp files).
+fn publish_groups(
+    prefix: &Path,
+    sealed: Vec<ShardWriter>,
+    allow_plain: bool,
+) -> Result<(Vec<ShardRec>, Vec<EntryMeta>)> {
+    let mut recs: Vec<ShardRec> = Vec::with_capacity(sealed.len());
+    let mut entries = Vec::new();
+    for (g, w) in sealed.into_iter().enumerate() {
+        match w.publish(allow_plain) {
+            Ok((rec, ents)) => {
+                recs.push(rec);
+                entries.extend(ents.into_iter().map(|e| EntryMeta {
+                    shard: g as u32,
+                    ..e
+                }));
+            }
+            Err(e) => {
+                for r in &recs {
+                    let _ = fs::remove_file(with_suffix(prefix, &r.name));
+                }
+                return Err(e);
+            }
+        }
     }
     Ok((recs, entries))
 }
@@ -403,12 +428,19 @@ fn link_checked(
     id: u32,
     total: u32,
     token: u64,
+    allow_plain: bool,
 ) -> Result<(String, std::path::PathBuf)> {
     let mut last = None;
-    for name in [
-        shard_name(id, total, None),
-        shard_name(id, total, Some(token)),
-    ] {
+    let plain = shard_name(id, total, None);
+    let tokened = shard_name(id, total, Some(token));
+    // Without the commit lock only never-reused token names are used (FORMAT.md §8).
+    let names: &[&String] = if allow_plain {
+        &[&plain, &tokened]
+    } else {
+        &[&tokened]
+    };
+    for &name in names {
+        let name = name.clone();
         let dest = with_suffix(prefix, &name);
         match fs::hard_link(src, &dest) {
             Ok(()) => {

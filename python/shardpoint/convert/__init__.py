@@ -78,6 +78,11 @@ def detect_format(path: str) -> tuple[str, str]:
             return "safetensors", path
         if is_torch_file(path):
             return "torch", path
+        if path.endswith(".safetensors"):
+            # named safetensors but too short to carry even its header length and "{"
+            raise CorruptCheckpointError(
+                f"{path}: damaged safetensors file (truncated before the end of its header)"
+            )
         raise InvalidArgumentError(
             f"{path}: unknown file format (expected safetensors, a PyTorch file, or a checkpoint "
             "prefix with a .index file)"

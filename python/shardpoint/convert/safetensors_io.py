@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
+from ..atomic_files import create_temp
 from ..dtypes import numpy_dtype
 from ..errors import CorruptCheckpointError, NotFoundError
 from ..progress import progress_bar
@@ -53,17 +53,17 @@ _MAX_HEADER = 100_000_000  # safetensors' own cap
 
 
 def is_safetensors(path: str) -> bool:
-    """Sniff: 8-byte header length that fits the file, followed by ``{``."""
+    """Sniff: an 8-byte header length within safetensors' cap, followed by ``{``. The length is
+    not checked against the file size: a truncated file is still a safetensors file (a damaged
+    one, which opening reports as such), not an unknown format."""
     try:
         with open(path, "rb") as f:
             head = f.read(9)
-            size = os.fstat(f.fileno()).st_size
     except OSError:
         return False
     if len(head) < 9 or head[8:9] != b"{":
         return False
-    n = int.from_bytes(head[:8], "little")
-    return n <= min(_MAX_HEADER, size - 8)
+    return int.from_bytes(head[:8], "little") <= _MAX_HEADER
 
 
 class SafetensorsSource(Source):
@@ -161,7 +161,8 @@ def write_safetensors(
     blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
     directory = os.path.dirname(os.path.abspath(dst))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp", dir=directory)
+    # mode 0666 minus the umask like any file a user writes (mkstemp would make it 0600)
+    fd, tmp = create_temp(directory, os.path.basename(dst) + ".", ".tmp")
     bar = progress_bar(pos, f"convert {os.path.basename(dst)}", progress=progress)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _core
 from ..dtypes import numpy_dtype
 from ..errors import (
     ChecksumMismatchError,
@@ -65,6 +66,14 @@ _MASK_DELTA = 0xA282EAD8
 _MAX_INDEX_BYTES = 1 << 30
 _MAX_NDIM = 64
 _MAX_SHARDS = 1 << 20
+#: Longest key accepted (a shardpoint key holds at most 65535 bytes; TensorFlow's are short).
+_MAX_KEY_BYTES = 65535
+#: Keys are prefix-compressed, so a small hostile index can describe huge keys ("share all of
+#: the previous key, add one byte" over and over). The bytes of all keys materialised while
+#: parsing are bounded by this plus a multiple of the index size (real checkpoints stay far
+#: below: even 100k keys sharing long scopes expand by well under 10x).
+_KEY_BYTES_BASE = 64 << 20
+_KEY_BYTES_PER_INDEX_BYTE = 32
 
 #: TensorFlow DataType enum value -> shardpoint format dtype name (types.proto).
 TF_DTYPES: dict[int, str] = {
@@ -102,27 +111,10 @@ TF_OTHER_DTYPES: dict[int, str] = {
 DT_STRING = 7
 
 
-# --- crc32c (Castagnoli), pure Python: only used on index blocks, which are small --------------
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc_table()
-
-
+# --- crc32c (Castagnoli): the core's hardware-accelerated implementation ------------------------
 def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
-    """CRC-32C of ``data`` (byte-at-a-time; fine for kilobytes, too slow for tensors)."""
-    c = crc ^ 0xFFFFFFFF
-    table = _CRC_TABLE
-    for b in bytes(data):
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    """CRC-32C of ``data`` (continuing ``crc``), computed by the Rust core at native speed."""
+    return _core.crc32c(data, crc)
 
 
 def mask_crc(crc: int) -> int:
@@ -293,9 +285,12 @@ class _Table:
     path: str
     buf: bytes
     items: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: key bytes that may still be materialised (see _KEY_BYTES_BASE)
+    key_budget: int = 0
 
     def parse(self) -> None:
         n = len(self.buf)
+        self.key_budget = _KEY_BYTES_BASE + _KEY_BYTES_PER_INDEX_BYTE * n
         if n < _FOOTER_LEN:
             raise _Corrupt(f"file is {n} bytes, shorter than the {_FOOTER_LEN}-byte footer", 0)
         foot = n - _FOOTER_LEN
@@ -315,10 +310,13 @@ class _Table:
                 raise _Corrupt("data blocks overlap or are out of order", idx_off)
             prev_end = off + size + _TRAILER_LEN
             block = self._block(off, size, idx_off)
-            self.items.extend(self._block_entries(block, off))
-        for (a, _), (b, _) in zip(self.items, self.items[1:], strict=False):
-            if not a < b:
-                raise _Corrupt(f"keys out of order: {b[:60]!r} after {a[:60]!r}", 0)
+            prev = self.items[-1][0] if self.items else None
+            for k, v in self._block_entries(block, off):
+                # checked entry by entry, so a bad table stops before it grows
+                if prev is not None and not prev < k:
+                    raise _Corrupt(f"keys out of order: {k[:60]!r} after {prev[:60]!r}", off)
+                self.items.append((k, v))
+                prev = k
 
     def _block(self, off: int, size: int, limit: int) -> bytes:
         """Block bytes at ``off`` after checking bounds, trailer type and masked crc."""
@@ -340,8 +338,7 @@ class _Table:
             )
         return block
 
-    @staticmethod
-    def _block_entries(block: bytes, base: int) -> list[tuple[bytes, bytes]]:
+    def _block_entries(self, block: bytes, base: int) -> list[tuple[bytes, bytes]]:
         n = len(block)
         if n < 4:
             raise _Corrupt("block shorter than its restart count", base)
@@ -361,6 +358,18 @@ class _Table:
                 raise _Corrupt(f"entry shares {shared} bytes of a {len(key)}-byte key", base + at)
             if non_shared + vlen > end - pos:
                 raise _Corrupt("entry runs past the end of its block", base + at)
+            # limits before the key is built: its length, and all keys' bytes together
+            klen = shared + non_shared
+            if klen > _MAX_KEY_BYTES:
+                raise _Corrupt(f"key of {klen} bytes (at most {_MAX_KEY_BYTES})", base + at)
+            self.key_budget -= klen
+            if self.key_budget < 0:
+                raise _Corrupt(
+                    "keys expand to more than "
+                    f"{_KEY_BYTES_BASE + _KEY_BYTES_PER_INDEX_BYTE * len(self.buf)} bytes "
+                    "(prefix compression abused: a hostile or corrupt index)",
+                    base + at,
+                )
             key = key[:shared] + block[pos : pos + non_shared]
             pos += non_shared
             out.append((key, block[pos : pos + vlen]))

@@ -22,9 +22,9 @@ import glob
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 
+from ..atomic_files import create_temp, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
 from .storage_io import checkpoint_exists
 
@@ -142,16 +142,21 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
         lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
     data = ("\n".join(lines) + "\n").encode("utf-8")
     os.makedirs(directory or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=directory or ".")
-    # Locked while we write it: tells _remove_stale_temps in another process it is live.
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    # mode 0666 minus the umask, like the checkpoints it names (mkstemp would make it 0600)
+    fd, tmp = create_temp(directory or ".", ".checkpoint.", ".tmp")
     try:
+        # Locked while we write it: tells _remove_stale_temps in another process it is live
+        # (where flock is unsupported that cleanup keeps every temp file instead).
+        try_lock_exclusive(fd)
         with os.fdopen(fd, "wb") as f:
+            fd = -1
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(directory, STATE_FILENAME))
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         try:
             os.unlink(tmp)
         except OSError:

@@ -5,6 +5,7 @@
 //! core errors become the exception classes of `shardpoint.errors` in one place ([`to_py`]).
 
 mod buffers;
+mod checksum;
 mod read;
 mod staged;
 mod write;
@@ -71,6 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<write::Writer>()?;
     m.add_class::<buffers::Buffer>()?;
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;
