@@ -16,6 +16,7 @@ __all__ = [
     "Buffer",
     "CheckpointReader",
     "Writer",
+    "crc32c",
     "dtype_names",
     "merge",
     "remove",

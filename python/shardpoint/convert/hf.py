@@ -288,7 +288,7 @@ class HFReader(Reader):
     def __getitem__(self, key: str) -> np.ndarray:
         return self._view(key)
 
-    def get(self, key: str, default: Any = None, *, verify: bool = False) -> Any:
+    def get(self, key: str, default: Any = None, *, verify: bool | None = None) -> Any:
         """The tensor ``key`` (a zero-copy view), or ``default`` when absent. ``verify`` is
         accepted for compatibility: this format has no checksums to check."""
         if key not in self:
@@ -299,10 +299,11 @@ class HFReader(Reader):
         self,
         keys: list[str] | None = None,
         *,
-        verify: bool = True,
+        verify: bool | None = None,
         progress: bool | None = None,
     ) -> dict[str, Any]:
-        """Many tensors at once (all by default), shard by shard; zero-copy views."""
+        """Many tensors at once (all by default), shard by shard; zero-copy views (``verify``
+        is accepted for compatibility: this format has no checksums)."""
         ks = self.keys() if keys is None else list(keys)
         order = sorted(ks, key=lambda k: self._weight_map.get(k, ""))
         bar = None
