@@ -10,7 +10,6 @@ new one otherwise): no temp shard, temp index, unreferenced shard or lock file i
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,54 +18,14 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
-
-_SHIM = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-int flock(int fd, int op) {
-    if (getenv("SP_FAULT_FLOCK")) { errno = ENOSYS; return -1; }
-    int (*real)(int, int) = (int (*)(int, int))dlsym(RTLD_NEXT, "flock");
-    return real(fd, op);
-}
-
-static int should_fail(int fd) {
-    struct stat st;
-    if (getenv("SP_FAULT_FSYNC_DIR") && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) return 1;
-    const char *pat = getenv("SP_FAULT_FSYNC");
-    if (!pat) return 0;
-    char link[64], target[4096];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, target, sizeof target - 1);
-    if (n <= 0) return 0;
-    target[n] = 0;
-    return strstr(target, pat) != NULL;
-}
-
-int fsync(int fd) {
-    if (should_fail(fd)) { errno = EIO; return -1; }
-    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-    return real(fd);
-}
-
-int fdatasync(int fd) {
-    if (should_fail(fd)) { errno = EIO; return -1; }
-    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    return real(fd);
-}
-"""
+from reliability_helpers.fault_shim import build_shim
 
 _CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
     import shardpoint as sp
+from reliability_helpers.fault_shim import build_shim
     p, step = sys.argv[1], int(sys.argv[2])
     state = {f"w{i}": np.full(5000, step, np.float32) for i in range(4)}
     state["step"] = step
@@ -81,14 +40,7 @@ _CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the fault-injection shim")
-    d = tmp_path_factory.mktemp("shim")
-    src, lib = d / "shim.c", d / "shim.so"
-    src.write_text(_SHIM)
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
-    return str(lib)
+    return build_shim(str(tmp_path_factory.mktemp("shim")))
 
 
 def _save_in_child(shim: str, p: str, step: int, **faults: str) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dtypes import format_name, numpy_dtype
 from ..errors import CorruptCheckpointError, NotFoundError, UnsupportedDTypeError
+from ..nested_keys import put_leaf
 from .base import Source, Spec
 
 __all__ = ["TorchSource", "is_torch_file", "tensor_to_numpy"]
@@ -95,7 +96,7 @@ class TorchSource(Source):
             except (TypeError, RuntimeError, UnsupportedDTypeError) as e:
                 self.notes.append(f"skipped {key!r}: {obj.dtype}: {e}")
                 return
-            self._values[key] = arr
+            put_leaf(self._values, key, arr)
         elif isinstance(obj, Mapping):
             for k, v in obj.items():
                 self._flatten(f"{prefix}/{k}" if prefix else str(k), v)
@@ -103,7 +104,7 @@ class TorchSource(Source):
             for i, v in enumerate(obj):
                 self._flatten(f"{prefix}/{i}" if prefix else str(i), v)
         elif isinstance(obj, (bool, int, float, str, bytes)) or obj is None:
-            self._values[prefix or "value"] = obj
+            put_leaf(self._values, prefix or "value", obj)
         else:
             self.notes.append(f"skipped {prefix!r}: {type(obj).__name__} is not a tensor or value")
 

@@ -27,6 +27,7 @@ from .checkpoint_reader import CheckpointReader, list_variables, load_checkpoint
 from .checkpoint_state import latest_checkpoint
 from .errors import (
     CheckpointStateError,
+    DirectoryInUseError,
     DTypeMismatchError,
     DuplicateDependencyError,
     LoadStatusError,
@@ -70,6 +71,7 @@ __all__ = [
     "ShapeMismatchError",
     "SlotReuseError",
     "StatePathConflictError",
+    "DirectoryInUseError",
     "UnsaveableObjectError",
     "CheckpointManager",
     "Module",

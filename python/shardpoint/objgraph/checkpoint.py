@@ -295,29 +295,33 @@ class Checkpoint(Module):
 
     # -- reading -------------------------------------------------------------------------------
     def read(
-        self, save_path: str | os.PathLike, options: Any = None
+        self, save_path: str | os.PathLike, options: Any = None, *, verify: bool = True
     ) -> CheckpointLoadStatus | NameBasedLoadStatus:
         """Restore without save-counter handling (never creates ``save_counter``)."""
-        return self._read(os.fspath(save_path), hint=False)
+        return self._read(os.fspath(save_path), hint=False, verify=verify)
 
     def restore(
-        self, save_path: str | os.PathLike | None, options: Any = None
+        self, save_path: str | os.PathLike | None, options: Any = None, *, verify: bool = True
     ) -> CheckpointLoadStatus | NameBasedLoadStatus | InitializationOnlyStatus:
         """Restore from ``save_path`` (None: nothing, an initialization-only status).
 
         Values of existing objects are assigned now; values whose objects do not exist yet are
         restored when those objects are attached. ``save_counter`` is created afterwards, so
-        numbering continues from a ``save()``d checkpoint.
+        numbering continues from a ``save()``d checkpoint. Every value's crc32c is checked
+        before it is assigned (a damaged one raises ``ChecksumMismatchError``);
+        ``verify=False`` is the explicit opt-out.
         """
         if save_path is None:
             return InitializationOnlyStatus()
-        status = self._read(os.fspath(save_path), hint=True)
+        status = self._read(os.fspath(save_path), hint=True, verify=verify)
         _ = self.save_counter  # create it; restores it if the checkpoint has one
         return status
 
-    def _read(self, path: str, hint: bool) -> CheckpointLoadStatus | NameBasedLoadStatus:
+    def _read(
+        self, path: str, hint: bool, verify: bool = True
+    ) -> CheckpointLoadStatus | NameBasedLoadStatus:
         try:
-            reader = storage_io.open_reader(path)
+            reader = storage_io.open_reader(path, verify)
         except FileNotFoundError as exc:
             if storage_io.checkpoint_exists(path):
                 raise  # the index is there: the error names the missing shard

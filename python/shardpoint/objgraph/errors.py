@@ -20,6 +20,7 @@ __all__ = [
     "LoadStatusError",
     "CheckpointStateError",
     "StatePathConflictError",
+    "DirectoryInUseError",
 ]
 
 
@@ -65,3 +66,7 @@ class CheckpointStateError(CheckpointError, ValueError):
 
 class StatePathConflictError(CheckpointError, RuntimeError):
     """A checkpoint path would overwrite the ``checkpoint`` state file (SAVE-09)."""
+
+
+class DirectoryInUseError(CheckpointError, RuntimeError):
+    """A CheckpointManager in another process manages this directory already."""

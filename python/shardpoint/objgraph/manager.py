@@ -9,24 +9,29 @@ checkpoint stays on disk.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ..async_save import SaveFuture
-from ..errors import NotFoundError
-from . import storage_io
+from ..atomic_files import create_temp
+from ..errors import CheckpointError, CheckpointIOError, CorruptCheckpointError, NotFoundError
+from . import directory_lock, storage_io
 from .checkpoint_state import (
-    latest_checkpoint,
     read_checkpoint_state,
     resolve,
     update_checkpoint_state,
 )
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "PENDING_DELETIONS_FILENAME"]
+
+#: Checkpoints whose deletion failed, retried by the next save (JSON list of names).
+PENDING_DELETIONS_FILENAME = ".shardpoint-pending-deletions.json"
 
 logger = logging.getLogger("shardpoint")
 
@@ -79,6 +84,12 @@ class CheckpointManager:
             )
         self._checkpoint = checkpoint
         self._directory = os.fspath(directory)
+        # one manager process per directory (directory_lock); taken now if the directory
+        # exists (a resumed job), else when the first save creates it
+        self._lease: directory_lock.DirectoryLease | None = None
+        self._ensure_lease()
+        # checkpoints whose deletion failed: retried by every save (persisted, see below)
+        self._pending_deletions: list[str] = self._read_pending()
         self._max_to_keep = max_to_keep
         self._keep_every_n_hours = keep_checkpoint_every_n_hours
         self._prefix = os.path.join(self._directory, checkpoint_name)
@@ -120,6 +131,69 @@ class CheckpointManager:
                 stamp = min(stamp, now)
                 if stamp > self._last_preserved_timestamp:
                     self._maybe_delete[resolve(self._directory, path)] = stamp
+
+    # -- directory ownership and deletions that must be retried ---------------------------------
+    def _ensure_lease(self) -> None:
+        if self._lease is None and os.path.isdir(self._directory or "."):
+            self._lease = directory_lock.acquire(self._directory)
+            weakref.finalize(self, self._lease.release)
+
+    def close(self) -> None:
+        """Give up this manager's share of the directory lock (also done when it is garbage
+        collected); another process may then manage the directory."""
+        if self._lease is not None:
+            self._lease.release()
+
+    def _pending_path(self) -> str:
+        return os.path.join(self._directory, PENDING_DELETIONS_FILENAME)
+
+    def _read_pending(self) -> list[str]:
+        try:
+            with open(self._pending_path(), encoding="utf-8") as f:
+                names = json.load(f)
+        except (OSError, ValueError):
+            return []
+        if not isinstance(names, list):
+            return []
+        return [os.path.join(self._directory, n) for n in names if isinstance(n, str)]
+
+    def _write_pending(self) -> None:
+        """Persist the retry list (so a failed deletion is retried after a restart too)."""
+        path = self._pending_path()
+        try:
+            if not self._pending_deletions:
+                if os.path.exists(path):
+                    os.unlink(path)
+                return
+            names = [os.path.basename(p) for p in self._pending_deletions]
+            fd, tmp = create_temp(self._directory, PENDING_DELETIONS_FILENAME + ".", ".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(names, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            logger.warning("%s: could not record checkpoints to delete later: %s", path, e)
+
+    def _delete(self, paths: list[str], keep: str) -> None:
+        """Delete ``paths`` (never ``keep``); failures are logged and kept for the next save."""
+        failed: list[str] = []
+        for old_path in dict.fromkeys(paths):
+            if old_path == keep or old_path in self._maybe_delete:
+                continue
+            try:
+                storage_io.remove_checkpoint(old_path)
+            except (NotFoundError, FileNotFoundError):
+                pass
+            except (CheckpointError, OSError) as e:
+                logger.warning(
+                    "could not delete old checkpoint %s (%s); it is no longer listed and the "
+                    "next save retries the deletion",
+                    old_path,
+                    e,
+                )
+                failed.append(old_path)
+        if failed != self._pending_deletions:
+            self._pending_deletions = failed
+            self._write_pending()
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -192,20 +266,32 @@ class CheckpointManager:
         number = int(counter) if checkpoint_number is None else int(checkpoint_number)
         path = f"{self._prefix}-{number}"
         stamp = _now()
-        if not hasattr(self._checkpoint, "_write"):  # a duck-typed checkpoint: write() only
-            if not blocking:
-                raise ValueError("blocking=False needs an sp.Checkpoint")
-            path = self._checkpoint.write(path)
-            result: Any = path
-            self._record_and_sweep(path, stamp)
-        else:
-            result = self._checkpoint._write(
-                path,
-                blocking,
-                self._incremental,
-                then=lambda: self._record_and_sweep(path, stamp),
-                base=lambda: self._latest_checkpoint,
-            )
+        os.makedirs(self._directory or ".", exist_ok=True)
+        self._ensure_lease()
+        try:
+            if not hasattr(self._checkpoint, "_write"):  # a duck-typed checkpoint: write() only
+                if not blocking:
+                    raise ValueError("blocking=False needs an sp.Checkpoint")
+                path = self._checkpoint.write(path)
+                result: Any = path
+                self._record_and_sweep(path, stamp)
+            else:
+                result = self._checkpoint._write(
+                    path,
+                    blocking,
+                    self._incremental,
+                    then=lambda: self._record_and_sweep(path, stamp),
+                    base=lambda: self._latest_checkpoint,
+                )
+        except BaseException:
+            # Failed after its commit (e.g. the directory fsync)? Then it is on disk: list it,
+            # so it is restored from and deleted like any other, and still raise.
+            if blocking and path not in self._maybe_delete and storage_io.checkpoint_exists(path):
+                try:
+                    self._record_and_sweep(path, stamp)
+                except Exception as e:  # the save's own error is the one to report
+                    logger.warning("could not record checkpoint %s: %s", path, e)
+            raise
         if step is not None:
             self._last_checkpoint_step = step
         return result
@@ -239,13 +325,8 @@ class CheckpointManager:
             list(self._maybe_delete.values()),
             self._last_preserved_timestamp,
         )
-        for old_path in doomed:
-            if old_path == path:
-                continue
-            try:
-                storage_io.remove_checkpoint(old_path)
-            except (NotFoundError, FileNotFoundError):
-                pass
+        # the new checkpoint is committed and listed: deletion failures no longer fail the save
+        self._delete(self._pending_deletions + doomed, keep=path)
         self._sweep_orphans(path)
 
     def _sweep_orphans(self, path: str) -> None:
@@ -273,17 +354,81 @@ class CheckpointManager:
                     pass
 
     # -- restoring -------------------------------------------------------------------------------
-    def restore_or_initialize(self) -> str | None:
-        """Restore the latest checkpoint and return its path, else call ``init_fn``; no status."""
-        latest = latest_checkpoint(self._directory)
-        if latest is not None:
-            self._checkpoint.restore(latest)
+    def restore_or_initialize(self, *, strict: bool = False) -> str | None:
+        """Restore the newest intact checkpoint and return its path, else call ``init_fn``.
+
+        Newest first: the state file's latest, its listed checkpoints, then numbered
+        checkpoints found on disk. One whose index is missing (a partial copy) or that is
+        damaged (a checksum mismatch, a missing or truncated shard) is skipped with a warning
+        naming it and why, and the next is restored; ``strict=True`` raises instead. Nothing
+        is silently started from scratch while an intact checkpoint exists.
+        """
+        skipped: list[tuple[str, str]] = []
+        for path in self._restore_candidates():
+            if not storage_io.checkpoint_exists(path):
+                skipped.append((path, "its index is missing"))
+                continue
+            try:
+                self._checkpoint.restore(path)
+            except (CorruptCheckpointError, NotFoundError, CheckpointIOError) as e:
+                if strict:
+                    raise
+                skipped.append((path, f"{type(e).__name__}: {e}"))
+                continue
+            if skipped:
+                self._warn_skipped(skipped, path, strict)
             if self._checkpoint_interval is not None:
                 self._last_checkpoint_step = int(self._step_counter)
-            return latest
+            return path
+        if skipped:
+            damaged = [s for s in skipped if s[1] != "its index is missing"]
+            if damaged or strict:
+                raise CorruptCheckpointError(
+                    f"{self._directory}: no intact checkpoint to restore; "
+                    + "; ".join(f"{p}: {why}" for p, why in skipped)
+                )
+            logger.warning(
+                "%s: the checkpoints the state file names are gone (%s); initializing",
+                self._directory,
+                ", ".join(p for p, _ in skipped),
+            )
         if self._init_fn is not None:
             self._init_fn()
         return None
+
+    def _warn_skipped(self, skipped: list[tuple[str, str]], used: str, strict: bool) -> None:
+        if strict:
+            raise CorruptCheckpointError(
+                f"{self._directory}: newest checkpoint is not intact ("
+                + "; ".join(f"{p}: {why}" for p, why in skipped)
+                + ")"
+            )
+        logger.warning(
+            "restored %s, skipping newer checkpoints that are not intact: %s",
+            used,
+            "; ".join(f"{p} ({why})" for p, why in skipped),
+        )
+
+    def _restore_candidates(self) -> list[str]:
+        """Checkpoint prefixes to try, newest first, without duplicates."""
+        out: list[str] = []
+        state = read_checkpoint_state(self._directory)
+        if state is not None:
+            out.append(resolve(self._directory, state.model_checkpoint_path))
+            out += [resolve(self._directory, p) for p in reversed(state.all_model_checkpoint_paths)]
+        base = os.path.basename(self._prefix)
+        try:
+            names = os.listdir(self._directory or ".")
+        except OSError:
+            names = []
+        numbered = []
+        for name in names:
+            if name.endswith(".index"):
+                n = _number_of(name[: -len(".index")], base)
+                if n is not None:
+                    numbered.append((n, os.path.join(self._directory, name[: -len(".index")])))
+        out += [p for _, p in sorted(numbered, reverse=True)]
+        return list(dict.fromkeys(out))
 
 
 def _done(value: Any) -> SaveFuture:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..nested_keys import decode_key, key_tag
+from ..nested_keys import decode_key, flat_key, key_tag, put_leaf
 from .trackable import Trackable, ValueSpec, register_fallback_adapter
 
 __all__ = ["StateDictTrackable", "STRUCTURE_ATTRIBUTE"]
@@ -75,8 +75,7 @@ class StateDictTrackable(Trackable):
             if isinstance(value, list | tuple):
                 tag = "l" if isinstance(value, list) else "t"
                 return {tag: [visit(sub, [*path, str(i)]) for i, sub in enumerate(value)]}
-            name = "/".join(path) if path else "value"
-            leaves[name] = self._to_numpy(value)
+            name = put_leaf(leaves, flat_key(path), self._to_numpy(value))
             return {"v": name}
 
         structure = visit(self.wrapped.state_dict(), [])

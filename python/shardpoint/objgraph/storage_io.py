@@ -92,9 +92,11 @@ def _plan(
     return files.plan_save(payload, prefix, incremental=incremental, base=base)
 
 
-def open_reader(prefix: str) -> Any:
-    """Lazy reader over the checkpoint at ``prefix`` (raises NotFoundError when absent)."""
-    return files.open(prefix)
+def open_reader(prefix: str, verify: bool = True) -> Any:
+    """Lazy reader over the checkpoint at ``prefix`` (raises NotFoundError when absent).
+    With ``verify`` (default) every value's crc32c is checked as it is read, so a restore
+    never assigns damaged bytes; ``False`` is the explicit opt-out."""
+    return files.open(prefix, verify=verify)
 
 
 def checkpoint_exists(prefix: str) -> bool:

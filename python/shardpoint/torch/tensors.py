@@ -29,14 +29,13 @@ from .. import files
 from ..async_save import AsyncSaver
 from ..dtypes import format_name, numpy_dtype
 from ..errors import (
-    DuplicateKeyError,
     InvalidArgumentError,
     MetaTensorError,
     SparseTensorError,
     UnknownDTypeError,
     UnsupportedDTypeError,
 )
-from ..nested_keys import decode_key, key_tag
+from ..nested_keys import decode_key, key_tag, put_leaf
 
 if TYPE_CHECKING:
     from ..async_save import SaveFuture
@@ -183,11 +182,7 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     flat: dict[str, Any] = {}
 
     def put(path: list[str], leaf: Any) -> str:
-        key = "/".join(path)
-        if key in flat:
-            raise DuplicateKeyError(f"two state dict entries flatten to the same key {key!r}")
-        flat[key] = leaf
-        return key
+        return put_leaf(flat, "/".join(path), leaf)
 
     def visit(value: Any, path: list[str]) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):

@@ -1,0 +1,90 @@
+"""One CheckpointManager process per directory: a POSIX record lock on ``.shardpoint-manager.lock``.
+
+Two jobs resumed from one checkpoint by mistake would both number, write and delete checkpoints
+in one directory; their retention sweeps then delete each other's checkpoints. The first manager
+in a directory takes an exclusive ``fcntl`` record lock for as long as any manager of that
+directory lives in its process; a manager in another process then gets
+:class:`DirectoryInUseError` naming the directory (Orbax and TF users expect the second job to be
+told). Record locks belong to the process, so several managers of one directory in one process
+(a training loop that builds a new manager to resume) share it; the lock dies with the process,
+so a killed job never leaves the directory locked. One descriptor per directory is kept open per
+process (closing any descriptor of the file would drop a record lock).
+
+Where the file system has no locks (``ENOLCK``/``ENOSYS``/``EOPNOTSUPP``), the manager works as
+before and logs a warning: the commit lock of each checkpoint still keeps every checkpoint
+intact, but two managers may then delete each other's checkpoints.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+
+from .errors import DirectoryInUseError
+
+__all__ = ["LOCK_FILENAME", "DirectoryLease", "acquire"]
+
+LOCK_FILENAME = ".shardpoint-manager.lock"
+logger = logging.getLogger("shardpoint")
+
+_NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
+_mutex = threading.Lock()
+#: (device, inode) of a locked directory -> [fd, number of live leases]
+_held: dict[tuple[int, int], list[int]] = {}
+
+
+class DirectoryLease:
+    """A share of this process's lock on one directory; ``release()`` (idempotent) gives it back
+    and the last lease of the directory closes the descriptor, dropping the lock."""
+
+    def __init__(self, key: tuple[int, int] | None) -> None:
+        self._key = key
+
+    def release(self) -> None:
+        with _mutex:
+            key, self._key = self._key, None
+            if key is None or key not in _held:
+                return
+            _held[key][1] -= 1
+            if _held[key][1] == 0:
+                fd = _held.pop(key)[0]
+                os.close(fd)
+
+
+def acquire(directory: str) -> DirectoryLease:
+    """Lock ``directory`` (created if missing) for this process, or raise DirectoryInUseError
+    if a manager in another process holds it."""
+    os.makedirs(directory or ".", exist_ok=True)
+    st = os.stat(directory or ".")
+    key = (st.st_dev, st.st_ino)
+    with _mutex:
+        if key in _held:
+            _held[key][1] += 1
+            return DirectoryLease(key)
+        path = os.path.join(directory or ".", LOCK_FILENAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise DirectoryInUseError(
+                    f"{directory}: another process has a CheckpointManager on this directory "
+                    f"(it holds the lock on {LOCK_FILENAME}); two jobs saving into one directory "
+                    "would delete each other's checkpoints. Stop the other job or give this one "
+                    "its own directory"
+                ) from None
+            if e.errno in _NO_LOCKS:
+                logger.warning(
+                    "%s: file locks are not supported here (%s); cannot detect a second "
+                    "CheckpointManager on this directory",
+                    directory,
+                    os.strerror(e.errno),
+                )
+                return DirectoryLease(None)
+            raise
+        _held[key] = [fd, 1]
+        return DirectoryLease(key)
