@@ -231,7 +231,9 @@ def test_restore_reads_only_matching_tensors(tmp_path, monkeypatch):
     path = Checkpoint(model=big).write(tmp_path / "big")
     log: list[str] = []
     real_open = storage_io.open_reader
-    monkeypatch.setattr(storage_io, "open_reader", lambda p: CountingReader(real_open(p), log))
+    monkeypatch.setattr(
+        storage_io, "open_reader", lambda p, *a: CountingReader(real_open(p, *a), log)
+    )
     layers = Module()
     layers.layers = []
     status = Checkpoint(model=layers).read(path)

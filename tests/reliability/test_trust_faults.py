@@ -25,7 +25,6 @@ _CHILD = textwrap.dedent(
     import sys
     import numpy as np
     import shardpoint as sp
-from reliability_helpers.fault_shim import build_shim
     p, step = sys.argv[1], int(sys.argv[2])
     state = {f"w{i}": np.full(5000, step, np.float32) for i in range(4)}
     state["step"] = step

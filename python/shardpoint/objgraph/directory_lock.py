@@ -1,14 +1,14 @@
-"""One CheckpointManager process per directory: a POSIX record lock on ``.shardpoint-manager.lock``.
+"""One CheckpointManager process per directory: an exclusive ``flock`` on the directory itself.
 
 Two jobs resumed from one checkpoint by mistake would both number, write and delete checkpoints
 in one directory; their retention sweeps then delete each other's checkpoints. The first manager
-in a directory takes an exclusive ``fcntl`` record lock for as long as any manager of that
-directory lives in its process; a manager in another process then gets
-:class:`DirectoryInUseError` naming the directory (Orbax and TF users expect the second job to be
-told). Record locks belong to the process, so several managers of one directory in one process
-(a training loop that builds a new manager to resume) share it; the lock dies with the process,
-so a killed job never leaves the directory locked. One descriptor per directory is kept open per
-process (closing any descriptor of the file would drop a record lock).
+of a directory in a process opens the directory and takes an exclusive, non-blocking ``flock``
+on it, held for as long as any manager of that directory lives in the process; a manager in
+another process then gets :class:`DirectoryInUseError` naming the directory (Orbax and TF users
+expect the second job to be told). Managers of one directory in one process (a training loop
+that builds a new manager to resume) share the one descriptor, so they never conflict; the lock
+dies with the process, so a killed job never leaves the directory locked, and no lock file is
+left in the directory.
 
 Where the file system has no locks (``ENOLCK``/``ENOSYS``/``EOPNOTSUPP``), the manager works as
 before and logs a warning: the commit lock of each checkpoint still keeps every checkpoint
@@ -25,12 +25,12 @@ import threading
 
 from .errors import DirectoryInUseError
 
-__all__ = ["LOCK_FILENAME", "DirectoryLease", "acquire"]
+__all__ = ["DirectoryLease", "acquire"]
 
-LOCK_FILENAME = ".shardpoint-manager.lock"
 logger = logging.getLogger("shardpoint")
 
-_NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
+#: "no usable flock here" (EBADF: NFS emulates flock with write locks, refused on a directory)
+_NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF}
 _mutex = threading.Lock()
 #: (device, inode) of a locked directory -> [fd, number of live leases]
 _held: dict[tuple[int, int], list[int]] = {}
@@ -64,18 +64,17 @@ def acquire(directory: str) -> DirectoryLease:
         if key in _held:
             _held[key][1] += 1
             return DirectoryLease(key)
-        path = os.path.join(directory or ".", LOCK_FILENAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise DirectoryInUseError(
                     f"{directory}: another process has a CheckpointManager on this directory "
-                    f"(it holds the lock on {LOCK_FILENAME}); two jobs saving into one directory "
-                    "would delete each other's checkpoints. Stop the other job or give this one "
-                    "its own directory"
+                    "(it holds the directory's lock); two jobs saving into one directory would "
+                    "delete each other's checkpoints. Stop the other job or give this one its "
+                    "own directory"
                 ) from None
             if e.errno in _NO_LOCKS:
                 logger.warning(
