@@ -454,6 +454,19 @@ class Reader:
             return default
         return self._value(key, verify=self._verify if verify is None else verify)
 
+    def _check_once(self, key: str) -> None:
+        """Check an uncompressed value's crc32c the first time part of it is read (a slice
+        cannot be checked alone: the crc covers the whole value); later parts read unchecked."""
+        if self._verify and key not in self._sliced_ok:
+            self._core.verify_key(key)
+            self._sliced_ok.add(key)
+
+    def _view_checked_once(self, key: str) -> Any:
+        """The zero-copy value of an uncompressed ``key`` for partial reads (``get_slice``),
+        its crc checked on the first such read only."""
+        self._check_once(key)
+        return self._value(key, verify=False)
+
     def _value(self, key: str, verify: bool) -> Any:
         dtype, shape, kind, buf = self._core.get(key, verify, self._copy)
         return decode(key, dtype, tuple(shape), kind, buf)
@@ -513,9 +526,8 @@ class Reader:
         Compressed chunks are crc-checked as they are decoded; an uncompressed value has one
         crc for all its bytes, so (with ``verify``) its first slice checks it whole, once."""
         info = self.info(key)
-        if self._verify and info.codec == "none" and key not in self._sliced_ok:
-            self._core.verify_key(key)
-            self._sliced_ok.add(key)
+        if info.codec == "none":
+            self._check_once(key)
         if info.kind != "tensor" or not info.shape:
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
         start, stop, _ = slice(start, stop).indices(info.shape[0])

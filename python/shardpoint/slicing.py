@@ -244,7 +244,8 @@ class TensorSlice:
 
     def _from_mapping(self, axes: list[_Axis]) -> np.ndarray:
         """Uncompressed: index a zero-copy view of the mapped shard; only touched pages load."""
-        view = self._reader[self.key]
+        # crc-checked whole on the first slice of this key, then only the touched pages load
+        view = self._reader._view_checked_once(self.key)
         sel = []
         for a in axes:
             stop: int | None = a.start + a.step * a.count  # one step past the last index

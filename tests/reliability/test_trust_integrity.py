@@ -21,6 +21,7 @@ READ_PATHS = {
     "load_file": lambda p: sp.load_file(p),
     "load_file-copy": lambda p: sp.load_file(p, copy=True),
     "slice": lambda p: sp.open(p).slice("bias", 0, 2),
+    "get_slice": lambda p: sp.open(p).get_slice("bias")[0:2],
     "copy-getitem": lambda p: sp.open(p, copy=True)["bias"],
     "verify": lambda p: sp.open(p).verify(),
 }
