@@ -3,8 +3,10 @@
 A :class:`TensorSlice` holds only the entry's index record. Indexing it reads the selected
 elements and nothing else worth mentioning:
 
-* uncompressed entries are indexed through a copy-on-write view of the shard's mapping, so only
-  the pages holding selected elements are read from disk;
+* uncompressed entries are indexed through a copy-on-write view of the shard's mapping; the
+  first slice of a value checks its crc32c, which covers the whole value (so it is read once),
+  later slices read only the pages holding selected elements (``sp.open(..., verify=False)``
+  skips the check and keeps even the first slice page-lazy);
 * compressed entries are read with ``read_range`` over *runs* of the selection: the selected
   rows (along the first axis with more than one selected index) are grouped into byte runs, a
   new run starting wherever the gap to the previous row's last selected byte is at least one
