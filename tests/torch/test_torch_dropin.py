@@ -182,3 +182,44 @@ def test_exception_classes_catch_as_safetensors(tmp_path, make, ours):
     assert isinstance(info.value, peer)  # `except` written for safetensors still catches
     assert isinstance(info.value, UnsupportedDTypeError) and isinstance(info.value, TypeError)
     assert str(info.value) and not str(info.value).startswith("'")  # readable, not a repr
+
+
+def _open_in(directory) -> tuple[int, int]:
+    """(file descriptors, mappings) of this process on files under ``directory``."""
+    import gc
+    import os
+
+    gc.collect()
+    d = os.fspath(directory)
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{fd}").startswith(d)
+        except OSError:
+            pass
+    with open("/proc/self/maps") as fh:
+        maps = sum(d in line for line in fh)
+    return fds, maps
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_loads_close_their_files(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    src = _fresh(0)
+    spt.save_model(src, tmp_path / "m", compression="zstd")
+    spt.load_model(_fresh(1), tmp_path / "m")
+    assert _open_in(tmp_path) == (0, 0)
+    sd = spt.load(tmp_path / "m")
+    assert _open_in(tmp_path)[0] == 0  # small tensors are views of a mapping, no descriptor
+    del sd
+    assert _open_in(tmp_path) == (0, 0)
+    state = {"w": torch.arange(12.0).reshape(3, 4)}
+    dcp.save(state, storage_writer=spt.StorageWriter(tmp_path / "dcp"))
+    reader = spt.StorageReader(tmp_path / "dcp")
+    target = {"w": torch.zeros(3, 4)}
+    dcp.load(target, storage_reader=reader)
+    assert torch.equal(target["w"], state["w"])
+    assert _open_in(tmp_path) == (0, 0)  # closed after read_data, the reader object alive
+    dcp.load(target, storage_reader=reader)  # and reopened on demand
+    assert _open_in(tmp_path) == (0, 0) and reader is not None

@@ -473,6 +473,19 @@ class StorageReader(_storage.StorageReader):
             ) from e
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            self._read_items(plan, planner)
+        finally:
+            # this rank's reads are done: close the files now, not when the StorageReader
+            # is garbage-collected (a later call reopens them)
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_items(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         reader = self._open()
         for req in plan.items:
             key = self.storage_data[req.storage_index]
@@ -491,9 +504,6 @@ class StorageReader(_storage.StorageReader):
                 )
             target.copy_(source)
             planner.commit_tensor(req, target)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
