@@ -290,18 +290,18 @@ class TensorSlice:
             a.step * strides[d] for d, a in enumerate(axes) if d > k
         ]
         flat_out = out.reshape((rows.count,) + tuple(counts[k + 1 :]))
-        a = 0
-        while a < rows.count:
-            b = a
-            # extend the run while the gap is under a chunk and the buffer under RUN_BYTES
-            while (
-                b + 1 < rows.count
-                and lo[b + 1] - hi[b] < gap_limit
-                and hi[b + 1] - lo[a] <= RUN_BYTES
-            ):
-                b += 1
-            self._read_run(int(lo[a]), int(hi[b]), flat_out[a : b + 1], view_strides)
-            a = b + 1
+        # runs: split where the gap to the previous row is a chunk or more (vectorized: a
+        # million selected rows cost one numpy pass, not a Python loop), then cap each run's
+        # buffer at RUN_BYTES (hi grows with the row, so a binary search finds the cut)
+        cuts = np.flatnonzero(lo[1:] - hi[:-1] >= gap_limit) + 1
+        bounds = [0, *cuts.tolist(), rows.count]
+        for s0, e0 in zip(bounds[:-1], bounds[1:], strict=True):
+            a = s0
+            while a < e0:
+                b = a + int(np.searchsorted(hi[a:e0], lo[a] + RUN_BYTES, side="right")) - 1
+                b = max(a, b)
+                self._read_run(int(lo[a]), int(hi[b]), flat_out[a : b + 1], view_strides)
+                a = b + 1
         return out
 
     def _read_run(self, lo: int, hi: int, dst: np.ndarray, strides: list[int]) -> None:

@@ -54,11 +54,18 @@ def arrays() -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_get_slice_matches_numpy_on_every_axis(tmp_path, arrays, compression):
+@pytest.mark.parametrize("compression,run_bytes", [("none", None), ("zstd", None), ("zstd", 3000)])
+def test_get_slice_matches_numpy_on_every_axis(
+    tmp_path, monkeypatch, arrays, compression, run_bytes
+):
+    """Random indices on every axis; run_bytes=3000 cuts compressed reads into many runs."""
+    if run_bytes is not None:
+        import shardpoint.slicing
+
+        monkeypatch.setattr(shardpoint.slicing, "RUN_BYTES", run_bytes)
     p = tmp_path / "ck"
     sp.save_file(arrays, p, compression=compression, chunk_bytes=4096, durable=False)
-    rng = random.Random(compression)
+    rng = random.Random(f"{compression}{run_bytes}")
     with sp.open(p) as r:
         if compression == "zstd":
             assert r.info("wide").codec != "none" and r.info("wide").chunks > 1
