@@ -223,3 +223,28 @@ def test_loads_close_their_files(tmp_path):
     assert _open_in(tmp_path) == (0, 0)  # closed after read_data, the reader object alive
     dcp.load(target, storage_reader=reader)  # and reopened on demand
     assert _open_in(tmp_path) == (0, 0) and reader is not None
+
+
+def test_new_float8_types_convert_to_and_from_safetensors(tmp_path):
+    """safetensors files holding fnuz / e8m0 tensors convert both ways (F4's shape counts 4-bit
+    values there and bytes here, so packed fp4 stays ours)."""
+    from shardpoint.convert import convert
+
+    raw = torch.randint(0, 256, (64,), dtype=torch.uint8)
+    sd = {
+        str(dt).removeprefix("torch."): raw.clone().view(dt).reshape(8, 8)
+        for dt in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu)
+    }
+    st_torch.save_file(sd, str(tmp_path / "in.safetensors"))
+    convert(str(tmp_path / "in.safetensors"), str(tmp_path / "ck"))
+    back = spt.load(tmp_path / "ck")
+    for name, t in sd.items():
+        assert back[name].dtype == t.dtype and torch.equal(
+            back[name].view(torch.uint8), raw.view(8, 8)
+        )
+    convert(str(tmp_path / "ck"), str(tmp_path / "out.safetensors"))
+    again = st_torch.load_file(str(tmp_path / "out.safetensors"))
+    for name, t in sd.items():
+        assert again[name].dtype == t.dtype and torch.equal(
+            again[name].view(torch.uint8), raw.view(8, 8)
+        )

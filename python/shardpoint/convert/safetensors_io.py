@@ -45,10 +45,13 @@ ST_TO_FORMAT: dict[str, str] = {
     "C64": "complex64",
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
 }
 FORMAT_TO_ST = {v: k for k, v in ST_TO_FORMAT.items()}
 #: dtypes numpy's safetensors binding cannot return (it looks them up on the numpy module)
-_RAW_READ = {"float8_e4m3fn", "float8_e5m2"}
+_RAW_READ = {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
 _MAX_HEADER = 100_000_000  # safetensors' own cap
 
 
