@@ -169,9 +169,16 @@ def test_damaged_shard_found_on_first_use_not_at_open(tmp_path) -> None:
 def test_unsupported_but_valid_dtype(tmp_path) -> None:
     p = tmp_path / "model.safetensors"
     p.write_bytes(
-        st_bytes({"e": {"dtype": "F8_E8M0", "shape": [4], "data_offsets": [0, 4]}}, b"\1" * 4)
+        st_bytes({"e": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}}, b"\1" * 3)
     )
     with sp.open(str(p)) as r:
         assert "e" in r
-        with pytest.raises(sp.UnsupportedDTypeError, match="F8_E8M0"):
+        with pytest.raises(sp.UnsupportedDTypeError, match="F6_E2M3"):
             r["e"]
+    # F8_E8M0 (was unsupported) reads as ml_dtypes' float8_e8m0fnu since issue 14
+    q = tmp_path / "e8m0.safetensors"
+    q.write_bytes(
+        st_bytes({"e": {"dtype": "F8_E8M0", "shape": [4], "data_offsets": [0, 4]}}, b"\1" * 4)
+    )
+    with sp.open(str(q)) as r:
+        assert r["e"].dtype.name == "float8_e8m0fnu" and r["e"].view("u1").tolist() == [1] * 4
