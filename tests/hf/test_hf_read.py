@@ -18,6 +18,7 @@ hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is the writ
 from safetensors import safe_open  # noqa: E402
 
 import shardpoint as sp  # noqa: E402
+from shardpoint.errors import InvalidSliceError  # noqa: E402
 
 
 def _state_dict() -> dict[str, torch.Tensor]:
@@ -148,8 +149,12 @@ def test_info_slice_get_slice_across_shards(sharded: str) -> None:
                 want = np.array(full[idx])
                 assert got.shape == want.shape and got.tobytes() == want.tobytes(), (k, idx)
         assert len(files_seen) > 1, "the keys used must span several shards"
-        with pytest.raises(sp.InvalidArgumentError):
+        # The same index rules as Reader.get_slice (and safetensors): no lists, no out-of-range.
+        with pytest.raises(InvalidSliceError):
             r.get_slice("layers.1.ids")[[1, 2]]
+        with pytest.raises(IndexError):
+            r.get_slice("layers.1.ids")[100]
+        assert r.get_slice("layers.1.ids")[::-7].tolist() == list(range(99, -1, -7))
 
 
 def test_open_is_lazy_only_the_used_shard_is_read(sharded: str, tmp_path) -> None:

@@ -34,11 +34,12 @@ from ..errors import (
 )
 from ..files import EntryInfo, Reader
 from ..progress import progress_bar, wanted
+from ..slicing import TensorSlice
 from .base import Source, Spec
 from .hf_format import ShardHeader, TensorRecord, read_index, read_shard_header
 from .safetensors_io import ST_TO_FORMAT
 
-__all__ = ["HFReader", "HFSlice", "HFSource", "is_hf_path", "resolve_hf", "INDEX_SUFFIX"]
+__all__ = ["HFReader", "HFSource", "is_hf_path", "resolve_hf", "INDEX_SUFFIX"]
 
 INDEX_SUFFIX = ".safetensors.index.json"
 _DEFAULT_INDEX = "model" + INDEX_SUFFIX
@@ -101,60 +102,6 @@ class _Shard:
                     raise CorruptCheckpointError(f"{header.path}: file changed size while opened")
                 # ACCESS_COPY: arrays handed out are writable, and writes never reach the file.
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-
-
-class HFSlice:
-    """A lazy view of one tensor (``reader.get_slice(key)``): index it with ints, slices (any
-    step) and ``...`` to read only the bytes the selection covers (the pages of the mapping that
-    hold them); the result is a fresh array."""
-
-    def __init__(self, reader: HFReader, key: str) -> None:
-        self._reader = reader
-        self.key = key
-        rec = reader._record(key)
-        self.shape: tuple[int, ...] = rec.shape
-        self.dtype: str = reader._dtype_name(key, rec)
-
-    def get_shape(self) -> list[int]:
-        """The tensor's shape (as ``safetensors``' slice object spells it)."""
-        return list(self.shape)
-
-    def get_dtype(self) -> str:
-        """The safetensors dtype tag (``F32``, ``BF16``...), as ``safetensors`` returns it."""
-        return self._reader._record(self.key).tag
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d tensor slice")
-        return self.shape[0]
-
-    def __getitem__(self, index: Any) -> np.ndarray:
-        return np.array(self._reader._view(self.key)[_basic_index(index, len(self.shape))])
-
-
-def _basic_index(index: Any, ndim: int) -> tuple[Any, ...]:
-    """``index`` as a tuple of ints, slices and at most one ``...``: the basic indexing that
-    selects a strided window (advanced indexing would read arbitrary rows; refused)."""
-    parts = index if isinstance(index, tuple) else (index,)
-    out: list[Any] = []
-    for p in parts:
-        if p is Ellipsis or isinstance(p, slice):
-            out.append(p)
-        elif isinstance(p, (int, np.integer)) and not isinstance(p, bool):
-            out.append(int(p))
-        else:
-            raise InvalidArgumentError(
-                f"slice index {p!r}: only ints, slices and ... are supported"
-            )
-    if sum(p is Ellipsis for p in out) > 1:
-        raise InvalidArgumentError("a slice index can hold only one '...'")
-    if sum(p is not Ellipsis for p in out) > ndim:
-        raise InvalidArgumentError(f"too many indices ({len(out)}) for a {ndim}-d tensor")
-    return tuple(out)
 
 
 class HFReader(Reader):
@@ -338,9 +285,11 @@ class HFReader(Reader):
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
         return np.array(v[start:stop])
 
-    def get_slice(self, key: str) -> HFSlice:
-        """A lazy slice object of ``key`` (``safe_open(...).get_slice`` semantics)."""
-        return HFSlice(self, key)
+    def get_slice(self, key: str) -> TensorSlice:
+        """A lazy slice of ``key`` with exactly ``Reader.get_slice``'s index rules
+        (:mod:`shardpoint.slicing`): it indexes the zero-copy view of the mapped shard, so
+        only the pages holding selected elements are read."""
+        return TensorSlice(self, key)
 
     @property
     def metadata(self) -> dict[str, Any]:
