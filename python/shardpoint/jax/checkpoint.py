@@ -10,7 +10,7 @@ process 0 merges the partial indexes once all have committed.
 The tree structure and each array's global shape and dtype are kept in the checkpoint metadata
 (``shardpoint.jax``), so restoring needs no target; with a target, the result takes the target's
 structure, dtypes and shardings, and a sharded target reads, for each of its devices, only the
-stored shards that overlap the device's box, and of those only the rows it needs.
+stored shards that overlap the device's box, and of those only the part it needs.
 """
 
 from __future__ import annotations
@@ -268,17 +268,13 @@ class _Source:
 def _read_box(
     r: files.Reader, key: str, box: tuple[tuple[int, int], ...], origin: tuple[int, ...]
 ) -> np.ndarray:
-    """The ``box`` (global coordinates) of entry ``key`` whose first element is at ``origin``:
-    only the rows of the box are read (``Reader.get_slice`` when the reader has it, else
-    ``Reader.slice`` on the first axis and the rest cut in memory)."""
+    """The ``box`` (global coordinates) of entry ``key`` whose first element is at ``origin``,
+    read through ``Reader.get_slice``: only the pages (uncompressed) or chunks (compressed)
+    holding the box are read."""
     local = tuple(slice(a - o, b - o) for (a, b), o in zip(box, origin, strict=True))
     if not local:
         return np.asarray(r[key])
-    get_slice = getattr(r, "get_slice", None)
-    if get_slice is not None:
-        return np.asarray(get_slice(key)[local])
-    rows = r.slice(key, local[0].start, local[0].stop)
-    return np.ascontiguousarray(rows[(slice(None),) + local[1:]])
+    return np.asarray(r.get_slice(key)[local])
 
 
 def _convert(src: _Source, key: str, target: Any) -> Any:
