@@ -19,6 +19,7 @@ all of them alike. Run: ``python benches/bench_activation.py`` (about a minute o
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -31,10 +32,13 @@ import torch.utils.checkpoint as tuc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from shardpoint.activation import (  # noqa: E402
-    auto_segments,  # noqa: E402
+    ActivationMemoryMeter,
+    auto_segments,
     checkpoint_sequential,
+    plan,
     split_points,
 )
+from shardpoint.activation._nonreentrant import RecomputeTimer  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -79,8 +83,28 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: least sensitive to load)"
     )
+    parser.add_argument(
+        "--part",
+        choices=["all", "parity", "planner", "sweep", "offload"],
+        default="all",
+        help="parity: ours vs torch at equal segments; planner: planner vs sqrt(n) at equal "
+        "budget; sweep: budget sweep (table + PNG); offload: offload='disk' peak RSS",
+    )
+    parser.add_argument("--png", default="bench_activation_sweep.png", help="sweep plot path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.part in ("all", "parity"):
+        parity(args)
+    if args.part in ("all", "planner"):
+        planner_vs_sqrt(args)
+    if args.part in ("all", "sweep"):
+        budget_sweep(args)
+    if args.part in ("all", "offload"):
+        offload_rss(args)
+
+
+def parity(args: argparse.Namespace) -> None:
+    """Ours vs torch.utils.checkpoint at equal segment counts (both variants)."""
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[Block(args.width) for _ in range(args.blocks)])
@@ -165,6 +189,326 @@ def main() -> None:
     print(
         "vs torch: median over rounds of (ours / torch.utils.checkpoint) step time, same variant;"
         " the auto row is compared with torch at sqrt(n) segments."
+    )
+
+
+# --- issue 16: planner, budget sweep, offload ----------------------------------------------
+
+
+class Attention(torch.nn.Module):
+    """Pre-norm causal self-attention with residual."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm(x)).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(torch.nn.Module):
+    """Pre-norm MLP with residual and a chosen expansion factor."""
+
+    def __init__(self, width: int, expansion: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, expansion * width)
+        self.down = torch.nn.Linear(expansion * width, width)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+class Head(torch.nn.Module):
+    def __init__(self, width: int, vocab: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.out = torch.nn.Linear(width, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def gpt_like(layers: int = 8, width: int = 128, vocab: int = 512) -> torch.nn.Sequential:
+    """Embedding, ``layers`` x (attention, MLP) with MLP expansions cycling 1, 2, 8 (layers of
+    very different cost on purpose), final norm + vocabulary head: 2 * layers + 2 functions."""
+    torch.manual_seed(0)
+    parts: list[torch.nn.Module] = [torch.nn.Embedding(vocab, width)]
+    for i in range(layers):
+        parts.append(Attention(width, heads=4))
+        parts.append(MLP(width, expansion=(1, 2, 8)[i % 3]))
+    parts.append(Head(width, vocab))
+    return torch.nn.Sequential(*parts)
+
+
+def uniform_mlp(blocks: int, width: int) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block(width) for _ in range(blocks)])
+
+
+def _step(model: torch.nn.Module, run: Callable[[], torch.Tensor]) -> float:
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    run().float().sum().backward()  # sum saves nothing: the meter sees the chain only
+    return time.perf_counter() - start
+
+
+def _peak(model: torch.nn.Module, run: Callable[[], torch.Tensor]) -> int:
+    model.zero_grad(set_to_none=True)
+    with ActivationMemoryMeter() as meter:
+        run().float().sum().backward()
+    return meter.peak
+
+
+def _time_configs(
+    model: torch.nn.Module,
+    configs: dict[str, Callable[[], torch.Tensor]],
+    reps: int,
+    recompute: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
+    """Step times per configuration, interleaved rounds; ``recompute`` (if given) receives the
+    time our checkpoints spent recomputing in each step."""
+    samples: dict[str, list[float]] = {name: [] for name in configs}
+    for run in configs.values():
+        _step(model, run)  # warm-up
+    names = list(configs)
+    for round_no in range(reps):
+        for name in names if round_no % 2 == 0 else reversed(names):
+            with RecomputeTimer() as timer:
+                samples[name].append(_step(model, configs[name]))
+            if recompute is not None:
+                recompute.setdefault(name, []).append(timer.seconds)
+    return samples
+
+
+def _planner_configs(
+    model: torch.nn.Module, x: torch.Tensor, k: int
+) -> dict[str, Callable[[], torch.Tensor]]:
+    return {
+        "no checkpointing": functools.partial(model, x),
+        f"torch checkpoint_sequential({k})": functools.partial(
+            tuc.checkpoint_sequential, model, k, x, use_reentrant=False
+        ),
+        f"ours checkpoint_sequential({k})": functools.partial(checkpoint_sequential, model, k, x),
+    }
+
+
+def planner_vs_sqrt(args: argparse.Namespace) -> None:
+    """At a budget equal to the measured peak of sqrt(n) segments: planner vs sqrt(n) segments
+    (ours and torch.utils.checkpoint). Recompute time = step time - step time without
+    checkpointing, medians over interleaved rounds."""
+    print()
+    print("planner vs sqrt(n) segments at equal budget (budget = measured peak of ours at sqrt(n))")
+    cases = [
+        ("gpt-like (heterogeneous)", gpt_like(), torch.randint(0, 512, (4, 128))),
+        (
+            f"{args.blocks}-block MLP (uniform)",
+            uniform_mlp(args.blocks, args.width),
+            torch.randn(args.tokens, args.width),
+        ),
+    ]
+    header = (
+        f"{'model / configuration':<44} {'peak MiB':>9} {'step ms':>8} {'step-none ms':>13} "
+        f"{'vs sqrt ours':>13} {'vs sqrt torch':>14} {'in recompute ms':>16}"
+    )
+    for title, model, x in cases:
+        n = len(model)
+        k = round(math.sqrt(n))
+        configs = _planner_configs(model, x, k)
+        budget = _peak(model, configs[f"ours checkpoint_sequential({k})"])
+        p = plan(model, x, budget)
+        configs["ours planner"] = functools.partial(checkpoint_sequential, model, p, x)
+        inside: dict[str, list[float]] = {}
+        samples = _time_configs(model, configs, args.reps, inside)
+        # Recompute time per round (config minus no checkpointing in the same round), median.
+        none = samples["no checkpointing"]
+        recompute = {
+            name: statistics.median(a - b for a, b in zip(v, none, strict=True))
+            for name, v in samples.items()
+        }
+        timed = {name: statistics.median(v) for name, v in inside.items()}
+        print(f"\n{title}: {n} functions, sqrt(n) = {k} segments, budget {budget / 2**20:.2f} MiB")
+        print(p)
+        print(header)
+        print("-" * len(header))
+        for name in configs:
+            peak = _peak(model, configs[name]) if name.startswith(("ours", "no")) else None
+            rc = recompute[name]
+            rel_ours = rc / recompute[f"ours checkpoint_sequential({k})"] - 1
+            rel_torch = rc / recompute[f"torch checkpoint_sequential({k})"] - 1
+            print(
+                f"{title[:14] + ' / ' + name:<44} "
+                f"{(f'{peak / 2**20:.2f}' if peak is not None else 'n/a'):>9} "
+                f"{statistics.median(samples[name]) * 1e3:>8.1f} {rc * 1e3:>13.1f} "
+                f"{rel_ours:>+13.1%} {rel_torch:>+14.1%} "
+                f"{(f'{timed[name] * 1e3:.1f}' if name.startswith('ours') else 'n/a'):>16}"
+            )
+        sq = timed[f"ours checkpoint_sequential({k})"]
+        print(
+            f"measured time inside recomputes: planner {timed['ours planner'] * 1e3:.1f} ms vs "
+            f"sqrt(n) {sq * 1e3:.1f} ms ({timed['ours planner'] / sq - 1:+.1%})"
+        )
+        sqrt_model = sum(q.forward_seconds for q in p.profiles[: (k - 1) * (n // k)])
+        print(
+            f"model: planner recomputes {p.extra_seconds * 1e3:.1f} ms, sqrt(n) segments "
+            f"{sqrt_model * 1e3:.1f} ms ({p.extra_seconds / sqrt_model - 1:+.1%})"
+        )
+    print(
+        "(torch's peak is n/a: its recomputed tensors are invisible to our meter; its schedule "
+        "is the same as ours at sqrt(n))"
+    )
+
+
+def budget_sweep(args: argparse.Namespace) -> None:
+    """From the minimum budget to keep-everything: planned and measured peak, step time."""
+    print()
+    model = gpt_like()
+    x = torch.randint(0, 512, (4, 128))
+    everything = _peak(model, lambda: model(x))
+    first = plan(model, x, everything)
+    minimum = first.minimum_budget
+    budgets = [int(minimum * 1.02)] + [
+        int(minimum + (everything - minimum) * f) for f in (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+    ]
+    print(
+        f"budget sweep, gpt-like: minimum {minimum / 2**20:.2f} MiB, keep-everything "
+        f"{everything / 2**20:.2f} MiB"
+    )
+    header = (
+        f"{'budget MiB':>10} {'expected MiB':>13} {'measured MiB':>13} {'within':>7} "
+        f"{'extra ms (model)':>17} {'step ms':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    rows = []
+    plans = [plan(model, x, b) for b in budgets]
+    configs = {
+        str(b): (lambda p=p: checkpoint_sequential(model, p, x))
+        for b, p in zip(budgets, plans, strict=True)
+    }
+    samples = _time_configs(model, configs, max(5, args.reps // 2))
+    for b, p in zip(budgets, plans, strict=True):
+        measured = _peak(model, configs[str(b)])
+        step = statistics.median(samples[str(b)])
+        rows.append((b, p.expected_peak, measured, step, p.extra_seconds))
+        print(
+            f"{b / 2**20:>10.2f} {p.expected_peak / 2**20:>13.2f} {measured / 2**20:>13.2f} "
+            f"{'yes' if measured <= b else 'NO':>7} {p.extra_seconds * 1e3:>17.1f} "
+            f"{step * 1e3:>8.1f}"
+        )
+    print(f"measured peak within budget: {sum(r[2] <= r[0] for r in rows)}/{len(rows)}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is in requirements-bench.txt
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot([r[0] / 2**20 for r in rows], [r[3] * 1e3 for r in rows], "o-", label="step time")
+    ax.set_xlabel("memory budget (MiB of saved activations)")
+    ax.set_ylabel("step time (ms)")
+    ax2 = ax.twinx()
+    ax2.plot(
+        [r[0] / 2**20 for r in rows],
+        [r[2] / 2**20 for r in rows],
+        "s--",
+        color="C1",
+        label="measured peak",
+    )
+    ax2.plot(
+        [r[0] / 2**20 for r in rows],
+        [r[0] / 2**20 for r in rows],
+        ":",
+        color="grey",
+        label="budget",
+    )
+    ax2.set_ylabel("peak saved activations (MiB)")
+    fig.legend(loc="upper right", bbox_to_anchor=(0.86, 0.86), fontsize="small")
+    ax.set_title("shardpoint.activation planner: gpt-like model, CPU")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=120)
+    print(f"plot: {args.png}")
+
+
+_OFFLOAD_SCRIPT = """
+import statistics, sys, time, torch
+from torch import nn
+sys.path.insert(0, sys.argv[3])
+from shardpoint.activation import checkpoint_sequential, plan
+def status(field):
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith(field)).split()[1])
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(16)])
+x = torch.randn(16384, 256)
+mode = sys.argv[1]
+def run():
+    if mode == "none":
+        return model(x)
+    if mode == "sqrt":
+        return checkpoint_sequential(model, 4, x)
+    return checkpoint_sequential(model, 16, x, offload="disk", offload_dir=sys.argv[2])
+run().sum().backward()  # warm-up
+times = []
+for _ in range(3):
+    model.zero_grad()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status("VmRSS:")
+    start = time.perf_counter()
+    run().sum().backward()
+    times.append(time.perf_counter() - start)
+    peak = status("VmHWM:") - base
+print(peak, statistics.median(times))
+"""
+
+
+def offload_rss(args: argparse.Namespace) -> None:
+    """offload='disk' (16 one-layer checkpoints, boundaries spilled) vs no checkpointing and
+    vs sqrt(n) recompute, each in a fresh process: peak resident memory above the process's
+    baseline during one step, and step time."""
+    import os
+    import subprocess
+    import tempfile
+
+    print()
+    print("offload='disk': 16 x (Linear 256 + Tanh), 16384 x 256 activations (16 MiB each), CPU")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    python_dir = str(Path(__file__).resolve().parents[1] / "python")
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for mode in ("none", "sqrt", "disk"):
+            out = subprocess.run(
+                [sys.executable, "-c", _OFFLOAD_SCRIPT, mode, scratch, python_dir],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+            )
+            kib, seconds = out.stdout.split()
+            results[mode] = (int(kib) / 1024, float(seconds))
+    labels = {
+        "none": "no checkpointing",
+        "sqrt": "sqrt(n)=4 segments, recompute",
+        "disk": "16 segments, offload='disk'",
+    }
+    print(f"{'configuration':<34} {'peak RSS MiB':>13} {'step ms':>8}")
+    for mode, (mib, sec) in results.items():
+        print(f"{labels[mode]:<34} {mib:>13.0f} {sec * 1e3:>8.0f}")
+    print(
+        "(MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave the resident set; peak RSS is "
+        "measured with /proc/self/clear_refs + VmHWM around one step)"
     )
 
 

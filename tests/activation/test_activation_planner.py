@@ -138,7 +138,7 @@ def test_solver_beats_every_single_level_schedule(seed):
             if peak <= budget:
                 best = min(best, cost)
     try:
-        p = solve(profiles, budget, slots=2000)
+        p = solve(profiles, budget, slots=2000, prefer_even_split=False)
     except BudgetTooSmallError:
         assert best == float("inf")
         return
@@ -189,9 +189,10 @@ def test_checkpoint_sequential_budget_and_module_wrapper():
         CheckpointedSequential(nn.Linear(2, 2), memory_budget=10)
 
 
-def test_planner_beats_sqrt_segments_on_heterogeneous_chain():
+def test_planner_never_worse_than_sqrt_segments_on_heterogeneous_chain():
     """At the measured peak of sqrt(n) segments, the planner's plan fits and, in the model
-    (same measured profile for both), recomputes less than sqrt(n) segments."""
+    (same measured profile for both), never recomputes more than sqrt(n) segments (it falls
+    back to the even split unless its own plan is modelled clearly cheaper)."""
     model = hetero_model()
     x = torch.randn(128, 64)
     torch.manual_seed(7)
@@ -199,7 +200,7 @@ def test_planner_beats_sqrt_segments_on_heterogeneous_chain():
         checkpoint_sequential(model, 4, x).sum().backward()
     p = plan(model, x, meter.peak)
     sqrt_extra = sum(q.forward_seconds for q in p.profiles[:9])  # 3 checkpointed chunks of 3
-    assert p.extra_seconds < sqrt_extra
+    assert p.extra_seconds <= sqrt_extra + 1e-12
     model.zero_grad()
     with ActivationMemoryMeter() as planned:
         checkpoint_sequential(model, p, x).sum().backward()

@@ -24,6 +24,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "install it with `pip install shardpoint[torch]`"
     ) from exc
 
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -233,7 +235,29 @@ def plan(
     if not fns:
         raise ValueError("plan needs at least one function")
     profiles = profile_chain(fns, sample_input, repeats=repeats)
-    return solve(profiles, memory_budget, offload=offload)
+    return solve(profiles, memory_budget, offload=offload, overhead_seconds=checkpoint_overhead())
+
+
+_OVERHEAD: list[float] = []
+
+
+def checkpoint_overhead() -> float:
+    """Fixed cost (seconds) of one non-reentrant checkpoint, forward and backward, measured
+    once per process on a one-element function (bookkeeping, RNG stash and replay)."""
+    if not _OVERHEAD:
+        x = torch.zeros(1, requires_grad=True)
+        samples = []
+        for _ in range(7):
+            start = time.perf_counter()
+            checkpoint(torch.sin, x).backward()
+            samples.append(time.perf_counter() - start)
+        plain = []
+        for _ in range(7):
+            start = time.perf_counter()
+            torch.sin(x).backward()
+            plain.append(time.perf_counter() - start)
+        _OVERHEAD.append(max(statistics.median(samples) - statistics.median(plain), 0.0))
+    return _OVERHEAD[0]
 
 
 # Plans reused by checkpoint_sequential(segments="budget"): keyed by the identity of the

@@ -124,7 +124,9 @@ def _stored_cost(z: _Sizes, i: int, held: int) -> tuple[int, int]:
 Table = dict[tuple[int, int, int], np.ndarray]
 
 
-def _solve_table(z: _Sizes, times: Sequence[float], slots: int) -> tuple[Table, Table]:
+def _solve_table(
+    z: _Sizes, times: Sequence[float], slots: int, overhead: float = 0.0
+) -> tuple[Table, Table]:
     """``cost[(i, j, held)][m]``: least recompute time for sub-chain ``[i, j)`` within ``m``
     units, ``held`` saying whether ``x_i`` is already counted by someone else."""
     n = len(z.mid)
@@ -145,7 +147,7 @@ def _solve_table(z: _Sizes, times: Sequence[float], slots: int) -> tuple[Table, 
                 keep = 0 if held else z.act[i]
                 for k in range(i + 1, j):  # checkpoint [i, k), then the rest
                     total = _shift(cost[(i, k, 1)] + cost[(k, j, 0)], keep) + (
-                        prefix[k] - prefix[i]
+                        prefix[k] - prefix[i] + overhead
                     )
                     better = total < best
                     if better.any():
@@ -316,12 +318,18 @@ def solve(
     *,
     offload: str | None = None,
     slots: int = 600,
+    overhead_seconds: float = 0.0,
+    prefer_even_split: bool = True,
 ) -> Plan:
     """The plan with the least modelled recompute whose modelled peak fits ``memory_budget``.
 
     With ``offload`` the inputs kept by top-level checkpoints live in host memory or on disk,
     so they do not count against the budget while they wait; each is back in memory while its
-    piece is re-run.
+    piece is re-run. ``overhead_seconds`` is the fixed cost of one checkpoint (bookkeeping,
+    random-state stash and replay), added per checkpoint so that many tiny pieces are not
+    preferred to fewer larger ones on paper only. With ``prefer_even_split`` the best even
+    split that fits is used unless the DP's plan is modelled at least
+    :data:`EVEN_SPLIT_MARGIN` cheaper.
 
     Raises:
         BudgetTooSmallError: no schedule fits; the message states the minimum budget.
@@ -347,7 +355,9 @@ def solve(
             f"keeping everything needs {everything} bytes ({format_bytes(everything)}).",
             minimum,
         )
-    nodes = _solve_nodes(profiles, times, budget, offload, slots)
+    nodes = _solve_nodes(profiles, times, budget, offload, slots, overhead_seconds)
+    if nodes is not None and prefer_even_split:
+        nodes = _prefer_even_split(nodes, profiles, budget, offload, overhead_seconds)
     if nodes is None:
         # Rounding sizes up can make a budget just above the minimum infeasible.
         raise BudgetTooSmallError(
@@ -359,16 +369,64 @@ def solve(
     return Plan(profiles, nodes, budget, minimum, offload)
 
 
+#: The DP's plan must be modelled at least this much cheaper than the best even split
+#: (PyTorch's checkpoint_sequential cut) that fits, or the even split is used: measured
+#: recompute times differ from the profile by about this much, so a smaller modelled gain is
+#: noise, and on uniform chains the even split is what the user would have written.
+EVEN_SPLIT_MARGIN = 0.05
+
+
+def _cost(nodes: Sequence[Node], profiles: Sequence[LayerProfile], overhead: float) -> float:
+    count = 0
+
+    def walk(ns: Sequence[Node]) -> None:
+        nonlocal count
+        for node in ns:
+            if isinstance(node, Checkpointed):
+                count += 1
+                walk(node.inner)
+
+    walk(nodes)
+    return _extra(nodes, profiles) + overhead * count
+
+
+def _prefer_even_split(
+    nodes: list[Node],
+    profiles: Sequence[LayerProfile],
+    budget: int,
+    offload: str | None,
+    overhead: float,
+) -> list[Node]:
+    n = len(profiles)
+    best: tuple[float, list[Node]] | None = None
+    for k in range(2, n + 1):
+        size = n // k
+        even: list[Node] = [
+            Checkpointed(i * size, (i + 1) * size, (Stored(i * size, (i + 1) * size),))
+            for i in range(k - 1)
+        ]
+        even.append(Stored((k - 1) * size, n))
+        if _peak(even, profiles, offload_top=offload is not None) > budget:
+            continue
+        cost = _cost(even, profiles, overhead)
+        if best is None or cost < best[0]:
+            best = (cost, even)
+    if best is not None and _cost(nodes, profiles, overhead) > best[0] * (1 - EVEN_SPLIT_MARGIN):
+        return best[1]
+    return nodes
+
+
 def _solve_nodes(
     profiles: Sequence[LayerProfile],
     times: Sequence[float],
     budget: int,
     offload: str | None,
     slots: int,
+    overhead: float = 0.0,
 ) -> list[Node] | None:
     n = len(profiles)
     z = _sizes(profiles, budget / slots)
-    cost, choice = _solve_table(z, times, slots)
+    cost, choice = _solve_table(z, times, slots, overhead)
     if not offload:
         if not np.isfinite(cost[(0, n, 0)][slots]):
             return None
@@ -386,7 +444,7 @@ def _solve_nodes(
             back = 0 if held else z.act[i]  # read back for the re-run
             for k in range(i + 1, n):
                 total = _shift(cost[(i, k, 1)], back)
-                total = total + top[(k, 0)] + (prefix[k] - prefix[i])
+                total = total + top[(k, 0)] + (prefix[k] - prefix[i] + overhead)
                 better = total < best
                 if better.any():
                     best = np.where(better, total, best)
