@@ -259,6 +259,8 @@ class AsyncSaver:
         self._cond = threading.Condition()
         self._queue.clear()
         self._busy = 0
+        self._sets = len(self._free)  # buffer sets held by the parent's jobs are not ours
+        self._failed = None
         self._thread = None
 
 

@@ -384,3 +384,44 @@ def test_incremental_async_uses_staging_crcs(tmp_path):
     assert all(np.array_equal(got[k], sp.load_file(p1)[k]) for k in got)
     with sp.open(p2) as r:
         assert r.format_info["incremental"]["linked_shards"] >= 3
+
+
+def test_incremental_save_over_its_own_base(tmp_path):
+    s = _frozen_state()
+    p = str(tmp_path / "c")
+    sp.save_file(s, p, incremental=True)
+    s["lora/b"] += 2.0
+    sp.save_file(s, p, base=p)  # the base's names are taken: links get the tokened names
+    got = sp.load_file(p)
+    assert all(np.array_equal(got[k], s[k]) for k in s)
+    with sp.open(p) as r:
+        r.verify()
+        assert r.format_info["incremental"]["linked_bytes"] >= s["base/w1"].nbytes
+        nshards = len(r.format_info["shards"])
+    assert len([n for n in os.listdir(tmp_path) if ".data-" in n]) == nshards  # old names gone
+
+
+def test_empty_incremental_save(tmp_path):
+    sp.save_file({}, tmp_path / "e", incremental=True)
+    assert sp.load_file(tmp_path / "e") == {}
+    sp.save_file({"s": "x"}, tmp_path / "f", base=tmp_path / "e")
+    assert sp.load_file(tmp_path / "f") == {"s": "x"}
+
+
+def test_saver_after_fork_starts_clean(tmp_path):
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    saver = AsyncSaver()
+    gate = threading.Event()
+    saver.submit(lambda _b: lambda: gate.wait(30))  # in flight while we fork
+    pid = os.fork()
+    if pid == 0:  # child: the parent's job is not ours; a new save must not wait for it
+        try:
+            ok = saver.submit(lambda _b: lambda: 7).result(20) == 7 and saver.in_flight == 0
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    gate.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    saver.wait(30)
