@@ -408,20 +408,25 @@ def test_empty_incremental_save(tmp_path):
     assert sp.load_file(tmp_path / "f") == {"s": "x"}
 
 
-def test_saver_after_fork_starts_clean(tmp_path):
+def test_saver_after_fork_starts_clean():
+    # In a fresh interpreter: forking this pytest process (other libraries' threads) could
+    # deadlock for reasons unrelated to the saver.
+    code = """
+import os, threading
+from shardpoint.async_save import AsyncSaver
+saver = AsyncSaver()
+gate = threading.Event()
+saver.submit(lambda _b: lambda: gate.wait(30))  # in flight while we fork
+pid = os.fork()
+if pid == 0:  # child: the parent's job is not ours; a new save must not wait for it
+    ok = saver.submit(lambda _b: lambda: 7).result(20) == 7 and saver.in_flight == 0
+    os._exit(0 if ok else 1)
+gate.set()
+_, status = os.waitpid(pid, 0)
+saver.wait(30)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork")
-    saver = AsyncSaver()
-    gate = threading.Event()
-    saver.submit(lambda _b: lambda: gate.wait(30))  # in flight while we fork
-    pid = os.fork()
-    if pid == 0:  # child: the parent's job is not ours; a new save must not wait for it
-        try:
-            ok = saver.submit(lambda _b: lambda: 7).result(20) == 7 and saver.in_flight == 0
-            os._exit(0 if ok else 1)
-        except BaseException:
-            os._exit(2)
-    gate.set()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    saver.wait(30)
+    r = subprocess.run([sys.executable, "-c", code], timeout=120, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
