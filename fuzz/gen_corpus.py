@@ -18,8 +18,14 @@ import numpy as np
 import shardpoint as sp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DTYPE_INDEX = {"uint8": 5, "float32": 11, "bfloat16": 10, "float64": 12}  # into ALL_DTYPES
-CODEC_INDEX = {"none": 0, "zstd": 1, "zstd-bytegroup": 2}
+DTYPE_INDEX = {
+    "uint8": 5,
+    "float16": 9,
+    "bfloat16": 10,
+    "float32": 11,
+    "float64": 12,
+}  # into ALL_DTYPES
+CODEC_INDEX = {"none": 0, "zstd": 1, "zstd-bytegroup": 2, "bytegroup-huffman": 3}
 
 
 def out(target: str, name: str, data: bytes) -> None:
@@ -57,12 +63,19 @@ def main() -> None:
 
         raw_bf16 = smooth[:2048].astype(ml_dtypes.bfloat16).tobytes()
         raw_u8 = bytes(i % 7 for i in range(4096))
+        raw_f16 = smooth[:2048].astype(np.float16).tobytes()
+        const = np.zeros(1024, np.float32).tobytes()  # constant planes (mode 0)
         cases = [
-            ("zstd-bytegroup", "float32", raw_f32, "zstd"),
-            ("zstd-bytegroup", "bfloat16", raw_bf16, "zstd"),
+            ("zstd-bytegroup", "float32", raw_f32, "zstd-bytegroup"),
+            ("zstd-bytegroup", "bfloat16", raw_bf16, "zstd-bytegroup"),
+            ("bytegroup-huffman", "float32", raw_f32, "zstd"),
+            ("bytegroup-huffman", "bfloat16", raw_bf16, "zstd"),
+            ("bytegroup-huffman", "float16", raw_f16, "zstd"),
+            ("bytegroup-huffman", "float64", raw_f32 + raw_f32, "zstd"),
             ("zstd", "float32", raw_f32, "zstd-plain"),
             ("zstd", "uint8", raw_u8, "zstd"),
         ]
+        cases.append(("bytegroup-huffman", "float32", const, "zstd"))
         for codec, dtype, raw, compression in cases:
             arr = np.frombuffer(raw, dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
             p = f"{t}/c"
@@ -75,7 +88,8 @@ def main() -> None:
                 f.seek(info.offset)
                 stored = f.read(info.stored_bytes)
             sel = struct.pack("<BBH", CODEC_INDEX[codec], DTYPE_INDEX[dtype], len(raw) - 1)
-            out("chunk", f"{codec}_{dtype}", sel + stored)
+            name = f"{codec}_{dtype}" + ("_const" if raw is const else "")
+            out("chunk", name, sel + stored)
         out("chunk", "none_uint8", struct.pack("<BBH", 0, 5, 15) + bytes(range(16)))
 
 

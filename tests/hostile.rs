@@ -323,7 +323,12 @@ fn decompression_bombs_are_refused() {
 #[test]
 fn decode_chunk_never_panics_on_an_empty_destination() {
     // Decoders take hostile bytes and return Err, never panic (format.rs, codec.rs docs).
-    for codec in [Codec::None, Codec::Zstd, Codec::ZstdByteGroup] {
+    for codec in [
+        Codec::None,
+        Codec::Zstd,
+        Codec::ZstdByteGroup,
+        Codec::HuffByteGroup,
+    ] {
         for dtype in [DType::U8, DType::F32, DType::C128] {
             let r = std::panic::catch_unwind(|| {
                 let mut out: [u8; 0] = [];
@@ -341,5 +346,58 @@ fn decode_chunk_never_panics_on_an_empty_destination() {
                 "decode_chunk({codec:?}, {dtype:?}) into 0 bytes panicked"
             );
         }
+    }
+}
+
+#[test]
+fn damaged_bytegroup_huffman_chunk_is_named() {
+    // Codec 3 reads decode first and check the raw crc end to end; on failure the stored chunk
+    // crcs name the damaged chunk and its offset.
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ck");
+    let data: Vec<u8> = (0..8192u32)
+        .flat_map(|i| ((i as f32 * 0.01).sin() * 0.02).to_le_bytes())
+        .collect();
+    let mut vals = std::collections::BTreeMap::new();
+    let v: Val = (
+        shardpoint_core::format::DType::F32,
+        Kind::Tensor,
+        vec![8192],
+        data,
+    );
+    vals.insert("w".to_string(), v);
+    save(
+        &p,
+        &items(&vals),
+        opts(shardpoint_core::Codec::HuffByteGroup, 1),
+    )
+    .unwrap();
+    let r = Reader::open(&p).unwrap();
+    let e = r.entry("w").unwrap();
+    assert_eq!(e.codec, shardpoint_core::Codec::HuffByteGroup);
+    assert!(e.nchunks() > 2);
+    let c = e.chunk(1);
+    let at = e.offset + c.rel_offset + c.stored_len as u64 - 3; // inside the coded exponents
+    let shard = r.shards()[e.shard as usize].path.clone();
+    drop(e);
+    drop(r);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&shard)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    let r = Reader::open(&p).unwrap();
+    let e = r.entry("w").unwrap();
+    let mut out = vec![0u8; e.raw_len as usize];
+    match r.read_into(&e, &mut out, true) {
+        Err(Error::Checksum { what, offset, .. }) => {
+            assert!(what.contains("chunk 1"), "{what}");
+            assert_eq!(offset, e.offset + e.chunk(1).rel_offset);
+        }
+        other => panic!("damaged chunk not named: {other:?}"),
     }
 }

@@ -167,7 +167,7 @@ DTYPES: dict[int, tuple[str, int]] = {
     20: ("float8_e8m0fnu", 1),
     21: ("float4_e2m1fn_x2", 1),
 }
-CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
+CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup", 3: "bytegroup-huffman"}
 KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json"}
 _ROTATED = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
 _SHARD_NAME_RE = re.compile(rb"\.data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?")
@@ -297,6 +297,8 @@ class EntryRecord:
     chunks_stored_raw: int = 0
     planes_compressed: int = 0  # zstd-bytegroup plane segments stored as zstd frames
     planes_raw: int = 0  # zstd-bytegroup plane segments stored as the plane itself
+    planes_huffman: int = 0  # bytegroup-huffman planes stored Huffman coded
+    planes_constant: int = 0  # bytegroup-huffman planes stored as one repeated byte
 
 
 @dataclass
@@ -569,7 +571,7 @@ def _parse_entry(
     s = shards[shard]
     if offset < DATA_START or offset % ALIGN or offset + stored_len > s.file_len:
         raise FormatError(path, at + 24, f"{where}: payload [{offset}, +{stored_len}) misplaced")
-    if stored_len >= PAGE_ALIGN_MIN and offset % PAGE:
+    if codec == "none" and stored_len >= PAGE_ALIGN_MIN and offset % PAGE:
         raise FormatError(path, at + 24, f"{where}: payload of {stored_len} bytes not page aligned")
     return EntryRecord(
         i,
@@ -639,6 +641,102 @@ def _decode_bytegroup(
     return byte_ungroup(e.dtype, b"".join(planes))
 
 
+HUFF_MAX_LEN = 11
+HUFF_STREAMS = 8
+
+
+def _huffman_plane(seg: bytes, n: int, path: str, at: int, where: str) -> bytes:
+    """§5.1: an order-0 canonical Huffman plane: table (lo, count - 1, 4-bit lengths), the
+    sizes of streams 0..6 (u32), then 8 LSB-first bit streams of ceil(n / 8) symbols each (the
+    last ones shorter), each ending in its last byte."""
+    if len(seg) < 2:
+        raise FormatError(path, at, f"{where}: huffman table header past the end")
+    lo, count = seg[0], seg[1] + 1
+    if lo + count > 256:
+        raise FormatError(path, at, f"{where}: huffman table past symbol 255")
+    hdr = 2 + (count + 1) // 2
+    if len(seg) < hdr + 4 * (HUFF_STREAMS - 1):
+        raise FormatError(path, at, f"{where}: huffman header past the end")
+    lens = {}
+    for i in range(count):
+        b = seg[2 + i // 2]
+        ln = b & 15 if i % 2 == 0 else b >> 4
+        if ln > HUFF_MAX_LEN:
+            raise FormatError(path, at, f"{where}: huffman code length {ln}")
+        if ln:
+            lens[lo + i] = ln
+    if sum(1 << (HUFF_MAX_LEN - ln) for ln in lens.values()) != 1 << HUFF_MAX_LEN:
+        raise FormatError(path, at, f"{where}: huffman lengths are not a complete prefix code")
+    # Canonical codes: by (length, symbol), consecutive values, shifted left at each new length.
+    codes: dict[tuple[int, int], int] = {}  # (length, code read MSB first) -> symbol
+    code, prev = 0, 0
+    for sym, ln in sorted(lens.items(), key=lambda kv: (kv[1], kv[0])):
+        code <<= ln - prev
+        codes[(ln, code)] = sym
+        code, prev = code + 1, ln
+    sizes = [_u32(seg, hdr + 4 * i) for i in range(HUFF_STREAMS - 1)]
+    pos = hdr + 4 * (HUFF_STREAMS - 1)
+    sizes.append(len(seg) - pos - sum(sizes))
+    if sizes[-1] < 0:
+        raise FormatError(path, at, f"{where}: huffman streams past the segment end")
+    q = -(-n // HUFF_STREAMS)
+    out = bytearray()
+    for s, size in enumerate(sizes):
+        stream, pos = seg[pos : pos + size], pos + size
+        bits = int.from_bytes(stream, "little")
+        nbits, used = 8 * size, 0
+        for _ in range(max(0, min(n, (s + 1) * q) - min(n, s * q))):
+            code, ln = 0, 0
+            while (ln, code) not in codes:
+                if ln == HUFF_MAX_LEN or used >= nbits:
+                    raise FormatError(path, at, f"{where}: huffman stream {s} ends early")
+                code = (code << 1) | ((bits >> used) & 1)  # LSB-first stream, MSB-first code
+                used, ln = used + 1, ln + 1
+            out.append(codes[(ln, code)])
+        if (used + 7) // 8 != size:
+            raise FormatError(path, at, f"{where}: huffman stream {s} holds unused bytes")
+    return bytes(out)
+
+
+def _decode_bytegroup_huffman(
+    e: EntryRecord, stored: bytes, raw_n: int, path: str, at: int, where: str
+) -> bytes:
+    """§5.1: k u32 segment lengths, the raw planes (seg_len = n) in plane order, then the
+    coded segments in plane order (mode 0: one repeated byte; mode 1: Huffman)."""
+    k = group_width(e.dtype)
+    if k < 2:
+        raise FormatError(path, at, f"{where}: byte grouping is defined for itemsize >= 2 only")
+    n = raw_n // k
+    if len(stored) < 4 * k:
+        raise FormatError(path, at, f"{where}: plane table past the end")
+    lens = [_u32(stored, 4 * p) for p in range(k)]
+    raw_pos = 4 * k
+    coded_pos = raw_pos + n * sum(1 for ln in lens if ln == n)
+    total = coded_pos + sum(ln for ln in lens if ln != n)
+    if any(ln == 0 or ln > n for ln in lens) or total != len(stored):
+        raise FormatError(path, at, f"{where}: plane lengths {lens} do not fill {len(stored)}")
+    planes = []
+    for p, ln in enumerate(lens):
+        if ln == n:
+            e.planes_raw += 1
+            planes.append(stored[raw_pos : raw_pos + n])
+            raw_pos += n
+            continue
+        seg = stored[coded_pos : coded_pos + ln]
+        if seg[0] == 0 and ln == 2:
+            e.planes_constant += 1
+            planes.append(bytes([seg[1]]) * n)
+        elif seg[0] == 1:
+            e.planes_huffman += 1
+            planes.append(
+                _huffman_plane(seg[1:], n, path, at + coded_pos + 1, f"{where} plane {p}")
+            )
+        else:
+            raise FormatError(path, at + coded_pos, f"{where}: plane {p}: mode {seg[0]}")
+        coded_pos += ln
+    return byte_ungroup(e.dtype, b"".join(planes))
+
+
 def _decode_payload(e: EntryRecord, shard_path: str, data: bytes, cb: int) -> bytes:
     payload = data[e.offset : e.offset + e.stored_len]
     if e.codec == "none":
@@ -656,6 +754,8 @@ def _decode_payload(e: EntryRecord, shard_path: str, data: bytes, cb: int) -> by
                 parts.append(stored)  # stored raw (whole, never filtered)
             elif e.codec == "zstd":
                 parts.append(_zstd_exact(stored, raw_n, shard_path, at, where))
+            elif e.codec == "bytegroup-huffman":
+                parts.append(_decode_bytegroup_huffman(e, stored, raw_n, shard_path, at, where))
             else:
                 parts.append(_decode_bytegroup(e, stored, raw_n, shard_path, at, where))
         raw = b"".join(parts)

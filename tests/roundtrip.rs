@@ -63,7 +63,12 @@ proptest! {
     fn saved_values_read_back(
         small in proptest::collection::btree_map("[a-z/é\u{4e2d}]{1,12}", value_strategy(), 0..40),
         big in proptest::collection::btree_map("big/[0-9]{1,3}", big_value(), 0..3),
-        codec in prop_oneof![Just(Codec::None), Just(Codec::Zstd), Just(Codec::ZstdByteGroup)],
+        codec in prop_oneof![
+            Just(Codec::None),
+            Just(Codec::Zstd),
+            Just(Codec::ZstdByteGroup),
+            Just(Codec::HuffByteGroup)
+        ],
         shards in 1u32..4,
     ) {
         let dir = tempfile::tempdir().unwrap();

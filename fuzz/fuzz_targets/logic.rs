@@ -4,7 +4,7 @@
 // panic", each checks invariants a decoder must keep for whatever it accepts.
 
 #[allow(unused_imports)]
-use shardpoint_core::codec::{decode_chunk, effective_codec, encode_chunk};
+use shardpoint_core::codec::{decode_chunk, decode_chunk_crc, effective_codec, encode_chunk_crc};
 #[allow(unused_imports)]
 use shardpoint_core::format::{
     crc, le_u32, le_u64, raw_len, Codec, DType, ShardHeader, ALL_DTYPES, BLOCK_ENTRIES, BLOCK_REC,
@@ -108,7 +108,12 @@ pub fn fuzz_chunk(data: &[u8]) {
     if data.len() < 4 {
         return;
     }
-    let codec = [Codec::None, Codec::Zstd, Codec::ZstdByteGroup][data[0] as usize % 3];
+    let codec = [
+        Codec::None,
+        Codec::Zstd,
+        Codec::ZstdByteGroup,
+        Codec::HuffByteGroup,
+    ][data[0] as usize % 4];
     let dtype = ALL_DTYPES[data[1] as usize % ALL_DTYPES.len()];
     // Raw lengths the reader can ask for: 1 ..= 64 KiB (chunks are never empty).
     let raw_n = 1 + (u16::from_le_bytes([data[2], data[3]]) as usize);
@@ -122,15 +127,33 @@ pub fn fuzz_chunk(data: &[u8]) {
             "a chunk as long as its raw length is stored raw"
         );
     }
+    // The crc-fused decoder agrees with the plain one and with crc32c of what it wrote.
+    let mut out2 = vec![0u8; raw_n];
+    let plain = decode_chunk(codec, dtype, stored, &mut out, path, 0);
+    match decode_chunk_crc(codec, dtype, stored, &mut out2, path, 0) {
+        Ok((c, sc)) => {
+            assert!(plain.is_ok(), "fused decoder accepts what the plain one refuses");
+            assert_eq!(out, out2, "fused and plain decoders disagree");
+            assert_eq!(c, crc(&out2), "fused crc is not the output's crc");
+            assert_eq!(sc, crc(stored), "fused stored crc is not the stored bytes' crc");
+        }
+        Err(_) => assert!(plain.is_err(), "fused decoder refuses what the plain one accepts"),
+    }
     // Round trip: whatever the encoder produces, the decoder restores exactly.
     let w = dtype.itemsize();
     let raw = &stored[..stored.len() / w * w];
     if raw.is_empty() {
         return;
     }
-    let c = effective_codec(codec, dtype);
-    let enc = encode_chunk(c, dtype, 1, raw).expect("encoding never fails on valid input");
-    let st = enc.unwrap_or_else(|| raw.to_vec());
+    // Codec 3 is valid on every multi-byte dtype (the writer only picks it for floats).
+    let c = match codec {
+        Codec::HuffByteGroup if dtype.group_width() >= 2 => codec,
+        _ => effective_codec(codec, dtype),
+    };
+    let enc = encode_chunk_crc(c, dtype, 1, raw).expect("encoding never fails on valid input");
+    let st = enc.stored.unwrap_or_else(|| raw.to_vec());
+    assert_eq!(enc.stored_crc, crc(&st), "stored crc");
+    assert_eq!(enc.raw_crc, crc(raw), "raw crc");
     let mut back = vec![0u8; raw.len()];
     decode_chunk(c, dtype, &st, &mut back, path, 0).expect("own encoding decodes");
     assert_eq!(&back[..], raw);

@@ -542,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--compression",
         default="zstd",
-        choices=["zstd", "zstd-plain", "none"],
+        choices=["zstd", "zstd-plain", "zstd-bytegroup", "bytegroup-huffman", "none"],
         help="for shardpoint destinations (default zstd)",
     )
     c.add_argument("--level", type=int, help="zstd level (-7..22)")

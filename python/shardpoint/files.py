@@ -78,9 +78,10 @@ def _prefix(prefix: PathLike) -> str:
 
 def _opts(compression: str | None, level: int | None) -> tuple[str, int]:
     codec = "none" if compression in (None, "none", False) else str(compression)
-    if codec not in ("none", "zstd", "zstd-plain", "zstd-bytegroup"):
+    if codec not in ("none", "zstd", "zstd-plain", "zstd-bytegroup", "bytegroup-huffman"):
         raise InvalidArgumentError(
-            f"compression must be 'none', 'zstd' or 'zstd-plain', got {compression!r}"
+            "compression must be 'none', 'zstd', 'zstd-plain', 'zstd-bytegroup' or "
+            f"'bytegroup-huffman', got {compression!r}"
         )
     lvl = _core.DEFAULT_LEVEL if level is None else int(level)
     if not -7 <= lvl <= 22:
@@ -129,8 +130,11 @@ def save_file(
     Args:
         tensors: str keys to numpy arrays or typed values (see the module docstring).
         prefix: path prefix; writes ``prefix.index`` and ``prefix.data-*``.
-        compression: ``"zstd"`` (default: byte-grouped zstd for multi-byte dtypes, plain zstd
-            for 1-byte ones), ``"zstd-plain"`` (no byte grouping) or ``"none"``.
+        compression: ``"zstd"`` (default: the best codec per dtype: byte-grouped planes with a
+            Huffman-coded exponent plane for floats (``"bytegroup-huffman"``, FORMAT.md §5.1;
+            at ``level`` > 1 byte-grouped zstd instead), byte-grouped zstd for other multi-byte
+            dtypes, plain zstd for 1-byte ones), ``"zstd-bytegroup"``, ``"bytegroup-huffman"``,
+            ``"zstd-plain"`` (no byte grouping) or ``"none"``.
         level: zstd level (default 1, which is also the fastest with the best ratio on weights).
         shards: number of shard files, written by that many threads in parallel (default: one
             per 256 MiB, at most the number of CPUs).

@@ -1,13 +1,21 @@
-//! Chunk codecs (FORMAT.md §5): zstd, and zstd after the dtype-aware byte-grouping filter.
+//! Chunk codecs (FORMAT.md §5): zstd, zstd after the dtype-aware byte-grouping filter, and
+//! byte grouping with order-0 Huffman coding of the exponent-carrying planes (codec 3, the
+//! default for floats; [`huff_chunk`]).
 //!
 //! Invariants: `ungroup(group(x)) == x` for every dtype and length that is a multiple of the
 //! group width; a compressed chunk is only accepted by the decoder if it decompresses to exactly
 //! the expected raw length (the destination buffer is never grown: no decompression bombs).
 
 use crate::error::{Error, Result};
-use crate::format::{Codec, DType, MAX_KEPT_RATIO};
+use crate::format::{crc, Codec, DType, MAX_KEPT_RATIO};
 use std::cell::RefCell;
 use std::path::Path;
+
+pub mod huff_chunk;
+pub mod huffman;
+pub mod planes;
+
+pub use huff_chunk::Encoded;
 
 /// Default zstd level. Level 1 beat 3 and 9 on byte-grouped floats in both ratio and speed.
 pub const DEFAULT_LEVEL: i32 = 1;
@@ -161,10 +169,22 @@ fn sample_entropy(plane: &[u8]) -> f64 {
 /// margin for the sample's bias).
 const INCOMPRESSIBLE_BITS: f64 = 7.5;
 
-/// Which codec an entry actually uses: byte grouping only helps multi-byte elements.
+/// Which codec an entry actually uses: byte grouping only helps multi-byte elements, and
+/// Huffman-coded planes only floats (integer planes compress by matching: zstd-bytegroup).
 pub fn effective_codec(requested: Codec, dtype: DType) -> Codec {
     match requested {
-        Codec::ZstdByteGroup if dtype.group_width() < 2 => Codec::Zstd,
+        Codec::ZstdByteGroup | Codec::HuffByteGroup if dtype.group_width() < 2 => Codec::Zstd,
+        Codec::HuffByteGroup if !dtype.rotates_sign() => Codec::ZstdByteGroup,
+        c => c,
+    }
+}
+
+/// The codec a writer uses for `dtype` when asked for `requested` at zstd `level`: like
+/// [`effective_codec`], and a zstd level above [`DEFAULT_LEVEL`] asks for zstd's strength, so
+/// floats then use zstd-bytegroup instead of the (level-less) Huffman codec.
+pub fn choose_codec(requested: Codec, dtype: DType, level: i32) -> Codec {
+    match effective_codec(requested, dtype) {
+        Codec::HuffByteGroup if level > DEFAULT_LEVEL => Codec::ZstdByteGroup,
         c => c,
     }
 }
@@ -301,8 +321,52 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
             }
             Ok(Some(out))
         }),
+        Codec::HuffByteGroup => Ok(huff_chunk::encode(dtype, raw, limit).stored),
         Codec::None => Ok(None),
     }
+}
+
+/// Encode one raw chunk and return its crcs as well (raw bytes and stored bytes). For codec 3
+/// the crcs are computed inside the grouping pass, while the data is in cache.
+pub fn encode_chunk_crc(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Result<Encoded> {
+    if codec == Codec::HuffByteGroup && !raw.is_empty() && dtype.group_width() >= 2 {
+        let limit = (raw.len() as u64 * MAX_KEPT_RATIO.0 / MAX_KEPT_RATIO.1) as usize;
+        return Ok(huff_chunk::encode(dtype, raw, limit));
+    }
+    let stored = encode_chunk(codec, dtype, level, raw)?;
+    let raw_crc = crc(raw);
+    let stored_crc = stored.as_deref().map_or(raw_crc, crc);
+    Ok(Encoded {
+        stored,
+        raw_crc,
+        stored_crc,
+    })
+}
+
+/// Decode one stored chunk into `out` like [`decode_chunk`] and return the crc32c of `out` and
+/// of `stored` (the caller compares them with the entry's and the chunk record's). For codec 3
+/// both are computed inside the ungrouping pass, block by block while the data is in cache; for
+/// the others the stored crc is a pass of its own.
+pub fn decode_chunk_crc(
+    codec: Codec,
+    dtype: DType,
+    stored: &[u8],
+    out: &mut [u8],
+    path: &Path,
+    offset: u64,
+) -> Result<(u32, u32)> {
+    if codec == Codec::HuffByteGroup && stored.len() != out.len() {
+        return huff_chunk::decode(dtype, stored, out).map_err(|m| Error::corrupt(path, offset, m));
+    }
+    let stored_crc = crc(stored);
+    decode_chunk(codec, dtype, stored, out, path, offset)?;
+    // A raw chunk's output is its stored bytes: one crc serves both.
+    let raw_crc = if stored.len() == out.len() {
+        stored_crc
+    } else {
+        crc(out)
+    };
+    Ok((raw_crc, stored_crc))
 }
 
 fn zstd_exact(stored: &[u8], dst: &mut [u8], path: &Path, offset: u64) -> Result<()> {
@@ -406,6 +470,9 @@ pub fn decode_chunk(
             ungroup_planes(dtype, &planes, out);
             Ok(())
         }),
+        Codec::HuffByteGroup => huff_chunk::decode(dtype, stored, out)
+            .map(|_| ())
+            .map_err(|m| Error::corrupt(path, offset, m)),
         Codec::None => unreachable!("handled above"),
     }
 }
@@ -430,17 +497,29 @@ mod tests {
         }
 
         #[test]
-        fn chunk_round_trips(seed in any::<u64>(), n in 0usize..4096, di in 0usize..ALL_DTYPES.len(), bg in any::<bool>()) {
+        fn chunk_round_trips(seed in any::<u64>(), n in 0usize..4096, di in 0usize..ALL_DTYPES.len(), ci in 0usize..3) {
             let d = ALL_DTYPES[di];
             let n = n / d.itemsize() * d.itemsize();
             // Low-entropy data so compression actually happens sometimes.
             let raw: Vec<u8> = (0..n).map(|i| ((i as u64).wrapping_mul(seed) >> 13) as u8 & 0x0f).collect();
-            let codec = effective_codec(if bg { Codec::ZstdByteGroup } else { Codec::Zstd }, d);
-            let enc = encode_chunk(codec, d, 1, &raw).unwrap();
-            let stored = enc.unwrap_or_else(|| raw.clone());
+            let requested = [Codec::Zstd, Codec::ZstdByteGroup, Codec::HuffByteGroup][ci];
+            // Every codec a chunk can carry for this dtype, including codec 3 on integers.
+            let codec = match requested {
+                Codec::HuffByteGroup if d.group_width() >= 2 => Codec::HuffByteGroup,
+                c => effective_codec(c, d),
+            };
+            let enc = encode_chunk_crc(codec, d, 1, &raw).unwrap();
+            prop_assert_eq!(enc.raw_crc, crc(&raw));
+            let stored = enc.stored.unwrap_or_else(|| raw.clone());
+            prop_assert_eq!(enc.stored_crc, crc(&stored));
             let mut out = vec![0u8; n];
-            decode_chunk(codec, d, &stored, &mut out, Path::new("t"), 0).unwrap();
-            prop_assert_eq!(raw, out);
+            let (c, sc) = decode_chunk_crc(codec, d, &stored, &mut out, Path::new("t"), 0).unwrap();
+            prop_assert_eq!(&raw, &out);
+            prop_assert_eq!(c, crc(&raw));
+            prop_assert_eq!(sc, crc(&stored));
+            let mut out2 = vec![0u8; n];
+            decode_chunk(codec, d, &stored, &mut out2, Path::new("t"), 0).unwrap();
+            prop_assert_eq!(raw, out2);
         }
     }
 

@@ -217,6 +217,8 @@ pub enum Codec {
     None = 0,
     Zstd = 1,
     ZstdByteGroup = 2,
+    /// Byte-grouped planes, each raw, constant or order-0 Huffman coded (§5.1).
+    HuffByteGroup = 3,
 }
 
 impl Codec {
@@ -226,6 +228,7 @@ impl Codec {
             0 => Some(Codec::None),
             1 => Some(Codec::Zstd),
             2 => Some(Codec::ZstdByteGroup),
+            3 => Some(Codec::HuffByteGroup),
             _ => None,
         }
     }
@@ -236,6 +239,7 @@ impl Codec {
             Codec::None => "none",
             Codec::Zstd => "zstd",
             Codec::ZstdByteGroup => "zstd-bytegroup",
+            Codec::HuffByteGroup => "bytegroup-huffman",
         }
     }
 }

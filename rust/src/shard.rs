@@ -3,7 +3,7 @@
 //! A shard is written under a temp name and only published (linked to its final name) by
 //! `seal` + `publish`; dropping an unpublished writer removes the temp file.
 
-use crate::codec::{effective_codec, encode_chunk};
+use crate::codec::{choose_codec, encode_chunk_crc};
 use crate::commit::{publish_shard, with_suffix};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -198,7 +198,7 @@ impl ShardWriter {
         let codec = if (data.len() as u64) < MIN_COMPRESS_BYTES {
             Codec::None
         } else {
-            effective_codec(opts.codec, item.dtype)
+            choose_codec(opts.codec, item.dtype, opts.level)
         };
         if codec == Codec::None {
             let c = par_crc(data);
@@ -212,8 +212,6 @@ impl ShardWriter {
         // k is written while batch k+1 is being compressed (double buffering), so the cores
         // never wait for the write.
         let cb = opts.chunk_bytes as usize;
-        self.pad_for(data.len() as u64)?;
-        let offset = self.pos;
         let mut chunks = Vec::with_capacity(data.len().div_ceil(cb));
         let mut raw_crc: Option<u32> = None;
         let mut all_raw = true;
@@ -222,15 +220,26 @@ impl ShardWriter {
             batch
                 .par_chunks(cb)
                 .map(|raw| {
-                    let stored = encode_chunk(codec, dtype, opts.level, raw)?;
-                    let raw_c = crc(raw);
-                    let stored_c = stored.as_deref().map_or(raw_c, crc);
-                    Ok((stored, raw_c, raw.len(), stored_c))
+                    let e = encode_chunk_crc(codec, dtype, opts.level, raw)?;
+                    Ok((e.stored, e.raw_crc, raw.len(), e.stored_crc))
                 })
                 .collect()
         };
         let batches: Vec<&[u8]> = data.chunks(cb * CHUNKS_PER_BATCH).collect();
         let mut pending = batches.first().map(|b| compress(b));
+        // Page alignment only serves zero-copy views of uncompressed payloads (FORMAT.md §2):
+        // a payload whose first batch compressed anything is 64-byte aligned (saves ~2 KiB of
+        // padding per tensor); one whose first batch is all raw may end up uncompressed (all
+        // raw), so it is page aligned.
+        let first_compressed = pending
+            .as_ref()
+            .is_some_and(|v| v.iter().any(|r| matches!(r, Ok((Some(_), ..)))));
+        self.pad_for(if first_compressed {
+            0
+        } else {
+            data.len() as u64
+        })?;
+        let offset = self.pos;
         for (i, batch) in batches.iter().enumerate() {
             let encoded = pending.take().expect("compressed ahead");
             let next = batches.get(i + 1);

@@ -42,7 +42,7 @@ pub struct WriterOptions {
 impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
-            codec: Codec::ZstdByteGroup,
+            codec: Codec::HuffByteGroup,
             level: crate::codec::DEFAULT_LEVEL,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             shards: 1,

@@ -210,7 +210,19 @@ def test_reference_reader_is_strict(tmp_path) -> None:
 SHAPES = [(1,), (7,), (0,), (3, 0), (5000,), (33, 65), (2, 3, 4, 5), (4097,)]
 
 
-@pytest.mark.parametrize("compression", ["none", "zstd", "zstd-plain"])
+ROTATED = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
+
+
+def expected_codec(compression: str, dtype: str) -> str:
+    """§5: the codec a compressed entry of `dtype` carries under each compression name."""
+    if compression == "zstd-plain" or dtype not in MULTI_BYTE:
+        return "zstd"
+    if compression == "zstd" and dtype in ROTATED:
+        return "bytegroup-huffman"
+    return "zstd-bytegroup"
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "zstd-plain", "zstd-bytegroup"])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_all_dtypes_shapes_codecs(tmp_path, compression: str, shards: int) -> None:
     rng = np.random.default_rng([len(compression), shards])
@@ -240,23 +252,24 @@ def test_all_dtypes_shapes_codecs(tmp_path, compression: str, shards: int) -> No
         assert codecs == {"none"}
         return
     # The compressed paths were actually exercised.
-    want = "zstd-bytegroup" if compression == "zstd" else "zstd"
-    assert want in codecs
+    assert {expected_codec(compression, d) for d in ALL_DTYPES} <= codecs
     for k, e in ck.entries.items():
         d = k.split("/")[0]
         if e.codec != "none":
-            assert e.codec == (
-                "zstd-bytegroup" if compression == "zstd" and d in MULTI_BYTE else "zstd"
-            ), k
+            assert e.codec == expected_codec(compression, d), k
     assert any(0 < e.chunks_stored_raw < len(e.chunks) for e in ck.entries.values())
     cb = ck.chunk_bytes
     for e in ck.entries.values():
         for c, (_, sl, _) in enumerate(e.chunks):
             raw_n = min(cb, e.raw_len - c * cb)
             assert sl == raw_n or sl * 100 < raw_n * 95, (e.key, c)  # §5: saves >= 5% or raw
-    if compression == "zstd":
+    if compression in ("zstd", "zstd-bytegroup"):
         # plane segments of both kinds (zstd frame, raw plane) were decoded
         assert any(e.planes_compressed and e.planes_raw for e in ck.entries.values())
+    if compression == "zstd":
+        # bytegroup-huffman: Huffman-coded, constant and raw planes were all decoded
+        assert any(e.planes_huffman and e.planes_raw for e in ck.entries.values())
+        assert any(e.planes_constant for e in ck.entries.values())
     assert sum(len(e.chunks) > 1 for e in ck.entries.values()) > 10
 
 
@@ -390,9 +403,10 @@ def test_large_multichunk_default_chunk_size(tmp_path) -> None:
     ck = check_checkpoint(p, saved)
     e = ck.entries["w"]
     assert (
-        e.codec == "zstd-bytegroup" and len(e.chunks) == math.ceil(e.raw_len / ck.chunk_bytes) > 1
+        e.codec == "bytegroup-huffman"
+        and len(e.chunks) == math.ceil(e.raw_len / ck.chunk_bytes) > 1
     )
-    assert e.offset % 4096 == 0
+    assert e.offset % 64 == 0  # §2: compressed payloads need no page alignment
 
 
 def test_reference_reader_refuses_newer_version(tmp_path) -> None:

@@ -49,10 +49,13 @@ pub(crate) fn nogil<T: Send>(
 pub(crate) fn parse_codec(name: &str) -> PyResult<Codec> {
     match name {
         "none" => Ok(Codec::None),
-        "zstd" | "zstd-bytegroup" => Ok(Codec::ZstdByteGroup),
+        // The default: per dtype, the best codec (floats: bytegroup-huffman at levels <= 1;
+        // other multi-byte dtypes: zstd-bytegroup; 1-byte dtypes: zstd).
+        "zstd" | "bytegroup-huffman" => Ok(Codec::HuffByteGroup),
+        "zstd-bytegroup" => Ok(Codec::ZstdByteGroup),
         "zstd-plain" => Ok(Codec::Zstd),
         _ => Err(PyValueError::new_err(format!(
-            "unknown compression {name:?}; expected 'none', 'zstd' (byte-grouped for multi-byte dtypes) or 'zstd-plain'"
+            "unknown compression {name:?}; expected 'none', 'zstd' (the best codec per dtype), 'bytegroup-huffman', 'zstd-bytegroup' or 'zstd-plain'"
         ))),
     }
 }

@@ -28,7 +28,10 @@ impl CheckpointReader {
     }
 
     /// A zero-copy buffer for an uncompressed entry (unless `copy`), or owned bytes read with
-    /// pread and decoded. Reads never touch a mapping, so a file truncated since open raises.
+    /// pread and decoded. With `verify`, a zero-copy entry's crc is computed on the very
+    /// mapping handed out (right after its length was checked against the file): the check is
+    /// also the first touch of the pages the caller reads next, so it costs little more than
+    /// the touch itself (the hazard of a file truncated later is that of any mapped view).
     fn buffer_for(
         &self,
         py: Python<'_>,
@@ -37,12 +40,14 @@ impl CheckpointReader {
         copy: bool,
     ) -> PyResult<Buffer> {
         if e.codec == Codec::None && !copy {
-            if verify {
-                nogil(py, || self.inner.verify_entry(e))?;
-            }
             let map = self.inner.shards()[e.shard as usize]
                 .cow()
                 .map_err(|err| to_py(py, err))?;
+            if verify {
+                // crc over the very mapping handed out: the check is the first touch.
+                let view = &map[e.offset as usize..(e.offset + e.stored_len) as usize];
+                nogil(py, || self.inner.verify_view(e, view))?;
+            }
             Ok(Buffer {
                 store: Store::Mapped {
                     map,
@@ -170,30 +175,39 @@ impl CheckpointReader {
                 }
             })
             .collect::<PyResult<_>>()?;
+        // The mappings handed out for uncompressed entries; `verify` checks their crcs on
+        // those very mappings, in parallel (the check is the pages' first touch).
+        let maps = entries
+            .iter()
+            .map(|e| {
+                (e.codec == Codec::None)
+                    .then(|| reader.shards()[e.shard as usize].cow())
+                    .transpose()
+                    .map_err(|err| to_py(py, err))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         nogil(py, || {
             entries
                 .par_iter()
                 .zip(decoded.par_iter_mut())
-                .try_for_each(|(e, buf)| match buf {
-                    Some(v) => reader.read_into(e, v, verify || e.codec != Codec::None),
-                    None if verify => reader.verify_entry(e),
-                    None => Ok(()),
+                .zip(maps.par_iter())
+                .try_for_each(|((e, buf), map)| match (buf, map) {
+                    (Some(v), _) => reader.read_into(e, v, verify || e.codec != Codec::None),
+                    (None, Some(m)) if verify => reader
+                        .verify_view(e, &m[e.offset as usize..(e.offset + e.stored_len) as usize]),
+                    _ => Ok(()),
                 })
         })?;
         let out = PyList::empty(py);
-        for (e, d) in entries.iter().zip(decoded) {
-            let store = match d {
-                Some(v) => Store::Owned(v),
-                None => {
-                    let map = reader.shards()[e.shard as usize]
-                        .cow()
-                        .map_err(|err| to_py(py, err))?;
-                    Store::Mapped {
-                        map,
-                        off: e.offset as usize,
-                        len: e.stored_len as usize,
-                    }
-                }
+        for ((e, d), map) in entries.iter().zip(decoded).zip(maps) {
+            let store = match (d, map) {
+                (Some(v), _) => Store::Owned(v),
+                (None, Some(map)) => Store::Mapped {
+                    map,
+                    off: e.offset as usize,
+                    len: e.stored_len as usize,
+                },
+                (None, None) => unreachable!("uncompressed entries have a mapping"),
             };
             let t = (
                 e.dtype.name(),

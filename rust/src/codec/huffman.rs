@@ -1,0 +1,543 @@
+//! Order-0 canonical Huffman coding of byte planes (FORMAT.md §5.1), written for speed on the
+//! exponent plane of float weights: code lengths limited to [`MAX_LEN`] bits so one 2048-entry
+//! table lookup decodes a symbol, and [`STREAMS`] independent bit streams per plane so the
+//! decoder's table lookups overlap (a single stream is bound by load latency, not throughput).
+//!
+//! Bit order: LSB first. Each stream is a little-endian bit string; symbol `i` of a stream
+//! occupies the next `len` bits, least significant bit first, holding the bit-reversed canonical
+//! code. So the decoder peeks the next [`MAX_LEN`] bits with one unaligned 64-bit load and a
+//! mask, and the table index is those bits.
+//!
+//! Decoding is total on hostile input: every length and table is checked, reads never leave the
+//! segment, the output is exactly the plane length, and a stream that would read past its end is
+//! an error.
+
+/// Longest code in bits (the decode table has `1 << MAX_LEN` entries).
+pub const MAX_LEN: u32 = 11;
+/// Independent bit streams per coded plane.
+pub const STREAMS: usize = 8;
+/// Bytes of the stream-size table: the sizes of streams `0 .. STREAMS - 1` (the last takes the
+/// rest of the segment).
+const SIZES_LEN: usize = 4 * (STREAMS - 1);
+const TABLE: usize = 1 << MAX_LEN;
+/// Table lookups per refill in the fast loop: one 64-bit load leaves at least 57 bits, enough
+/// for 5 lookups of at most 11 bits.
+const PER_REFILL: usize = 5;
+
+/// Byte histogram of `data` (four interleaved tables so equal neighbours do not serialise on
+/// one counter).
+pub fn histogram(data: &[u8]) -> [u32; 256] {
+    let mut h = [[0u32; 256]; 4];
+    let mut it = data.chunks_exact(4);
+    for c in &mut it {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &b in it.remainder() {
+        h[0][b as usize] += 1;
+    }
+    let mut out = [0u32; 256];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = h[0][i] + h[1][i] + h[2][i] + h[3][i];
+    }
+    out
+}
+
+/// Huffman code lengths (0 = symbol absent, else 1 ..= [`MAX_LEN`]) for `hist`, forming a
+/// complete prefix code. Needs at least two distinct symbols (`None` otherwise).
+pub fn code_lengths(hist: &[u32; 256]) -> Option<[u8; 256]> {
+    let mut syms: Vec<(u64, usize)> = hist
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c > 0)
+        .map(|(s, &c)| (c as u64, s))
+        .collect();
+    if syms.len() < 2 {
+        return None;
+    }
+    syms.sort_unstable();
+    // Two-queue Huffman: leaves in ascending weight, internal nodes are created in ascending
+    // weight too, so the two smallest are always at the fronts of the two queues.
+    let m = syms.len();
+    let mut weight: Vec<u64> = syms.iter().map(|&(c, _)| c).collect();
+    let mut parent = vec![0usize; 2 * m - 1];
+    let (mut leaf, mut node) = (0usize, m);
+    weight.reserve(m - 1);
+    for next in m..2 * m - 1 {
+        let mut pick = || {
+            if leaf < m && (node >= next || weight[leaf] <= weight[node]) {
+                leaf += 1;
+                leaf - 1
+            } else {
+                node += 1;
+                node - 1
+            }
+        };
+        let a = pick();
+        let b = pick();
+        weight.push(weight[a] + weight[b]);
+        parent[a] = next;
+        parent[b] = next;
+    }
+    // Depths: the root is the last node; parents always come after their children.
+    let mut depth = vec![0u32; 2 * m - 1];
+    for i in (0..2 * m - 2).rev() {
+        depth[i] = depth[parent[i]] + 1;
+    }
+    let mut lens = [0u8; 256];
+    for (i, &(_, s)) in syms.iter().enumerate() {
+        lens[s] = depth[i].min(MAX_LEN) as u8;
+    }
+    limit_lengths(&mut lens, hist);
+    Some(lens)
+}
+
+/// Make clamped lengths a complete prefix code again: lengthen the rarest codes until the Kraft
+/// sum fits, then shorten the most frequent of the longest codes while there is slack (the slack
+/// is always a multiple of the longest code's share, so this ends exactly at a complete code).
+fn limit_lengths(lens: &mut [u8; 256], hist: &[u32; 256]) {
+    let full = 1u64 << MAX_LEN;
+    let share = |l: u8| 1u64 << (MAX_LEN - l as u32);
+    let mut kraft: u64 = lens.iter().filter(|&&l| l > 0).map(|&l| share(l)).sum();
+    while kraft > full {
+        // The rarest symbol among those that can still grow.
+        let s = (0..256)
+            .filter(|&s| lens[s] > 0 && (lens[s] as u32) < MAX_LEN)
+            .min_by_key(|&s| (hist[s], std::cmp::Reverse(lens[s])))
+            .expect("an over-full code has a code shorter than MAX_LEN");
+        kraft -= share(lens[s]) - share(lens[s] + 1);
+        lens[s] += 1;
+    }
+    while kraft < full {
+        let longest = *lens.iter().max().expect("non-empty");
+        let s = (0..256)
+            .filter(|&s| lens[s] == longest)
+            .max_by_key(|&s| hist[s])
+            .expect("some symbol has the longest length");
+        if longest <= 1 {
+            break; // cannot happen for >= 2 symbols; keeps the loop total
+        }
+        kraft += share(lens[s] - 1) - share(lens[s]);
+        lens[s] -= 1;
+    }
+}
+
+/// Total coded bits of a plane with histogram `hist` under `lens`.
+pub fn coded_bits(hist: &[u32; 256], lens: &[u8; 256]) -> u64 {
+    hist.iter()
+        .zip(lens)
+        .map(|(&c, &l)| c as u64 * l as u64)
+        .sum()
+}
+
+/// Bytes of the table header for `lens`.
+pub fn table_len(lens: &[u8; 256]) -> usize {
+    let (lo, hi) = used_range(lens);
+    2 + (hi - lo + 1).div_ceil(2)
+}
+
+fn used_range(lens: &[u8; 256]) -> (usize, usize) {
+    let lo = lens.iter().position(|&l| l > 0).unwrap_or(0);
+    let hi = lens.iter().rposition(|&l| l > 0).unwrap_or(0);
+    (lo, hi)
+}
+
+/// Exact size of the coded segment of an `n`-byte plane: table, stream sizes, streams (each
+/// stream rounded up to whole bytes, at most one byte lost per stream).
+pub fn segment_len_bound(hist: &[u32; 256], lens: &[u8; 256]) -> usize {
+    table_len(lens) + SIZES_LEN + (coded_bits(hist, lens) / 8) as usize + STREAMS
+}
+
+/// Canonical codes (MSB-first values) of `lens`, returned bit-reversed for LSB-first streams.
+fn canonical_reversed(lens: &[u8; 256]) -> [u16; 256] {
+    let mut count = [0u32; MAX_LEN as usize + 1];
+    for &l in lens.iter() {
+        count[l as usize] += 1;
+    }
+    count[0] = 0;
+    let mut next = [0u32; MAX_LEN as usize + 2];
+    let mut code = 0u32;
+    for l in 1..=MAX_LEN as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    let mut out = [0u16; 256];
+    for s in 0..256 {
+        let l = lens[s] as u32;
+        if l > 0 {
+            let c = next[l as usize];
+            next[l as usize] += 1;
+            out[s] = (c.reverse_bits() >> (32 - l)) as u16;
+        }
+    }
+    out
+}
+
+/// Append the coded segment of `plane` (FORMAT.md §5.1: table, stream sizes, streams) to `out`.
+/// `lens` must come from [`code_lengths`] of this plane's histogram (every byte has a code).
+pub fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
+    let (lo, hi) = used_range(lens);
+    out.push(lo as u8);
+    out.push((hi - lo) as u8);
+    for pair in lens[lo..=hi].chunks(2) {
+        out.push(pair[0] | pair.get(1).map_or(0, |&h| h << 4));
+    }
+    let codes = canonical_reversed(lens);
+    // One (code | len << 16) word per symbol: a single load per encoded byte.
+    let mut table = [0u32; 256];
+    for s in 0..256 {
+        table[s] = codes[s] as u32 | (lens[s] as u32) << 16;
+    }
+    let sizes_at = out.len();
+    out.resize(sizes_at + SIZES_LEN, 0);
+    let q = plane.len().div_ceil(STREAMS);
+    for (i, part) in split(plane.len(), q).enumerate() {
+        let start = out.len();
+        encode_stream(&plane[part], &table, out);
+        if i < STREAMS - 1 {
+            let n = (out.len() - start) as u32;
+            out[sizes_at + 4 * i..sizes_at + 4 * i + 4].copy_from_slice(&n.to_le_bytes());
+        }
+    }
+}
+
+/// The symbol ranges of the streams: `STREAMS` consecutive pieces of `q` symbols (the last ones
+/// shorter or empty).
+fn split(n: usize, q: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..STREAMS).map(move |i| (i * q).min(n)..((i + 1) * q).min(n))
+}
+
+fn encode_stream(src: &[u8], table: &[u32; 256], out: &mut Vec<u8>) {
+    let start = out.len();
+    // Worst case MAX_LEN bits per symbol, plus 8 bytes of slack for the 64-bit stores.
+    out.resize(start + (src.len() * MAX_LEN as usize).div_ceil(8) + 8, 0);
+    let buf = &mut out[start..];
+    let mut pos = 0usize;
+    let mut acc = 0u64;
+    let mut nb = 0u32;
+    let mut put = |acc: &mut u64, nb: &mut u32, buf: &mut [u8]| {
+        buf[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
+        let bytes = (*nb >> 3) as usize;
+        pos += bytes;
+        *acc = if bytes == 8 { 0 } else { *acc >> (bytes * 8) };
+        *nb &= 7;
+    };
+    // 4 codes of <= 11 bits plus < 8 pending bits fit the 64-bit accumulator.
+    let mut it = src.chunks_exact(4);
+    for c in &mut it {
+        for &b in c {
+            let e = table[b as usize];
+            acc |= ((e & 0xffff) as u64) << nb;
+            nb += e >> 16;
+        }
+        put(&mut acc, &mut nb, buf);
+    }
+    for &b in it.remainder() {
+        let e = table[b as usize];
+        acc |= ((e & 0xffff) as u64) << nb;
+        nb += e >> 16;
+    }
+    put(&mut acc, &mut nb, buf);
+    let end = pos + (nb > 0) as usize;
+    out.truncate(start + end);
+}
+
+/// A decoding table: entry = symbol | length << 8, indexed by the next [`MAX_LEN`] bits.
+struct DecodeTable([u16; TABLE]);
+
+impl DecodeTable {
+    /// Parse the table header at the start of `seg`; returns the table and the header length.
+    fn read(seg: &[u8]) -> Result<(DecodeTable, usize), String> {
+        let (&lo, &span) = match seg {
+            [a, b, ..] => (a, b),
+            _ => return Err("huffman segment shorter than its table header".into()),
+        };
+        let (lo, count) = (lo as usize, span as usize + 1);
+        if lo + count > 256 {
+            return Err(format!(
+                "huffman table covers symbols {lo}..{} (past 255)",
+                lo + count
+            ));
+        }
+        let hdr = 2 + count.div_ceil(2);
+        let nibbles = seg
+            .get(2..hdr)
+            .ok_or("huffman table past the segment end")?;
+        let mut lens = [0u8; 256];
+        for i in 0..count {
+            let b = nibbles[i / 2];
+            let l = if i % 2 == 0 { b & 15 } else { b >> 4 };
+            if l as u32 > MAX_LEN {
+                return Err(format!(
+                    "huffman code length {l} > {MAX_LEN} for symbol {}",
+                    lo + i
+                ));
+            }
+            lens[lo + i] = l;
+        }
+        let kraft: u64 = lens
+            .iter()
+            .filter(|&&l| l > 0)
+            .map(|&l| 1u64 << (MAX_LEN - l as u32))
+            .sum();
+        if kraft != TABLE as u64 {
+            return Err("huffman code lengths do not form a complete prefix code".into());
+        }
+        let codes = canonical_reversed(&lens);
+        let mut t = [0u16; TABLE];
+        for s in 0..256 {
+            let l = lens[s] as usize;
+            if l == 0 {
+                continue;
+            }
+            let e = s as u16 | (l as u16) << 8;
+            let mut i = codes[s] as usize;
+            while i < TABLE {
+                t[i] = e;
+                i += 1 << l;
+            }
+        }
+        Ok((DecodeTable(t), hdr))
+    }
+}
+
+/// Load 8 bytes at `at` (zero past the end of `s`), as a little-endian word.
+#[inline(always)]
+fn load_padded(s: &[u8], at: usize) -> u64 {
+    match s.get(at..at + 8) {
+        Some(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        None => {
+            let mut b = [0u8; 8];
+            if at < s.len() {
+                b[..s.len() - at].copy_from_slice(&s[at..]);
+            }
+            u64::from_le_bytes(b)
+        }
+    }
+}
+
+/// Decode a coded segment (exactly `seg`, as written by [`encode`]) into `dst`, whose length is
+/// the plane length.
+pub fn decode(seg: &[u8], dst: &mut [u8]) -> Result<(), String> {
+    let (table, hdr) = DecodeTable::read(seg)?;
+    let sizes = seg
+        .get(hdr..hdr + SIZES_LEN)
+        .ok_or("huffman stream sizes past the segment end")?;
+    let mut streams: [&[u8]; STREAMS] = [&[]; STREAMS];
+    let mut at = hdr + SIZES_LEN;
+    for (i, s) in streams.iter_mut().enumerate() {
+        let len = if i < STREAMS - 1 {
+            u32::from_le_bytes(sizes[4 * i..4 * i + 4].try_into().expect("4")) as usize
+        } else {
+            seg.len().saturating_sub(at)
+        };
+        *s = at
+            .checked_add(len)
+            .and_then(|end| seg.get(at..end))
+            .ok_or_else(|| format!("huffman stream {i} of {len} bytes past the segment end"))?;
+        at += len;
+    }
+    let n = dst.len();
+    let q = n.div_ceil(STREAMS);
+    let t = &table.0;
+    let multi = MultiTable::build(t);
+    let m = &multi.0;
+    // Bit positions of the streams, and the output positions of their symbols.
+    let mut pos = [0usize; STREAMS];
+    let mut at = [0usize; STREAMS];
+    let mut end = [0usize; STREAMS];
+    for s in 0..STREAMS {
+        at[s] = (s * q).min(n);
+        end[s] = ((s + 1) * q).min(n);
+    }
+    // Fast loop: up to MULTI symbols per lookup, PER_REFILL lookups per 64-bit load. It runs
+    // while every stream has 8 readable bytes at its bit position and room for a whole round
+    // of output (PER_REFILL * MULTI symbols, plus the 4-byte store's overshoot) before its
+    // piece ends, so no stream writes into its neighbour's piece.
+    const ROOM: usize = PER_REFILL * MULTI + 1;
+    let out = dst.as_mut_ptr();
+    'fast: loop {
+        for s in 0..STREAMS {
+            if (pos[s] >> 3) + 8 > streams[s].len() || at[s] + ROOM > end[s] {
+                break 'fast;
+            }
+        }
+        for s in 0..STREAMS {
+            let st = streams[s];
+            let p = pos[s];
+            let mut v =
+                u64::from_le_bytes(st[p >> 3..(p >> 3) + 8].try_into().expect("8")) >> (p & 7);
+            let mut used = 0u32;
+            let mut o = at[s];
+            for _ in 0..PER_REFILL {
+                let e = m[(v as usize) & (TABLE - 1)];
+                // SAFETY: o + 4 <= at[s] + ROOM <= end[s] <= dst.len() (checked above; each
+                // lookup advances o by at most MULTI).
+                unsafe {
+                    std::ptr::write_unaligned(out.add(o) as *mut u32, (e & 0xff_ffff).to_le())
+                };
+                let l = e >> 28;
+                o += ((e >> 24) & 3) as usize;
+                v >>= l;
+                used += l;
+            }
+            pos[s] = p + used as usize;
+            at[s] = o;
+        }
+    }
+    // Tail: each stream finishes alone, one symbol per lookup, with padded loads; then every
+    // stream must have ended inside its bytes.
+    for s in 0..STREAMS {
+        let st = streams[s];
+        let mut p = pos[s];
+        for slot in dst[at[s]..end[s]].iter_mut() {
+            let v = load_padded(st, p >> 3) >> (p & 7);
+            let e = t[(v as usize) & (TABLE - 1)];
+            *slot = e as u8;
+            p += (e >> 8) as usize;
+        }
+        if p.div_ceil(8) != st.len() {
+            return Err(format!(
+                "huffman stream {s} decodes from {} bits but holds {} bytes",
+                p,
+                st.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Most symbols one multi-symbol table entry holds.
+const MULTI: usize = 3;
+
+/// A table decoding up to [`MULTI`] whole codes from the next [`MAX_LEN`] bits: entry =
+/// symbols (bytes 0..3) | count << 24 | total bits << 28. Short codes (float exponents average
+/// 2-3 bits) thus cost a third of the lookups.
+struct MultiTable([u32; TABLE]);
+
+impl MultiTable {
+    fn build(t: &[u16; TABLE]) -> MultiTable {
+        let mut m = [0u32; TABLE];
+        for (i, slot) in m.iter_mut().enumerate() {
+            let (mut syms, mut count, mut bits) = (0u32, 0u32, 0u32);
+            while (count as usize) < MULTI {
+                let e = t[(i >> bits) & (TABLE - 1)];
+                let l = (e >> 8) as u32;
+                // Only bits inside the 11-bit window are known; a code must fit in them.
+                if bits + l > MAX_LEN {
+                    break;
+                }
+                syms |= ((e & 0xff) as u32) << (8 * count);
+                count += 1;
+                bits += l;
+            }
+            *slot = syms | count << 24 | bits << 28;
+        }
+        MultiTable(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip(plane: &[u8]) -> Option<Vec<u8>> {
+        let lens = code_lengths(&histogram(plane))?;
+        let mut seg = Vec::new();
+        encode(plane, &lens, &mut seg);
+        assert!(seg.len() <= segment_len_bound(&histogram(plane), &lens));
+        let mut back = vec![0u8; plane.len()];
+        decode(&seg, &mut back).unwrap();
+        assert_eq!(back, plane);
+        Some(seg)
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(bytes in proptest::collection::vec(0u8..24, 0..5000), sh in 0u32..8) {
+            let plane: Vec<u8> = bytes.iter().map(|b| b.wrapping_shl(sh) ^ (b >> 2)).collect();
+            round_trip(&plane);
+        }
+
+        #[test]
+        fn lengths_are_complete_and_limited(counts in proptest::collection::vec(0u32..1_000_000, 2..256)) {
+            let mut h = [0u32; 256];
+            for (i, c) in counts.iter().enumerate() { h[i] = *c; }
+            // Fibonacci-like weights force long codes that need limiting.
+            h[0] = h[0].max(1);
+            h[1] = h[1].max(1);
+            if let Some(l) = code_lengths(&h) {
+                let k: u64 = l.iter().filter(|&&x| x > 0).map(|&x| 1u64 << (MAX_LEN - x as u32)).sum();
+                prop_assert_eq!(k, 1u64 << MAX_LEN);
+                for s in 0..256 { prop_assert_eq!(l[s] > 0, h[s] > 0); }
+            }
+        }
+    }
+
+    #[test]
+    fn skewed_distribution_is_limited_to_max_len() {
+        let mut h = [0u32; 256];
+        let mut f = 1u32;
+        for (i, x) in h.iter_mut().enumerate().take(30) {
+            *x = f;
+            f = f.saturating_mul(2).min(1 << 30);
+            let _ = i;
+        }
+        let l = code_lengths(&h).unwrap();
+        assert!(l.iter().all(|&x| (x as u32) <= MAX_LEN));
+        assert_eq!(l[0], MAX_LEN as u8);
+    }
+
+    #[test]
+    fn coding_is_near_entropy() {
+        // Geometric exponent-like distribution: coded size within 3% of the entropy bound.
+        let mut plane = Vec::new();
+        let mut x = 12345u64;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            plane.push(120 - (x.trailing_zeros() as u8).min(20));
+        }
+        let seg = round_trip(&plane).unwrap();
+        let h = histogram(&plane);
+        let n = plane.len() as f64;
+        let ent: f64 = h
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| -(c as f64) * (c as f64 / n).log2())
+            .sum::<f64>()
+            / 8.0;
+        assert!(
+            (seg.len() as f64) < ent * 1.03 + 64.0,
+            "{} vs {ent}",
+            seg.len()
+        );
+    }
+
+    #[test]
+    fn hostile_segments_error_without_panicking() {
+        let plane: Vec<u8> = (0..1000u32).map(|i| (i % 7) as u8).collect();
+        let lens = code_lengths(&histogram(&plane)).unwrap();
+        let mut seg = Vec::new();
+        encode(&plane, &lens, &mut seg);
+        let mut out = vec![0u8; plane.len()];
+        for cut in 0..seg.len() {
+            let _ = decode(&seg[..cut], &mut out);
+        }
+        assert!(decode(&seg[..seg.len() - 1], &mut out).is_err());
+        for i in 0..seg.len() {
+            let mut b = seg.clone();
+            b[i] ^= 0x5a;
+            let _ = decode(&b, &mut out);
+        }
+        // An over-full table is refused.
+        let mut b = seg.clone();
+        b[2] = 0x11;
+        b[3] = 0x11;
+        assert!(decode(&b, &mut out).is_err());
+    }
+}
