@@ -74,6 +74,19 @@ def touch(d: dict) -> float:
     return s
 
 
+def read_all(d: dict) -> int:
+    """Read every byte of every array (what a consumer that uses the values does), fast:
+    xor-reduce over 8-byte words."""
+    x = 0
+    for v in d.values():
+        a = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+        b = a.reshape(-1).view(np.uint8)
+        n8 = b.size // 8 * 8
+        if n8:
+            x ^= int(np.bitwise_xor.reduce(b[:n8].view(np.uint64)))
+    return x
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, float]:
     """(wall seconds, process CPU seconds) of one call."""
     c, t = time.process_time(), time.perf_counter()
@@ -131,6 +144,16 @@ def child_raw(work: str) -> dict[str, Any]:
 
         fns["torch verify=False"] = lambda: touch(spt.load(p, verify=False))
         fns["torch verify=True"] = lambda: touch(spt.load(p, verify=True))
+    # The same loads followed by a read of every byte: a consumer that uses the values pays
+    # for reading them anyway, so this is the fair baseline for a check that must read them.
+    for k in list(fns):
+        api, v = k.split(" ")
+        load = (
+            (lambda v=v: sp.load_file(p, verify=v == "verify=True"))
+            if api == "numpy"
+            else (lambda v=v: spt.load(p, verify=v == "verify=True"))
+        )
+        fns[f"{api}+read {v}"] = lambda load=load: read_all(load())
     # Interleave the variants so drifting load from other processes hits them alike.
     best: dict[str, tuple[float, float]] = {k: (float("inf"), 0.0) for k in fns}
     first: dict[str, tuple[float, float]] = {}
@@ -220,6 +243,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=256, help="MB per dtype for codec speeds")
     ap.add_argument("--raw-mb", type=int, default=1024, help="MB of uncompressed fp32")
     ap.add_argument("--out", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--only", default="", help="comma list of ratio,codec,raw (default: all)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -245,108 +269,121 @@ def main() -> None:
         f"threads={threads} mb={args.mb} raw_mb={args.raw_mb} work={work}"
     )
     try:
-        base = minilm()
-        zn = {t: zipnn_figures(base, t) for t in threads}
-        ours = our_ratio(base, work)
-        t0 = zn[threads[-1]]
-        table(
-            f"ratio on MiniLM-L6 ({sum(v.nbytes for v in base.values()) / 1e6:.1f} MB fp32)",
-            ["dtype", "shardpoint (files)", "shardpoint (payload)", "ZipNN", "files vs ZipNN"],
-            [
+        only = set(args.only.split(",")) - {""} or {"ratio", "codec", "raw"}
+        if only & {"ratio", "codec"}:
+            base = minilm()
+            zn = {t: zipnn_figures(base, t) for t in threads}
+            ours = our_ratio(base, work)
+        if "ratio" in only:
+            t0 = zn[threads[-1]]
+            table(
+                f"ratio on MiniLM-L6 ({sum(v.nbytes for v in base.values()) / 1e6:.1f} MB fp32)",
+                ["dtype", "shardpoint (files)", "shardpoint (payload)", "ZipNN", "files vs ZipNN"],
                 [
-                    d,
-                    f"{ours[d][0]:.4f}",
-                    f"{ours[d][1]:.4f}",
-                    f"{t0[d]['ratio']:.4f}" if t0 else "n/a",
-                    f"{ours[d][0] / t0[d]['ratio']:.4f}x" if t0 else "",
-                ]
-                for d in DTYPES
-            ],
-        )
-        rows = []
-        for t in threads:
-            for d in DTYPES:
-                r = run_child("codec", t, ["--out", work, "--dtype", d, "--mb", str(args.mb)])
-                f = run_child("first", t, ["--out", work, "--dtype", d])
-                n = r["bytes"] / GB
-                s, ld, fl = r["save"], r["load"], f["load"]
-                z = zn[t].get(d)
-                rows.append(
                     [
-                        str(t),
                         d,
-                        f"{n / s['warm']:.2f} ({n / s['first']:.2f})",
-                        f"{n / s['warm_cpu']:.2f}",
-                        f"{n / ld['warm']:.2f} ({n / ld['first']:.2f})",
-                        f"{n / ld['warm_cpu']:.2f}",
-                        f"{n / fl['first']:.2f} / {n / fl['warm']:.2f} = "
-                        f"{fl['warm'] / fl['first']:.2f}x",
-                        f"{z['c']:.2f} / {z['d']:.2f}" if z else "n/a",
+                        f"{ours[d][0]:.4f}",
+                        f"{ours[d][1]:.4f}",
+                        f"{t0[d]['ratio']:.4f}" if t0 else "n/a",
+                        f"{ours[d][0] / t0[d]['ratio']:.4f}x" if t0 else "",
                     ]
-                )
-                for fn in files_of(os.path.join(work, f"codec-{d}")):
-                    os.remove(fn)
-        table(
-            f"codec speed, MiniLM repeated to ~{args.mb} MB (GB/s of raw data)",
-            [
-                "threads",
-                "dtype",
-                "compress warm (first)",
-                "compress GB/cpu-s",
-                "decompress+crc warm (first)",
-                "decompress GB/cpu-s",
-                "fresh process: first / warm load",
-                "ZipNN compress / decompress",
-            ],
-            rows,
-        )
-        import shardpoint as sp
-
-        rng = np.random.default_rng(0)
-        n = args.raw_mb * 1_000_000 // 4
-        per = (16 << 20) // 4
-        m = {
-            f"w{i}": (rng.standard_normal(min(per, n - i * per), dtype=np.float32) * 0.02)
-            for i in range((n + per - 1) // per)
-        }
-        p_raw = os.path.join(work, "raw")
-        try:
-            import torch
-
-            import shardpoint.torch as spt
-
-            spt.save(
-                {k: torch.from_numpy(v) for k, v in m.items()},
-                p_raw,
-                compression="none",
-                durable=False,
+                    for d in DTYPES
+                ],
             )
-        except ImportError:
-            sp.save_file(m, p_raw, compression="none", durable=False)
-        del m
-        rows = []
-        for t in threads:
-            r = run_child("raw", t, ["--out", work])
-            for api in ("numpy", "torch"):
-                off, on = r.get(f"{api} verify=False"), r.get(f"{api} verify=True")
-                if off is None or on is None:
-                    continue
-                gb = args.raw_mb / 1000
-                rows.append(
-                    [
-                        str(t),
-                        api,
-                        f"{gb / off['warm']:.2f} ({gb / off['first']:.2f})",
-                        f"{gb / on['warm']:.2f} ({gb / on['first']:.2f})",
-                        f"{on['warm'] / off['warm']:.3f}x (cpu {on['warm_cpu'] / max(off['warm_cpu'], 1e-9):.3f}x)",
-                        "<= 1.15x",
-                    ]
+        if "codec" in only:
+            rows = []
+            for t in threads:
+                for d in DTYPES:
+                    r = run_child("codec", t, ["--out", work, "--dtype", d, "--mb", str(args.mb)])
+                    f = run_child("first", t, ["--out", work, "--dtype", d])
+                    n = r["bytes"] / GB
+                    s, ld, fl = r["save"], r["load"], f["load"]
+                    z = zn[t].get(d)
+                    rows.append(
+                        [
+                            str(t),
+                            d,
+                            f"{n / s['warm']:.2f} ({n / s['first']:.2f})",
+                            f"{n / s['warm_cpu']:.2f}",
+                            f"{n / ld['warm']:.2f} ({n / ld['first']:.2f})",
+                            f"{n / ld['warm_cpu']:.2f}",
+                            f"{n / fl['first']:.2f} / {n / fl['warm']:.2f} = "
+                            f"{fl['warm'] / fl['first']:.2f}x",
+                            f"{z['c']:.2f} / {z['d']:.2f}" if z else "n/a",
+                        ]
+                    )
+                    for fn in files_of(os.path.join(work, f"codec-{d}")):
+                        os.remove(fn)
+            table(
+                f"codec speed, MiniLM repeated to ~{args.mb} MB (GB/s of raw data)",
+                [
+                    "threads",
+                    "dtype",
+                    "compress warm (first)",
+                    "compress GB/cpu-s",
+                    "decompress+crc warm (first)",
+                    "decompress GB/cpu-s",
+                    "fresh process: first / warm load",
+                    "ZipNN compress / decompress",
+                ],
+                rows,
+            )
+        if "raw" in only:
+            import shardpoint as sp
+
+            rng = np.random.default_rng(0)
+            n = args.raw_mb * 1_000_000 // 4
+            per = (16 << 20) // 4
+            m = {
+                f"w{i}": (rng.standard_normal(min(per, n - i * per), dtype=np.float32) * 0.02)
+                for i in range((n + per - 1) // per)
+            }
+            p_raw = os.path.join(work, "raw")
+            try:
+                import torch
+
+                import shardpoint.torch as spt
+
+                spt.save(
+                    {k: torch.from_numpy(v) for k, v in m.items()},
+                    p_raw,
+                    compression="none",
+                    durable=False,
                 )
-        table(
-            f"uncompressed fp32 {args.raw_mb} MB, load + touch every page (GB/s, warm (first))",
-            ["threads", "api", "verify=False", "verify=True", "checked/unchecked time", "target"],
-            rows,
-        )
+            except ImportError:
+                sp.save_file(m, p_raw, compression="none", durable=False)
+            del m
+            rows = []
+            for t in threads:
+                r = run_child("raw", t, ["--out", work])
+                for api in ("numpy", "torch", "numpy+read", "torch+read"):
+                    off, on = r.get(f"{api} verify=False"), r.get(f"{api} verify=True")
+                    if off is None or on is None:
+                        continue
+                    gb = args.raw_mb / 1000
+                    rows.append(
+                        [
+                            str(t),
+                            api,
+                            f"{gb / off['warm']:.2f} ({gb / off['first']:.2f})",
+                            f"{gb / on['warm']:.2f} ({gb / on['first']:.2f})",
+                            f"{on['warm'] / off['warm']:.3f}x (cpu {on['warm_cpu'] / max(off['warm_cpu'], 1e-9):.3f}x)",
+                            "<= 1.15x",
+                        ]
+                    )
+            table(
+                f"uncompressed fp32 {args.raw_mb} MB, load + touch one byte per page, or (+read) "
+                "load + read every byte (GB/s, warm (first))",
+                [
+                    "threads",
+                    "api",
+                    "verify=False",
+                    "verify=True",
+                    "checked/unchecked time",
+                    "target",
+                ],
+                rows,
+            )
         print(f"\nload average at the end: {os.getloadavg()}")
     finally:
         if args.out is None:
