@@ -47,6 +47,10 @@ exit status:
   70 internal error (a bug in shardpoint: please report it with the traceback)
 
 Progress bars are drawn on stderr when it is a terminal (needs tqdm); see --progress.
+
+Object stores: every PREFIX may be a URL (s3://bucket/run/ckpt-7, gs://, az://; s3://bucket/dir/
+with a trailing slash is a manager directory). Credentials and endpoint come from the usual
+environment (AWS_*, AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, AZURE_*).
 """
 
 
@@ -182,7 +186,8 @@ def _list_directory(directory: str, as_json: bool) -> None:
         stamps = dict(zip(names, state.all_model_checkpoint_timestamps, strict=False))
         latest, source = state.model_checkpoint_path, "state file"
     else:
-        found = sorted(f[: -len(".index")] for f in os.listdir(directory) if f.endswith(".index"))
+        listed = files.list_url(directory) if files.is_url(directory) else os.listdir(directory)
+        found = sorted(f[: -len(".index")] for f in listed if f.endswith(".index"))
         names, stamps, latest, source = found, {}, None, "*.index files"
     out = []
     for name in names:
@@ -223,6 +228,9 @@ def _list_directory(directory: str, as_json: bool) -> None:
 def cmd_ls(args: argparse.Namespace) -> int:
     from .convert.hf import is_hf_path
 
+    if files.is_url(args.path) and args.path.endswith("/"):
+        _list_directory(args.path.rstrip("/"), args.json)
+        return EXIT_OK
     if os.path.isdir(args.path) and not is_hf_path(args.path):
         _list_directory(args.path, args.json)
         return EXIT_OK
@@ -442,6 +450,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- gc --------------------------------------------------------------------------------------
+def cmd_gc(args: argparse.Namespace) -> int:
+    if not files.is_url(args.url):
+        raise InvalidArgumentError(f"{args.url}: gc cleans object-store URLs (s3://, gs://, az://)")
+    n = files.gc(args.url, older_than=float(args.older_than))
+    _emit(f"aborted {n} incomplete multipart upload(s) under {args.url}")
+    return EXIT_OK
+
+
 # --- parsing and the error edge --------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -558,6 +575,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="replace an existing destination")
     c.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch conversions)")
     c.set_defaults(func=cmd_convert)
+
+    g = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="abort incomplete multipart uploads of dead writers under a URL",
+        description="Abort the multipart uploads that writers killed mid-save left under an object-store URL (found through their .upload marker objects), and delete the markers.",
+    )
+    g.add_argument("url", metavar="URL", help="s3://bucket/dir (every checkpoint below it)")
+    g.add_argument(
+        "--older-than",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="only uploads started at least this long ago (default 3600: spares live saves)",
+    )
+    g.set_defaults(func=cmd_gc)
     return p
 
 

@@ -59,6 +59,10 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+#: Credentials, endpoint and knobs of an object store (``s3://``, ``gs://``, ``az://``,
+#: ``memory://``), as obstore/fsspec take them; ``None`` = the environment only. See
+#: docs/OBJECT_STORE.md.
+StorageOptions = Mapping[str, Any] | None
 
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
 _BYTES_PER_AUTO_SHARD = 256 << 20
@@ -71,9 +75,33 @@ def _prefix(prefix: PathLike) -> str:
     p = os.fspath(prefix)
     if not isinstance(p, str):
         raise InvalidArgumentError(f"prefix must be a str path, got {type(p).__name__}")
-    if not p or p.endswith(os.sep):
+    if not p or p.endswith(os.sep) or p.endswith("/"):
         raise InvalidArgumentError(f"prefix {p!r} must name a file prefix, not a directory")
+    if p.startswith("file://"):
+        # file:// is a local path: the mmap fast path, local commit protocol.
+        from urllib.parse import unquote, urlparse
+
+        u = urlparse(p)
+        if u.netloc not in ("", "localhost"):
+            raise InvalidArgumentError(f"{p!r}: file:// URLs must name a local path")
+        p = unquote(u.path)
     return p
+
+
+def is_url(prefix: PathLike) -> bool:
+    """Whether ``prefix`` names an object-store URL (``s3://``, ``gs://``, ``az://``,
+    ``memory://``); local paths and ``file://`` URLs are not."""
+    p = os.fspath(prefix)
+    return isinstance(p, str) and _core.is_remote(p)
+
+
+def _storage(options: StorageOptions) -> dict[str, str] | None:
+    """``storage_options`` as the core takes them: str keys and values."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise InvalidArgumentError("storage_options must be a mapping of str to str")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in options.items()}
 
 
 def _opts(compression: str | None, level: int | None) -> tuple[str, int]:
@@ -124,6 +152,7 @@ def save_file(
     incremental: bool = False,
     base: PathLike | None = None,
     _sections: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions = None,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -156,7 +185,11 @@ def save_file(
             never affects this checkpoint. A missing or unusable base means a full save.
         _sections: reserved for shardpoint's own layers (``shardpoint.torch`` keeps its nesting
             there): stored beside the user metadata, read back by ``Reader.sections``.
+        storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL
+            (docs/OBJECT_STORE.md).
 
+    ``prefix`` may be a local path, a ``file://`` URL or an object-store URL (``s3://b/run/ck``):
+    shards stream up as multipart uploads and the index is committed last by a conditional put.
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
     """
@@ -173,6 +206,7 @@ def save_file(
         incremental=incremental,
         base=base,
         _sections=_sections,
+        storage_options=storage_options,
     )
     if blocking:
         plan.write(items, None)
@@ -196,6 +230,7 @@ def plan_save(
     incremental: bool = False,
     base: PathLike | None = None,
     _sections: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions = None,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -209,6 +244,10 @@ def plan_save(
     items = [encode(check_key(k), v) for k, v in tensors.items()]
     meta = _metadata_json(metadata)
     base_p = None if base is None else _prefix(base)
+    if is_url(p) and (incremental or base_p is not None):
+        raise InvalidArgumentError(
+            f"{p}: incremental saves hard-link local shard files; not available for object stores"
+        )
     plan = SavePlan(
         p,
         codec,
@@ -221,6 +260,7 @@ def plan_save(
         incremental,
         base_p,
         _sections_json(_sections),
+        _storage(storage_options),
     )
     return plan, items
 
@@ -242,6 +282,7 @@ class SavePlan:
     base: str | None = None
     #: library metadata sections (FORMAT.md §7) as JSON text, "" for none
     sections_json: str = ""
+    storage_options: dict[str, str] | None = None
 
     def staged(self, items: list[Any]) -> Any:
         """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
@@ -286,6 +327,7 @@ class SavePlan:
                 self.durable,
                 self.metadata_json,
                 self.sections_json,
+                self.storage_options,
             )
             return
         _core.save(
@@ -298,6 +340,7 @@ class SavePlan:
             bool(self.durable),
             self.metadata_json,
             self.sections_json,
+            storage_options=self.storage_options,
         )
 
 
@@ -311,6 +354,7 @@ def _save_with_progress(
     durable: bool,
     metadata_json: str,
     sections_json: str = "",
+    storage_options: dict[str, str] | None = None,
 ) -> None:
     """``save_file`` through the streaming writer, one thread per shard, updating a bar."""
     from concurrent.futures import ThreadPoolExecutor
@@ -327,6 +371,7 @@ def _save_with_progress(
         metadata_json,
         "",
         sections_json,
+        storage_options=storage_options,
     )
     bar = progress_bar(sum(it[4].nbytes for it in items), f"save {os.path.basename(prefix)}")
     try:
@@ -353,6 +398,7 @@ def load_file(
     verify: bool = True,
     progress: bool | None = None,
     copy: bool = False,
+    storage_options: StorageOptions = None,
 ) -> dict[str, Any]:
     """Load a checkpoint (or only ``keys``) into a dict.
 
@@ -362,8 +408,10 @@ def load_file(
     parallel. With ``verify`` (default) every value's crc32c is checked, so corrupt bytes raise
     ``ChecksumMismatchError`` instead of being returned; compressed values are always checked.
     ``verify=False`` skips the check of uncompressed values (for data you checked already).
+    From an object store every value is fetched with parallel ranged GETs and always
+    crc-checked.
     """
-    with open(prefix, verify=verify, copy=copy) as r:
+    with open(prefix, verify=verify, copy=copy, storage_options=storage_options) as r:
         return r.load(keys, progress=progress)
 
 
@@ -399,9 +447,20 @@ class Reader:
     ``copy=True`` never hands out views of a mapping (see the module docstring's hazard).
     """
 
-    def __init__(self, prefix: PathLike, *, verify: bool = True, copy: bool = False) -> None:
+    def __init__(
+        self,
+        prefix: PathLike,
+        *,
+        verify: bool = True,
+        copy: bool = False,
+        storage_options: StorageOptions = None,
+    ) -> None:
         self._prefix = _prefix(prefix)
-        self._r: _core.CheckpointReader | None = _core.CheckpointReader(self._prefix)
+        self._r: _core.CheckpointReader | _core.RemoteReader | None
+        if is_url(self._prefix):
+            self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
+        else:
+            self._r = _core.CheckpointReader(self._prefix)
         self._meta: dict[str, Any] | None = None
         self._sections: dict[str, Any] | None = None
         self._verify = bool(verify)
@@ -409,7 +468,7 @@ class Reader:
         self._sliced_ok: set[str] = set()  # raw keys whose whole-value crc was checked
 
     @property
-    def _core(self) -> _core.CheckpointReader:
+    def _core(self) -> _core.CheckpointReader | _core.RemoteReader:
         if self._r is None:
             raise InvalidArgumentError(f"checkpoint {self._prefix!r} is closed")
         return self._r
@@ -609,21 +668,29 @@ def declare_in_place_reader(module: str, predicate: str, reader: str) -> None:
     _IN_PLACE_READERS.append((module, predicate, reader))
 
 
-def open(prefix: PathLike, *, verify: bool = True, copy: bool = False) -> Reader:  # noqa: A001
+def open(  # noqa: A001 - the public name is a contract
+    prefix: PathLike,
+    *,
+    verify: bool = True,
+    copy: bool = False,
+    storage_options: StorageOptions = None,
+) -> Reader:
     """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
     ``verify``: check each value's crc32c when it is read (default; ``False`` opts out);
     ``copy``: read values into private memory instead of handing out mapped views.
+    From an object store (``s3://bucket/run/ckpt``): one GET of the index; each value is then
+    fetched on access.
 
     A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
     or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
     """
     p = os.fspath(prefix)
-    if isinstance(p, str) and p and not os.path.exists(p + ".index"):
+    if isinstance(p, str) and p and not is_url(p) and not os.path.exists(p + ".index"):
         for module_name, predicate, reader in _IN_PLACE_READERS:
             module = importlib.import_module(module_name)
             if getattr(module, predicate)(p):
                 return getattr(module, reader)(p)
-    return Reader(prefix, verify=verify, copy=copy)
+    return Reader(prefix, verify=verify, copy=copy, storage_options=storage_options)
 
 
 class Writer:
@@ -653,6 +720,7 @@ class Writer:
         chunk_bytes: int | None = None,
         merge_token: str | None = None,
         _sections: Mapping[str, Any] | None = None,
+        storage_options: StorageOptions = None,
     ) -> None:
         self.prefix = _prefix(prefix)
         codec, lvl = _opts(compression, level)
@@ -669,6 +737,7 @@ class Writer:
             _metadata_json(metadata),
             "" if merge_token is None else str(merge_token),
             _sections_json(_sections),
+            storage_options=_storage(storage_options),
         )
 
     def _writer(self) -> _core.Writer:
@@ -710,20 +779,71 @@ class Writer:
 
 
 def merge(
-    prefix: PathLike, world_size: int, *, durable: bool = True, token: str | None = None
+    prefix: PathLike,
+    world_size: int,
+    *,
+    durable: bool = True,
+    token: str | None = None,
+    storage_options: StorageOptions = None,
 ) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
     (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
     whose ``merge_token`` differs from each other (or from ``token``, when given) raise
     ``InvalidArgumentError`` and nothing is committed."""
-    _core.merge(_prefix(prefix), int(world_size), bool(durable), token)
+    _core.merge(
+        _prefix(prefix),
+        int(world_size),
+        bool(durable),
+        token,
+        storage_options=_storage(storage_options),
+    )
 
 
-def exists(prefix: PathLike) -> bool:
+def exists(prefix: PathLike, *, storage_options: StorageOptions = None) -> bool:
     """Whether a committed checkpoint exists at ``prefix``."""
-    return os.path.exists(_prefix(prefix) + ".index")
+    p = _prefix(prefix)
+    if not is_url(p):
+        return os.path.exists(p + ".index")
+    return _core.exists(p, storage_options=_storage(storage_options))
 
 
-def remove(prefix: PathLike) -> None:
+def remove(prefix: PathLike, *, storage_options: StorageOptions = None) -> None:
     """Delete checkpoint ``prefix``: its index first (atomic disappearance), then its shards."""
-    _core.remove(_prefix(prefix))
+    _core.remove(_prefix(prefix), storage_options=_storage(storage_options))
+
+
+# --- small objects and listings of object stores (the object graph's state object, the CLI) ---
+def read_object(url: str, *, storage_options: StorageOptions = None) -> tuple[bytes, str | None]:
+    """A whole (small) object and its etag; ``NotFoundError`` when absent."""
+    return _core.object_get(url, storage_options=_storage(storage_options))
+
+
+def write_object(
+    url: str,
+    data: bytes,
+    *,
+    mode: str = "overwrite",
+    etag: str | None = None,
+    storage_options: StorageOptions = None,
+) -> str | None:
+    """Put a small object; returns its new etag. ``mode="create"`` fails if it exists,
+    ``mode="update"`` fails unless its etag is still ``etag`` (``CheckpointIOError`` saying
+    another writer changed it first)."""
+    return _core.object_put(url, data, mode, etag, storage_options=_storage(storage_options))
+
+
+def delete_object(url: str, *, storage_options: StorageOptions = None) -> None:
+    """Delete an object (absent is fine)."""
+    _core.object_delete(url, storage_options=_storage(storage_options))
+
+
+def list_url(url: str, *, storage_options: StorageOptions = None) -> list[str]:
+    """Names directly under the "directory" ``url`` (sub-directories end with ``/``)."""
+    return _core.list_dir(url, storage_options=_storage(storage_options))
+
+
+def gc(url: str, *, older_than: float = 3600.0, storage_options: StorageOptions = None) -> int:
+    """Abort the multipart uploads that writers killed mid-save left anywhere under ``url``
+    (found through their upload markers) if started at least ``older_than`` seconds ago;
+    returns how many. See docs/OBJECT_STORE.md."""
+    return _core.gc(url, float(older_than), storage_options=_storage(storage_options))

@@ -13,6 +13,8 @@
 //! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
 //! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
 //! - [`commit`]: file naming, atomic publish, cleanup, removal;
+//! - [`store`]: object-store URLs (`s3://`, `gs://`, `az://`, `memory://`): lazy ranged
+//!   reads, streaming multipart uploads, the conditional-put commit;
 //! - [`error`]: the crate's one error type.
 
 pub mod codec;
@@ -24,6 +26,7 @@ pub mod index;
 pub mod reader;
 pub mod shard;
 pub mod staging;
+pub mod store;
 pub mod writer;
 
 pub use error::{Error, Result};
@@ -31,4 +34,5 @@ pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
 pub use reader::Reader;
 pub use shard::Item;
-pub use writer::{merge, save, CheckpointWriter, WriterOptions};
+pub use store::Location;
+pub use writer::{merge, merge_at, save, save_at, CheckpointWriter, WriterOptions};

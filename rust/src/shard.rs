@@ -85,8 +85,19 @@ pub fn par_crc(data: &[u8]) -> u32 {
     combine_crcs(pieces)
 }
 
+/// Where the bytes of a shard go when it does not live in a local file: an object-store
+/// upload (`crate::store::upload`). Dropping an unpublished sink discards what it holds.
+pub trait ShardSink: Send {
+    /// Append bytes.
+    fn write_all(&mut self, data: &[u8]) -> Result<()>;
+    /// Make the shard visible under its final name; returns the name suffix after `P`.
+    fn publish(self: Box<Self>) -> Result<String>;
+}
+
 /// A shard file being written.
 pub struct ShardWriter {
+    /// Set for a shard written to an object store (then `file` is `None`).
+    sink: Option<Box<dyn ShardSink>>,
     prefix: PathBuf,
     tmp: PathBuf,
     file: Option<File>,
@@ -115,6 +126,7 @@ impl ShardWriter {
         // file is in use (a crashed writer's lock dies with it). Without flock support it is
         // skipped, and cleanup leaves temp files alone.
         let mut w = ShardWriter {
+            sink: None,
             prefix: prefix.to_path_buf(),
             tmp,
             file: Some(file),
@@ -143,6 +155,44 @@ impl ShardWriter {
         Ok(w)
     }
 
+    /// A shard whose bytes go to `sink` (an object-store upload) instead of a local file.
+    pub fn with_sink(sink: Box<dyn ShardSink>, index: u32, count: u32, token: u64) -> Self {
+        let (hdr, header_crc) = ShardHeader {
+            save_token: token,
+            shard_index: index,
+            shard_count: count,
+        }
+        .encode();
+        let mut buf = Vec::with_capacity(WRITE_BUF);
+        buf.extend_from_slice(&hdr);
+        buf.resize(DATA_START as usize, 0);
+        ShardWriter {
+            sink: Some(sink),
+            prefix: PathBuf::new(),
+            tmp: PathBuf::new(),
+            file: None,
+            buf,
+            pos: DATA_START,
+            token,
+            header_crc,
+            index,
+            count,
+            entries: Vec::new(),
+            bytes_written: 0,
+            sealed: false,
+        }
+    }
+
+    /// Write bytes to the file or the sink.
+    fn write_out(&mut self, data: &[u8]) -> Result<()> {
+        if let Some(sink) = self.sink.as_mut() {
+            return sink.write_all(data);
+        }
+        let f = self.file.as_mut().expect("open until finish");
+        f.write_all(data)
+            .map_err(|e| Error::io(&self.tmp, "write shard", e))
+    }
+
     /// Payload bytes written so far (for balancing).
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written
@@ -150,9 +200,10 @@ impl ShardWriter {
 
     fn flush_buf(&mut self) -> Result<()> {
         if !self.buf.is_empty() {
-            let f = self.file.as_mut().expect("open until finish");
-            f.write_all(&self.buf)
-                .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+            let buf = std::mem::take(&mut self.buf);
+            let res = self.write_out(&buf);
+            self.buf = buf;
+            res?;
             self.buf.clear();
         }
         Ok(())
@@ -165,9 +216,7 @@ impl ShardWriter {
         } else {
             self.flush_buf()?;
             if data.len() >= WRITE_BUF {
-                let f = self.file.as_mut().expect("open until finish");
-                f.write_all(data)
-                    .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+                self.write_out(data)?;
             } else {
                 self.buf.extend_from_slice(data);
             }
@@ -308,7 +357,8 @@ impl ShardWriter {
     /// On error the writer is dropped by its caller and the temp file removed.
     pub fn seal(&mut self, durable: bool) -> Result<()> {
         self.flush_buf()?;
-        if durable {
+        if durable && self.sink.is_none() {
+            // (a completed upload is durable: nothing to sync for a sink)
             let f = self.file.as_ref().expect("open until publish");
             f.sync_all()
                 .map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
@@ -332,6 +382,16 @@ impl ShardWriter {
             return Err(Error::InvalidArgument(
                 "shard published before it was sealed".into(),
             ));
+        }
+        if let Some(sink) = self.sink.take() {
+            let name = sink.publish()?;
+            let rec = ShardRec {
+                file_len: self.pos,
+                save_token: self.token,
+                header_crc: self.header_crc,
+                name,
+            };
+            return Ok((rec, std::mem::take(&mut self.entries)));
         }
         let plain = shard_name(self.index, self.count, None);
         let tokened = shard_name(self.index, self.count, Some(self.token));

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
 use crate::shard::{EncodeOptions, Item, ShardWriter};
+use crate::store::upload::RemoteSink;
+use crate::store::{remote_commit, Location, RemotePrefix};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -146,6 +148,9 @@ pub struct CheckpointWriter {
     token: u64,
     shards: Vec<Mutex<Option<ShardWriter>>>,
     keys: Mutex<HashSet<String>>,
+    /// For an object-store prefix: where, and the condition of the index PUT (what `P.index`
+    /// was when this save started; FORMAT.md §8.2).
+    remote: Option<(RemotePrefix, object_store::PutMode)>,
 }
 
 impl CheckpointWriter {
@@ -167,6 +172,44 @@ impl CheckpointWriter {
             token,
             shards,
             keys: Mutex::new(HashSet::new()),
+            remote: None,
+        })
+    }
+
+    /// Start a save at a local prefix or an object-store URL. Remote shards stream up as
+    /// multipart uploads named with the save token; nothing at the prefix changes until
+    /// `commit`.
+    pub fn new_at(loc: &Location, opts: WriterOptions) -> Result<Self> {
+        let rp = match loc {
+            Location::Local(p) => return Self::new(p, opts),
+            Location::Remote(rp) => rp,
+        };
+        opts.validate()?;
+        let mode = if opts.world_size == 1 {
+            remote_commit::observe(rp)?
+        } else {
+            object_store::PutMode::Overwrite // partial indexes: plain puts
+        };
+        let token = random_token();
+        let global = opts.world_size * opts.shards;
+        let mut shards = Vec::with_capacity(opts.shards as usize);
+        for j in 0..opts.shards {
+            let s = opts.rank * opts.shards + j;
+            let sink = RemoteSink::new(rp, shard_name(s, global, Some(token)))?;
+            shards.push(Mutex::new(Some(ShardWriter::with_sink(
+                Box::new(sink),
+                s,
+                global,
+                token,
+            ))));
+        }
+        Ok(CheckpointWriter {
+            prefix: rp.url_of(""),
+            opts,
+            token,
+            shards,
+            keys: Mutex::new(HashSet::new()),
+            remote: Some((rp.clone(), mode)),
         })
     }
 
@@ -296,6 +339,9 @@ impl CheckpointWriter {
     /// lock (FORMAT.md §8). On error nothing of this save is left behind.
     pub fn commit(&self) -> Result<()> {
         let sealed = self.seal_shards()?;
+        if let Some((rp, mode)) = &self.remote {
+            return self.commit_remote(rp, mode.clone(), sealed);
+        }
         let lock = PrefixLock::acquire(&self.prefix)?;
         let (recs, entries) = publish_all(&self.prefix, sealed, lock.held())?;
         if self.opts.world_size == 1 {
@@ -310,11 +356,7 @@ impl CheckpointWriter {
                 &lock,
             )
         } else {
-            let extra = format!(
-                ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\",\"merge_token\":\"{}\"}}",
-                self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
-            );
-            let meta = meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json);
+            let meta = self.partial_meta();
             let res = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes()).and_then(
                 |bytes| {
                     write_atomic(
@@ -329,6 +371,87 @@ impl CheckpointWriter {
             }
             res
         }
+    }
+
+    fn partial_meta(&self) -> String {
+        let extra = format!(
+            ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\",\"merge_token\":\"{}\"}}",
+            self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
+        );
+        meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json)
+    }
+
+    /// Complete the uploads, then commit the index conditionally (one writer) or put this
+    /// writer's partial index (several). No commit lock: the conditional PUT is the arbiter.
+    fn commit_remote(
+        &self,
+        rp: &RemotePrefix,
+        mode: object_store::PutMode,
+        sealed: Vec<ShardWriter>,
+    ) -> Result<()> {
+        let done: Vec<Result<(ShardRec, Vec<EntryMeta>)>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = sealed
+                .into_iter()
+                .map(|w| sc.spawn(move || w.publish(false)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("upload thread panicked"))
+                .collect()
+        });
+        let mut recs = Vec::new();
+        let mut entries = Vec::new();
+        let mut first_err = None;
+        for d in done {
+            match d {
+                Ok((rec, mut ents)) => {
+                    let id = recs.len() as u32;
+                    for e in ents.iter_mut() {
+                        e.shard = id;
+                    }
+                    recs.push(rec);
+                    entries.append(&mut ents);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let res = match first_err {
+            Some(e) => Err(e),
+            None if self.opts.world_size == 1 => {
+                let meta = meta_blob(&self.opts.metadata_json, "", &self.opts.sections_json);
+                return remote_commit::commit_index(
+                    rp,
+                    mode,
+                    &recs,
+                    entries,
+                    self.opts.chunk_bytes,
+                    meta.as_bytes(),
+                );
+            }
+            None => build_index(
+                &recs,
+                entries,
+                self.opts.chunk_bytes,
+                self.partial_meta().as_bytes(),
+            )
+            .and_then(|bytes| {
+                let suffix = format!(
+                    ".index.part-{:05}-of-{:05}",
+                    self.opts.rank, self.opts.world_size
+                );
+                rp.store
+                    .put(&rp.key_of(&suffix), bytes, object_store::PutMode::Overwrite)
+                    .map(|_| ())
+            }),
+        };
+        if res.is_err() {
+            // Uploaded shards no index will reference.
+            for r in &recs {
+                let _ = rp.store.delete(&rp.key_of(&r.name));
+            }
+        }
+        res
     }
 
     /// Drop everything written (temp shards are removed).
@@ -427,6 +550,84 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
     let lock = PrefixLock::acquire(prefix)?;
+    let m = merge_partials(world_size, token, |rank| {
+        let p = partial_index_path(prefix, rank, world_size);
+        let bytes = std::fs::read(&p)
+            .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
+        Ok((p, bytes))
+    })?;
+    commit_index(
+        prefix,
+        &m.shards,
+        m.entries,
+        m.chunk_bytes,
+        m.meta.as_bytes(),
+        durable,
+        &lock,
+    )
+}
+
+/// Save `items` at a local prefix or an object-store URL in one call.
+pub fn save_at(loc: &Location, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
+    let w = CheckpointWriter::new_at(loc, opts)?;
+    w.add_parallel(items)?;
+    w.commit()
+}
+
+/// [`merge`] for a local prefix or an object-store URL (there the merged index is committed
+/// conditionally, FORMAT.md §8.2, and the consumed partial indexes are deleted).
+pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
+    let rp = match loc {
+        Location::Local(p) => return merge(p, world_size, durable, token),
+        Location::Remote(rp) => rp,
+    };
+    if world_size == 0 {
+        return Err(Error::InvalidArgument("world_size must be >= 1".into()));
+    }
+    let mode = remote_commit::observe(rp)?;
+    let m = merge_partials(world_size, token, |rank| {
+        let suffix = format!(".index.part-{rank:05}-of-{world_size:05}");
+        let (bytes, _) = rp.store.get(&rp.key_of(&suffix)).map_err(|e| match e {
+            Error::NotFound { path, .. } => Error::NotFound {
+                path,
+                what: "read partial index (did every writer commit?)".into(),
+            },
+            e => e,
+        })?;
+        Ok((rp.url_of(&suffix), bytes))
+    })?;
+    remote_commit::commit_index(
+        rp,
+        mode,
+        &m.shards,
+        m.entries,
+        m.chunk_bytes,
+        m.meta.as_bytes(),
+    )?;
+    // The partial indexes are consumed (cleanup's time rule may not see them as older than
+    // the index: store timestamps have a granularity of a second).
+    for rank in 0..world_size {
+        let _ = rp
+            .store
+            .delete(&rp.key_of(&format!(".index.part-{rank:05}-of-{world_size:05}")));
+    }
+    Ok(())
+}
+
+/// The merged content of a multi-writer save, ready to commit.
+struct Merged {
+    shards: Vec<ShardRec>,
+    entries: Vec<EntryMeta>,
+    chunk_bytes: u32,
+    meta: String,
+}
+
+/// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes).
+fn merge_partials(
+    world_size: u32,
+    token: Option<&str>,
+    mut load: impl FnMut(u32) -> Result<(PathBuf, Vec<u8>)>,
+) -> Result<Merged> {
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
     let mut entries: Vec<EntryMeta> = Vec::new();
@@ -434,9 +635,7 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
     let mut chunk_bytes = None;
     let mut user_meta: Option<String> = None;
     for rank in 0..world_size {
-        let p = partial_index_path(prefix, rank, world_size);
-        let bytes = std::fs::read(&p)
-            .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
+        let (p, bytes) = load(rank)?;
         let view = IndexView::open(bytes, &p)?;
         view.verify_all()?;
         match chunk_bytes {
@@ -487,15 +686,12 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
         .and_then(extract_sections)
         .unwrap_or_default();
     let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"), &sections);
-    commit_index(
-        prefix,
-        &shards,
+    Ok(Merged {
+        shards,
         entries,
-        chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
-        meta.as_bytes(),
-        durable,
-        &lock,
-    )
+        chunk_bytes: chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+        meta,
+    })
 }
 
 /// The string value of `"name":"…"` in a metadata blob we wrote (tokens never contain quotes).

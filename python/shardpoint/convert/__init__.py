@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from .. import files
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
 from .base import ConvertResult, Source, Spec
@@ -49,7 +50,16 @@ _SP_MAGIC = b"SPINDEX\0"
 
 def resolve_prefix(path: str) -> str:
     """A checkpoint prefix from what a user typed: ``P``, ``P.index``, or a manager directory
-    (its latest checkpoint). Files and Hugging Face directories are returned unchanged."""
+    (its latest checkpoint). Files and Hugging Face directories are returned unchanged.
+    Object-store URLs: ``s3://b/dir/`` (trailing slash) is a manager directory, anything else a
+    prefix."""
+    if files.is_url(path):
+        if path.endswith("/"):
+            latest = latest_checkpoint(path.rstrip("/"))
+            if latest is None:
+                raise NotFoundError(f"{path}: no checkpoint state object naming a checkpoint")
+            return latest
+        return path[: -len(".index")] if path.endswith(".index") else path
     if os.path.isdir(path) and not is_hf_path(path):
         latest = latest_checkpoint(path)
         if latest is None:
@@ -73,6 +83,10 @@ def detect_format(path: str) -> tuple[str, str]:
     ):
         return "hf", path
     path = resolve_prefix(path)
+    if files.is_url(path):
+        if not files.exists(path):
+            raise NotFoundError(f"{path}: no checkpoint ({path}.index not found)")
+        return "shardpoint", path
     if os.path.isfile(path):
         if is_safetensors(path):
             return "safetensors", path
@@ -126,6 +140,8 @@ def _sink_format(dst: str, to: str | None) -> str:
 def _exists(dst: str, fmt: str) -> bool:
     if fmt == "hf":
         return os.path.exists(dst) and (not os.path.isdir(dst) or bool(os.listdir(dst)))
+    if files.is_url(dst):
+        return bool(files.exists(dst))
     return os.path.exists(dst + ".index") if fmt == "shardpoint" else os.path.exists(dst)
 
 
@@ -153,17 +169,26 @@ def convert(
     """
     fmt = _sink_format(dst, to)
     dst = os.fspath(dst)
-    if fmt == "shardpoint" and (not dst or dst.endswith(os.sep) or os.path.isdir(dst)):
+    remote = files.is_url(dst)
+    if remote and fmt != "shardpoint":
+        raise InvalidArgumentError(
+            f"{dst}: only shardpoint checkpoints are written to object stores"
+        )
+    if fmt == "shardpoint" and (
+        not dst or dst.endswith(os.sep) or dst.endswith("/") or (not remote and os.path.isdir(dst))
+    ):
         raise InvalidArgumentError(
             f"destination {dst!r} must be a checkpoint prefix, not a directory"
         )
     with open_source(src) as source:
-        same = os.path.abspath(source.path) == os.path.abspath(dst)
+        same = source.path == dst or (
+            not remote and os.path.abspath(source.path) == os.path.abspath(dst)
+        )
         if same:
             raise InvalidArgumentError(f"source and destination are the same: {dst}")
         if not overwrite and _exists(dst, fmt):
             raise InvalidArgumentError(f"destination {dst} exists (pass overwrite / --force)")
-        parent = os.path.dirname(dst)
+        parent = "" if remote else os.path.dirname(dst)
         if parent and not os.path.isdir(parent):
             raise NotFoundError(f"destination directory {parent} does not exist")
         if fmt == "hf":

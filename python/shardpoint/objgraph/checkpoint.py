@@ -208,7 +208,7 @@ class Checkpoint(Module):
             path,
             _blocking(blocking, options),
             incremental,
-            then=lambda: update_checkpoint_state(os.path.dirname(path), path),
+            then=lambda: update_checkpoint_state(storage_io.dirname(path), path),
         )
 
     def _write(
@@ -368,7 +368,7 @@ def _not_found_message(path: str, hint: bool) -> str:
     message = f"No checkpoint found at {path} ({path}.index does not exist)."
     if hint:
         message = f"Error when restoring from checkpoint at {path}: {message}"
-        if os.path.isdir(path):
+        if not storage_io.is_url(path) and os.path.isdir(path):
             message += (
                 " The path is a directory; pass a checkpoint prefix such as "
                 "sp.latest_checkpoint(directory)."

@@ -24,9 +24,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from .. import files
 from ..atomic_files import create_temp, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
-from .storage_io import checkpoint_exists
+from .storage_io import checkpoint_exists, is_url
 
 __all__ = [
     "STATE_FILENAME",
@@ -99,12 +100,18 @@ def read_checkpoint_state(directory: str | os.PathLike) -> CheckpointState | Non
     "Invalid checkpoint state loaded from <dir>" (STATE-04). Unparsable → a warning and None.
     """
     directory = os.fspath(directory)
-    path = os.path.join(directory, STATE_FILENAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
+    path = _join(directory, STATE_FILENAME)
+    if is_url(directory):
+        remote_text = _read_object(path)
+        if remote_text is None:
+            return None
+        text = remote_text
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
     try:
         state = _parse(text)
     except _ParseError as exc:
@@ -141,6 +148,9 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
     if state.last_preserved_timestamp is not None:
         lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
     data = ("\n".join(lines) + "\n").encode("utf-8")
+    if is_url(directory):
+        _write_object(_join(directory, STATE_FILENAME), data)
+        return
     os.makedirs(directory or ".", exist_ok=True)
     # mode 0666 minus the umask, like the checkpoints it names (mkstemp would make it 0600)
     fd, tmp = create_temp(directory or ".", ".checkpoint.", ".tmp")
@@ -186,7 +196,46 @@ def _remove_stale_temps(directory: str) -> None:
             pass
 
 
+#: URL of a state object -> the etag this process last read or wrote (None: known absent).
+_etags: dict[str, str | None] = {}
+
+
+def _join(directory: str, name: str) -> str:
+    if is_url(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
+
+
+def _read_object(url: str) -> str | None:
+    from ..errors import NotFoundError
+
+    try:
+        data, etag = files.read_object(url)
+    except NotFoundError:
+        _etags[url] = None
+        return None
+    _etags[url] = etag
+    return data.decode("utf-8")
+
+
+def _write_object(url: str, data: bytes) -> None:
+    """Replace the state object only if it is still the version this process last saw
+    (``If-Match``), or create it only if absent (``If-None-Match: *``)."""
+    if url not in _etags:
+        _read_object(url)
+    etag = _etags[url]
+    if etag is None:
+        new = files.write_object(url, data, mode="create")
+    else:
+        new = files.write_object(url, data, mode="update", etag=etag)
+    _etags[url] = new
+
+
 def _relative(directory: str, path: str) -> str:
+    if is_url(directory):
+        head = directory.rstrip("/") + "/"
+        rest = path[len(head) :] if path.startswith(head) else None
+        return rest if rest and "/" not in rest else path
     if not os.path.isabs(path) and os.path.dirname(path) == directory:
         return os.path.basename(path)
     if os.path.abspath(os.path.dirname(path)) == os.path.abspath(directory):
@@ -206,8 +255,11 @@ def update_checkpoint_state(
     Raises StatePathConflictError when the checkpoint path is the state file itself (SAVE-09).
     """
     directory = os.fspath(directory)
-    state_path = os.path.join(directory, STATE_FILENAME)
-    if os.path.abspath(model_checkpoint_path) == os.path.abspath(state_path):
+    state_path = _join(directory, STATE_FILENAME)
+    if model_checkpoint_path == state_path or (
+        not is_url(directory)
+        and os.path.abspath(model_checkpoint_path) == os.path.abspath(state_path)
+    ):
         raise StatePathConflictError(
             f"Save path '{model_checkpoint_path}' conflicts with path used for checkpoint state. "
             "Please use a different save path."
@@ -226,7 +278,9 @@ def update_checkpoint_state(
 
 def resolve(directory: str, stored: str) -> str:
     """A stored path as a usable one: joined to the directory unless absolute (STATE-02)."""
-    return stored if os.path.isabs(stored) else os.path.join(directory, stored)
+    if is_url(stored) or os.path.isabs(stored):
+        return stored
+    return _join(directory, stored)
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:

@@ -20,7 +20,13 @@ from typing import Any
 
 from ..async_save import SaveFuture
 from ..atomic_files import create_temp
-from ..errors import CheckpointError, CheckpointIOError, CorruptCheckpointError, NotFoundError
+from ..errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from . import directory_lock, storage_io
 from .checkpoint_state import (
     read_checkpoint_state,
@@ -84,6 +90,14 @@ class CheckpointManager:
             )
         self._checkpoint = checkpoint
         self._directory = os.fspath(directory)
+        if storage_io.is_url(self._directory):
+            # Not yet: the manager keeps a directory lock and a pending-deletions file, which
+            # need object-store counterparts. Checkpoint.save/restore and latest_checkpoint
+            # work on URLs (docs/OBJECT_STORE.md).
+            raise InvalidArgumentError(
+                f"{self._directory}: CheckpointManager does not manage object-store URLs yet; "
+                "use Checkpoint.save / Checkpoint.restore(latest_checkpoint(url)) there"
+            )
         # one manager process per directory (directory_lock); taken now if the directory
         # exists (a resumed job), else when the first save creates it
         self._lease: directory_lock.DirectoryLease | None = None

@@ -21,7 +21,21 @@ __all__ = [
     "open_reader",
     "checkpoint_exists",
     "remove_checkpoint",
+    "is_url",
+    "dirname",
 ]
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object-store URL (``s3://``, ``gs://``, ``az://``, ...)."""
+    return bool(files.is_url(path))
+
+
+def dirname(path: str) -> str:
+    """The directory part of a path or URL prefix."""
+    if is_url(path):
+        return path.rsplit("/", 1)[0]
+    return os.path.dirname(path)
 
 
 def write_checkpoint(
@@ -36,7 +50,7 @@ def write_checkpoint(
     ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
     (FORMAT.md §8.1)."""
     parent = os.path.dirname(prefix)
-    if parent:
+    if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
@@ -83,7 +97,7 @@ def _plan(
     prefix: str, values: dict[str, Any], graph_json: bytes, incremental: bool, base: str | None
 ) -> tuple[files.SavePlan, list[Any]]:
     parent = os.path.dirname(prefix)
-    if parent:
+    if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json

@@ -38,6 +38,7 @@ import os
 import pathlib
 import pickle
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,8 @@ class StorageWriter(_storage.StorageWriter):
             byte grouping; ``"none"`` for mmap-able, zero-copy loads).
         threads: threads (and shard files) per rank writing in parallel (default: up to 4).
         durable: fsync shards and index before the save returns (default).
+        storage_options: credentials/endpoint/knobs when ``path`` is an object-store URL
+            (``s3://bucket/run/step-100``): each rank streams its shards up in parallel.
     """
 
     def __init__(
@@ -221,9 +224,11 @@ class StorageWriter(_storage.StorageWriter):
         chunk_bytes: int | None = None,
         threads: int | None = None,
         durable: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.prefix = os.fspath(path)
+        self.storage_options = storage_options
         self.compression = compression
         self.level = level
         self.chunk_bytes = chunk_bytes
@@ -260,7 +265,7 @@ class StorageWriter(_storage.StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         parent = os.path.dirname(self.prefix)
-        if parent:
+        if parent and not files.is_url(self.prefix):
             os.makedirs(parent, exist_ok=True)
         return plan
 
@@ -290,6 +295,7 @@ class StorageWriter(_storage.StorageWriter):
             chunk_bytes=self.chunk_bytes,
             metadata={_MARKER: {"version": 1, "metadata_entry": METADATA_ENTRY}},
             merge_token=slot.merge_token,
+            storage_options=self.storage_options,
         )
 
         def write_one(item: WriteItem) -> _storage.WriteResult:
@@ -329,6 +335,7 @@ class StorageWriter(_storage.StorageWriter):
             world_size=world + 1,
             chunk_bytes=self.chunk_bytes,
             merge_token=self._token,
+            storage_options=self.storage_options,
         )
         try:
             document = encode_metadata(metadata)
@@ -347,7 +354,13 @@ class StorageWriter(_storage.StorageWriter):
         except BaseException:
             writer.abort()
             raise
-        files.merge(self.prefix, world + 1, durable=self.durable, token=self._token or None)
+        files.merge(
+            self.prefix,
+            world + 1,
+            durable=self.durable,
+            token=self._token or None,
+            storage_options=self.storage_options,
+        )
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -373,13 +386,20 @@ class StorageReader(_storage.StorageReader):
             dicts, tensors...) are first checked with that restricted unpickler, and a
             ``.dcp_metadata.pickle`` entry is refused. ``True`` (for checkpoints you trust)
             lets both through; the refusal is a ``PickleRefusedError`` naming this option.
+        storage_options: credentials/endpoint/knobs when ``path`` is an object-store URL.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, verify: bool = True, allow_pickle: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        allow_pickle: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.prefix = os.fspath(path)
+        self.storage_options = storage_options
         self.verify = verify
         self.allow_pickle = bool(allow_pickle)
         self.load_id = uuid.uuid4().hex
@@ -392,7 +412,7 @@ class StorageReader(_storage.StorageReader):
 
     def _open(self) -> files.Reader:
         if self._reader is None:
-            self._reader = files.open(self.prefix)
+            self._reader = files.open(self.prefix, storage_options=self.storage_options)
         return self._reader
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:

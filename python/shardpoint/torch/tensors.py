@@ -369,6 +369,7 @@ def save(
     durable: bool = True,
     chunk_bytes: int | None = None,
     blocking: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> SaveFuture | None:
     """Save a (nested) state dict of tensors and plain values as checkpoint ``prefix``.
 
@@ -385,6 +386,8 @@ def save(
             copies ordered with the current stream (``shardpoint.torch.staging``); the write
             runs in the background, saves committing in call order. Tensors may be modified in
             place as soon as the call returns.
+        storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL
+            (``s3://bucket/run/model``; docs/OBJECT_STORE.md).
 
     Blocking saves write CPU tensors straight from their memory (no staging copy); non-CPU
     tensors are copied to the host first. Nested keys are joined with ``/``.
@@ -404,6 +407,7 @@ def save(
         durable=durable,
         chunk_bytes=chunk_bytes,
         _sections={METADATA_KEY: meta},
+        storage_options=storage_options,
     )
     if blocking:
         plan.write(items, None)
@@ -454,6 +458,7 @@ def load(
     *,
     keys: list[str] | None = None,
     verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save` (or any shardpoint checkpoint) as tensors.
 
@@ -464,12 +469,13 @@ def load(
             fresh memory; other devices get one host-to-device copy per tensor.
         keys: load only these flat (``/``-joined) keys and return a flat dict of them.
         verify: check every value's crc32c (compressed values are always checked).
+        storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL.
 
     Returns the nested state dict as saved (flat ``key -> value`` for ``keys=`` or for
     checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy.
     """
     dev = torch.device(device)
-    with files.open(prefix) as reader:
+    with files.open(prefix, storage_options=storage_options) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         wanted = reader.keys() if keys is None else list(keys)

@@ -7,6 +7,7 @@
 mod buffers;
 mod checksum;
 mod read;
+mod remote;
 mod staged;
 mod write;
 
@@ -74,6 +75,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<read::CheckpointReader>()?;
     m.add_class::<write::Writer>()?;
     m.add_class::<buffers::Buffer>()?;
+    m.add_class::<remote::RemoteReader>()?;
+    m.add_function(wrap_pyfunction!(remote::is_remote, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::exists, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::object_get, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::object_put, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::object_delete, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::list_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::gc, m)?)?;
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;

@@ -1,13 +1,13 @@
 //! Saving: the one-call parallel `save`, the streaming `Writer`, `merge` and `remove`.
 
 use crate::buffers::bytes_of;
+use crate::remote::{location, Opts};
 use crate::{nogil, parse_codec};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use shardpoint_core::format::{DType, Kind};
 use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
-use std::path::PathBuf;
 
 /// (key, dtype, kind, shape, buffer) tuples from Python → owned parts plus pinned buffers.
 pub(crate) type RawItem = (String, String, String, Vec<u64>, PyBuffer<u8>);
@@ -55,11 +55,11 @@ pub(crate) fn options(
 
 /// Save items in one call, `shards` threads writing in parallel with the GIL released.
 #[pyfunction]
-#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new()))]
+#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
-    prefix: PathBuf,
+    prefix: &str,
     items: Vec<RawItem>,
     codec: &str,
     level: i32,
@@ -68,7 +68,9 @@ pub(crate) fn save(
     durable: bool,
     metadata_json: String,
     sections_json: String,
+    storage_options: Opts,
 ) -> PyResult<()> {
+    let loc = location(py, prefix, &storage_options)?;
     let opts = options(
         codec,
         level,
@@ -82,28 +84,36 @@ pub(crate) fn save(
         sections_json,
     )?;
     let its = to_items(&items)?;
-    nogil(py, || shardpoint_core::save(&prefix, &its, opts))
+    nogil(py, || shardpoint_core::save_at(&loc, &its, opts))
 }
 
 /// Merge the partial indexes of a multi-writer save and commit `P.index`.
 #[pyfunction]
-#[pyo3(signature = (prefix, world_size, durable=true, token=None))]
+#[pyo3(signature = (prefix, world_size, durable=true, token=None, storage_options=None))]
 pub(crate) fn merge(
     py: Python<'_>,
-    prefix: PathBuf,
+    prefix: &str,
     world_size: u32,
     durable: bool,
     token: Option<String>,
+    storage_options: Opts,
 ) -> PyResult<()> {
+    let loc = location(py, prefix, &storage_options)?;
     nogil(py, || {
-        shardpoint_core::merge(&prefix, world_size, durable, token.as_deref())
+        shardpoint_core::merge_at(&loc, world_size, durable, token.as_deref())
     })
 }
 
 /// Delete checkpoint `prefix` (index first).
 #[pyfunction]
-pub(crate) fn remove(py: Python<'_>, prefix: PathBuf) -> PyResult<()> {
-    nogil(py, || shardpoint_core::commit::remove(&prefix))
+#[pyo3(signature = (prefix, storage_options=None))]
+pub(crate) fn remove(py: Python<'_>, prefix: &str, storage_options: Opts) -> PyResult<()> {
+    match location(py, prefix, &storage_options)? {
+        shardpoint_core::Location::Local(p) => nogil(py, || shardpoint_core::commit::remove(&p)),
+        shardpoint_core::Location::Remote(rp) => {
+            nogil(py, || shardpoint_core::store::remote_commit::remove(&rp))
+        }
+    }
 }
 
 /// Streaming writer; `add` may be called from several Python threads at once.
@@ -115,11 +125,11 @@ pub(crate) struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new()))]
+    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        prefix: PathBuf,
+        prefix: &str,
         codec: &str,
         level: i32,
         chunk_bytes: u32,
@@ -130,7 +140,9 @@ impl Writer {
         metadata_json: String,
         merge_token: String,
         sections_json: String,
+        storage_options: Opts,
     ) -> PyResult<Self> {
+        let loc = location(py, prefix, &storage_options)?;
         let opts = options(
             codec,
             level,
@@ -143,7 +155,7 @@ impl Writer {
             merge_token,
             sections_json,
         )?;
-        let inner = nogil(py, || CheckpointWriter::new(&prefix, opts))?;
+        let inner = nogil(py, || CheckpointWriter::new_at(&loc, opts))?;
         Ok(Writer { inner })
     }
 

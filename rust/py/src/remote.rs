@@ -1,0 +1,335 @@
+//! Object-store URLs: `RemoteReader` (the same methods as `CheckpointReader`, values fetched
+//! with ranged GETs) and the small object operations the Python layer needs (conditional
+//! put/get of the manager's state object, listing, delete, gc). Bulk data never crosses into
+//! Python here except as the decoded values handed out.
+
+use crate::buffers::{bytes_of, Buffer, Store};
+use crate::nogil;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use shardpoint_core::index::Entry;
+use shardpoint_core::store::remote_reader::RemoteReader as CoreRemote;
+use shardpoint_core::store::{parse_dir, remote_commit, Location, RemotePrefix};
+use shardpoint_core::Error;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Storage options from Python (`None` = environment only).
+pub(crate) type Opts = Option<HashMap<String, String>>;
+
+pub(crate) fn opts_map(o: &Opts) -> BTreeMap<String, String> {
+    o.as_ref()
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
+/// Parse a prefix string (path, file:// or object-store URL).
+pub(crate) fn location(py: Python<'_>, prefix: &str, o: &Opts) -> PyResult<Location> {
+    let m = opts_map(o);
+    nogil(py, || Location::parse(prefix, &m))
+}
+
+fn remote_prefix(py: Python<'_>, url: &str, o: &Opts) -> PyResult<RemotePrefix> {
+    match location(py, url, o)? {
+        Location::Remote(r) => Ok(r),
+        Location::Local(_) => Err(PyValueError::new_err(format!(
+            "{url:?} is not an object-store URL"
+        ))),
+    }
+}
+
+/// Whether a string names an object-store URL.
+#[pyfunction]
+pub(crate) fn is_remote(prefix: &str) -> bool {
+    shardpoint_core::store::is_remote_url(prefix)
+}
+
+/// An open checkpoint in an object store.
+#[pyclass(module = "shardpoint._core", frozen)]
+pub(crate) struct RemoteReader {
+    inner: Arc<CoreRemote>,
+}
+
+impl RemoteReader {
+    fn entry(&self, py: Python<'_>, key: &str) -> PyResult<Entry<'_>> {
+        self.inner.entry(key).map_err(|e| crate::to_py(py, e))
+    }
+}
+
+fn value_tuple<'py>(py: Python<'py>, e: &Entry<'_>, v: Vec<u8>) -> PyResult<Bound<'py, PyTuple>> {
+    let b = Buffer {
+        store: Store::Owned(v),
+    };
+    (
+        e.dtype.name(),
+        PyTuple::new(py, &e.dims)?,
+        e.kind.name(),
+        Bound::new(py, b)?,
+    )
+        .into_pyobject(py)
+}
+
+#[pymethods]
+impl RemoteReader {
+    #[new]
+    #[pyo3(signature = (url, storage_options=None))]
+    fn new(py: Python<'_>, url: &str, storage_options: Opts) -> PyResult<Self> {
+        let rp = remote_prefix(py, url, &storage_options)?;
+        let r = nogil(py, || CoreRemote::open(&rp))?;
+        Ok(RemoteReader { inner: Arc::new(r) })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.index().len()
+    }
+
+    /// All keys in order.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let idx = self.inner.index();
+        let mut out = Vec::with_capacity(idx.len());
+        for i in 0..idx.len() {
+            out.push(idx.entry(i).map_err(|e| crate::to_py(py, e))?.key);
+        }
+        PyList::new(py, out)
+    }
+
+    /// Keys starting with `prefix`, in order.
+    fn keys_with_prefix<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyList>> {
+        let idx = self.inner.index();
+        let mut i = idx
+            .lower_bound(prefix.as_bytes())
+            .map_err(|e| crate::to_py(py, e))?;
+        let mut out = Vec::new();
+        while i < idx.len() {
+            let e = idx.entry(i).map_err(|e| crate::to_py(py, e))?;
+            if !e.key.starts_with(prefix) {
+                break;
+            }
+            out.push(e.key);
+            i += 1;
+        }
+        PyList::new(py, out)
+    }
+
+    fn __contains__(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        Ok(self
+            .inner
+            .index()
+            .find(key)
+            .map_err(|e| crate::to_py(py, e))?
+            .is_some())
+    }
+
+    /// (dtype, shape, kind, codec, stored_len, raw_len, shard, offset, crc32c, nchunks)
+    fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyTuple>> {
+        let e = self.entry(py, key)?;
+        (
+            e.dtype.name(),
+            PyTuple::new(py, &e.dims)?,
+            e.kind.name(),
+            e.codec.name(),
+            e.stored_len,
+            e.raw_len,
+            e.shard,
+            e.offset,
+            e.crc,
+            e.nchunks(),
+        )
+            .into_pyobject(py)
+    }
+
+    /// (dtype, shape, kind, buffer) for one key: one ranged GET for an uncompressed value of
+    /// up to one part; always crc-checked and always private memory (`verify` and `copy` are
+    /// accepted for symmetry with `CheckpointReader`).
+    #[pyo3(signature = (key, verify=false, copy=false))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        verify: bool,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = (verify, copy);
+        let e = self.entry(py, key)?;
+        let v = nogil(py, || self.inner.read(&e))?;
+        value_tuple(py, &e, v)
+    }
+
+    /// Like `get` for many keys: fetched together (coalesced, parallel) and decoded in parallel.
+    #[pyo3(signature = (keys, verify=false, copy=false))]
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        verify: bool,
+        copy: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let _ = (verify, copy);
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        let vals = nogil(py, || self.inner.read_many(&entries))?;
+        let out = PyList::empty(py);
+        for (e, v) in entries.iter().zip(vals) {
+            out.append(value_tuple(py, e, v)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Check one value's crc32c (fetches the whole value once).
+    fn verify_key(&self, py: Python<'_>, key: &str) -> PyResult<()> {
+        let e = self.entry(py, key)?;
+        nogil(py, || self.inner.read(&e).map(|_| ()))
+    }
+
+    /// Raw bytes [lo, hi) of an entry into a writable buffer, fetching only needed chunks.
+    fn read_range(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        out: PyBuffer<u8>,
+    ) -> PyResult<()> {
+        if out.readonly() {
+            return Err(PyValueError::new_err("output buffer is read-only"));
+        }
+        let e = self.entry(py, key)?;
+        let dst = bytes_of(&out)?;
+        // SAFETY: checked writable and contiguous; `out` outlives the call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr() as *mut u8, dst.len()) };
+        nogil(py, || self.inner.read_range(&e, lo, hi, dst))
+    }
+
+    /// Check every checksum and invariant, fetching every byte.
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        nogil(py, || self.inner.verify())
+    }
+
+    /// The metadata JSON text (crc checked).
+    fn metadata_json(&self, py: Python<'_>) -> PyResult<String> {
+        let b = self
+            .inner
+            .index()
+            .metadata_bytes()
+            .map_err(|e| crate::to_py(py, e))?;
+        String::from_utf8(b.to_vec()).map_err(|_| {
+            crate::to_py(
+                py,
+                Error::corrupt(self.inner.index().path(), 0, "metadata is not valid UTF-8"),
+            )
+        })
+    }
+
+    /// [(shard URL, size in bytes)]
+    fn shard_files(&self) -> Vec<(String, u64)> {
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| (s.url.to_string_lossy().into_owned(), s.file_len))
+            .collect()
+    }
+
+    /// Size of the index object in bytes.
+    fn index_size(&self) -> u64 {
+        self.inner.index().file_len()
+    }
+
+    /// Raw bytes per chunk.
+    fn chunk_bytes(&self) -> u32 {
+        self.inner.index().chunk_bytes()
+    }
+}
+
+/// Whether a committed checkpoint exists at `prefix` (path or URL).
+#[pyfunction]
+#[pyo3(signature = (prefix, storage_options=None))]
+pub(crate) fn exists(py: Python<'_>, prefix: &str, storage_options: Opts) -> PyResult<bool> {
+    match location(py, prefix, &storage_options)? {
+        Location::Local(p) => Ok(shardpoint_core::commit::index_path(&p).exists()),
+        Location::Remote(rp) => nogil(py, || Ok(rp.store.head(&rp.key_of(".index"))?.is_some())),
+    }
+}
+
+/// Read a whole object: (bytes, etag or None). NotFoundError if absent.
+#[pyfunction]
+#[pyo3(signature = (url, storage_options=None))]
+pub(crate) fn object_get<'py>(
+    py: Python<'py>,
+    url: &str,
+    storage_options: Opts,
+) -> PyResult<(Bound<'py, PyBytes>, Option<String>)> {
+    let rp = remote_prefix(py, url, &storage_options)?;
+    let (b, meta) = nogil(py, || rp.store.get(&rp.key))?;
+    Ok((PyBytes::new(py, &b), meta.e_tag))
+}
+
+/// Put a small object. `mode`: "overwrite", "create" (fails if it exists) or "update" (fails
+/// unless its etag is still `etag`). Returns the new etag. A lost condition raises
+/// CheckpointIOError whose message says another writer changed it first.
+#[pyfunction]
+#[pyo3(signature = (url, data, mode="overwrite", etag=None, storage_options=None))]
+pub(crate) fn object_put(
+    py: Python<'_>,
+    url: &str,
+    data: Vec<u8>,
+    mode: &str,
+    etag: Option<String>,
+    storage_options: Opts,
+) -> PyResult<Option<String>> {
+    use shardpoint_core::store::object_store::{PutMode, UpdateVersion};
+    let m = match mode {
+        "overwrite" => PutMode::Overwrite,
+        "create" => PutMode::Create,
+        "update" => PutMode::Update(UpdateVersion {
+            e_tag: etag,
+            version: None,
+        }),
+        _ => return Err(PyValueError::new_err(format!("unknown put mode {mode:?}"))),
+    };
+    let rp = remote_prefix(py, url, &storage_options)?;
+    nogil(py, || rp.store.put(&rp.key, data, m))
+}
+
+/// Delete an object (absent is fine).
+#[pyfunction]
+#[pyo3(signature = (url, storage_options=None))]
+pub(crate) fn object_delete(py: Python<'_>, url: &str, storage_options: Opts) -> PyResult<()> {
+    let rp = remote_prefix(py, url, &storage_options)?;
+    nogil(py, || rp.store.delete(&rp.key))
+}
+
+/// Names directly inside "directory" `url` (objects and sub-directories, relative names;
+/// directories end with "/").
+#[pyfunction]
+#[pyo3(signature = (url, storage_options=None))]
+pub(crate) fn list_dir(py: Python<'_>, url: &str, storage_options: Opts) -> PyResult<Vec<String>> {
+    let m = opts_map(&storage_options);
+    let (store, dir) = nogil(py, || parse_dir(url, &m))?;
+    let (objs, dirs) = nogil(py, || store.list_dir(&dir))?;
+    let strip = |s: &str| -> String {
+        let s = s.strip_prefix(&dir).unwrap_or(s);
+        s.trim_start_matches('/').to_string()
+    };
+    let mut out: Vec<String> = objs.iter().map(|o| strip(o.location.as_ref())).collect();
+    out.extend(dirs.iter().map(|d| format!("{}/", strip(d))));
+    out.sort();
+    Ok(out)
+}
+
+/// Abort multipart uploads of dead writers under `url` (markers older than `older_than` s).
+#[pyfunction]
+#[pyo3(signature = (url, older_than=3600.0, storage_options=None))]
+pub(crate) fn gc(
+    py: Python<'_>,
+    url: &str,
+    older_than: f64,
+    storage_options: Opts,
+) -> PyResult<usize> {
+    let m = opts_map(&storage_options);
+    let (store, dir) = nogil(py, || parse_dir(url, &m))?;
+    nogil(py, || remote_commit::gc(&store, &dir, older_than))
+}

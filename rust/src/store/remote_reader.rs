@@ -1,0 +1,455 @@
+//! Lazy reads of a checkpoint in an object store.
+//!
+//! - `open` is one GET of `P.index` (whatever the key count); shard headers are not fetched:
+//!   every ranged GET returns the object's total size, checked against the index's record, and
+//!   `verify` checks the headers.
+//! - An uncompressed value is one ranged GET of exactly its bytes (split into parallel
+//!   `part_size` pieces only when larger than one part); a compressed value fetches its chunks;
+//!   a slice fetches only the chunks holding the rows.
+//! - Many values (`read_many`) are planned together: ranges of one shard closer than
+//!   [`COALESCE_GAP`] become one GET, large ones are split, and up to `concurrency` GETs run at
+//!   once, each piece copied into its destination as it arrives.
+//! - Every byte handed out is crc-checked (raw crc of whole values, chunk crcs of compressed
+//!   ones), except raw byte ranges of uncompressed values (`read_range`), whose crc covers the
+//!   whole value (as on local files).
+
+use super::{block_on, RemotePrefix, COALESCE_GAP};
+use crate::codec::decode_chunk;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::{Entry, IndexView};
+use futures::StreamExt;
+use rayon::prelude::*;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// One shard object of an open remote checkpoint.
+pub struct RemoteShard {
+    pub key: String,
+    pub url: PathBuf,
+    pub file_len: u64,
+}
+
+/// Recently fetched pieces, bounded by bytes (FIFO). Off unless `cache_bytes` > 0.
+struct RangeCache {
+    budget: usize,
+    used: usize,
+    map: HashMap<(u32, u64, u64), bytes::Bytes>,
+    order: VecDeque<(u32, u64, u64)>,
+}
+
+impl RangeCache {
+    fn put(&mut self, k: (u32, u64, u64), b: bytes::Bytes) {
+        if b.len() > self.budget || self.map.contains_key(&k) {
+            return;
+        }
+        while self.used + b.len() > self.budget {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(ob) = self.map.remove(&old) {
+                self.used -= ob.len();
+            }
+        }
+        self.used += b.len();
+        self.order.push_back(k);
+        self.map.insert(k, b);
+    }
+}
+
+/// An open checkpoint in an object store.
+pub struct RemoteReader {
+    prefix: RemotePrefix,
+    index: IndexView<Vec<u8>>,
+    shards: Vec<RemoteShard>,
+    cache: Option<Mutex<RangeCache>>,
+}
+
+/// A byte range `[lo, hi)` of shard `shard`.
+type Span = (u32, u64, u64);
+
+impl RemoteReader {
+    /// Open: one GET of the index, then checks of header, footer, sections, shard and block
+    /// tables (no per-entry work, no shard requests).
+    pub fn open(prefix: &RemotePrefix) -> Result<Self> {
+        let ikey = prefix.key_of(".index");
+        let (bytes, _) = prefix.store.get(&ikey).map_err(|e| match e {
+            Error::NotFound { path, .. } => Error::NotFound {
+                path,
+                what: "open checkpoint index".into(),
+            },
+            e => e,
+        })?;
+        let index = IndexView::open(bytes, &prefix.url_of(".index"))?;
+        let shards = index
+            .shards()
+            .iter()
+            .map(|rec| RemoteShard {
+                key: prefix.key_of(&rec.name),
+                url: prefix.url_of(&rec.name),
+                file_len: rec.file_len,
+            })
+            .collect();
+        let cb = prefix.store.config.cache_bytes;
+        Ok(RemoteReader {
+            prefix: prefix.clone(),
+            index,
+            shards,
+            cache: (cb > 0).then(|| {
+                Mutex::new(RangeCache {
+                    budget: cb,
+                    used: 0,
+                    map: HashMap::new(),
+                    order: VecDeque::new(),
+                })
+            }),
+        })
+    }
+
+    /// The URL of `P`.
+    pub fn url(&self) -> PathBuf {
+        self.prefix.url_of("")
+    }
+
+    /// The index.
+    pub fn index(&self) -> &IndexView<Vec<u8>> {
+        &self.index
+    }
+
+    /// The shard objects.
+    pub fn shards(&self) -> &[RemoteShard] {
+        &self.shards
+    }
+
+    /// Entry of `key`, or `MissingKey`.
+    pub fn entry(&self, key: &str) -> Result<Entry<'_>> {
+        match self.index.find(key)? {
+            Some(i) => self.index.entry(i),
+            None => Err(Error::MissingKey {
+                path: self.prefix.url_of(".index"),
+                key: key.to_string(),
+            }),
+        }
+    }
+
+    /// Fetch every span (coalesced, split, in parallel); returns their bytes in order.
+    fn fetch(&self, spans: &[Span]) -> Result<Vec<Vec<u8>>> {
+        let store = &self.prefix.store;
+        let ps = store.config.part_size as u64;
+        let mut order: Vec<usize> = (0..spans.len()).collect();
+        order.sort_by_key(|&i| (spans[i].0, spans[i].1));
+        // Requests: (shard, lo, hi, spans inside).
+        let mut reqs: Vec<(u32, u64, u64, Vec<usize>)> = Vec::new();
+        for i in order {
+            let (s, lo, hi) = spans[i];
+            if let Some(last) = reqs.last_mut() {
+                if last.0 == s && lo <= last.2 + COALESCE_GAP && hi.max(last.2) - last.1 <= ps {
+                    last.2 = last.2.max(hi);
+                    last.3.push(i);
+                    continue;
+                }
+            }
+            reqs.push((s, lo, hi, vec![i]));
+        }
+        // Pieces of at most one part each.
+        let mut pieces: Vec<(Span, usize)> = Vec::new();
+        for (ri, (s, lo, hi, _)) in reqs.iter().enumerate() {
+            let mut a = *lo;
+            while a < *hi {
+                let b = (a + ps).min(*hi);
+                pieces.push(((*s, a, b), ri));
+                a = b;
+            }
+        }
+        let mut out: Vec<Vec<u8>> = spans
+            .iter()
+            .map(|&(_, lo, hi)| vec![0u8; (hi - lo) as usize])
+            .collect();
+        let mut place = |piece: Span, ri: usize, data: &[u8]| {
+            let (_, a, b) = piece;
+            for &si in &reqs[ri].3 {
+                let (_, lo, hi) = spans[si];
+                let (x, y) = (a.max(lo), b.min(hi));
+                if x < y {
+                    out[si][(x - lo) as usize..(y - lo) as usize]
+                        .copy_from_slice(&data[(x - a) as usize..(y - a) as usize]);
+                }
+            }
+        };
+        let mut todo = Vec::new();
+        for (piece, ri) in pieces {
+            let hit = self
+                .cache
+                .as_ref()
+                .and_then(|c| c.lock().expect("cache").map.get(&piece).cloned());
+            match hit {
+                Some(b) => place(piece, ri, &b),
+                None => todo.push((piece, ri)),
+            }
+        }
+        let futs = todo.iter().map(|&((s, a, b), _)| {
+            let sh = &self.shards[s as usize];
+            store.range_future(&sh.key, a, b)
+        });
+        let mut stream = futures::stream::iter(futs).buffered(store.config.concurrency);
+        let mut k = 0;
+        block_on(async {
+            while let Some(r) = stream.next().await {
+                let (bytes, size) = r?;
+                let ((s, a, _), ri) = todo[k];
+                k += 1;
+                let sh = &self.shards[s as usize];
+                if size != sh.file_len {
+                    return Err(Error::corrupt(
+                        &sh.url,
+                        a,
+                        format!(
+                            "shard {s} is {size} bytes but the index records {} (truncated or replaced)",
+                            sh.file_len
+                        ),
+                    ));
+                }
+                place(todo[k - 1].0, ri, &bytes);
+                if let Some(c) = &self.cache {
+                    c.lock().expect("cache").put(todo[k - 1].0, bytes);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The stored span of an entry: all of it, or chunks `c0..=c1`.
+    fn span_of(&self, e: &Entry<'_>, chunks: Option<(usize, usize)>) -> Span {
+        match chunks {
+            None => (e.shard, e.offset, e.offset + e.stored_len),
+            Some((c0, c1)) => {
+                let a = e.chunk(c0);
+                let b = e.chunk(c1);
+                (
+                    e.shard,
+                    e.offset + a.rel_offset,
+                    e.offset + b.rel_offset + b.stored_len as u64,
+                )
+            }
+        }
+    }
+
+    fn shard_url(&self, e: &Entry<'_>) -> &Path {
+        &self.shards[e.shard as usize].url
+    }
+
+    /// Decode whole entries: `stored[i]` holds entry `i`'s payload. Returns raw bytes, all
+    /// checked against their crcs.
+    fn decode_whole(&self, es: &[Entry<'_>], stored: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        es.par_iter()
+            .zip(stored.into_par_iter())
+            .map(|(e, s)| {
+                if e.codec == Codec::None {
+                    let actual = crate::shard::par_crc(&s);
+                    if actual != e.crc {
+                        return Err(Error::Checksum {
+                            path: self.shard_url(e).to_path_buf(),
+                            offset: e.offset,
+                            what: format!("key {:?}", e.key),
+                            expected: e.crc,
+                            actual,
+                        });
+                    }
+                    return Ok(s);
+                }
+                check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
+                let mut out = vec![0u8; e.raw_len as usize];
+                let cb = self.index.chunk_bytes() as usize;
+                let crcs: Vec<(u32, usize)> = out
+                    .par_chunks_mut(cb)
+                    .enumerate()
+                    .map(|(ci, o)| {
+                        self.decode_one(e, ci, &s, 0, o)?;
+                        Ok((crc(o), o.len()))
+                    })
+                    .collect::<Result<_>>()?;
+                let whole = combine_crcs(crcs);
+                if whole != e.crc {
+                    return Err(Error::Checksum {
+                        path: self.shard_url(e).to_path_buf(),
+                        offset: e.offset,
+                        what: format!("key {:?} (decoded data)", e.key),
+                        expected: e.crc,
+                        actual: whole,
+                    });
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// Decode chunk `ci` of `e` from `stored`, which starts at chunk-relative offset `base`.
+    fn decode_one(
+        &self,
+        e: &Entry<'_>,
+        ci: usize,
+        stored: &[u8],
+        base: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let c = e.chunk(ci);
+        let lo = (c.rel_offset - base) as usize;
+        let s = &stored[lo..lo + c.stored_len as usize];
+        let off = e.offset + c.rel_offset;
+        let actual = crc(s);
+        if actual != c.crc {
+            return Err(Error::Checksum {
+                path: self.shard_url(e).to_path_buf(),
+                offset: off,
+                what: format!("key {:?} chunk {ci}", e.key),
+                expected: c.crc,
+                actual,
+            });
+        }
+        decode_chunk(e.codec, e.dtype, s, out, self.shard_url(e), off)
+    }
+
+    /// Raw bytes of many entries, fetched together and checked.
+    pub fn read_many(&self, es: &[Entry<'_>]) -> Result<Vec<Vec<u8>>> {
+        let spans: Vec<Span> = es.iter().map(|e| self.span_of(e, None)).collect();
+        let stored = self.fetch(&spans)?;
+        self.decode_whole(es, stored)
+    }
+
+    /// Raw bytes of one entry.
+    pub fn read(&self, e: &Entry<'_>) -> Result<Vec<u8>> {
+        Ok(self.read_many(std::slice::from_ref(e))?.pop().expect("one"))
+    }
+
+    /// Raw bytes `[lo, hi)` of the entry, fetching only what holds them.
+    pub fn read_range(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
+        if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
+            return Err(Error::InvalidArgument(format!(
+                "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
+                e.key, e.raw_len
+            )));
+        }
+        if lo == hi {
+            return Ok(());
+        }
+        if e.codec == Codec::None {
+            let got = self.fetch(&[(e.shard, e.offset + lo, e.offset + hi)])?;
+            out.copy_from_slice(&got[0]);
+            return Ok(());
+        }
+        check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
+        let cb = self.index.chunk_bytes() as u64;
+        let (c0, c1) = ((lo / cb) as usize, ((hi - 1) / cb) as usize);
+        let stored = self
+            .fetch(&[self.span_of(e, Some((c0, c1)))])?
+            .pop()
+            .expect("one");
+        let base = e.chunk(c0).rel_offset;
+        let parts: Vec<(u64, Vec<u8>)> = (c0..=c1)
+            .into_par_iter()
+            .map(|ci| {
+                let raw_lo = ci as u64 * cb;
+                let raw_n = cb.min(e.raw_len - raw_lo) as usize;
+                let mut tmp = vec![0u8; raw_n];
+                self.decode_one(e, ci, &stored, base, &mut tmp)?;
+                Ok((raw_lo, tmp))
+            })
+            .collect::<Result<_>>()?;
+        for (raw_lo, tmp) in parts {
+            let a = lo.max(raw_lo);
+            let b = hi.min(raw_lo + tmp.len() as u64);
+            out[(a - lo) as usize..(b - lo) as usize]
+                .copy_from_slice(&tmp[(a - raw_lo) as usize..(b - raw_lo) as usize]);
+        }
+        Ok(())
+    }
+
+    /// Check everything: index blocks, key order, metadata, shard headers, that no payloads
+    /// overlap, and every payload's crcs (fetched in batches of bounded size).
+    pub fn verify(&self) -> Result<()> {
+        self.index.verify_all()?;
+        self.index.metadata_bytes()?;
+        let n = self.index.len();
+        let mut ranges: Vec<(u32, u64, u64, usize)> = Vec::with_capacity(n);
+        for i in 0..n {
+            let e = self.index.entry(i)?;
+            ranges.push((e.shard, e.offset, e.offset + e.stored_len, i));
+        }
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
+                let e = self.index.entry(w[1].3)?;
+                return Err(Error::corrupt(
+                    self.shard_url(&e),
+                    e.offset,
+                    format!("payload of key {:?} overlaps another entry's", e.key),
+                ));
+            }
+        }
+        let heads: Vec<Span> = (0..self.shards.len() as u32)
+            .map(|s| (s, 0, SHARD_HEADER_LEN as u64))
+            .collect();
+        for (i, h) in self.fetch(&heads)?.iter().enumerate() {
+            let sh = &self.shards[i];
+            let rec = &self.index.shards()[i];
+            let (hdr, hcrc) = ShardHeader::decode(h, &sh.url)?;
+            if hdr.save_token != rec.save_token || hcrc != rec.header_crc {
+                return Err(Error::corrupt(
+                    &sh.url,
+                    0,
+                    format!("shard {i} belongs to another save (token/header crc differ from the index)"),
+                ));
+            }
+        }
+        // Batches of ~1 GiB stored bytes keep memory bounded on huge checkpoints.
+        const BATCH: u64 = 1 << 30;
+        let mut i = 0;
+        while i < n {
+            let mut es = Vec::new();
+            let mut total = 0u64;
+            while i < n && (es.is_empty() || total < BATCH) {
+                let e = self.index.entry(i)?;
+                total += e.stored_len;
+                es.push(e);
+                i += 1;
+            }
+            self.read_many(&es)?;
+        }
+        Ok(())
+    }
+}
+
+/// Check a compressed entry's chunk table: contiguous from 0, each no longer than its raw
+/// chunk, exactly filling the payload (FORMAT.md §3.3).
+fn check_chunk_table(e: &Entry<'_>, chunk_bytes: u32, url: &Path) -> Result<()> {
+    let cb = chunk_bytes as u64;
+    let mut pos = 0u64;
+    for ci in 0..e.nchunks() {
+        let c = e.chunk(ci);
+        let raw_n = cb.min(e.raw_len - ci as u64 * cb);
+        if c.rel_offset != pos || c.stored_len as u64 > raw_n {
+            return Err(Error::corrupt(
+                url,
+                e.offset.saturating_add(c.rel_offset),
+                format!(
+                    "key {:?} chunk {ci}: record at {} (+{}) is not contiguous with the previous chunk or longer than its raw {raw_n} bytes",
+                    e.key, c.rel_offset, c.stored_len
+                ),
+            ));
+        }
+        pos += c.stored_len as u64;
+    }
+    if pos != e.stored_len {
+        return Err(Error::corrupt(
+            url,
+            e.offset + pos,
+            format!(
+                "key {:?}: chunks cover {pos} bytes of a {}-byte payload",
+                e.key, e.stored_len
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+"""Test helpers for the object-store tests: a moto S3 server (real HTTP) and a forwarding
+proxy that counts requests and injects failures."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Moto:
+    """A running moto server and a boto3 client for checking what is in the buckets."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        self.server.start()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def bucket(self) -> str:
+        name = f"b-{uuid.uuid4().hex[:12]}"
+        self.s3.create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str) -> list[str]:
+        out = self.s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+        return sorted(o["Key"] for o in out)
+
+    def uploads(self, bucket: str) -> list[str]:
+        """Incomplete multipart uploads in the bucket (keys)."""
+        return [u["Key"] for u in self.s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+
+
+class Proxy:
+    """HTTP forwarder in front of moto: counts requests; `fail_next(n, mode)` makes the next n
+    requests fail with a 503 ("503") or a dropped connection ("drop")."""
+
+    def __init__(self, backend_port: int) -> None:
+        self.backend_port = backend_port
+        self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.fail: list[str] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                with proxy.lock:
+                    proxy.log.append((self.command, self.path, self.headers.get("Range")))
+                    mode = proxy.fail.pop(0) if proxy.fail else None
+                if mode == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if mode == "503":
+                    msg = b"<Error><Code>SlowDown</Code></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                c = http.client.HTTPConnection("127.0.0.1", proxy.backend_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items()}
+                c.request(self.command, self.path, body=body, headers=headers)
+                r = c.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                c.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.log.clear()
+
+    def requests(self, method: str | None = None) -> list[tuple[str, str, str | None]]:
+        with self.lock:
+            return [r for r in self.log if method is None or r[0] == method]
+
+    def fail_next(self, n: int, mode: str) -> None:
+        with self.lock:
+            self.fail = [mode] * n
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def opts_for(proxy: Proxy, **extra: str) -> dict[str, str]:
+    """storage_options sending every request through `proxy`."""
+    return {"endpoint": proxy.endpoint, "allow_http": "true", **extra}
