@@ -11,7 +11,7 @@ import pytest
 
 import shardpoint as sp
 from shardpoint.cli import main as cli
-from shardpoint.errors import CheckpointIOError, InvalidArgumentError
+from shardpoint.errors import CheckpointIOError
 
 
 def _var(x: float) -> sp.Variable:
@@ -33,13 +33,6 @@ def test_checkpoint_write_read_save_restore(moto, bucket: str) -> None:
     ck3 = sp.Checkpoint(v=_var(0.0))
     ck3.restore(sp.latest_checkpoint(url)).assert_consumed()
     assert int(ck3.save_counter) == 1
-
-
-def test_manager_refuses_urls_clearly(moto, bucket: str) -> None:
-    """CheckpointManager on a URL is not implemented yet (directory lock, pending deletions):
-    it says so instead of writing local directories named after the URL."""
-    with pytest.raises(InvalidArgumentError, match="does not manage object-store URLs yet"):
-        sp.CheckpointManager(sp.Checkpoint(v=_var(1.0)), f"s3://{bucket}/mgr")
 
 
 def test_state_object_update_is_conditional(moto, bucket: str) -> None:

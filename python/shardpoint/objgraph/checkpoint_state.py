@@ -40,6 +40,8 @@ __all__ = [
 
 logger = logging.getLogger("shardpoint")
 STATE_FILENAME = "checkpoint"
+#: default of the ``etag`` arguments: the etag this process last saw of the state object
+_CACHED: object = object()
 
 
 @dataclass
@@ -135,8 +137,14 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState) -> None:
-    """Atomically replace ``<directory>/checkpoint`` with ``state``."""
+def write_checkpoint_state(
+    directory: str | os.PathLike, state: CheckpointState, *, etag: object = _CACHED
+) -> str | None:
+    """Atomically replace ``<directory>/checkpoint`` with ``state``.
+
+    On a URL the put is conditional on ``etag`` (a string: ``If-Match``; None: the object must
+    not exist yet), by default the etag this process last saw; returns the new etag (None for
+    a local file)."""
     directory = os.fspath(directory)
     lines = [f"model_checkpoint_path: {json.dumps(state.model_checkpoint_path)}"]
     lines += [
@@ -149,8 +157,7 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
         lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
     data = ("\n".join(lines) + "\n").encode("utf-8")
     if is_url(directory):
-        _write_object(_join(directory, STATE_FILENAME), data)
-        return
+        return _write_object(_join(directory, STATE_FILENAME), data, etag)
     os.makedirs(directory or ".", exist_ok=True)
     # mode 0666 minus the umask, like the checkpoints it names (mkstemp would make it 0600)
     fd, tmp = create_temp(directory or ".", ".checkpoint.", ".tmp")
@@ -174,6 +181,7 @@ def write_checkpoint_state(directory: str | os.PathLike, state: CheckpointState)
         raise
     _fsync_dir(directory)
     _remove_stale_temps(directory)
+    return None
 
 
 def _remove_stale_temps(directory: str) -> None:
@@ -218,17 +226,35 @@ def _read_object(url: str) -> str | None:
     return data.decode("utf-8")
 
 
-def _write_object(url: str, data: bytes) -> None:
-    """Replace the state object only if it is still the version this process last saw
-    (``If-Match``), or create it only if absent (``If-None-Match: *``)."""
-    if url not in _etags:
-        _read_object(url)
-    etag = _etags[url]
+def last_seen_etag(directory: str) -> str | None:
+    """The etag of ``<directory>/checkpoint`` this process last read or wrote (None: absent
+    or never seen)."""
+    return _etags.get(_join(directory, STATE_FILENAME))
+
+
+def state_object_etag(directory: str) -> str | None:
+    """Current etag of ``<directory>/checkpoint`` on an object store (None: absent); one GET."""
+    url = _join(directory, STATE_FILENAME)
+    _read_object(url)
+    return _etags[url]
+
+
+def _write_object(url: str, data: bytes, expected: object = _CACHED) -> str | None:
+    """Replace the state object only if it is still the version ``expected`` (by default the
+    one this process last saw: ``If-Match``), or create it only if absent
+    (``If-None-Match: *``). Returns the new etag."""
+    if expected is _CACHED:
+        if url not in _etags:
+            _read_object(url)
+        etag = _etags[url]
+    else:
+        etag = expected  # type: ignore[assignment]
     if etag is None:
         new = files.write_object(url, data, mode="create")
     else:
         new = files.write_object(url, data, mode="update", etag=etag)
     _etags[url] = new
+    return new
 
 
 def _relative(directory: str, path: str) -> str:
@@ -249,10 +275,13 @@ def update_checkpoint_state(
     all_model_checkpoint_paths: list[str] | None = None,
     all_model_checkpoint_timestamps: list[float] | None = None,
     last_preserved_timestamp: float | None = None,
+    *,
+    etag: object = _CACHED,
 ) -> None:
     """Write the state file naming ``model_checkpoint_path`` as the latest checkpoint.
 
     Raises StatePathConflictError when the checkpoint path is the state file itself (SAVE-09).
+    ``etag``: see :func:`write_checkpoint_state` (the new etag is then :func:`last_seen_etag`).
     """
     directory = os.fspath(directory)
     state_path = _join(directory, STATE_FILENAME)
@@ -273,7 +302,10 @@ def update_checkpoint_state(
         list(all_model_checkpoint_timestamps or []),
         last_preserved_timestamp,
     )
-    write_checkpoint_state(directory, state)
+    if etag is _CACHED:
+        write_checkpoint_state(directory, state)
+    else:
+        write_checkpoint_state(directory, state, etag=etag)
 
 
 def resolve(directory: str, stored: str) -> str:

@@ -5,6 +5,16 @@ complete or absent), (2) atomically replace the state file naming it and the che
 kept, (3) only then delete the checkpoints that fell out of retention, index first. A crash at
 any point leaves ``latest_checkpoint`` naming a complete checkpoint; at worst an unlisted
 checkpoint stays on disk.
+
+On an object store (``s3://``, ``gs://``, ``az://``, ``memory://`` directory URLs) there is no
+``flock``: one manager per URL is enforced by the state object instead. Each save first checks
+(one GET) that the state object is still the version this manager last read or wrote, and the
+state update after the commit is a conditional put on that version (``If-Match``, or
+``If-None-Match: *`` when there was none). A second manager on the URL therefore gets
+:class:`DirectoryInUseError` before it writes anything, or at the latest when it would replace
+the state, and never deletes a checkpoint: deletions happen only after its own state update won.
+Pending deletions live in an object beside the state object; restore candidates and orphan
+shards are found through the store's listing. docs/OBJECT_STORE.md has the details.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -29,10 +40,14 @@ from ..errors import (
 )
 from . import directory_lock, storage_io
 from .checkpoint_state import (
+    STATE_FILENAME,
+    last_seen_etag,
     read_checkpoint_state,
     resolve,
+    state_object_etag,
     update_checkpoint_state,
 )
+from .errors import DirectoryInUseError
 
 __all__ = ["CheckpointManager", "PENDING_DELETIONS_FILENAME"]
 
@@ -90,14 +105,21 @@ class CheckpointManager:
             )
         self._checkpoint = checkpoint
         self._directory = os.fspath(directory)
-        if storage_io.is_url(self._directory):
-            # Not yet: the manager keeps a directory lock and a pending-deletions file, which
-            # need object-store counterparts. Checkpoint.save/restore and latest_checkpoint
-            # work on URLs (docs/OBJECT_STORE.md).
-            raise InvalidArgumentError(
-                f"{self._directory}: CheckpointManager does not manage object-store URLs yet; "
-                "use Checkpoint.save / Checkpoint.restore(latest_checkpoint(url)) there"
-            )
+        # an object-store URL: no directory lock (no flock on a bucket); the state object's
+        # conditional update plays its part (module docstring)
+        self._remote = storage_io.is_url(self._directory)
+        if self._remote:
+            if incremental:
+                raise InvalidArgumentError(
+                    f"{self._directory}: incremental saves hard-link local files; they are "
+                    "not supported on object-store URLs"
+                )
+            self._directory = self._directory.rstrip("/")
+        # etag of the state object this manager last read or wrote (URLs only; None: absent)
+        self._state_etag: str | None = None
+        # the start-of-save check (foreground) and the state update with its etag (background
+        # for asynchronous saves) must not interleave, or the check would see a half-done update
+        self._etag_lock = threading.Lock()
         # one manager process per directory (directory_lock); taken now if the directory
         # exists (a resumed job), else when the first save creates it
         self._lease: directory_lock.DirectoryLease | None = None
@@ -122,6 +144,8 @@ class CheckpointManager:
         self._last_preserved_timestamp = now
         self._latest_checkpoint: str | None = None
         state = read_checkpoint_state(self._directory)
+        if self._remote:
+            self._state_etag = last_seen_etag(self._directory)
         if state is None:
             return
         self._latest_checkpoint = resolve(self._directory, state.model_checkpoint_path)
@@ -148,6 +172,8 @@ class CheckpointManager:
 
     # -- directory ownership and deletions that must be retried ---------------------------------
     def _ensure_lease(self) -> None:
+        if self._remote:
+            return  # no flock on a bucket: the state object's etag guards it (module docstring)
         if self._lease is None and os.path.isdir(self._directory or "."):
             self._lease = directory_lock.acquire(self._directory)
             weakref.finalize(self, self._lease.release)
@@ -163,9 +189,17 @@ class CheckpointManager:
 
     def _read_pending(self) -> list[str]:
         try:
-            with open(self._pending_path(), encoding="utf-8") as f:
-                names = json.load(f)
-        except (OSError, ValueError):
+            if self._remote:
+                raw = storage_io.read_small(self._pending_path())
+                if raw is None:
+                    return []
+                names = json.loads(raw.decode("utf-8"))
+            else:
+                with open(self._pending_path(), encoding="utf-8") as f:
+                    names = json.load(f)
+        except (OSError, ValueError, CheckpointError) as e:
+            if self._remote:
+                logger.warning("%s: could not read checkpoints to delete: %s", self._directory, e)
             return []
         if not isinstance(names, list):
             return []
@@ -174,6 +208,16 @@ class CheckpointManager:
     def _write_pending(self) -> None:
         """Persist the retry list (so a failed deletion is retried after a restart too)."""
         path = self._pending_path()
+        if self._remote:
+            try:
+                if self._pending_deletions:
+                    names = [p.rsplit("/", 1)[-1] for p in self._pending_deletions]
+                    storage_io.write_small(path, json.dumps(names).encode("utf-8"))
+                else:
+                    storage_io.delete_name(path)
+            except CheckpointError as e:
+                logger.warning("%s: could not record checkpoints to delete later: %s", path, e)
+            return
         try:
             if not self._pending_deletions:
                 if os.path.exists(path):
@@ -275,12 +319,15 @@ class CheckpointManager:
         check = getattr(self._checkpoint, "_sp_check", None)
         if callable(check):
             check()  # an earlier failure raises before the counter moves
+        if self._remote:
+            self._check_state_unchanged()  # before anything is written or counted
         counter = self._checkpoint.save_counter
         counter.assign_add(1)
         number = int(counter) if checkpoint_number is None else int(checkpoint_number)
         path = f"{self._prefix}-{number}"
         stamp = _now()
-        os.makedirs(self._directory or ".", exist_ok=True)
+        if not self._remote:
+            os.makedirs(self._directory or ".", exist_ok=True)
         self._ensure_lease()
         try:
             if not hasattr(self._checkpoint, "_write"):  # a duck-typed checkpoint: write() only
@@ -297,10 +344,16 @@ class CheckpointManager:
                     then=lambda: self._record_and_sweep(path, stamp),
                     base=lambda: self._latest_checkpoint,
                 )
-        except BaseException:
+        except BaseException as e:
             # Failed after its commit (e.g. the directory fsync)? Then it is on disk: list it,
-            # so it is restored from and deleted like any other, and still raise.
-            if blocking and path not in self._maybe_delete and storage_io.checkpoint_exists(path):
+            # so it is restored from and deleted like any other, and still raise. Not after
+            # losing the state object to another manager (URLs): that would lose again.
+            if (
+                blocking
+                and not isinstance(e, DirectoryInUseError)
+                and path not in self._maybe_delete
+                and storage_io.checkpoint_exists(path)
+            ):
                 try:
                     self._record_and_sweep(path, stamp)
                 except Exception as e:  # the save's own error is the one to report
@@ -317,28 +370,60 @@ class CheckpointManager:
         if callable(wait):
             wait(timeout)
 
+    def _check_state_unchanged(self) -> None:
+        """URLs: raise DirectoryInUseError unless the state object is still the version this
+        manager last read or wrote (another manager saved into the URL meanwhile)."""
+        with self._etag_lock:
+            current = state_object_etag(self._directory)
+            mine = self._state_etag
+        if current != mine:
+            raise DirectoryInUseError(
+                f"{self._directory}/{STATE_FILENAME}: the state object was changed by someone "
+                "else since this CheckpointManager last read or wrote it (another manager or "
+                "job saving into this URL?); nothing was written. Two managers on one URL "
+                "would delete each other's checkpoints: stop the other job or give this one "
+                "its own URL, then create a new manager"
+            )
+
     def _record_and_sweep(self, path: str, timestamp: float) -> None:
-        self._maybe_delete.pop(path, None)
-        self._maybe_delete[path] = timestamp
-        self._latest_checkpoint = path
+        # computed on copies and adopted only once the state write succeeded, so a failed
+        # (or, on a URL, lost) state update leaves this manager's view and deletions untouched
+        kept = OrderedDict(self._maybe_delete)
+        kept.pop(path, None)
+        kept[path] = timestamp
+        preserved = self._last_preserved_timestamp
         doomed: list[str] = []
         if self._max_to_keep is not None:
-            while len(self._maybe_delete) > self._max_to_keep:
-                old_path, old_stamp = self._maybe_delete.popitem(last=False)
+            while len(kept) > self._max_to_keep:
+                old_path, old_stamp = kept.popitem(last=False)
                 if self._keep_every_n_hours is not None and (
-                    old_stamp - self._keep_every_n_hours * 3600.0 >= self._last_preserved_timestamp
+                    old_stamp - self._keep_every_n_hours * 3600.0 >= preserved
                 ):
-                    self._last_preserved_timestamp = old_stamp
+                    preserved = old_stamp
                     continue  # preserved: stays on disk, no longer listed
                 doomed.append(old_path)
         # one atomic state write that already excludes the doomed checkpoints, then delete
-        update_checkpoint_state(
-            self._directory,
-            path,
-            list(self._maybe_delete),
-            list(self._maybe_delete.values()),
-            self._last_preserved_timestamp,
-        )
+        args = (self._directory, path, list(kept), list(kept.values()), preserved)
+        if not self._remote:
+            update_checkpoint_state(*args)
+        else:
+            try:
+                with self._etag_lock:
+                    update_checkpoint_state(*args, etag=self._state_etag)
+                    self._state_etag = last_seen_etag(self._directory)
+            except CheckpointIOError as e:
+                if "another writer changed it first" not in str(e):
+                    raise
+                raise DirectoryInUseError(
+                    f"{self._directory}/{STATE_FILENAME}: another CheckpointManager (or job) "
+                    f"updated the state object while this one saved {path}; the state object "
+                    f"was left as the other wrote it and nothing was deleted ({path} is not "
+                    "listed). Two managers on one URL would delete each other's checkpoints: "
+                    "stop the other job or give this one its own URL"
+                ) from None
+        self._maybe_delete = kept
+        self._last_preserved_timestamp = preserved
+        self._latest_checkpoint = path
         # the new checkpoint is committed and listed: deletion failures no longer fail the save
         self._delete(self._pending_deletions + doomed, keep=path)
         self._sweep_orphans(path)
@@ -352,19 +437,25 @@ class CheckpointManager:
         if current is None:
             return
         try:
-            names = os.listdir(self._directory)
-        except OSError:
+            names = storage_io.list_names(self._directory)
+        except CheckpointError as e:
+            logger.warning("%s: could not list for orphaned shards: %s", self._directory, e)
             return
+        exists: dict[str, bool] = {}
         for name in names:
             head, sep, _ = name.partition(".data-")
             n = _number_of(head, base) if sep else None
-            if n is None or n >= current:
+            if n is None or n >= current or name.endswith(".upload"):
+                # .upload: a multipart-upload marker; the next commit at that prefix or
+                # `shardpoint gc` aborts the upload it names, so it is kept (FORMAT.md §8.2)
                 continue
             prefix = os.path.join(self._directory, head)
-            if not storage_io.checkpoint_exists(prefix):
+            if head not in exists:
+                exists[head] = storage_io.checkpoint_exists(prefix)
+            if not exists[head]:
                 try:
-                    os.unlink(os.path.join(self._directory, name))
-                except OSError:
+                    storage_io.delete_name(os.path.join(self._directory, name))
+                except (OSError, CheckpointError):
                     pass
 
     # -- restoring -------------------------------------------------------------------------------
@@ -432,8 +523,9 @@ class CheckpointManager:
             out += [resolve(self._directory, p) for p in reversed(state.all_model_checkpoint_paths)]
         base = os.path.basename(self._prefix)
         try:
-            names = os.listdir(self._directory or ".")
-        except OSError:
+            names = storage_io.list_names(self._directory)
+        except CheckpointError as e:  # a bucket that cannot be listed: the state's list only
+            logger.warning("%s: could not list for checkpoints: %s", self._directory, e)
             names = []
         numbered = []
         for name in names:

@@ -23,6 +23,10 @@ __all__ = [
     "remove_checkpoint",
     "is_url",
     "dirname",
+    "list_names",
+    "read_small",
+    "write_small",
+    "delete_name",
 ]
 
 
@@ -121,3 +125,40 @@ def checkpoint_exists(prefix: str) -> bool:
 def remove_checkpoint(prefix: str) -> None:
     """Delete a checkpoint: index first, so a crash never leaves an index without data."""
     files.remove(prefix)
+
+
+def list_names(directory: str) -> list[str]:
+    """Names of the files (objects) directly in ``directory``, a local path or a URL, through
+    the store's list helper for URLs; [] when the directory does not exist."""
+    if not is_url(directory):
+        try:
+            return os.listdir(directory or ".")
+        except OSError:
+            return []
+    return [n for n in files.list_url(directory) if not n.endswith("/")]
+
+
+def read_small(url: str) -> bytes | None:
+    """A whole small object of an object store, or None when absent."""
+    from ..errors import NotFoundError
+
+    try:
+        return bytes(files.read_object(url)[0])
+    except NotFoundError:
+        return None
+
+
+def write_small(url: str, data: bytes) -> None:
+    """Put a small object (unconditional overwrite)."""
+    files.write_object(url, data)
+
+
+def delete_name(path: str) -> None:
+    """Delete one file or object (absent is fine)."""
+    if is_url(path):
+        files.delete_object(path)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
