@@ -129,13 +129,12 @@ class Checkpoint(Module):
             found = self._sp_root_object._sp_lookup(name)
         return found
 
-    def _sp_defer(self, name: str, position: Any) -> None:
+    def _sp_deferral_host(self, name: str) -> Trackable:
         # a missing top-level dependency will appear on the root object (root.x = ...), except
         # save_counter which the Checkpoint itself creates
         if self._sp_root_object is not None and name != _SAVE_COUNTER:
-            self._sp_root_object._sp_defer(name, position)
-        else:
-            super()._sp_defer(name, position)
+            return self._sp_root_object
+        return self
 
     @property
     def _sp_open_attributes(self) -> bool:  # type: ignore[override]  # class flag, per-root here

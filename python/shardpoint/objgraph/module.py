@@ -75,7 +75,7 @@ class Module(Trackable):
             )
         dtype = np.dtype(dtype)
         value = None
-        for position in sorted(self._sp_pending(name), key=lambda p: p.uid, reverse=True):
+        for position in self._sp_pending(name):  # newest restore first (restore_order)
             value = position.simple_value(VARIABLE_VALUE, shape, dtype)
             if value is not None:
                 break

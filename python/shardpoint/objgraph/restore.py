@@ -18,7 +18,6 @@ tuple wrappers, are held strongly).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import weakref
@@ -32,6 +31,7 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 from .errors import DTypeMismatchError, LoadStatusError, ShapeMismatchError
 from .naming import ATTRIBUTES, OBJECT_GRAPH_KEY, _escape_attribute, attribute_key, walk
+from .restore_order import may_write, next_uid, wrote
 from .trackable import Trackable, as_trackable
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("shardpoint")
-_UIDS = itertools.count(1)
 _SHOW = 10  # how many unmatched objects a message lists
 
 
@@ -97,7 +96,7 @@ class RestoreCoordinator:
         root: Trackable,
         reopen: Callable[[str], Any] | None = None,
     ) -> None:
-        self.uid = next(_UIDS)
+        self.uid = next_uid()
         self._reader: Any = reader
         self._reopen = reopen
         self._depth = 0  # nesting of bind_and_restore (slots restore from inside it)
@@ -267,8 +266,7 @@ class RestoreCoordinator:
         attributes = self.nodes[node].get("attributes", [])
         if not attributes:
             return
-        state = obj._sp_state()
-        if state.restore_uid > self.uid:
+        if not may_write(obj, self.uid):
             return  # a restore() called later already wrote this object
         specs = obj._sp_value_specs()
         values: dict[str, Any] = {}
@@ -287,7 +285,7 @@ class RestoreCoordinator:
             self.unused[node] = (_ref(obj), unused)
         if values:
             obj._sp_restore_values(values)
-            state.restore_uid = self.uid
+            wrote(obj, self.uid)
 
     # -- slots -------------------------------------------------------------------------------------
     def _run_slot_restorations(self, node: int) -> None:
@@ -313,8 +311,7 @@ class RestoreCoordinator:
             slot = as_trackable(optimizer._sp_create_slot(variable, sr.slot_name, np.array(value)))
             if slot is not None:
                 self._bind(sr.slot_node, slot)
-                st = slot._sp_state()
-                st.restore_uid = max(st.restore_uid, self.uid)
+                wrote(slot, self.uid)
 
     # -- restore-on-create for Module.add_variable ------------------------------------------------
     def simple_value(self, node: int, attribute: str, shape: Any, dtype: np.dtype) -> Any:

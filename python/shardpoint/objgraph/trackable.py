@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import DuplicateDependencyError, NotTrackableError
+from .restore_order import newest_first
 
 if TYPE_CHECKING:  # pragma: no cover
     from .restore import CheckpointPosition
@@ -148,26 +149,32 @@ class Trackable:
         """Remove the dependency called ``name`` (no error if absent)."""
         self._sp_state().deps.pop(name, None)
 
+    # -- deferred restore (the ordering rule lives in restore_order) --------------------------
+    def _sp_deferral_host(self, name: str) -> Trackable:
+        """The object where a restore waiting for a missing dependency ``name`` is parked: it
+        must be the object that will see ``name`` attached. Itself by default; a
+        ``Checkpoint`` answers with its root object (``Checkpoint(root=net)`` then
+        ``net.x = ...``)."""
+        return self
+
     def _sp_defer(self, name: str, position: CheckpointPosition) -> None:
         """Park a checkpoint position until a dependency called ``name`` is attached."""
+        host = self._sp_deferral_host(name)
+        if host is not self:
+            host._sp_defer(name, position)
+            return
         self._sp_state().deferred.setdefault(name, []).append(position)
 
     def _sp_pending(self, name: str) -> list[CheckpointPosition]:
-        """Positions waiting for ``name`` (read-only view, used by restore-on-create)."""
-        return list(self._sp_state().deferred.get(name, ()))
+        """Positions waiting for ``name``, newest restore first (used by restore-on-create)."""
+        return newest_first(self._sp_state().deferred.get(name, ()))
 
     def _sp_handle_deferred(self, name: str, child: Trackable) -> None:
-        """Restore ``child`` (and its subtree) from every restore waiting on ``name``.
-
-        Newest restore first; the per-object uid makes the restore() *called* last win no
-        matter which order objects are attached in (RES-05).
-        """
-        st = self._sp_state()
-        positions = st.deferred.pop(name, None)
-        if not positions:
-            return
-        positions.sort(key=lambda p: p.uid, reverse=True)
-        for position in positions:
+        """Restore ``child`` (and its subtree) from every restore waiting on ``name``,
+        newest first (:mod:`~shardpoint.objgraph.restore_order`: the restore called last
+        wins whatever order objects are attached in)."""
+        positions = self._sp_state().deferred.pop(name, None)
+        for position in newest_first(positions or ()):
             position.bind_and_restore(child)
 
 

@@ -82,7 +82,22 @@ def _plain(value: Any) -> Any:
 
 
 class ListWrapper(Trackable, list):
-    """A list whose trackable elements are dependencies named ``"0"``, ``"1"``, …"""
+    """A list whose trackable elements are dependencies named ``"0"``, ``"1"``, …
+
+    Invariants. The wrapper holds three sequences. ``_sp_storage`` is the wrapped list itself
+    (shared with the user's original object, DS-02) and is the truth: every Python-level method
+    reads and writes it. The wrapper's own C-level list storage is a mirror of it, rewritten by
+    ``_sp_sync`` after every mutation, so C fast paths (``np.array(w)``, ``json.dumps(w)``) see
+    the same elements. ``_sp_snapshot`` is the content as the wrapper last saw it; a difference
+    (by identity) between it and ``_sp_storage`` means the original list was changed behind the
+    wrapper's back, which makes the wrapper unsaveable if trackables were involved
+    (``_sp_dirty = "external"``, DS-07). ``_sp_nodep`` holds the ``id()`` of every element that
+    arrived wrapped in ``NoDependency``: those are stored raw and never tracked; ids are safe as
+    keys because the list keeps its members alive, and ``_sp_sync`` drops the ids of elements
+    that left (so a recycled id never hides a new element). Only
+    ``append``/``extend``/``+=`` keep element names stable, so only they keep a list holding
+    trackables saveable (``_sp_dirty = "mutation"`` otherwise, DS-04).
+    """
 
     def __init__(self, wrapped: list | None = None) -> None:
         storage = [] if wrapped is None else wrapped
@@ -101,6 +116,8 @@ class ListWrapper(Trackable, list):
         list.clear(self)
         list.extend(self, self._sp_storage)
         self._sp_snapshot = list(self._sp_storage)
+        if self._sp_nodep:
+            self._sp_nodep &= {id(v) for v in self._sp_storage}
 
     def _sp_has_trackable(self, values: Iterable[Any] | None = None) -> bool:
         it = self._sp_storage if values is None else values
