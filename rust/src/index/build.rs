@@ -1,6 +1,7 @@
 //! Building an index file (FORMAT.md §3) from entry metadata: the records writers produce and
 //! merges carry, and their serialization with block crcs.
 
+use super::layout::{BlockRecord, ChunkRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use crate::error::{Error, Result};
 use crate::format::*;
 
@@ -106,11 +107,13 @@ pub fn build_index(
             )));
         }
         let r = &mut out[shards_off as usize + i * SHARD_REC..][..SHARD_REC];
-        r[0..8].copy_from_slice(&s.file_len.to_le_bytes());
-        r[8..16].copy_from_slice(&s.save_token.to_le_bytes());
-        r[16..20].copy_from_slice(&s.header_crc.to_le_bytes());
-        r[20..24].copy_from_slice(&(s.name.len() as u32).to_le_bytes());
-        r[24..24 + s.name.len()].copy_from_slice(s.name.as_bytes());
+        ShardRecord {
+            file_len: s.file_len,
+            save_token: s.save_token,
+            header_crc: s.header_crc,
+            name_len: s.name.len() as u32,
+        }
+        .encode(s.name.as_bytes(), r);
     }
     // Entries, keys, aux; blocks.
     let (mut kpos, mut apos) = (0u64, 0u64);
@@ -131,23 +134,27 @@ pub fn build_index(
             let aux_rel = u32::try_from(apos - aux_lo).map_err(|_| {
                 Error::InvalidArgument(format!("entry {:?}: chunk table too large", e.key))
             })?;
-            let r = &mut out[entries_off as usize + i * ENTRY_REC..][..ENTRY_REC];
-            r[0..4].copy_from_slice(&key_rel.to_le_bytes());
-            r[4..6].copy_from_slice(&(e.key.len() as u16).to_le_bytes());
-            r[6] = e.dtype as u8;
-            r[7] = e.codec as u8;
-            r[8] = e.kind as u8;
-            r[9] = u8::try_from(e.dims.len())
+            let ndim = u8::try_from(e.dims.len())
                 .ok()
                 .filter(|&d| d as usize <= MAX_NDIM)
                 .ok_or_else(|| {
                     Error::InvalidArgument(format!("entry {:?}: ndim > {MAX_NDIM}", e.key))
                 })?;
-            r[12..16].copy_from_slice(&e.shard.to_le_bytes());
-            r[16..20].copy_from_slice(&e.crc.to_le_bytes());
-            r[20..24].copy_from_slice(&aux_rel.to_le_bytes());
-            r[24..32].copy_from_slice(&e.offset.to_le_bytes());
-            r[32..40].copy_from_slice(&e.stored_len.to_le_bytes());
+            EntryRecord {
+                key_rel,
+                key_len: e.key.len() as u16,
+                dtype: e.dtype as u8,
+                codec: e.codec as u8,
+                kind: e.kind as u8,
+                ndim,
+                reserved: 0,
+                shard: e.shard,
+                crc: e.crc,
+                aux_rel,
+                offset: e.offset,
+                stored_len: e.stored_len,
+            }
+            .encode(&mut out[entries_off as usize + i * ENTRY_REC..][..ENTRY_REC]);
             let k = (keys_off + kpos) as usize;
             out[k..k + e.key.len()].copy_from_slice(e.key.as_bytes());
             kpos += e.key.len() as u64;
@@ -159,9 +166,12 @@ pub fn build_index(
                 }
             }
             for c in &e.chunks {
-                out[a..a + 8].copy_from_slice(&c.rel_offset.to_le_bytes());
-                out[a + 8..a + 12].copy_from_slice(&c.stored_len.to_le_bytes());
-                out[a + 12..a + 16].copy_from_slice(&c.crc.to_le_bytes());
+                ChunkRecord::encode(
+                    c.rel_offset,
+                    c.stored_len,
+                    c.crc,
+                    &mut out[a..a + CHUNK_REC],
+                );
                 a += CHUNK_REC;
             }
             apos += e.aux_len() as u64;
@@ -177,45 +187,44 @@ pub fn build_index(
             c,
             &out[(aux_off + aux_lo) as usize..(aux_off + apos) as usize],
         );
-        let r = &mut out[blocks_off as usize + b * BLOCK_REC..][..BLOCK_REC];
-        r[0..8].copy_from_slice(&key_lo.to_le_bytes());
-        r[8..16].copy_from_slice(&aux_lo.to_le_bytes());
-        r[16..20].copy_from_slice(&c.to_le_bytes());
+        BlockRecord {
+            key_lo,
+            aux_lo,
+            crc: c,
+            reserved: 0,
+        }
+        .encode(&mut out[blocks_off as usize + b * BLOCK_REC..][..BLOCK_REC]);
     }
     out[meta_off as usize..(meta_off + meta_len) as usize].copy_from_slice(meta_json);
     let shards_crc = crc(&out[shards_off as usize..blocks_off as usize]);
     let blocks_crc = crc(&out[blocks_off as usize..entries_off as usize]);
     let meta_crc = crc(meta_json);
-    {
-        let h = &mut out[..INDEX_HEADER_LEN];
-        h[0..8].copy_from_slice(INDEX_MAGIC);
-        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        h[12..16].copy_from_slice(&(INDEX_HEADER_LEN as u32).to_le_bytes());
-        h[16..24].copy_from_slice(&file_len.to_le_bytes());
-        h[24..32].copy_from_slice(&(n as u64).to_le_bytes());
-        h[32..36].copy_from_slice(&(shards.len() as u32).to_le_bytes());
-        h[36..40].copy_from_slice(&chunk_bytes.to_le_bytes());
-        for (at, v) in [
-            (40, shards_off),
-            (48, blocks_off),
-            (56, entries_off),
-            (64, keys_off),
-            (72, keys_len),
-            (80, aux_off),
-            (88, aux_len),
-            (96, meta_off),
-            (104, meta_len),
-        ] {
-            h[at..at + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        h[112..116].copy_from_slice(&shards_crc.to_le_bytes());
-        h[116..120].copy_from_slice(&blocks_crc.to_le_bytes());
-        h[120..124].copy_from_slice(&meta_crc.to_le_bytes());
+    out[IndexHeader::MAGIC..IndexHeader::MAGIC + 8].copy_from_slice(INDEX_MAGIC);
+    IndexHeader {
+        version: FORMAT_VERSION,
+        header_len: INDEX_HEADER_LEN as u32,
+        file_len,
+        entry_count: n as u64,
+        shard_count: shards.len() as u32,
+        chunk_bytes,
+        shards_off,
+        blocks_off,
+        entries_off,
+        keys_off,
+        keys_len,
+        aux_off,
+        aux_len,
+        meta_off,
+        meta_len,
+        shards_crc,
+        blocks_crc,
+        meta_crc,
     }
-    let hc = crc(&out[..INDEX_HEADER_CRC_AT]);
-    out[INDEX_HEADER_CRC_AT..INDEX_HEADER_LEN].copy_from_slice(&hc.to_le_bytes());
+    .encode(&mut out[..INDEX_HEADER_LEN]);
+    let hc = crc(&out[..IndexHeader::CRC]);
+    out[IndexHeader::CRC..IndexHeader::CRC + 4].copy_from_slice(&hc.to_le_bytes());
     let f = file_len as usize - INDEX_FOOTER_LEN;
-    out[f..f + 8].copy_from_slice(INDEX_FOOTER_MAGIC);
-    out[f + 8..f + 12].copy_from_slice(&hc.to_le_bytes());
+    out[f + Footer::MAGIC..f + Footer::MAGIC + 8].copy_from_slice(INDEX_FOOTER_MAGIC);
+    out[f + Footer::HEADER_CRC..f + Footer::HEADER_CRC + 4].copy_from_slice(&hc.to_le_bytes());
     Ok(out)
 }

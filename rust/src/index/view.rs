@@ -3,29 +3,11 @@
 //! each block of 64 entries the first time it is touched.
 
 use super::build::{ChunkRec, EntryMeta, ShardRec};
+use super::layout::{BlockRecord, ChunkRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use crate::error::{Error, Result};
 use crate::format::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-
-/// The decoded, bounds-checked index header.
-#[derive(Clone, Copy, Debug)]
-struct Header {
-    file_len: u64,
-    entry_count: u64,
-    shard_count: u32,
-    chunk_bytes: u32,
-    shards_off: u64,
-    blocks_off: u64,
-    entries_off: u64,
-    keys_off: u64,
-    keys_len: u64,
-    aux_off: u64,
-    aux_len: u64,
-    meta_off: u64,
-    meta_len: u64,
-    meta_crc: u32,
-}
 
 /// A parsed, validated entry, borrowing the index bytes.
 #[derive(Clone, Debug)]
@@ -53,11 +35,12 @@ impl Entry<'_> {
 
     /// Chunk record `i` (caller checks `i < nchunks()`).
     pub fn chunk(&self, i: usize) -> ChunkRec {
-        let r = &self.chunk_table[i * CHUNK_REC..(i + 1) * CHUNK_REC];
+        let (rel_offset, stored_len, crc) =
+            ChunkRecord::decode(&self.chunk_table[i * CHUNK_REC..(i + 1) * CHUNK_REC]);
         ChunkRec {
-            rel_offset: le_u64(r, 0),
-            stored_len: le_u32(r, 8),
-            crc: le_u32(r, 12),
+            rel_offset,
+            stored_len,
+            crc,
         }
     }
 
@@ -82,7 +65,7 @@ impl Entry<'_> {
 pub struct IndexView<B: AsRef<[u8]>> {
     path: PathBuf,
     bytes: B,
-    h: Header,
+    h: IndexHeader,
     shards: Vec<ShardRec>,
     /// Per block: 0 = not yet verified, 1 = verified.
     verified: Vec<AtomicU8>,
@@ -103,11 +86,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 format!("index is {} bytes, too short", b.len()),
             ));
         }
-        if &b[0..8] != INDEX_MAGIC {
+        if &b[IndexHeader::MAGIC..IndexHeader::MAGIC + 8] != INDEX_MAGIC {
             return Err(Error::corrupt(p, 0, "not a shardpoint index (bad magic)"));
         }
-        let stored = le_u32(b, INDEX_HEADER_CRC_AT);
-        let actual = crc(&b[..INDEX_HEADER_CRC_AT]);
+        let stored = le_u32(b, IndexHeader::CRC);
+        let actual = crc(&b[..IndexHeader::CRC]);
         if stored != actual {
             return Err(Error::Checksum {
                 path: p.to_path_buf(),
@@ -117,37 +100,25 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 actual,
             });
         }
-        let version = le_u32(b, 8);
-        if version != FORMAT_VERSION {
+        let h = IndexHeader::decode(b);
+        if h.version != FORMAT_VERSION {
             return Err(Error::UnsupportedVersion {
                 path: p.to_path_buf(),
-                found: version,
+                found: h.version,
                 supported: FORMAT_VERSION,
             });
         }
-        if le_u32(b, 12) as usize != INDEX_HEADER_LEN {
-            return Err(Error::corrupt(p, 12, "index header_len is not 128"));
+        if h.header_len as usize != INDEX_HEADER_LEN {
+            return Err(Error::corrupt(
+                p,
+                IndexHeader::HEADER_LEN as u64,
+                "index header_len is not 128",
+            ));
         }
-        let h = Header {
-            file_len: le_u64(b, 16),
-            entry_count: le_u64(b, 24),
-            shard_count: le_u32(b, 32),
-            chunk_bytes: le_u32(b, 36),
-            shards_off: le_u64(b, 40),
-            blocks_off: le_u64(b, 48),
-            entries_off: le_u64(b, 56),
-            keys_off: le_u64(b, 64),
-            keys_len: le_u64(b, 72),
-            aux_off: le_u64(b, 80),
-            aux_len: le_u64(b, 88),
-            meta_off: le_u64(b, 96),
-            meta_len: le_u64(b, 104),
-            meta_crc: le_u32(b, 120),
-        };
         if h.file_len != b.len() as u64 {
             return Err(Error::corrupt(
                 p,
-                16,
+                IndexHeader::FILE_LEN as u64,
                 format!(
                     "index records {} bytes but the file has {} (truncated or extended)",
                     h.file_len,
@@ -156,9 +127,9 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             ));
         }
         let f = b.len() - INDEX_FOOTER_LEN;
-        if &b[f..f + 8] != INDEX_FOOTER_MAGIC
-            || le_u32(b, f + 8) != stored
-            || le_u32(b, f + 12) != 0
+        if &b[f + Footer::MAGIC..f + Footer::MAGIC + 8] != INDEX_FOOTER_MAGIC
+            || le_u32(b, f + Footer::HEADER_CRC) != stored
+            || le_u32(b, f + Footer::RESERVED) != 0
         {
             return Err(Error::corrupt(
                 p,
@@ -171,7 +142,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         {
             return Err(Error::corrupt(
                 p,
-                36,
+                IndexHeader::CHUNK_BYTES as u64,
                 format!("chunk_bytes {} out of range", h.chunk_bytes),
             ));
         }
@@ -233,24 +204,24 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let shard_bytes = &b[h.shards_off as usize..h.blocks_off as usize];
         let sc = crc(&b[h.shards_off as usize
             ..(h.shards_off + h.shard_count as u64 * SHARD_REC as u64) as usize]);
-        if sc != le_u32(b, 112) {
+        if sc != h.shards_crc {
             return Err(Error::Checksum {
                 path: p.to_path_buf(),
                 offset: h.shards_off,
                 what: "shard table".into(),
-                expected: le_u32(b, 112),
+                expected: h.shards_crc,
                 actual: sc,
             });
         }
         let block_bytes =
             &b[h.blocks_off as usize..(h.blocks_off + nblocks * BLOCK_REC as u64) as usize];
         let bc = crc(block_bytes);
-        if bc != le_u32(b, 116) {
+        if bc != h.blocks_crc {
             return Err(Error::Checksum {
                 path: p.to_path_buf(),
                 offset: h.blocks_off,
                 what: "block table".into(),
-                expected: le_u32(b, 116),
+                expected: h.blocks_crc,
                 actual: bc,
             });
         }
@@ -258,10 +229,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         for i in 0..h.shard_count as usize {
             let r = &shard_bytes[i * SHARD_REC..(i + 1) * SHARD_REC];
             let off = h.shards_off + (i * SHARD_REC) as u64;
-            let name_len = le_u32(r, 20) as usize;
+            let rec = ShardRecord::decode(r);
+            let name_len = rec.name_len as usize;
             if name_len == 0
                 || name_len > SHARD_NAME_MAX
-                || r[24 + name_len..].iter().any(|&c| c != 0)
+                || r[ShardRecord::NAME + name_len..].iter().any(|&c| c != 0)
             {
                 return Err(Error::corrupt(
                     p,
@@ -269,7 +241,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                     format!("shard record {i}: bad name length {name_len}"),
                 ));
             }
-            let name = &r[24..24 + name_len];
+            let name = &r[ShardRecord::NAME..ShardRecord::NAME + name_len];
             if !valid_shard_name(name) {
                 return Err(Error::corrupt(
                     p,
@@ -281,9 +253,9 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 ));
             }
             shards.push(ShardRec {
-                file_len: le_u64(r, 0),
-                save_token: le_u64(r, 8),
-                header_crc: le_u32(r, 16),
+                file_len: rec.file_len,
+                save_token: rec.save_token,
+                header_crc: rec.header_crc,
                 name: String::from_utf8(name.to_vec()).expect("validated ASCII"),
             });
         }
@@ -340,11 +312,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
     fn block_ranges(&self, blk: usize) -> Result<((u64, u64), (u64, u64))> {
         let b = self.b();
         let at = self.h.blocks_off as usize + blk * BLOCK_REC;
-        let r = &b[at..at + BLOCK_REC];
-        let (klo, alo) = (le_u64(r, 0), le_u64(r, 8));
+        let rec = BlockRecord::decode(&b[at..at + BLOCK_REC]);
+        let (klo, alo) = (rec.key_lo, rec.aux_lo);
         let (khi, ahi) = if blk + 1 < self.nblocks() {
-            let n = &b[at + BLOCK_REC..at + 2 * BLOCK_REC];
-            (le_u64(n, 0), le_u64(n, 8))
+            let next = BlockRecord::decode(&b[at + BLOCK_REC..at + 2 * BLOCK_REC]);
+            (next.key_lo, next.aux_lo)
         } else {
             (self.h.keys_len, self.h.aux_len)
         };
@@ -352,7 +324,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             || khi > self.h.keys_len
             || alo > ahi
             || ahi > self.h.aux_len
-            || le_u32(r, 20) != 0
+            || rec.reserved != 0
             || (blk == 0 && (klo != 0 || alo != 0))
         {
             return Err(Error::corrupt(
@@ -378,7 +350,8 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let keys = &b[(self.h.keys_off + klo) as usize..(self.h.keys_off + khi) as usize];
         let aux = &b[(self.h.aux_off + alo) as usize..(self.h.aux_off + ahi) as usize];
         let c = crc32c::crc32c_append(crc32c::crc32c_append(crc(ent), keys), aux);
-        let stored = le_u32(b, self.h.blocks_off as usize + blk * BLOCK_REC + 16);
+        let at = self.h.blocks_off as usize + blk * BLOCK_REC;
+        let stored = BlockRecord::decode(&b[at..at + BLOCK_REC]).crc;
         if c != stored {
             return Err(Error::Checksum {
                 path: self.path.clone(),
@@ -406,9 +379,10 @@ impl<B: AsRef<[u8]>> IndexView<B> {
 
     fn key_bytes_unchecked(&self, i: usize, klo: u64, khi: u64) -> Result<&[u8]> {
         let b = self.b();
-        let r = &b[self.h.entries_off as usize + i * ENTRY_REC..][..ENTRY_REC];
-        let start = klo + le_u32(r, 0) as u64;
-        let len = le_u16(r, 4) as u64;
+        let rec =
+            EntryRecord::decode(&b[self.h.entries_off as usize + i * ENTRY_REC..][..ENTRY_REC]);
+        let start = klo + rec.key_rel as u64;
+        let len = rec.key_len as u64;
         if len == 0 || start + len > khi {
             return Err(Error::corrupt(
                 &self.path,
@@ -493,7 +467,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
         let b = self.b();
         let rec_off = self.h.entries_off + (i * ENTRY_REC) as u64;
-        let r = &b[rec_off as usize..rec_off as usize + ENTRY_REC];
+        let r = EntryRecord::decode(&b[rec_off as usize..rec_off as usize + ENTRY_REC]);
         let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i}: {what}"));
         let key_b = self.key_bytes_unchecked(i, klo, khi)?;
         let key = std::str::from_utf8(key_b).map_err(|_| bad("key is not valid UTF-8".into()))?;
@@ -503,28 +477,25 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let bad = |what: String| {
             Error::corrupt(&self.path, rec_off, format!("entry {i} ({key:?}): {what}"))
         };
-        let dtype =
-            DType::from_tag(r[6]).ok_or_else(|| bad(format!("unknown dtype tag {}", r[6])))?;
-        let codec =
-            Codec::from_tag(r[7]).ok_or_else(|| bad(format!("unknown codec tag {}", r[7])))?;
-        let kind = Kind::from_tag(r[8]).ok_or_else(|| bad(format!("unknown kind tag {}", r[8])))?;
-        let ndim = r[9] as usize;
-        if ndim > MAX_NDIM || r[10] != 0 || r[11] != 0 {
+        let dtype = DType::from_tag(r.dtype)
+            .ok_or_else(|| bad(format!("unknown dtype tag {}", r.dtype)))?;
+        let codec = Codec::from_tag(r.codec)
+            .ok_or_else(|| bad(format!("unknown codec tag {}", r.codec)))?;
+        let kind =
+            Kind::from_tag(r.kind).ok_or_else(|| bad(format!("unknown kind tag {}", r.kind)))?;
+        let ndim = r.ndim as usize;
+        if ndim > MAX_NDIM || r.reserved != 0 {
             return Err(bad(format!(
                 "ndim {ndim} > {MAX_NDIM} or reserved bytes set"
             )));
         }
-        let shard = le_u32(r, 12);
+        let shard = r.shard;
         let srec = self
             .shards
             .get(shard as usize)
             .ok_or_else(|| bad(format!("shard {shard} out of range")))?;
-        let (crc_v, aux_rel, offset, stored_len) = (
-            le_u32(r, 16),
-            le_u32(r, 20) as u64,
-            le_u64(r, 24),
-            le_u64(r, 32),
-        );
+        let (crc_v, aux_rel, offset, stored_len) =
+            (r.crc, r.aux_rel as u64, r.offset, r.stored_len);
         let itemsize = dtype.itemsize();
         let mut a = alo
             .checked_add(aux_rel)
