@@ -1,6 +1,6 @@
 """shardpoint: fast, compressed, checksummed checkpoints for machine learning.
 
-The public API (names are a contract, see DESIGN.md §4):
+The public API (names are a contract):
 
 - files: :func:`save_file`, :func:`load_file`, :func:`open` (lazy reader), :class:`Writer`,
   :func:`merge` (multi-writer commit), :func:`exists`, :func:`remove`;

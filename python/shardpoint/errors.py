@@ -1,4 +1,4 @@
-"""The exception tree of shardpoint (DESIGN.md §4).
+"""The exception tree of shardpoint (the class names are part of the public API).
 
 Every error raised by shardpoint derives from :class:`CheckpointError`. Leaves also
 inherit the builtin that callers would naturally catch, so ``except FileNotFoundError``

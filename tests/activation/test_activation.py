@@ -1,6 +1,6 @@
 """shardpoint.activation: gradients, RNG handling, checkpoint_sequential, "auto", memory.
 
-Catalog behaviours (CK-xx / SEQ-xx of semantics-catalog.md Part 2) are in
+Catalog behaviours (CK-xx / SEQ-xx: PyTorch activation-checkpointing behaviours) are in
 test_activation_catalog.py; this file holds the issue's cross-cutting requirements.
 """
 

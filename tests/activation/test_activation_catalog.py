@@ -1,4 +1,4 @@
-"""Catalog behaviours CK-01 … CK-24 and SEQ-01 … SEQ-04 (semantics-catalog.md Part 2).
+"""Catalog behaviours CK-01 … CK-24 and SEQ-01 … SEQ-04 (PyTorch's activation checkpointing).
 
 Each test names the behaviour it covers. Where shardpoint deliberately differs from
 torch.utils.checkpoint (a clear error where PyTorch crashes or is silently wrong, a different

@@ -1,4 +1,4 @@
-"""Long Rust calls release the GIL (DESIGN.md §5.6): while one or two threads decode or save a
+"""Long Rust calls release the GIL: while one or two threads decode or save a
 compressed 32-64 MB checkpoint, a pure-Python thread keeps counting.
 
 How this can fail: with the GIL held for the whole Rust call, the counting thread advances only in
