@@ -301,94 +301,42 @@ class SavePlan:
             _core.save_incremental(
                 self.prefix,
                 items,
-                crcs,
-                self.base,
-                self.codec,
-                self.level,
-                cb,
-                _SOLO_BYTES,
-                bool(self.durable),
-                self.metadata_json,
-                self.sections_json,
+                crcs=crcs,
+                base=self.base,
+                codec=self.codec,
+                level=self.level,
+                chunk_bytes=cb,
+                solo_bytes=_SOLO_BYTES,
+                durable=bool(self.durable),
+                metadata_json=self.metadata_json,
+                sections_json=self.sections_json,
             )
             return
         shards = self.shards
         if shards is None:
             total = sum(it[4].nbytes for it in items)
             shards = max(1, min(os.cpu_count() or 1, math.ceil(total / _BYTES_PER_AUTO_SHARD)))
+        bar = None
         if wanted(self.progress):
-            _save_with_progress(
+            total = sum(it[4].nbytes for it in items)
+            bar = progress_bar(total, f"save {os.path.basename(self.prefix)}")
+        try:
+            _core.save(
                 self.prefix,
                 items,
-                self.codec,
-                self.level,
-                self.chunk_bytes,
-                int(shards),
-                self.durable,
-                self.metadata_json,
-                self.sections_json,
-                self.storage_options,
+                codec=self.codec,
+                level=self.level,
+                chunk_bytes=cb,
+                shards=int(shards),
+                durable=bool(self.durable),
+                metadata_json=self.metadata_json,
+                sections_json=self.sections_json,
+                storage_options=self.storage_options,
+                progress=None if bar is None else bar.update,
             )
-            return
-        _core.save(
-            self.prefix,
-            items,
-            self.codec,
-            self.level,
-            cb,
-            int(shards),
-            bool(self.durable),
-            self.metadata_json,
-            self.sections_json,
-            storage_options=self.storage_options,
-        )
-
-
-def _save_with_progress(
-    prefix: str,
-    items: list[tuple[str, str, str, tuple[int, ...], np.ndarray]],
-    codec: str,
-    level: int,
-    chunk_bytes: int | None,
-    shards: int,
-    durable: bool,
-    metadata_json: str,
-    sections_json: str = "",
-    storage_options: dict[str, str] | None = None,
-) -> None:
-    """``save_file`` through the streaming writer, one thread per shard, updating a bar."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    w = _core.Writer(
-        prefix,
-        codec,
-        level,
-        int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
-        shards,
-        bool(durable),
-        0,
-        1,
-        metadata_json,
-        "",
-        sections_json,
-        storage_options=storage_options,
-    )
-    bar = progress_bar(sum(it[4].nbytes for it in items), f"save {os.path.basename(prefix)}")
-    try:
-        with ThreadPoolExecutor(max_workers=shards) as pool:  # add() releases the GIL
-            futures = [
-                pool.submit(w.add, k, d, kind, list(shape), data)
-                for k, d, kind, shape, data in items
-            ]
-            for f, it in zip(futures, items, strict=True):
-                f.result()
-                bar.update(it[4].nbytes)
-        w.commit()
-    except BaseException:
-        w.abort()
-        raise
-    finally:
-        bar.close()
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 def load_file(
@@ -531,8 +479,8 @@ class Reader:
         return self._value(key, verify=False)
 
     def _value(self, key: str, verify: bool) -> Any:
-        dtype, shape, kind, buf = self._core.get(key, verify, self._copy)
-        return decode(key, dtype, tuple(shape), kind, buf)
+        v = self._core.get(key, verify, self._copy)
+        return decode(key, v.dtype, tuple(v.shape), v.kind, v.buffer)
 
     def load(
         self,
@@ -549,7 +497,7 @@ class Reader:
         batches = [ks]
         bar = None
         if wanted(progress):
-            sizes = [self._core.info(k)[5] for k in ks]
+            sizes = [self._core.info(k).raw_len for k in ks]
             bar = progress_bar(sum(sizes), f"load {os.path.basename(self._prefix)}")
             batches, cur, acc = [], [], 0
             for k, n in zip(ks, sizes, strict=True):  # ~64 MiB per call: the bar moves
@@ -563,10 +511,10 @@ class Reader:
         try:
             for batch in batches:
                 got = self._core.get_many(batch, verify, self._copy)
-                for k, (dtype, shape, kind, buf) in zip(batch, got, strict=True):
-                    out[k] = decode(k, dtype, tuple(shape), kind, buf)
+                for k, v in zip(batch, got, strict=True):
+                    out[k] = decode(k, v.dtype, tuple(v.shape), v.kind, v.buffer)
                     if bar is not None:
-                        bar.update(len(buf))
+                        bar.update(len(v.buffer))
         finally:
             if bar is not None:
                 bar.close()
@@ -574,8 +522,20 @@ class Reader:
 
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
-        t = self._core.info(check_key(key))
-        return EntryInfo(key, t[0], tuple(t[1]), t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9])
+        r = self._core.info(check_key(key))
+        return EntryInfo(
+            key=key,
+            dtype=r.dtype,
+            shape=tuple(r.shape),
+            kind=r.kind,
+            codec=r.codec,
+            stored_bytes=r.stored_len,
+            raw_bytes=r.raw_len,
+            shard=r.shard,
+            offset=r.offset,
+            crc32c=r.crc32c,
+            chunks=r.nchunks,
+        )
 
     def get_slice(self, key: str) -> LazySlice:
         """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
@@ -727,16 +687,16 @@ class Writer:
         self.rank, self.world_size = int(rank), int(world_size)
         self._w: _core.Writer | None = _core.Writer(
             self.prefix,
-            codec,
-            lvl,
-            int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
-            int(shards),
-            bool(durable),
-            self.rank,
-            self.world_size,
-            _metadata_json(metadata),
-            "" if merge_token is None else str(merge_token),
-            _sections_json(_sections),
+            codec=codec,
+            level=lvl,
+            chunk_bytes=int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
+            shards=int(shards),
+            durable=bool(durable),
+            rank=self.rank,
+            world_size=self.world_size,
+            metadata_json=_metadata_json(metadata),
+            merge_token="" if merge_token is None else str(merge_token),
+            sections_json=_sections_json(_sections),
             storage_options=_storage(storage_options),
         )
 
@@ -793,8 +753,8 @@ def merge(
     _core.merge(
         _prefix(prefix),
         int(world_size),
-        bool(durable),
-        token,
+        durable=bool(durable),
+        token=token,
         storage_options=_storage(storage_options),
     )
 

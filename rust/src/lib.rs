@@ -35,4 +35,7 @@ pub use incremental::{save_incremental, IncrementalReport};
 pub use reader::Reader;
 pub use shard::Item;
 pub use store::Location;
-pub use writer::{merge, merge_at, save, save_at, CheckpointWriter, WriterOptions};
+pub use writer::{
+    merge, merge_at, save, save_at, save_at_with_progress, save_with_progress, CheckpointWriter,
+    WriterOptions,
+};

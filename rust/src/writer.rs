@@ -260,6 +260,17 @@ impl CheckpointWriter {
     /// Write many values with one thread per shard (the items are balanced across shards by
     /// size first). Used by `save_file`.
     pub fn add_parallel(&self, items: &[Item<'_>]) -> Result<()> {
+        self.add_parallel_with_progress(items, &|_| {})
+    }
+
+    /// [`add_parallel`](Self::add_parallel), calling `progress(bytes)` from the writing thread
+    /// after each item is written (`bytes` = the item's raw length). The shard layout does not
+    /// depend on `progress`: a progress bar never changes what is written.
+    pub fn add_parallel_with_progress(
+        &self,
+        items: &[Item<'_>],
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
         {
             let mut keys = self.keys.lock().expect("keys lock");
             for it in items {
@@ -300,6 +311,7 @@ impl CheckpointWriter {
                         })?;
                         for &i in p {
                             w.write_item(&items[i], enc)?;
+                            progress(items[i].data.len() as u64);
                         }
                         Ok(())
                     })
@@ -538,8 +550,19 @@ pub fn commit_index(
 
 /// Save `items` at `prefix` in one call: `opts.shards` threads write in parallel, then commit.
 pub fn save(prefix: &Path, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
+    save_with_progress(prefix, items, opts, &|_| {})
+}
+
+/// [`save`], reporting each written item's raw byte count to `progress` (from the writing
+/// threads). The one save algorithm: with or without a progress bar, the same shard layout.
+pub fn save_with_progress(
+    prefix: &Path,
+    items: &[Item<'_>],
+    opts: WriterOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
     let w = CheckpointWriter::new(prefix, opts)?;
-    w.add_parallel(items)?;
+    w.add_parallel_with_progress(items, progress)?;
     w.commit()
 }
 
@@ -569,8 +592,19 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
 
 /// Save `items` at a local prefix or an object-store URL in one call.
 pub fn save_at(loc: &Location, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
+    save_at_with_progress(loc, items, opts, &|_| {})
+}
+
+/// [`save_at`], reporting each written item's raw byte count to `progress` (from the writing
+/// threads); the same algorithm and shard layout as without it, local or remote.
+pub fn save_at_with_progress(
+    loc: &Location,
+    items: &[Item<'_>],
+    opts: WriterOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
     let w = CheckpointWriter::new_at(loc, opts)?;
-    w.add_parallel(items)?;
+    w.add_parallel_with_progress(items, progress)?;
     w.commit()
 }
 

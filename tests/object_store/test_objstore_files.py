@@ -174,3 +174,29 @@ def test_file_url_is_local(tmp_path) -> None:
     sp.save_file({"a": np.arange(3)}, f"file://{p}")
     assert (tmp_path / "c.index").exists()
     np.testing.assert_array_equal(sp.load_file(f"file://{p}")["a"], np.arange(3))
+
+
+def test_memory_save_with_progress_reports_every_byte(monkeypatch) -> None:
+    """The progress callback rides the one save path on object-store URLs too (save_at)."""
+    from shardpoint import files
+
+    seen: list[int] = []
+    totals: list[int] = []
+
+    class _Bar:
+        def __init__(self, total: int, desc: str, **_kw: object) -> None:
+            totals.append(total)
+
+        def update(self, n: int) -> None:
+            seen.append(n)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(files, "progress_bar", _Bar)
+    url = f"memory://t-{uuid.uuid4().hex}/run/ckpt"
+    vals = _values()
+    sp.save_file(vals, url, shards=2, progress=True)
+    assert len(seen) == len(vals)  # one report per item written
+    assert totals == [sum(seen)]  # the bar sees every byte it was told to expect
+    _check(sp.load_file(url), vals)

@@ -49,3 +49,23 @@ def test_progress_false_and_non_tty_draw_nothing(tmp_path, capsys):
     sp.save_file({"a": np.ones(1000)}, p, progress=False, durable=False)
     sp.load_file(p)  # progress=None and stderr is not a terminal under pytest
     assert capsys.readouterr().err == ""
+
+
+def test_progress_does_not_change_the_shard_layout(tmp_path, monkeypatch):
+    """One save algorithm: a progress bar only observes, the files come out the same."""
+    monkeypatch.setattr(files, "progress_bar", lambda total, desc, **_kw: _Recorder(total, desc))
+    rng = np.random.default_rng(1)
+    values = {
+        f"w{i:02d}": rng.standard_normal((17 * (i + 1), 256), dtype=np.float32) for i in range(24)
+    }
+    layouts = []
+    for progress in (False, True):
+        p = str(tmp_path / f"ck-{progress}")
+        sp.save_file(values, p, shards=3, progress=progress, durable=False)
+        with sp.open(p) as r:
+            entries = {
+                k: (r.info(k).shard, r.info(k).offset, r.info(k).stored_bytes) for k in r.keys()
+            }
+            sizes = [n for _, n in r.format_info["shards"]]
+        layouts.append((entries, sizes))
+    assert layouts[0] == layouts[1]

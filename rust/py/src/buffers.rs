@@ -2,7 +2,6 @@
 //! exported through the buffer protocol, fallible allocation, borrowing Python buffers.
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::c_int;
@@ -68,6 +67,24 @@ impl Buffer {
     }
 }
 
+/// Borrow a writable, C-contiguous byte buffer's memory mutably (for use with the GIL
+/// released). The slice comes from the buffer's raw pointer, never from a shared borrow.
+pub(crate) fn bytes_of_mut<'b>(
+    py: Python<'_>,
+    buf: &'b mut PyBuffer<u8>,
+) -> PyResult<&'b mut [u8]> {
+    if buf.readonly() {
+        return Err(crate::invalid(py, "output buffer is read-only"));
+    }
+    if !buf.is_c_contiguous() {
+        return Err(crate::invalid(py, "output buffer is not C-contiguous"));
+    }
+    // SAFETY: the exporter said the memory is writable and contiguous; the PyBuffer pins it
+    // until dropped and the `&mut` borrow of `buf` keeps this the only slice made from it here.
+    // Concurrent mutation by another Python thread is the caller's race, as with any consumer.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut u8, buf.len_bytes()) })
+}
+
 /// Outputs at least this large ask for transparent huge pages (see [`advise_huge`]).
 const HUGE_MIN: usize = 8 << 20;
 
@@ -113,9 +130,9 @@ pub(crate) fn alloc_zeroed(n: u64) -> PyResult<Vec<u8>> {
 }
 
 /// Borrow a C-contiguous byte buffer's memory as a slice (for use with the GIL released).
-pub(crate) fn bytes_of(buf: &PyBuffer<u8>) -> PyResult<&[u8]> {
+pub(crate) fn bytes_of<'b>(py: Python<'_>, buf: &'b PyBuffer<u8>) -> PyResult<&'b [u8]> {
     if !buf.is_c_contiguous() {
-        return Err(PyValueError::new_err("buffer is not C-contiguous"));
+        return Err(crate::invalid(py, "buffer is not C-contiguous"));
     }
     // SAFETY: the PyBuffer keeps the exporter alive and its memory pinned until dropped; the
     // caller keeps it alive for as long as the slice is used. Concurrent mutation by another

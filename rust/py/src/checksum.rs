@@ -8,6 +8,6 @@ use pyo3::prelude::*;
 #[pyfunction]
 #[pyo3(signature = (data, crc=0))]
 pub(crate) fn crc32c(py: Python<'_>, data: PyBuffer<u8>, crc: u32) -> PyResult<u32> {
-    let bytes = bytes_of(&data)?;
+    let bytes = bytes_of(py, &data)?;
     Ok(py.detach(|| ::crc32c::crc32c_append(crc, bytes)))
 }

@@ -11,14 +11,14 @@ mod remote;
 mod staged;
 mod write;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::PySystemError;
 use pyo3::prelude::*;
 use shardpoint_core::format::Codec;
 use shardpoint_core::Error;
 
-/// Map a core error to the matching `shardpoint.errors` class (the one place this happens).
-pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
-    let cls = match &err {
+/// The `shardpoint.errors` class of each core error (the one place this mapping lives).
+fn class_name(err: &Error) -> &'static str {
+    match err {
         Error::NotFound { .. } => "NotFoundError",
         Error::Io { .. } => "CheckpointIOError",
         Error::Corrupt { .. } => "CorruptCheckpointError",
@@ -28,15 +28,50 @@ pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
         Error::DuplicateKey { .. } => "DuplicateKeyError",
         Error::UnsupportedDtype(_) => "UnsupportedDTypeError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
-    };
+    }
+}
+
+/// Every class name [`class_name`] can return (tests check that `shardpoint.errors` has each).
+const ERROR_CLASSES: [&str; 9] = [
+    "NotFoundError",
+    "CheckpointIOError",
+    "CorruptCheckpointError",
+    "ChecksumMismatchError",
+    "UnsupportedFormatError",
+    "MissingKeyError",
+    "DuplicateKeyError",
+    "UnsupportedDTypeError",
+    "InvalidArgumentError",
+];
+
+/// Map a core error to the matching `shardpoint.errors` class. Every error the binding raises
+/// about checkpoint data or arguments goes through here. A class missing from
+/// `shardpoint.errors` is a packaging bug and raises `SystemError` naming it (never a silent
+/// fallback to a builtin class).
+pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
+    let cls = class_name(&err);
     let msg = err.to_string();
     match py.import("shardpoint.errors").and_then(|m| m.getattr(cls)) {
-        Ok(c) => match c.call1((msg.clone(),)) {
+        Ok(c) => match c.call1((msg,)) {
             Ok(inst) => PyErr::from_value(inst),
             Err(e) => e,
         },
-        Err(_) => PyValueError::new_err(msg),
+        Err(e) => PySystemError::new_err(format!(
+            "shardpoint.errors.{cls} is missing ({e}); the compiled core and the Python package \
+             are out of sync. The error was: {msg}"
+        )),
     }
+}
+
+/// The exception class names the core's errors map to.
+#[pyfunction]
+fn error_class_names() -> Vec<&'static str> {
+    ERROR_CLASSES.to_vec()
+}
+
+/// A binding-level argument error (a bad name or buffer), raised through [`to_py`].
+pub(crate) fn invalid(py: Python<'_>, msg: impl Into<String>) -> PyErr {
+    to_py(py, Error::InvalidArgument(msg.into()))
 }
 
 /// Run `f` with the GIL released and convert its error (polars' pattern: one helper).
@@ -47,7 +82,7 @@ pub(crate) fn nogil<T: Send>(
     py.detach(f).map_err(|e| to_py(py, e))
 }
 
-pub(crate) fn parse_codec(name: &str) -> PyResult<Codec> {
+pub(crate) fn parse_codec(py: Python<'_>, name: &str) -> PyResult<Codec> {
     match name {
         "none" => Ok(Codec::None),
         // The default: per dtype, the best codec (floats: bytegroup-huffman at levels <= 1;
@@ -55,7 +90,7 @@ pub(crate) fn parse_codec(name: &str) -> PyResult<Codec> {
         "zstd" | "bytegroup-huffman" => Ok(Codec::HuffByteGroup),
         "zstd-bytegroup" => Ok(Codec::ZstdByteGroup),
         "zstd-plain" => Ok(Codec::Zstd),
-        _ => Err(PyValueError::new_err(format!(
+        _ => Err(invalid(py, format!(
             "unknown compression {name:?}; expected 'none', 'zstd' (the best codec per dtype), 'bytegroup-huffman', 'zstd-bytegroup' or 'zstd-plain'"
         ))),
     }
@@ -83,6 +118,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remote::object_delete, m)?)?;
     m.add_function(wrap_pyfunction!(remote::list_dir, m)?)?;
     m.add_function(wrap_pyfunction!(remote::gc, m)?)?;
+    m.add_class::<read::EntryRecord>()?;
+    m.add_class::<read::EntryValue>()?;
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
@@ -90,6 +127,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;
     m.add_function(wrap_pyfunction!(staged::save_incremental, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
+    m.add_function(wrap_pyfunction!(error_class_names, m)?)?;
     m.add("FORMAT_VERSION", shardpoint_core::format::FORMAT_VERSION)?;
     m.add(
         "DEFAULT_CHUNK_BYTES",

@@ -1,11 +1,10 @@
 //! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
 
-use crate::buffers::{alloc_zeroed, bytes_of, Buffer, Store};
+use crate::buffers::{alloc_zeroed, bytes_of_mut, Buffer, Store};
 use crate::{nogil, to_py};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyList;
 use shardpoint_core::format::Codec;
 use shardpoint_core::index::Entry;
 use shardpoint_core::{Error, Reader};
@@ -18,8 +17,62 @@ pub(crate) struct CheckpointReader {
     inner: Arc<Reader>,
 }
 
-pub(crate) fn entry_tuple<'py>(py: Python<'py>, e: &Entry<'_>) -> PyResult<Bound<'py, PyTuple>> {
-    (e.dtype.name(), PyTuple::new(py, &e.dims)?, e.kind.name()).into_pyobject(py)
+/// What the index records about one entry (`Reader.info`; `shardpoint.files.EntryInfo` adds
+/// the key and keeps the public field names).
+#[pyclass(module = "shardpoint._core", frozen, get_all)]
+pub(crate) struct EntryRecord {
+    /// Format dtype name (`float32`, `bfloat16`, ...).
+    dtype: &'static str,
+    shape: Vec<u64>,
+    /// Value kind: `tensor`, `bytes`, `str`, `int`, `float`, `json`.
+    kind: &'static str,
+    codec: &'static str,
+    /// Bytes stored in the shard, and bytes once decoded.
+    stored_len: u64,
+    raw_len: u64,
+    shard: u32,
+    offset: u64,
+    /// crc32c of the raw (decoded) bytes.
+    crc32c: u32,
+    nchunks: u64,
+}
+
+impl EntryRecord {
+    pub(crate) fn of(e: &Entry<'_>) -> Self {
+        EntryRecord {
+            dtype: e.dtype.name(),
+            shape: e.dims.to_vec(),
+            kind: e.kind.name(),
+            codec: e.codec.name(),
+            stored_len: e.stored_len,
+            raw_len: e.raw_len,
+            shard: e.shard,
+            offset: e.offset,
+            crc32c: e.crc,
+            nchunks: e.nchunks() as u64,
+        }
+    }
+}
+
+/// One value read from a checkpoint: how to interpret it, and its bytes.
+#[pyclass(module = "shardpoint._core", frozen, get_all)]
+pub(crate) struct EntryValue {
+    dtype: &'static str,
+    shape: Vec<u64>,
+    kind: &'static str,
+    /// The bytes (zero-copy from the shard mapping when stored uncompressed and not copied).
+    buffer: Py<Buffer>,
+}
+
+impl EntryValue {
+    pub(crate) fn new(py: Python<'_>, e: &Entry<'_>, store: Store) -> PyResult<Self> {
+        Ok(EntryValue {
+            dtype: e.dtype.name(),
+            shape: e.dims.to_vec(),
+            kind: e.kind.name(),
+            buffer: Py::new(py, Buffer { store })?,
+        })
+    }
 }
 
 impl CheckpointReader {
@@ -32,13 +85,13 @@ impl CheckpointReader {
     /// mapping handed out (right after its length was checked against the file): the check is
     /// also the first touch of the pages the caller reads next, so it costs little more than
     /// the touch itself (the hazard of a file truncated later is that of any mapped view).
-    fn buffer_for(
+    fn store_for(
         &self,
         py: Python<'_>,
         e: &Entry<'_>,
         verify: bool,
         copy: bool,
-    ) -> PyResult<Buffer> {
+    ) -> PyResult<Store> {
         if e.codec == Codec::None && !copy {
             let map = self.inner.shards()[e.shard as usize]
                 .cow()
@@ -48,19 +101,15 @@ impl CheckpointReader {
                 let view = &map[e.offset as usize..(e.offset + e.stored_len) as usize];
                 nogil(py, || self.inner.verify_view(e, view))?;
             }
-            Ok(Buffer {
-                store: Store::Mapped {
-                    map,
-                    off: e.offset as usize,
-                    len: e.stored_len as usize,
-                },
+            Ok(Store::Mapped {
+                map,
+                off: e.offset as usize,
+                len: e.stored_len as usize,
             })
         } else {
             let mut v = alloc_zeroed(e.raw_len)?;
             nogil(py, || self.inner.read_into(e, &mut v, verify))?;
-            Ok(Buffer {
-                store: Store::Owned(v),
-            })
+            Ok(Store::Owned(v))
         }
     }
 }
@@ -114,38 +163,18 @@ impl CheckpointReader {
             .is_some())
     }
 
-    /// (dtype, shape, kind, codec, stored_len, raw_len, shard, offset, crc32c, nchunks)
-    fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyTuple>> {
-        let e = self.entry(py, key)?;
-        (
-            e.dtype.name(),
-            PyTuple::new(py, &e.dims)?,
-            e.kind.name(),
-            e.codec.name(),
-            e.stored_len,
-            e.raw_len,
-            e.shard,
-            e.offset,
-            e.crc,
-            e.nchunks(),
-        )
-            .into_pyobject(py)
+    /// The index record of one key.
+    fn info(&self, py: Python<'_>, key: &str) -> PyResult<EntryRecord> {
+        Ok(EntryRecord::of(&self.entry(py, key)?))
     }
 
-    /// (dtype, shape, kind, buffer) for one key. `verify`: check the crc32c of uncompressed
-    /// values too (compressed ones are always checked); `copy`: never hand out a mapping.
+    /// The value of one key. `verify`: check the crc32c of uncompressed values too (compressed
+    /// ones are always checked); `copy`: never hand out a mapping.
     #[pyo3(signature = (key, verify=false, copy=false))]
-    fn get<'py>(
-        &self,
-        py: Python<'py>,
-        key: &str,
-        verify: bool,
-        copy: bool,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    fn get(&self, py: Python<'_>, key: &str, verify: bool, copy: bool) -> PyResult<EntryValue> {
         let e = self.entry(py, key)?;
-        let b = self.buffer_for(py, &e, verify, copy)?;
-        let (d, s, k) = entry_tuple(py, &e)?.extract::<(String, Bound<'py, PyTuple>, String)>()?;
-        (d, s, k, Bound::new(py, b)?).into_pyobject(py)
+        let store = self.store_for(py, &e, verify, copy)?;
+        EntryValue::new(py, &e, store)
     }
 
     /// Like `get` for many keys; compressed entries are decoded in parallel.
@@ -209,13 +238,7 @@ impl CheckpointReader {
                 },
                 (None, None) => unreachable!("uncompressed entries have a mapping"),
             };
-            let t = (
-                e.dtype.name(),
-                PyTuple::new(py, &e.dims)?,
-                e.kind.name(),
-                Bound::new(py, Buffer { store })?,
-            );
-            out.append(t)?;
+            out.append(EntryValue::new(py, e, store)?)?;
         }
         Ok(out)
     }
@@ -227,15 +250,10 @@ impl CheckpointReader {
         key: &str,
         lo: u64,
         hi: u64,
-        out: PyBuffer<u8>,
+        mut out: PyBuffer<u8>,
     ) -> PyResult<()> {
-        if out.readonly() {
-            return Err(PyValueError::new_err("output buffer is read-only"));
-        }
         let e = self.entry(py, key)?;
-        let dst = bytes_of(&out)?;
-        // SAFETY: checked writable and contiguous; `out` outlives the call.
-        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr() as *mut u8, dst.len()) };
+        let dst = bytes_of_mut(py, &mut out)?;
         nogil(py, || self.inner.read_range(&e, lo, hi, dst))
     }
 

@@ -3,12 +3,12 @@
 //! put/get of the manager's state object, listing, delete, gc). Bulk data never crosses into
 //! Python here except as the decoded values handed out.
 
-use crate::buffers::{bytes_of, Buffer, Store};
-use crate::nogil;
+use crate::buffers::{bytes_of_mut, Store};
+use crate::read::{EntryRecord, EntryValue};
+use crate::{invalid, nogil};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList};
 use shardpoint_core::index::Entry;
 use shardpoint_core::store::remote_reader::RemoteReader as CoreRemote;
 use shardpoint_core::store::{parse_dir, remote_commit, Location, RemotePrefix};
@@ -34,9 +34,7 @@ pub(crate) fn location(py: Python<'_>, prefix: &str, o: &Opts) -> PyResult<Locat
 fn remote_prefix(py: Python<'_>, url: &str, o: &Opts) -> PyResult<RemotePrefix> {
     match location(py, url, o)? {
         Location::Remote(r) => Ok(r),
-        Location::Local(_) => Err(PyValueError::new_err(format!(
-            "{url:?} is not an object-store URL"
-        ))),
+        Location::Local(_) => Err(invalid(py, format!("{url:?} is not an object-store URL"))),
     }
 }
 
@@ -56,19 +54,6 @@ impl RemoteReader {
     fn entry(&self, py: Python<'_>, key: &str) -> PyResult<Entry<'_>> {
         self.inner.entry(key).map_err(|e| crate::to_py(py, e))
     }
-}
-
-fn value_tuple<'py>(py: Python<'py>, e: &Entry<'_>, v: Vec<u8>) -> PyResult<Bound<'py, PyTuple>> {
-    let b = Buffer {
-        store: Store::Owned(v),
-    };
-    (
-        e.dtype.name(),
-        PyTuple::new(py, &e.dims)?,
-        e.kind.name(),
-        Bound::new(py, b)?,
-    )
-        .into_pyobject(py)
 }
 
 #[pymethods]
@@ -122,39 +107,20 @@ impl RemoteReader {
             .is_some())
     }
 
-    /// (dtype, shape, kind, codec, stored_len, raw_len, shard, offset, crc32c, nchunks)
-    fn info<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyTuple>> {
-        let e = self.entry(py, key)?;
-        (
-            e.dtype.name(),
-            PyTuple::new(py, &e.dims)?,
-            e.kind.name(),
-            e.codec.name(),
-            e.stored_len,
-            e.raw_len,
-            e.shard,
-            e.offset,
-            e.crc,
-            e.nchunks(),
-        )
-            .into_pyobject(py)
+    /// What the index records about `key`.
+    fn info(&self, py: Python<'_>, key: &str) -> PyResult<EntryRecord> {
+        Ok(EntryRecord::of(&self.entry(py, key)?))
     }
 
-    /// (dtype, shape, kind, buffer) for one key: one ranged GET for an uncompressed value of
+    /// One key's value: one ranged GET for an uncompressed value of
     /// up to one part; always crc-checked and always private memory (`verify` and `copy` are
     /// accepted for symmetry with `CheckpointReader`).
     #[pyo3(signature = (key, verify=false, copy=false))]
-    fn get<'py>(
-        &self,
-        py: Python<'py>,
-        key: &str,
-        verify: bool,
-        copy: bool,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    fn get(&self, py: Python<'_>, key: &str, verify: bool, copy: bool) -> PyResult<EntryValue> {
         let _ = (verify, copy);
         let e = self.entry(py, key)?;
         let v = nogil(py, || self.inner.read(&e))?;
-        value_tuple(py, &e, v)
+        EntryValue::new(py, &e, Store::Owned(v))
     }
 
     /// Like `get` for many keys: fetched together (coalesced, parallel) and decoded in parallel.
@@ -174,7 +140,7 @@ impl RemoteReader {
         let vals = nogil(py, || self.inner.read_many(&entries))?;
         let out = PyList::empty(py);
         for (e, v) in entries.iter().zip(vals) {
-            out.append(value_tuple(py, e, v)?)?;
+            out.append(EntryValue::new(py, e, Store::Owned(v))?)?;
         }
         Ok(out)
     }
@@ -192,15 +158,10 @@ impl RemoteReader {
         key: &str,
         lo: u64,
         hi: u64,
-        out: PyBuffer<u8>,
+        mut out: PyBuffer<u8>,
     ) -> PyResult<()> {
-        if out.readonly() {
-            return Err(PyValueError::new_err("output buffer is read-only"));
-        }
         let e = self.entry(py, key)?;
-        let dst = bytes_of(&out)?;
-        // SAFETY: checked writable and contiguous; `out` outlives the call.
-        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr() as *mut u8, dst.len()) };
+        let dst = bytes_of_mut(py, &mut out)?;
         nogil(py, || self.inner.read_range(&e, lo, hi, dst))
     }
 
@@ -288,7 +249,7 @@ pub(crate) fn object_put(
             e_tag: etag,
             version: None,
         }),
-        _ => return Err(PyValueError::new_err(format!("unknown put mode {mode:?}"))),
+        _ => return Err(invalid(py, format!("unknown put mode {mode:?}"))),
     };
     let rp = remote_prefix(py, url, &storage_options)?;
     nogil(py, || rp.store.put(&rp.key, data, m))

@@ -1,11 +1,11 @@
 //! Asynchronous and incremental saves: parallel staging copies and the incremental save.
 
-use crate::buffers::bytes_of;
-use crate::nogil;
-use crate::write::{options, to_items, RawItem};
+use crate::buffers::{bytes_of, bytes_of_mut};
+use crate::write::{to_items, RawItem};
+use crate::{invalid, nogil, parse_codec};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use shardpoint_core::WriterOptions;
 use std::path::PathBuf;
 
 /// Copy every `srcs[i]` into the writable buffer `dsts[i]` (same lengths) in parallel with the
@@ -15,25 +15,26 @@ use std::path::PathBuf;
 pub(crate) fn stage_copy(
     py: Python<'_>,
     srcs: Vec<PyBuffer<u8>>,
-    dsts: Vec<PyBuffer<u8>>,
+    mut dsts: Vec<PyBuffer<u8>>,
     with_crc: bool,
 ) -> PyResult<Vec<u32>> {
-    let src: Vec<&[u8]> = srcs.iter().map(bytes_of).collect::<PyResult<_>>()?;
+    let src: Vec<&[u8]> = srcs
+        .iter()
+        .map(|b| bytes_of(py, b))
+        .collect::<PyResult<_>>()?;
     let mut dst: Vec<&mut [u8]> = Vec::with_capacity(dsts.len());
-    for (i, d) in dsts.iter().enumerate() {
-        if d.readonly() || !d.is_c_contiguous() {
-            return Err(PyValueError::new_err(format!(
-                "staging destination {i} is not a writable C-contiguous buffer"
-            )));
-        }
-        // SAFETY: the PyBuffer pins the exporter's memory while `dsts` lives (to the end of
-        // this call); the destinations are distinct staging buffers the caller owns, and the
-        // writable flag was checked above.
-        dst.push(unsafe { std::slice::from_raw_parts_mut(d.buf_ptr() as *mut u8, d.len_bytes()) });
+    for (i, d) in dsts.iter_mut().enumerate() {
+        // Distinct PyBuffer objects may still export the same memory: checked just below.
+        dst.push(bytes_of_mut(py, d).map_err(|_| {
+            invalid(
+                py,
+                format!("staging destination {i} is not a writable C-contiguous buffer"),
+            )
+        })?);
     }
     let addrs: Vec<(usize, usize)> = dst.iter().map(|d| (d.as_ptr() as usize, d.len())).collect();
     if overlapping(addrs) {
-        return Err(PyValueError::new_err("staging destinations overlap"));
+        return Err(invalid(py, "staging destinations overlap"));
     }
     nogil(py, || {
         shardpoint_core::staging::copy_with_crc(&src, &mut dst, with_crc)
@@ -51,7 +52,7 @@ fn overlapping(mut r: Vec<(usize, usize)>) -> bool {
 /// unchanged (FORMAT.md §8.1). Returns (linked_shards, linked_bytes, written_shards,
 /// written_bytes, base_problem).
 #[pyfunction]
-#[pyo3(signature = (prefix, items, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json, sections_json=String::new()))]
+#[pyo3(signature = (prefix, items, *, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json, sections_json=String::new()))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save_incremental(
     py: Python<'_>,
@@ -67,19 +68,17 @@ pub(crate) fn save_incremental(
     metadata_json: String,
     sections_json: String,
 ) -> PyResult<(u32, u64, u32, u64, Option<String>)> {
-    let opts = options(
-        codec,
+    let opts = WriterOptions {
+        codec: parse_codec(py, codec)?,
         level,
         chunk_bytes,
-        1,
+        shards: 1,
         durable,
-        0,
-        1,
         metadata_json,
-        String::new(),
         sections_json,
-    )?;
-    let its = to_items(&items)?;
+        ..WriterOptions::default()
+    };
+    let its = to_items(py, &items)?;
     let r = nogil(py, || {
         shardpoint_core::save_incremental(
             &prefix,

@@ -1,10 +1,11 @@
 //! Saving: the one-call parallel `save`, the streaming `Writer`, `merge` and `remove`.
+//!
+//! Options are keyword-only: a call reads as what it sets, never as ten positional values.
 
 use crate::buffers::bytes_of;
 use crate::remote::{location, Opts};
-use crate::{nogil, parse_codec};
+use crate::{nogil, parse_codec, to_py};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use shardpoint_core::format::{DType, Kind};
 use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
@@ -12,50 +13,25 @@ use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
 /// (key, dtype, kind, shape, buffer) tuples from Python → owned parts plus pinned buffers.
 pub(crate) type RawItem = (String, String, String, Vec<u64>, PyBuffer<u8>);
 
-pub(crate) fn to_items(raw: &[RawItem]) -> PyResult<Vec<Item<'_>>> {
+pub(crate) fn to_items<'a>(py: Python<'_>, raw: &'a [RawItem]) -> PyResult<Vec<Item<'a>>> {
     raw.iter()
         .map(|(k, d, kind, shape, buf)| {
             Ok(Item {
                 key: k.clone(),
-                dtype: DType::from_name(d).map_err(|e| PyValueError::new_err(e.to_string()))?,
-                kind: Kind::from_name(kind).map_err(|e| PyValueError::new_err(e.to_string()))?,
+                dtype: DType::from_name(d).map_err(|e| to_py(py, e))?,
+                kind: Kind::from_name(kind).map_err(|e| to_py(py, e))?,
                 dims: shape.clone(),
-                data: bytes_of(buf)?,
+                data: bytes_of(py, buf)?,
             })
         })
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn options(
-    codec: &str,
-    level: i32,
-    chunk_bytes: u32,
-    shards: u32,
-    durable: bool,
-    rank: u32,
-    world_size: u32,
-    metadata_json: String,
-    merge_token: String,
-    sections_json: String,
-) -> PyResult<WriterOptions> {
-    Ok(WriterOptions {
-        codec: parse_codec(codec)?,
-        level,
-        chunk_bytes,
-        shards,
-        durable,
-        rank,
-        world_size,
-        metadata_json,
-        sections_json,
-        merge_token,
-    })
-}
-
 /// Save items in one call, `shards` threads writing in parallel with the GIL released.
+/// `progress(nbytes)` (optional) is called after each item is written; it does not change
+/// what is written (one algorithm with or without a progress bar).
 #[pyfunction]
-#[pyo3(signature = (prefix, items, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None))]
+#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -69,27 +45,39 @@ pub(crate) fn save(
     metadata_json: String,
     sections_json: String,
     storage_options: Opts,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
-    let opts = options(
-        codec,
+    let opts = WriterOptions {
+        codec: parse_codec(py, codec)?,
         level,
         chunk_bytes,
         shards,
         durable,
-        0,
-        1,
         metadata_json,
-        String::new(),
         sections_json,
-    )?;
-    let its = to_items(&items)?;
-    nogil(py, || shardpoint_core::save_at(&loc, &its, opts))
+        ..WriterOptions::default()
+    };
+    let its = to_items(py, &items)?;
+    let report = |n: u64| {
+        if let Some(cb) = &progress {
+            // From a writer thread: take the GIL for the call only. A failing callback cannot
+            // stop a save half-way; its error is reported like any other unraisable one.
+            Python::attach(|py| {
+                if let Err(e) = cb.call1(py, (n,)) {
+                    e.write_unraisable(py, Some(cb.bind(py)));
+                }
+            });
+        }
+    };
+    nogil(py, || {
+        shardpoint_core::save_at_with_progress(&loc, &its, opts, &report)
+    })
 }
 
 /// Merge the partial indexes of a multi-writer save and commit `P.index`.
 #[pyfunction]
-#[pyo3(signature = (prefix, world_size, durable=true, token=None, storage_options=None))]
+#[pyo3(signature = (prefix, world_size, *, durable=true, token=None, storage_options=None))]
 pub(crate) fn merge(
     py: Python<'_>,
     prefix: &str,
@@ -125,7 +113,7 @@ pub(crate) struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None))]
+    #[pyo3(signature = (prefix, *, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -143,8 +131,8 @@ impl Writer {
         storage_options: Opts,
     ) -> PyResult<Self> {
         let loc = location(py, prefix, &storage_options)?;
-        let opts = options(
-            codec,
+        let opts = WriterOptions {
+            codec: parse_codec(py, codec)?,
             level,
             chunk_bytes,
             shards,
@@ -154,7 +142,7 @@ impl Writer {
             metadata_json,
             merge_token,
             sections_json,
-        )?;
+        };
         let inner = nogil(py, || CheckpointWriter::new_at(&loc, opts))?;
         Ok(Writer { inner })
     }
@@ -170,7 +158,7 @@ impl Writer {
         data: PyBuffer<u8>,
     ) -> PyResult<()> {
         let raw = [(key, dtype, kind, shape, data)];
-        let its = to_items(&raw)?;
+        let its = to_items(py, &raw)?;
         nogil(py, || self.inner.add(&its[0]))
     }
 
