@@ -1,5 +1,5 @@
-//! File naming and the commit protocol (FORMAT.md §1, §8): temp names, fsync, hard-link or
-//! rename into place, directory fsync, cleanup of leftovers, removal.
+//! The commit protocol (FORMAT.md §8): fsync, hard-link or rename into place, directory
+//! fsync, cleanup of leftovers, removal. The file names themselves live in `naming`.
 //!
 //! What must stay true: no existing file is ever truncated or rewritten; `P.index` appears by
 //! one atomic rename after everything it references is durable (when `durable`); cleanup only
@@ -9,33 +9,14 @@
 
 use crate::error::{Error, Result};
 use crate::index::{IndexView, ShardRec};
+use crate::naming::{is_owned_suffix, is_temp_suffix, temp_path};
 use std::collections::HashSet;
-use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// `P` + `suffix` as a path (the suffix is appended to the last component, not joined).
-pub fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
-    let mut s: OsString = prefix.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-/// The index path `P.index`.
-pub fn index_path(prefix: &Path) -> PathBuf {
-    with_suffix(prefix, ".index")
-}
-
-/// The partial index path of writer `rank` of `world`.
-pub fn partial_index_path(prefix: &Path, rank: u32, world: u32) -> PathBuf {
-    with_suffix(prefix, &format!(".index.part-{rank:05}-of-{world:05}"))
-}
-
-/// The commit lock path `P.lock`.
-pub fn lock_path(prefix: &Path) -> PathBuf {
-    with_suffix(prefix, ".lock")
-}
+// The names live in `naming`; re-exported here where callers have always found them.
+pub use crate::naming::{index_path, lock_path, partial_index_path, with_suffix};
 
 /// Whether a lock error means "this file system has no flock" (Lustre mounted noflock, some
 /// FUSE and NFS setups) rather than a real failure.
@@ -186,7 +167,7 @@ pub fn sync_dir_after_commit(dir: &Path) -> Result<()> {
 /// `write_atomic` without the directory fsync: temp file, fsync (if `durable`), rename over
 /// `dest`. On any error the temp file is removed and `dest` is untouched.
 pub fn replace_file(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    let tmp = with_suffix(dest, &format!(".tmp-{:016x}", random_token()));
+    let tmp = temp_path(dest, random_token());
     let res = (|| {
         let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
         lock_temp(&f, &tmp)?; // see `cleanup`
@@ -263,10 +244,7 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     for ent in rd.flatten() {
         let name = ent.file_name().to_string_lossy().into_owned();
         if let Some(rest) = name.strip_prefix(&base) {
-            if rest.starts_with(".data-")
-                || rest.starts_with(".index.tmp-")
-                || rest.starts_with(".index.part-")
-            {
+            if is_owned_suffix(rest) {
                 out.push((rest.to_string(), ent.path()));
             }
         }
@@ -343,7 +321,7 @@ pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
                 return;
             };
             for (suffix, path) in names {
-                if keep.contains(&suffix) || (suffix.contains(".tmp-") && temp_in_use(&path)) {
+                if keep.contains(&suffix) || (is_temp_suffix(&suffix) && temp_in_use(&path)) {
                     continue;
                 }
                 let _ = fs::remove_file(path);
@@ -359,7 +337,7 @@ pub fn remove(prefix: &Path) -> Result<()> {
     let idx = index_path(prefix);
     fs::remove_file(&idx).map_err(|e| Error::io(&idx, "remove checkpoint index", e))?;
     for (suffix, path) in owned_names(prefix)? {
-        if suffix.contains(".tmp-") && temp_in_use(&path) {
+        if is_temp_suffix(&suffix) && temp_in_use(&path) {
             continue; // a writer that started after us: its save will commit
         }
         let _ = fs::remove_file(path);

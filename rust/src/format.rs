@@ -449,32 +449,8 @@ impl ShardHeader {
     }
 }
 
-/// Check a shard name suffix (§3.1): `.data-NNNNN-of-NNNNN` with an optional `.<16 hex>`.
-pub fn valid_shard_name(name: &[u8]) -> bool {
-    let base = b".data-00000-of-00000".len();
-    if name.len() != base && name.len() != base + 17 {
-        return false;
-    }
-    let digits = |r: std::ops::Range<usize>| name[r].iter().all(|c| c.is_ascii_digit());
-    if &name[..6] != b".data-" || !digits(6..11) || &name[11..15] != b"-of-" || !digits(15..20) {
-        return false;
-    }
-    if name.len() == base {
-        return true;
-    }
-    name[20] == b'.'
-        && name[21..]
-            .iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-}
-
-/// The shard name suffix for shard `s` of `n`, with an optional save token.
-pub fn shard_name(s: u32, n: u32, token: Option<u64>) -> String {
-    match token {
-        None => format!(".data-{s:05}-of-{n:05}"),
-        Some(t) => format!(".data-{s:05}-of-{n:05}.{t:016x}"),
-    }
-}
+// Shard names are made and checked in `naming`; re-exported here for existing callers.
+pub use crate::naming::{shard_name, valid_shard_name};
 
 #[cfg(test)]
 mod tests {

@@ -13,8 +13,9 @@ use crate::commit::{parent_dir, random_token, sync_dir, with_suffix, PrefixLock}
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, IndexView, ShardRec};
+use crate::merge::meta_blob;
 use crate::shard::{par_crc, Item, ShardWriter};
-use crate::writer::{commit_index, meta_blob, WriterOptions};
+use crate::writer::{commit_index, WriterOptions};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -473,7 +474,7 @@ fn link_checked(
 
 /// Copy a shard to `dest` through a temp name (never exposing a partial file), fsynced.
 fn copy_shard(src: &Path, dest: &Path, token: u64) -> Result<()> {
-    let tmp = with_suffix(dest, &format!(".tmp-{token:016x}"));
+    let tmp = crate::naming::temp_path(dest, token);
     let res = (|| {
         fs::copy(src, &tmp).map_err(|e| Error::io(src, "copy base shard", e))?;
         File::open(&tmp)

@@ -4,15 +4,17 @@
 //! optionally chunked and zstd-compressed payloads, and an index `P.index` whose atomic rename
 //! commits the checkpoint. The byte-level spec is docs/FORMAT.md; module names follow it:
 //!
-//! - [`format`]: constants, tags, the shard header, shard names;
+//! - [`format`]: constants, tags, the shard header;
+//! - [`naming`]: every file name of a checkpoint (index, partial, shard, temp);
 //! - [`codec`]: byte grouping and zstd chunk codecs;
 //! - [`index`]: building the index and the lazily verified view used for lookups;
 //! - [`shard`]: writing one shard file;
-//! - [`writer`]: multi-shard and multi-writer saves, partial-index merge;
+//! - [`writer`]: multi-shard and multi-writer saves (one save path, optional progress);
+//! - [`merge`]: the multi-writer merge of partial indexes and the index metadata JSON;
 //! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
 //! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
 //! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
-//! - [`commit`]: file naming, atomic publish, cleanup, removal;
+//! - [`commit`]: atomic publish, cleanup, removal;
 //! - [`store`]: object-store URLs (`s3://`, `gs://`, `az://`, `memory://`): lazy ranged
 //!   reads, streaming multipart uploads, the conditional-put commit;
 //! - [`error`]: the crate's one error type.
@@ -23,6 +25,8 @@ pub mod error;
 pub mod format;
 pub mod incremental;
 pub mod index;
+pub mod merge;
+pub mod naming;
 pub mod reader;
 pub mod shard;
 pub mod staging;
@@ -32,10 +36,10 @@ pub mod writer;
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
+pub use merge::{merge, merge_at};
 pub use reader::Reader;
 pub use shard::Item;
 pub use store::Location;
 pub use writer::{
-    merge, merge_at, save, save_at, save_at_with_progress, save_with_progress, CheckpointWriter,
-    WriterOptions,
+    save, save_at, save_at_with_progress, save_with_progress, CheckpointWriter, WriterOptions,
 };

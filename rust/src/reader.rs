@@ -580,18 +580,27 @@ impl Reader {
         self.check_chunk_table(e)?;
         let cb = self.index.chunk_bytes() as u64;
         let (c0, c1) = (lo / cb, (hi - 1) / cb);
-        (c0..=c1).into_par_iter().try_for_each(|ci| -> Result<()> {
-            let raw_lo = ci * cb;
-            let raw_n = cb.min(e.raw_len - raw_lo) as usize;
-            let mut tmp = vec![0u8; raw_n];
-            self.decode_one(e, ci as usize, &mut tmp)?;
-            let a = lo.max(raw_lo);
-            let b = hi.min(raw_lo + raw_n as u64);
-            let dst = &out[(a - lo) as usize..(b - lo) as usize] as *const [u8] as *mut [u8];
-            // SAFETY: chunks cover disjoint raw ranges, so the destination ranges are disjoint.
-            unsafe { (*dst).copy_from_slice(&tmp[(a - raw_lo) as usize..(b - raw_lo) as usize]) };
-            Ok(())
-        })
+        // Cut `out` into one disjoint `&mut` piece per overlapping chunk before going parallel,
+        // so every thread writes only through the piece it owns.
+        let mut pieces: Vec<(u64, &mut [u8])> = Vec::with_capacity((c1 - c0 + 1) as usize);
+        let mut rest = out;
+        for ci in c0..=c1 {
+            let (a, b) = (lo.max(ci * cb), hi.min((ci + 1) * cb));
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut((b - a) as usize);
+            pieces.push((ci, piece));
+            rest = tail;
+        }
+        pieces
+            .into_par_iter()
+            .try_for_each(|(ci, dst)| -> Result<()> {
+                let raw_lo = ci * cb;
+                let raw_n = cb.min(e.raw_len - raw_lo) as usize;
+                let mut tmp = vec![0u8; raw_n];
+                self.decode_one(e, ci as usize, &mut tmp)?;
+                let from = (lo.max(raw_lo) - raw_lo) as usize;
+                dst.copy_from_slice(&tmp[from..from + dst.len()]);
+                Ok(())
+            })
     }
 
     /// Check everything: every index block, global key order, metadata, every payload and chunk

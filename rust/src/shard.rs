@@ -4,10 +4,11 @@
 //! `seal` + `publish`; dropping an unpublished writer removes the temp file.
 
 use crate::codec::{choose_codec, encode_chunk_crc};
-use crate::commit::{publish_shard, with_suffix};
+use crate::commit::publish_shard;
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{ChunkRec, EntryMeta, ShardRec};
+use crate::naming::{temp_path, with_suffix};
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::Write;
@@ -117,10 +118,7 @@ pub struct ShardWriter {
 impl ShardWriter {
     /// Create the temp file of shard `index` of `count` and write its header.
     pub fn create(prefix: &Path, index: u32, count: u32, token: u64) -> Result<Self> {
-        let tmp = with_suffix(
-            prefix,
-            &format!("{}.tmp-{token:016x}", shard_name(index, count, None)),
-        );
+        let tmp = temp_path(&with_suffix(prefix, &shard_name(index, count, None)), token);
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create shard", e))?;
         // Held until the file is closed: tells a concurrent commit's cleanup that this temp
         // file is in use (a crashed writer's lock dies with it). Without flock support it is
@@ -193,7 +191,8 @@ impl ShardWriter {
             .map_err(|e| Error::io(&self.tmp, "write shard", e))
     }
 
-    /// Payload bytes written so far (for balancing).
+    /// Stored payload bytes written so far (a statistic; nothing balances on it: `add_parallel`
+    /// plans shards by item size before writing).
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written
     }

@@ -1,6 +1,6 @@
 //! Checkpoint writers: a streaming writer over several shards (threads write different shards
-//! in parallel), a one-call parallel save, partial indexes for multi-process writers, and the
-//! merge that commits them.
+//! in parallel), a one-call parallel save, and partial indexes for multi-process writers (the
+//! merge that commits them is in `merge`).
 
 use crate::commit::{
     cleanup, current_shards, index_path, parent_dir, partial_index_path, random_token,
@@ -8,11 +8,13 @@ use crate::commit::{
 };
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
+use crate::index::{build_index, EntryMeta, ShardRec};
+use crate::merge::{meta_blob, partial_marker};
+use crate::naming::partial_suffix;
 use crate::shard::{EncodeOptions, Item, ShardWriter};
 use crate::store::upload::RemoteSink;
 use crate::store::{remote_commit, Location, RemotePrefix};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -107,37 +109,6 @@ impl WriterOptions {
             chunk_bytes: self.chunk_bytes,
         }
     }
-}
-
-pub(crate) fn meta_blob(user_json: &str, extra: &str, sections_json: &str) -> String {
-    // "sections" is stored as a JSON *string* holding the sections object: escaped, it can
-    // never contain the text `,"user":`, so `merge` still finds the top-level "user" (always
-    // last) by position, and finds the end of "sections" at its closing quote.
-    let sections = if sections_json.is_empty() {
-        String::new()
-    } else {
-        format!(",\"sections\":{}", json_string(sections_json))
-    };
-    format!(
-        "{{\"format\":{FORMAT_VERSION},\"writer\":\"shardpoint {}\"{extra}{sections},\"user\":{user_json}}}",
-        env!("CARGO_PKG_VERSION")
-    )
-}
-
-/// `text` as a JSON string literal.
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// A streaming checkpoint writer. `add` may be called from several threads at once: each call
@@ -239,7 +210,8 @@ impl CheckpointWriter {
         res
     }
 
-    /// Run `f` on an idle shard writer; if all are busy, wait on the least loaded one.
+    /// Run `f` on an idle shard writer; if all are busy, wait for shard 0 (no load balancing
+    /// here: `add_parallel` is the path that plans shards by size).
     fn with_free_shard<T>(&self, f: impl FnOnce(&mut ShardWriter) -> Result<T>) -> Result<T> {
         for m in &self.shards {
             if let Ok(mut g) = m.try_lock() {
@@ -385,10 +357,13 @@ impl CheckpointWriter {
         }
     }
 
+    /// The metadata of this writer's partial index (a multi-writer save).
     fn partial_meta(&self) -> String {
-        let extra = format!(
-            ",\"partial\":{{\"rank\":{},\"world_size\":{},\"token\":\"{:016x}\",\"merge_token\":\"{}\"}}",
-            self.opts.rank, self.opts.world_size, self.token, self.opts.merge_token
+        let extra = partial_marker(
+            self.opts.rank,
+            self.opts.world_size,
+            self.token,
+            &self.opts.merge_token,
         );
         meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json)
     }
@@ -448,10 +423,7 @@ impl CheckpointWriter {
                 self.partial_meta().as_bytes(),
             )
             .and_then(|bytes| {
-                let suffix = format!(
-                    ".index.part-{:05}-of-{:05}",
-                    self.opts.rank, self.opts.world_size
-                );
+                let suffix = partial_suffix(self.opts.rank, self.opts.world_size);
                 rp.store
                     .put(&rp.key_of(&suffix), bytes, object_store::PutMode::Overwrite)
                     .map(|_| ())
@@ -566,30 +538,6 @@ pub fn save_with_progress(
     w.commit()
 }
 
-/// Merge the `world_size` partial indexes of `prefix` into `P.index` and commit it. No payload
-/// bytes are copied. Duplicate keys across writers are an error naming both ranks.
-pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
-    if world_size == 0 {
-        return Err(Error::InvalidArgument("world_size must be >= 1".into()));
-    }
-    let lock = PrefixLock::acquire(prefix)?;
-    let m = merge_partials(world_size, token, |rank| {
-        let p = partial_index_path(prefix, rank, world_size);
-        let bytes = std::fs::read(&p)
-            .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
-        Ok((p, bytes))
-    })?;
-    commit_index(
-        prefix,
-        &m.shards,
-        m.entries,
-        m.chunk_bytes,
-        m.meta.as_bytes(),
-        durable,
-        &lock,
-    )
-}
-
 /// Save `items` at a local prefix or an object-store URL in one call.
 pub fn save_at(loc: &Location, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
     save_at_with_progress(loc, items, opts, &|_| {})
@@ -606,180 +554,4 @@ pub fn save_at_with_progress(
     let w = CheckpointWriter::new_at(loc, opts)?;
     w.add_parallel_with_progress(items, progress)?;
     w.commit()
-}
-
-/// [`merge`] for a local prefix or an object-store URL (there the merged index is committed
-/// conditionally, FORMAT.md §8.2, and the consumed partial indexes are deleted).
-pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
-    let rp = match loc {
-        Location::Local(p) => return merge(p, world_size, durable, token),
-        Location::Remote(rp) => rp,
-    };
-    if world_size == 0 {
-        return Err(Error::InvalidArgument("world_size must be >= 1".into()));
-    }
-    let mode = remote_commit::observe(rp)?;
-    let m = merge_partials(world_size, token, |rank| {
-        let suffix = format!(".index.part-{rank:05}-of-{world_size:05}");
-        let (bytes, _) = rp.store.get(&rp.key_of(&suffix)).map_err(|e| match e {
-            Error::NotFound { path, .. } => Error::NotFound {
-                path,
-                what: "read partial index (did every writer commit?)".into(),
-            },
-            e => e,
-        })?;
-        Ok((rp.url_of(&suffix), bytes))
-    })?;
-    remote_commit::commit_index(
-        rp,
-        mode,
-        &m.shards,
-        m.entries,
-        m.chunk_bytes,
-        m.meta.as_bytes(),
-    )?;
-    // The partial indexes are consumed (cleanup's time rule may not see them as older than
-    // the index: store timestamps have a granularity of a second).
-    for rank in 0..world_size {
-        let _ = rp
-            .store
-            .delete(&rp.key_of(&format!(".index.part-{rank:05}-of-{world_size:05}")));
-    }
-    Ok(())
-}
-
-/// The merged content of a multi-writer save, ready to commit.
-struct Merged {
-    shards: Vec<ShardRec>,
-    entries: Vec<EntryMeta>,
-    chunk_bytes: u32,
-    meta: String,
-}
-
-/// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes).
-fn merge_partials(
-    world_size: u32,
-    token: Option<&str>,
-    mut load: impl FnMut(u32) -> Result<(PathBuf, Vec<u8>)>,
-) -> Result<Merged> {
-    let mut first_token: Option<String> = None;
-    let mut shards: Vec<ShardRec> = Vec::new();
-    let mut entries: Vec<EntryMeta> = Vec::new();
-    let mut owner: HashMap<String, u32> = HashMap::new();
-    let mut chunk_bytes = None;
-    let mut user_meta: Option<String> = None;
-    for rank in 0..world_size {
-        let (p, bytes) = load(rank)?;
-        let view = IndexView::open(bytes, &p)?;
-        view.verify_all()?;
-        match chunk_bytes {
-            None => chunk_bytes = Some(view.chunk_bytes()),
-            Some(c) if c != view.chunk_bytes() => {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: chunk_bytes differs between writers",
-                    p.display()
-                )))
-            }
-            _ => {}
-        }
-        let meta = String::from_utf8_lossy(view.metadata_bytes()?).into_owned();
-        let mt = field_str(&meta, "merge_token").unwrap_or_default();
-        if let Some(want) = token.or(first_token.as_deref()) {
-            if mt != want {
-                return Err(Error::InvalidArgument(format!(
-                    "{}: partial index of rank {rank} has merge token {mt:?}, expected {want:?} (a stale partial of another save?)",
-                    p.display()
-                )));
-            }
-        }
-        first_token.get_or_insert(mt);
-        if rank == 0 {
-            user_meta = Some(meta);
-        }
-        let base = shards.len() as u32;
-        shards.extend(view.shards().iter().cloned());
-        for i in 0..view.len() {
-            let mut e = view.entry(i)?.to_meta();
-            if let Some(prev) = owner.insert(e.key.clone(), rank) {
-                return Err(Error::DuplicateKey {
-                    key: e.key,
-                    context: format!("written by rank {prev} and rank {rank}"),
-                });
-            }
-            e.shard += base;
-            entries.push(e);
-        }
-    }
-    // Keep rank 0's user metadata and library sections; drop the "partial" marker.
-    let user = user_meta
-        .as_deref()
-        .and_then(extract_user)
-        .unwrap_or_else(|| "{}".to_string());
-    let sections = user_meta
-        .as_deref()
-        .and_then(extract_sections)
-        .unwrap_or_default();
-    let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"), &sections);
-    Ok(Merged {
-        shards,
-        entries,
-        chunk_bytes: chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
-        meta,
-    })
-}
-
-/// The string value of `"name":"…"` in a metadata blob we wrote (tokens never contain quotes).
-fn field_str(meta: &str, name: &str) -> Option<String> {
-    let pat = format!("\"{name}\":\"");
-    let at = meta.find(&pat)? + pat.len();
-    let end = meta[at..].find('"')?;
-    Some(meta[at..at + end].to_string())
-}
-
-/// The sections object text of a metadata blob we wrote (the decoded `"sections"` string,
-/// which precedes the user's JSON, so the first match is ours). None when absent or malformed.
-fn extract_sections(meta: &str) -> Option<String> {
-    let at = meta.find(",\"sections\":\"")? + 13;
-    let mut out = String::new();
-    let mut chars = meta[at..].chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
-                'u' => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                'r' => out.push('\r'),
-                c => out.push(c),
-            },
-            c => out.push(c),
-        }
-    }
-    None
-}
-
-/// The value of the top-level `"user"` field of a metadata blob we wrote (it is always last).
-fn extract_user(meta: &str) -> Option<String> {
-    let at = meta.find(",\"user\":")?;
-    let rest = &meta[at + 8..];
-    rest.strip_suffix('}').map(|s| s.to_string())
-}
-
-#[cfg(test)]
-mod sections_tests {
-    use super::*;
-
-    #[test]
-    fn sections_survive_extraction_whatever_they_hold() {
-        let sections = r#"{"t":{"aliases":{"a":1,"user":{"x":"q\"\\"}}},"n":"\u0001"}"#;
-        let blob = meta_blob(r#"{"a":1,"user":2}"#, ",\"writers\":2", sections);
-        assert_eq!(extract_sections(&blob).as_deref(), Some(sections));
-        assert_eq!(extract_user(&blob).as_deref(), Some(r#"{"a":1,"user":2}"#));
-        let plain = meta_blob("{}", "", "");
-        assert_eq!(extract_sections(&plain), None);
-        assert_eq!(extract_user(&plain).as_deref(), Some("{}"));
-    }
 }

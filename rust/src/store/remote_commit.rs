@@ -14,6 +14,7 @@ use super::upload::UPLOAD_MARKER;
 use super::{block_on, RemotePrefix, Store};
 use crate::error::{Error, Result};
 use crate::index::{build_index, EntryMeta, ShardRec};
+use crate::naming::{DATA_MARK, PARTIAL_MARK};
 use object_store::{ObjectMeta, PutMode, UpdateVersion};
 use std::collections::HashSet;
 
@@ -100,7 +101,7 @@ fn owned(prefix: &RemotePrefix) -> Result<Owned> {
         if let Some(rest) = name.strip_prefix(base) {
             if rest == ".index" {
                 index = Some(m);
-            } else if rest.starts_with(".data-") || rest.starts_with(".index.part-") {
+            } else if rest.starts_with(DATA_MARK) || rest.starts_with(PARTIAL_MARK) {
                 out.push((rest.to_string(), m));
             }
         }
