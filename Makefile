@@ -62,7 +62,7 @@ fuzz-smoke:
 	done
 
 test-python: develop
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	SHARDPOINT_REQUIRE_OPTIONAL=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
 # (import-linter contracts in pyproject.toml: imports only point down), mypy on the package
