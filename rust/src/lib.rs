@@ -40,6 +40,4 @@ pub use merge::{merge, merge_at};
 pub use reader::Reader;
 pub use shard::Item;
 pub use store::Location;
-pub use writer::{
-    save, save_at, save_at_with_progress, save_with_progress, CheckpointWriter, WriterOptions,
-};
+pub use writer::{save, save_at, save_at_with_progress, CheckpointWriter, WriterOptions};

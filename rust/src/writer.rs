@@ -520,22 +520,10 @@ pub fn commit_index(
     Ok(())
 }
 
-/// Save `items` at `prefix` in one call: `opts.shards` threads write in parallel, then commit.
+/// Save `items` at a local `prefix` in one call: `opts.shards` threads write in parallel, then
+/// commit. A local [`Location`] through [`save_at`]: one save algorithm for every caller.
 pub fn save(prefix: &Path, items: &[Item<'_>], opts: WriterOptions) -> Result<()> {
-    save_with_progress(prefix, items, opts, &|_| {})
-}
-
-/// [`save`], reporting each written item's raw byte count to `progress` (from the writing
-/// threads). The one save algorithm: with or without a progress bar, the same shard layout.
-pub fn save_with_progress(
-    prefix: &Path,
-    items: &[Item<'_>],
-    opts: WriterOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<()> {
-    let w = CheckpointWriter::new(prefix, opts)?;
-    w.add_parallel_with_progress(items, progress)?;
-    w.commit()
+    save_at(&Location::Local(prefix.to_path_buf()), items, opts)
 }
 
 /// Save `items` at a local prefix or an object-store URL in one call.
