@@ -43,6 +43,7 @@ from ._common import (
 from ._memory import ActivationMemoryMeter
 from ._nonreentrant import checkpoint_nonreentrant
 from ._offload import OFFLOAD_KINDS, OffloadSession
+from ._offload_codec import OFFLOAD_COMPRESSIONS
 from ._planner import BudgetTooSmallError, Plan, run_plan, solve
 from ._policy import policy_context_fn
 from ._profile import LayerProfile, profile_chain
@@ -285,11 +286,27 @@ def _cached_plan(
     return result
 
 
-def _run_offloaded(offload: str | None, offload_dir: Any, body: Callable[[Any], Any]) -> Any:
+def _check_offload_options(offload: str | None, compression: str) -> None:
+    if offload is not None and offload not in OFFLOAD_KINDS:
+        raise ValueError(f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}")
+    if compression not in OFFLOAD_COMPRESSIONS:
+        raise ValueError(
+            f"offload_compression must be one of {list(OFFLOAD_COMPRESSIONS)}, got {compression!r}"
+        )
+    if compression not in ("auto", "none") and offload != "disk":
+        raise ValueError(
+            f"offload_compression={compression!r} applies to offload='disk' only, got "
+            f"offload={offload!r}"
+        )
+
+
+def _run_offloaded(
+    offload: str | None, offload_dir: Any, compression: str, body: Callable[[Any], Any]
+) -> Any:
     """Run ``body(input_hooks)`` inside an offload session (or without one)."""
     if offload is None:
         return body(None)
-    session = OffloadSession(offload, directory=offload_dir)
+    session = OffloadSession(offload, directory=offload_dir, compression=compression)
     try:
         output = body(session.hooks())
     except BaseException:
@@ -309,6 +326,7 @@ def checkpoint_sequential(
     memory_budget: int | None = None,
     offload: str | None = None,
     offload_dir: str | None = None,
+    offload_compression: str = "auto",
     **kwargs: Any,
 ) -> Any:
     """Run a sequence of functions, checkpointing all chunks but the last.
@@ -334,6 +352,10 @@ def checkpoint_sequential(
             through shardpoint's store to a scratch directory (``offload_dir``), and are read
             back ahead of backward. See docs/ACTIVATION.md.
         offload_dir: root of the scratch directories of ``offload="disk"``.
+        offload_compression: how ``offload="disk"`` writes: ``"auto"`` (default) compresses
+            with the store's default codec when that is modelled faster than writing raw on
+            this disk (throughputs measured once per process; docs/ACTIVATION.md), ``"none"``
+            writes raw, a codec name (``"zstd"``, ``"bytegroup-huffman"``, ...) always uses it.
 
     Raises:
         ValueError: ``segments`` out of range, a bad budget (:class:`BudgetTooSmallError`
@@ -343,8 +365,7 @@ def checkpoint_sequential(
     if kwargs:
         raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
     fns = as_function_list(functions)
-    if offload is not None and offload not in OFFLOAD_KINDS:
-        raise ValueError(f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}")
+    _check_offload_options(offload, offload_compression)
     if offload is not None and use_reentrant:
         raise ValueError("offload is only supported with use_reentrant=False")
     if isinstance(segments, str) and segments == "budget" or isinstance(segments, Plan):
@@ -368,7 +389,7 @@ def checkpoint_sequential(
             top = {"hooks": hooks} if hooks is not None else {}
             return run_plan(chosen, fns, input, piece, top)
 
-        return _run_offloaded(offload, offload_dir, planned)
+        return _run_offloaded(offload, offload_dir, offload_compression, planned)
     if memory_budget is not None:
         raise ValueError("memory_budget is only used with segments='budget'")
     count = resolve_segments(len(fns), segments)
@@ -387,7 +408,7 @@ def checkpoint_sequential(
         start, stop = bounds[-1]
         return run_range(fns, start, stop)(value)
 
-    return _run_offloaded(offload, offload_dir, split)
+    return _run_offloaded(offload, offload_dir, offload_compression, split)
 
 
 class CheckpointedSequential(torch.nn.Module):
@@ -401,6 +422,9 @@ class CheckpointedSequential(torch.nn.Module):
         model = CheckpointedSequential(nn.Sequential(*blocks), memory_budget=2 << 30)
         loss = model(x).sum(); loss.backward()
         print(model.last_plan)
+
+    ``offload``, ``offload_dir`` and ``offload_compression`` are as for
+    :func:`checkpoint_sequential`.
     """
 
     def __init__(
@@ -410,6 +434,7 @@ class CheckpointedSequential(torch.nn.Module):
         *,
         offload: str | None = None,
         offload_dir: str | None = None,
+        offload_compression: str = "auto",
         preserve_rng_state: bool = True,
     ) -> None:
         super().__init__()
@@ -417,14 +442,12 @@ class CheckpointedSequential(torch.nn.Module):
             raise TypeError(
                 f"CheckpointedSequential wraps a torch.nn.Sequential, got {type(module).__name__}"
             )
-        if offload is not None and offload not in OFFLOAD_KINDS:
-            raise ValueError(
-                f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {offload!r}"
-            )
+        _check_offload_options(offload, offload_compression)
         self.module = module
         self.memory_budget = int(memory_budget)
         self.offload = offload
         self.offload_dir = offload_dir
+        self.offload_compression = offload_compression
         self.preserve_rng_state = preserve_rng_state
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self.last_plan: Plan | None = None
@@ -445,4 +468,5 @@ class CheckpointedSequential(torch.nn.Module):
             preserve_rng_state=self.preserve_rng_state,
             offload=self.offload,
             offload_dir=self.offload_dir,
+            offload_compression=self.offload_compression,
         )

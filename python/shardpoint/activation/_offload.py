@@ -13,9 +13,11 @@ hook pair is applied to the inputs of the top-level checkpoints only:
   previous checkpoint is read ahead in the background, so the next recompute finds it ready.
   The start of backward reads the last one ahead (:meth:`prefetch_last`, a hook on the output).
 
-Disk files: one uncompressed shardpoint checkpoint per tensor in a scratch directory
+Disk files: one shardpoint checkpoint per tensor in a scratch directory
 ``<root>/shardpoint-offload-<pid>-<random>``, ``root`` from the ``offload_dir`` argument, the
-``SHARDPOINT_OFFLOAD_DIR`` variable or the system temp directory. Each file is deleted as soon
+``SHARDPOINT_OFFLOAD_DIR`` variable or the system temp directory, written raw or through a
+codec as ``compression`` says (``"auto"``: whichever :mod:`._offload_codec` models faster on
+this disk and this dtype). Each file is deleted as soon
 as it has been read back; the directory is removed when the session ends (after backward, when
 the graph is dropped, on an exception in forward); directories left by a crashed process (its
 pid no longer runs) are removed when the next session starts.
@@ -37,13 +39,17 @@ import numpy as np
 import torch
 
 from shardpoint import files
+from shardpoint.dtypes import numpy_dtype
+from shardpoint.errors import UnsupportedDTypeError
 
 from ._memory import is_parameter_like
+from ._offload_codec import CompressionChooser
 
 __all__ = ["OffloadSession", "OFFLOAD_KINDS", "scratch_root", "remove_stale_scratch"]
 
 OFFLOAD_KINDS = ("cpu", "disk")
 _PREFIX = "shardpoint-offload-"
+_THREAD_PREFIX = "sp-offload-worker"
 
 
 def scratch_root(directory: str | os.PathLike[str] | None = None) -> str:
@@ -98,6 +104,7 @@ class _Handle:
         "write",
         "read",
         "event",
+        "codec",
         "__weakref__",
     )
 
@@ -111,12 +118,18 @@ class _Handle:
         self.write: Future[None] | None = None
         self.read: Future[torch.Tensor] | None = None
         self.event: Any = None  # CUDA event of the device-to-host copy
+        self.codec = "none"  # what the file was written with
 
 
-def _as_bytes(t: torch.Tensor) -> np.ndarray:
-    """The tensor's bytes as a numpy uint8 array (any dtype, bfloat16 and float8 included)."""
+def _as_array(t: torch.Tensor) -> np.ndarray:
+    """The tensor as a flat numpy array of its own dtype (bfloat16/float8 via ml_dtypes) so the
+    store picks the codec for that dtype; raw bytes (uint8) where numpy has no such dtype."""
     flat = t.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy()
+    raw = flat.view(torch.uint8).numpy()
+    try:
+        return raw.view(numpy_dtype(str(t.dtype).removeprefix("torch.")))
+    except (UnsupportedDTypeError, ValueError):
+        return raw
 
 
 class OffloadSession:
@@ -129,10 +142,12 @@ class OffloadSession:
         directory: str | os.PathLike[str] | None = None,
         min_bytes: int = 1 << 16,
         max_pending: int = 2,
+        compression: str | None = "auto",
     ) -> None:
         if kind not in OFFLOAD_KINDS:
             raise ValueError(f"offload must be one of {list(OFFLOAD_KINDS)} or None, got {kind!r}")
         self.kind = kind
+        self.compression = CompressionChooser(compression)
         self.min_bytes = int(min_bytes)
         self.max_pending = max(1, int(max_pending))
         self._pending: list[Future[None]] = []
@@ -148,7 +163,7 @@ class OffloadSession:
             self.directory = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
             os.makedirs(self.directory)
         if kind == "disk":
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sp-offload")
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=_THREAD_PREFIX)
         # Removes the scratch directory when the session is collected (graph dropped) or at exit.
         self._finalizer = weakref.finalize(self, _cleanup, self.directory, self._pool)
 
@@ -177,7 +192,9 @@ class OffloadSession:
         # the disk would keep every activation in memory anyway.
         while len(self._pending) >= self.max_pending:
             self._pending.pop(0).result()
-        handle.write = self._pool.submit(self._write, handle)
+        # The tasks get what they need, not the session: a task must never hold the last
+        # reference to it (its cleanup joins the pool's threads).
+        handle.write = self._pool.submit(_write, handle, self.compression, self.directory)
         self._pending.append(handle.write)
         return handle
 
@@ -197,28 +214,6 @@ class OffloadSession:
             handle.event.record(stream)
         t.record_stream(stream)
         return host
-
-    def _write(self, handle: _Handle) -> None:
-        if handle.event is not None:
-            handle.event.synchronize()
-        host = handle.tensor
-        assert host is not None and handle.prefix is not None
-        with files.Writer(handle.prefix, compression=None, durable=False) as writer:
-            writer.add("t", _as_bytes(host))
-        handle.tensor = None  # the bytes are on disk: release the memory
-
-    def _read(self, handle: _Handle) -> torch.Tensor:
-        if handle.write is not None:
-            handle.write.result()  # raises the write's error, if any
-        pending = handle.tensor
-        if pending is not None:  # still in memory (write finished after we looked, or cpu)
-            return pending
-        assert handle.prefix is not None
-        with files.open(handle.prefix) as reader:
-            raw = np.asarray(reader.get("t"))
-        tensor = torch.from_numpy(raw).view(handle.dtype).reshape(handle.shape)
-        files.remove(handle.prefix)
-        return tensor
 
     def _to_device(self, handle: _Handle, host: torch.Tensor) -> torch.Tensor:
         if handle.device.type != "cuda":
@@ -240,7 +235,7 @@ class OffloadSession:
             tensor = self._to_device(packed, packed.tensor)
         else:
             future = packed.read
-            host = future.result() if future is not None else self._read(packed)
+            host = future.result() if future is not None else _read(packed)
             packed.read = None
             tensor = self._to_device(packed, host)
         self.prefetch(packed.index - 1)
@@ -254,7 +249,7 @@ class OffloadSession:
         handle = self._handles[index]()
         if handle is None or handle.read is not None or self._pool is None:
             return
-        handle.read = self._pool.submit(self._read, handle)
+        handle.read = self._pool.submit(_read, handle)
 
     def prefetch_last(self) -> None:
         """Read the last offloaded tensor ahead (called when backward starts)."""
@@ -277,8 +272,45 @@ class OffloadSession:
         self._finalizer()
 
 
+def _write(handle: _Handle, chooser: CompressionChooser, directory: str | None) -> None:
+    """Background task: write ``handle``'s tensor (raw or compressed), then release it."""
+    if handle.event is not None:
+        handle.event.synchronize()
+    host = handle.tensor
+    assert host is not None and handle.prefix is not None and directory is not None
+    array = _as_array(host)
+    handle.codec = chooser.codec_for(array, directory)
+    with files.Writer(handle.prefix, compression=handle.codec, durable=False) as writer:
+        writer.add("t", array)
+    handle.tensor = None  # the bytes are on disk: release the memory
+
+
+def _read(handle: _Handle) -> torch.Tensor:
+    """Read ``handle``'s tensor back (from memory if its write is not done) and delete its
+    file."""
+    if handle.write is not None:
+        handle.write.result()  # raises the write's error, if any
+    pending = handle.tensor
+    if pending is not None:  # still in memory (write finished after we looked, or cpu)
+        return pending
+    assert handle.prefix is not None
+    with files.open(handle.prefix) as reader:
+        raw = np.asarray(reader.get("t")).reshape(-1).view(np.uint8)
+    tensor = torch.from_numpy(raw).view(handle.dtype).reshape(handle.shape)
+    files.remove(handle.prefix)
+    return tensor
+
+
 def _cleanup(directory: str | None, pool: ThreadPoolExecutor | None) -> None:
     if pool is not None:
+        if threading.current_thread().name.startswith(_THREAD_PREFIX):
+            # The session died on one of its own workers (a finished task held the last
+            # reference): that thread cannot join itself, so another one waits for the pool
+            # and then removes the directory.
+            threading.Thread(
+                target=_cleanup, args=(directory, pool), name="sp-offload-cleanup"
+            ).start()
+            return
         pool.shutdown(wait=True, cancel_futures=True)
     if directory is not None:
         with contextlib.suppress(FileNotFoundError):
