@@ -1,4 +1,5 @@
-"""Disk offload compression (the "compressed when faster than the disk" decision, issue 16)."""
+"""Disk offload compression (the "compressed when faster than the disk" decision) and the
+in-place modification check of offloaded checkpoint inputs (issue 16)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from torch import nn  # noqa: E402
 from shardpoint import files  # noqa: E402
 from shardpoint.activation import CheckpointedSequential, checkpoint_sequential  # noqa: E402
 from shardpoint.activation import _offload_codec as oc  # noqa: E402
+
+INPLACE = "one of the variables needed for gradient computation has been modified by an inplace"
 
 
 def mlp(dtype: torch.dtype = torch.float32) -> nn.Sequential:
@@ -225,3 +228,64 @@ def test_offload_compression_argument_errors(tmp_path):
     )
     assert wrapped.offload_compression == "zstd"
     wrapped(x).sum().backward()
+
+
+# --- in-place modification of offloaded inputs --------------------------------------------------
+
+
+def torch_inplace_message() -> str:
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    z = y.sin()
+    y.add_(1)
+    with pytest.raises(RuntimeError) as info:
+        z.sum().backward()
+    return str(info.value)
+
+
+def test_inplace_message_starts_as_torchs():
+    ours_start = INPLACE + " operation: ["
+    assert torch_inplace_message().startswith(ours_start)
+
+
+@pytest.mark.parametrize("offload", ["disk", "cpu"])
+def test_inplace_modified_offloaded_input_raises(tmp_path, offload):
+    model = mlp()
+    x = torch.randn(512, 64, requires_grad=True)
+    h = model[0](x)  # the checkpoints' first input, produced outside them
+    out = checkpoint_sequential(list(model)[1:], 4, h, offload=offload, offload_dir=tmp_path)
+    h.mul_(2)
+    with pytest.raises(RuntimeError, match=INPLACE) as info:
+        out.sum().backward()
+    assert "is at version 1; expected version 0 instead" in str(info.value)
+    assert f"offload={offload!r}" in str(info.value) or f"offloaded to {offload}" in str(info.value)
+    del out, info
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+
+
+def test_inplace_through_a_view_after_the_input_died(tmp_path):
+    """The check does not need the tensor itself: a view (which shares its version counter)
+    modified after the checkpoint input was dropped is caught too."""
+    model = mlp()
+    h = model[0](torch.randn(512, 64))
+    view = h[:16]
+    out = checkpoint_sequential(list(model)[1:], 4, h, offload="disk", offload_dir=tmp_path)
+    del h
+    view.zero_()
+    with pytest.raises(RuntimeError, match=INPLACE):
+        out.sum().backward()
+
+
+def test_modifying_a_clone_or_after_backward_does_not_raise(tmp_path):
+    model = mlp()
+    x = torch.randn(512, 64)
+    expected = reference_grads(model, x)
+    model.zero_grad()
+    torch.manual_seed(7)
+    h = x.clone()
+    out = checkpoint_sequential(model, 4, h, offload="disk", offload_dir=tmp_path)
+    h.clone().mul_(3)  # a clone has its own version counter
+    out.sum().backward()
+    h.mul_(2)  # after backward nothing needs it any more
+    assert all(torch.equal(a, b) for a, b in zip(grads_of(model), expected, strict=True))

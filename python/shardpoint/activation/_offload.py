@@ -13,6 +13,11 @@ hook pair is applied to the inputs of the top-level checkpoints only:
   previous checkpoint is read ahead in the background, so the next recompute finds it ready.
   The start of backward reads the last one ahead (:meth:`prefetch_last`, a hook on the output).
 
+In-place modification: autograd checks the version counter of the tensors it saves itself, not
+of those that saved-tensor hooks take over, so the session does it: each packed tensor's
+version is recorded with a storage-less alias sharing its version counter (the offloaded
+original's memory is still released), and unpack raises autograd's error if it moved.
+
 Disk files: one shardpoint checkpoint per tensor in a scratch directory
 ``<root>/shardpoint-offload-<pid>-<random>``, ``root`` from the ``offload_dir`` argument, the
 ``SHARDPOINT_OFFLOAD_DIR`` variable or the system temp directory, written raw or through a
@@ -105,6 +110,7 @@ class _Handle:
         "read",
         "event",
         "codec",
+        "watch",
         "__weakref__",
     )
 
@@ -119,6 +125,49 @@ class _Handle:
         self.read: Future[torch.Tensor] | None = None
         self.event: Any = None  # CUDA event of the device-to-host copy
         self.codec = "none"  # what the file was written with
+        self.watch = _VersionWatch(t)
+
+
+class _Kept:
+    """A tensor the session keeps as it is (small, a parameter, already in host memory), with
+    its version watched like an offloaded one's."""
+
+    __slots__ = ("tensor", "watch")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        self.watch = _VersionWatch(t)
+
+
+class _VersionWatch:
+    """``t``'s version at pack time and a way to read its current version later without
+    keeping its memory: a detached alias (which shares the version counter) whose data is
+    swapped for an empty tensor (``.data =`` keeps the alias's own version counter)."""
+
+    __slots__ = ("version", "alias", "description")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.version = t._version
+        self.description = f"{t.type()} {list(t.shape)}"
+        self.alias: torch.Tensor | None = t.detach()
+        try:
+            with torch.no_grad():
+                self.alias.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        except (RuntimeError, TypeError):  # pragma: no cover - exotic tensor subclasses
+            self.alias = None  # cannot alias without the memory: no check rather than no offload
+
+    def check(self, where: str) -> None:
+        """Raise autograd's error if the tensor was modified in place since pack."""
+        if self.alias is None or self.alias._version == self.version:
+            return
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{self.description}] (an input of a shardpoint.activation "
+            f"checkpoint, {where}) is at version {self.alias._version}; expected version "
+            f"{self.version} instead. Hint: the checkpoint needs it unchanged until backward; "
+            "modify a clone instead, or check that nothing writes into it in place (e.g. "
+            "`x += ...`, `x.add_(...)`, an in-place activation) after the checkpointed call."
+        )
 
 
 def _as_array(t: torch.Tensor) -> np.ndarray:
@@ -175,9 +224,9 @@ class OffloadSession:
     def _pack(self, t: torch.Tensor) -> Any:
         nbytes = t.numel() * t.element_size()
         if is_parameter_like(t) or nbytes < self.min_bytes:
-            return t
+            return _Kept(t)
         if self.kind == "cpu" and t.device.type == "cpu":
-            return t  # already in host memory
+            return _Kept(t)  # already in host memory
         with self._lock:
             handle = _Handle(len(self._handles), t)
             self._handles.append(weakref.ref(handle))
@@ -228,8 +277,12 @@ class OffloadSession:
         return out
 
     def _unpack(self, packed: Any) -> torch.Tensor:
-        if not isinstance(packed, _Handle):
+        if isinstance(packed, _Kept):
+            packed.watch.check(f"kept as it is by offload={self.kind!r}")
+            return packed.tensor
+        if not isinstance(packed, _Handle):  # pragma: no cover - only _pack's results arrive
             return packed
+        packed.watch.check(f"offloaded to {self.kind}")
         if self.kind == "cpu":
             assert packed.tensor is not None
             tensor = self._to_device(packed, packed.tensor)
