@@ -37,6 +37,8 @@ test: test-rust test-python lint
 
 test-rust:
 	cargo test --release -p shardpoint-core
+	# The codec's hot loops also have a baseline (SSE2) copy: test it too (codec/simd.rs).
+	SHARDPOINT_NO_SIMD=1 cargo test --release -p shardpoint-core --lib codec
 	@if command -v cargo-fuzz >/dev/null && rustup toolchain list 2>/dev/null | grep -q nightly; then \
 		$(MAKE) fuzz-smoke; \
 	else \

@@ -520,6 +520,50 @@ class Reader:
                 bar.close()
         return out
 
+    def load_into(self, targets: Mapping[str, np.ndarray], *, verify: bool | None = None) -> None:
+        """Decode values straight into existing arrays (``key -> array``), in parallel.
+
+        Each array must be C-contiguous and writable, with the stored dtype and shape. This is
+        the load path without fresh memory: no page faults or kernel page clearing for the
+        output and no second copy (``load`` + ``np.copyto`` pays both), so a compressed
+        checkpoint loads at the decoder's speed into, e.g., a model's parameters.
+        ``verify`` defaults to the reader's setting (compressed values are always checked).
+
+        On an error (a bad target, a checksum mismatch) some targets may already hold their
+        new values and others not; the files are never modified.
+        """
+        verify = self._verify if verify is None else bool(verify)
+        keys, outs = [], []
+        for key, arr in targets.items():
+            check_key(key)
+            info = self.info(key)
+            if not isinstance(arr, np.ndarray):
+                raise InvalidArgumentError(
+                    f"key {key!r}: target must be a numpy array, not {type(arr).__name__}"
+                )
+            if info.kind != "tensor":
+                raise InvalidArgumentError(
+                    f"key {key!r}: stored value is a {info.kind}, not a tensor"
+                )
+            want = numpy_dtype(info.dtype)
+            if arr.dtype != want or tuple(arr.shape) != tuple(info.shape):
+                raise InvalidArgumentError(
+                    f"key {key!r}: target is {arr.dtype}{list(arr.shape)}, "
+                    f"stored value is {info.dtype}{list(info.shape)}"
+                )
+            if not (arr.flags.c_contiguous and arr.flags.writeable):
+                raise InvalidArgumentError(f"key {key!r}: target must be C-contiguous and writable")
+            keys.append(key)
+            outs.append(arr.reshape(-1).view(np.uint8))
+        read_many = getattr(self._core, "read_many_into", None)
+        if read_many is not None:
+            read_many(keys, outs, verify)
+            return
+        for key, out in zip(keys, outs, strict=True):  # object stores: one ranged read per key
+            self._core.read_range(key, 0, out.nbytes, out)
+            if verify:
+                self._core.verify_key(key)
+
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
         r = self._core.info(check_key(key))

@@ -11,11 +11,15 @@ use crate::format::{crc, Codec, DType, MAX_KEPT_RATIO};
 use std::cell::RefCell;
 use std::path::Path;
 
+#[macro_use]
+pub mod simd;
 pub mod huff_chunk;
 pub mod huffman;
 pub mod planes;
+pub mod pool;
 
 pub use huff_chunk::Encoded;
+pub use pool::BufPool;
 
 /// Default zstd level. Level 1 beat 3 and 9 on byte-grouped floats in both ratio and speed.
 pub const DEFAULT_LEVEL: i32 = 1;
@@ -321,7 +325,7 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
             }
             Ok(Some(out))
         }),
-        Codec::HuffByteGroup => Ok(huff_chunk::encode(dtype, raw, limit).stored),
+        Codec::HuffByteGroup => Ok(huff_chunk::encode_in(dtype, raw, limit, Vec::new()).stored),
         Codec::None => Ok(None),
     }
 }
@@ -329,9 +333,21 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
 /// Encode one raw chunk and return its crcs as well (raw bytes and stored bytes). For codec 3
 /// the crcs are computed inside the grouping pass, while the data is in cache.
 pub fn encode_chunk_crc(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Result<Encoded> {
+    encode_chunk_crc_in(codec, dtype, level, raw, Vec::new())
+}
+
+/// [`encode_chunk_crc`] writing codec 3's output into `buf` (cleared first; a recycled buffer
+/// from a [`BufPool`] saves the page faults of fresh memory).
+pub fn encode_chunk_crc_in(
+    codec: Codec,
+    dtype: DType,
+    level: i32,
+    raw: &[u8],
+    buf: Vec<u8>,
+) -> Result<Encoded> {
     if codec == Codec::HuffByteGroup && !raw.is_empty() && dtype.group_width() >= 2 {
         let limit = (raw.len() as u64 * MAX_KEPT_RATIO.0 / MAX_KEPT_RATIO.1) as usize;
-        return Ok(huff_chunk::encode(dtype, raw, limit));
+        return Ok(huff_chunk::encode_in(dtype, raw, limit, buf));
     }
     let stored = encode_chunk(codec, dtype, level, raw)?;
     let raw_crc = crc(raw);
@@ -367,6 +383,26 @@ pub fn decode_chunk_crc(
         crc(out)
     };
     Ok((raw_crc, stored_crc))
+}
+
+/// Decode one stored chunk into `out` like [`decode_chunk`] and return the crc32c of `out`
+/// only. Readers that compare the decoded bytes with the entry's crc use this: a damaged
+/// stored byte either fails the decoder or changes the output, so the end-to-end check
+/// catches it, and the chunk crcs are read only to name the damaged chunk afterwards.
+pub fn decode_chunk_raw_crc(
+    codec: Codec,
+    dtype: DType,
+    stored: &[u8],
+    out: &mut [u8],
+    path: &Path,
+    offset: u64,
+) -> Result<u32> {
+    if codec == Codec::HuffByteGroup && stored.len() != out.len() {
+        return huff_chunk::decode_raw_crc(dtype, stored, out)
+            .map_err(|m| Error::corrupt(path, offset, m));
+    }
+    decode_chunk(codec, dtype, stored, out, path, offset)?;
+    Ok(crc(out))
 }
 
 fn zstd_exact(stored: &[u8], dst: &mut [u8], path: &Path, offset: u64) -> Result<()> {

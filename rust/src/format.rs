@@ -72,7 +72,7 @@ pub fn combine_crcs(pieces: impl IntoIterator<Item = (u32, usize)>) -> u32 {
     pieces
         .into_iter()
         .fold(None, |acc: Option<u32>, (c, n)| {
-            Some(acc.map_or(c, |a| crc32c::crc32c_combine(a, c, n)))
+            Some(acc.map_or(c, |a| crate::crc_combine::combine(a, c, n as u64)))
         })
         .unwrap_or_else(|| crc(&[]))
 }

@@ -21,6 +21,7 @@
 
 pub mod codec;
 pub mod commit;
+pub mod crc_combine;
 pub mod error;
 pub mod format;
 pub mod incremental;

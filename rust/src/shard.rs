@@ -3,7 +3,7 @@
 //! A shard is written under a temp name and only published (linked to its final name) by
 //! `seal` + `publish`; dropping an unpublished writer removes the temp file.
 
-use crate::codec::{choose_codec, encode_chunk_crc};
+use crate::codec::{choose_codec, encode_chunk_crc_in, BufPool};
 use crate::commit::publish_shard;
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -113,6 +113,8 @@ pub struct ShardWriter {
     /// Flushed and fsynced by [`ShardWriter::seal`]; the file stays open (and locked) until
     /// [`ShardWriter::publish`].
     sealed: bool,
+    /// Output buffers of written chunks, reused by the encoder for the next ones.
+    pool: std::sync::Arc<BufPool>,
 }
 
 impl ShardWriter {
@@ -137,6 +139,7 @@ impl ShardWriter {
             entries: Vec::new(),
             bytes_written: 0,
             sealed: false,
+            pool: Default::default(),
         };
         // From here on an error drops `w`, whose Drop removes the temp file.
         crate::commit::lock_temp(w.file.as_ref().expect("just created"), &w.tmp)?;
@@ -178,6 +181,7 @@ impl ShardWriter {
             entries: Vec::new(),
             bytes_written: 0,
             sealed: false,
+            pool: Default::default(),
         }
     }
 
@@ -264,11 +268,13 @@ impl ShardWriter {
         let mut raw_crc: Option<u32> = None;
         let mut all_raw = true;
         let dtype = item.dtype;
+        let pool = self.pool.clone();
         let compress = |batch: &[u8]| -> Vec<Result<EncodedChunk>> {
             batch
                 .par_chunks(cb)
                 .map(|raw| {
-                    let e = encode_chunk_crc(codec, dtype, opts.level, raw)?;
+                    let buf = pool.take(raw.len() + 256);
+                    let e = encode_chunk_crc_in(codec, dtype, opts.level, raw, buf)?;
                     Ok((e.stored, e.raw_crc, raw.len(), e.stored_crc))
                 })
                 .collect()
@@ -297,7 +303,7 @@ impl ShardWriter {
                         let (stored, raw_c, n, stored_c) = enc?;
                         raw_crc = Some(match raw_crc {
                             None => raw_c,
-                            Some(a) => crc32c::crc32c_combine(a, raw_c, n),
+                            Some(a) => crate::crc_combine::combine(a, raw_c, n as u64),
                         });
                         all_raw &= stored.is_none();
                         let bytes: &[u8] = stored.as_deref().unwrap_or(rc);
@@ -307,6 +313,9 @@ impl ShardWriter {
                             crc: stored_c,
                         });
                         self.append(bytes)?;
+                        if let Some(b) = stored {
+                            pool.give(b);
+                        }
                     }
                     Ok(())
                 },

@@ -243,6 +243,61 @@ impl CheckpointReader {
         Ok(out)
     }
 
+    /// Decode many entries into caller-owned writable buffers (each exactly the entry's raw
+    /// length), in parallel with the GIL released: the load path that needs no fresh memory
+    /// (no page faults, no kernel page clearing) and no second copy. Every value is checked
+    /// (`verify` also checks uncompressed ones, as in `get_many`). Buffers must not overlap.
+    #[pyo3(signature = (keys, outs, verify=true))]
+    fn read_many_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        mut outs: Vec<PyBuffer<u8>>,
+        verify: bool,
+    ) -> PyResult<()> {
+        use rayon::prelude::*;
+        if keys.len() != outs.len() {
+            return Err(crate::invalid(
+                py,
+                format!("{} keys but {} output buffers", keys.len(), outs.len()),
+            ));
+        }
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
+        for b in outs.iter_mut() {
+            dsts.push(bytes_of_mut(py, b)?);
+        }
+        // Writing two overlapping buffers from two threads would be a data race: refuse.
+        let mut spans: Vec<(usize, usize, usize)> = dsts
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.is_empty())
+            .map(|(i, d)| (d.as_ptr() as usize, d.as_ptr() as usize + d.len(), i))
+            .collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(crate::invalid(
+                    py,
+                    format!(
+                        "output buffers of keys {:?} and {:?} overlap",
+                        keys[w[0].2], keys[w[1].2]
+                    ),
+                ));
+            }
+        }
+        let reader = &self.inner;
+        nogil(py, || {
+            entries
+                .par_iter()
+                .zip(dsts.par_iter_mut())
+                .try_for_each(|(e, d)| reader.read_into(e, d, verify || e.codec != Codec::None))
+        })
+    }
+
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
     fn read_range(
         &self,

@@ -14,6 +14,7 @@
 
 /// Longest code in bits (the decode table has `1 << MAX_LEN` entries).
 pub const MAX_LEN: u32 = 11;
+
 /// Independent bit streams per coded plane.
 pub const STREAMS: usize = 8;
 /// Bytes of the stream-size table: the sizes of streams `0 .. STREAMS - 1` (the last takes the
@@ -23,26 +24,31 @@ const TABLE: usize = 1 << MAX_LEN;
 /// Table lookups per refill in the fast loop: one 64-bit load leaves at least 57 bits, enough
 /// for 5 lookups of at most 11 bits.
 const PER_REFILL: usize = 5;
+/// Streams decoded in lockstep by the fast loop (a divisor of [`STREAMS`]).
+const LANES: usize = 8;
 
-/// Byte histogram of `data` (four interleaved tables so equal neighbours do not serialise on
-/// one counter).
+multiversion! {
+/// Byte histogram of `data`: eight interleaved tables, so that runs of equal bytes (the
+/// exponent plane is dominated by a few values) spread over eight store-to-load chains instead
+/// of serialising on one counter.
 pub fn histogram(data: &[u8]) -> [u32; 256] {
-    let mut h = [[0u32; 256]; 4];
-    let mut it = data.chunks_exact(4);
+    let mut h = [[0u32; 256]; 8];
+    let mut it = data.chunks_exact(8);
     for c in &mut it {
-        h[0][c[0] as usize] += 1;
-        h[1][c[1] as usize] += 1;
-        h[2][c[2] as usize] += 1;
-        h[3][c[3] as usize] += 1;
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        for (k, t) in h.iter_mut().enumerate() {
+            t[((w >> (8 * k)) & 0xff) as usize] += 1;
+        }
     }
     for &b in it.remainder() {
         h[0][b as usize] += 1;
     }
     let mut out = [0u32; 256];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = h[0][i] + h[1][i] + h[2][i] + h[3][i];
+        *o = h.iter().map(|t| t[i]).sum();
     }
     out
+}
 }
 
 /// Huffman code lengths (0 = symbol absent, else 1 ..= [`MAX_LEN`]) for `hist`, forming a
@@ -90,35 +96,42 @@ pub fn code_lengths(hist: &[u32; 256]) -> Option<[u8; 256]> {
     for (i, &(_, s)) in syms.iter().enumerate() {
         lens[s] = depth[i].min(MAX_LEN) as u8;
     }
-    limit_lengths(&mut lens, hist);
+    let order: Vec<usize> = syms.iter().map(|&(_, s)| s).collect();
+    limit_lengths(&mut lens, &order);
     Some(lens)
 }
 
 /// Make clamped lengths a complete prefix code again: lengthen the rarest codes until the Kraft
 /// sum fits, then shorten the most frequent of the longest codes while there is slack (the slack
 /// is always a multiple of the longest code's share, so this ends exactly at a complete code).
-fn limit_lengths(lens: &mut [u8; 256], hist: &[u32; 256]) {
+/// `order` lists the present symbols by ascending count, so both steps walk it instead of
+/// scanning all 256 symbols per step (this ran once per plane per chunk and showed in profiles).
+fn limit_lengths(lens: &mut [u8; 256], order: &[usize]) {
     let full = 1u64 << MAX_LEN;
     let share = |l: u8| 1u64 << (MAX_LEN - l as u32);
-    let mut kraft: u64 = lens.iter().filter(|&&l| l > 0).map(|&l| share(l)).sum();
+    let mut kraft: u64 = order.iter().map(|&s| share(lens[s])).sum();
+    // Over-full: the rarest symbol that can still grow grows by one bit (it stays the rarest
+    // such symbol until it reaches MAX_LEN, so a cursor over `order` suffices).
+    let mut i = 0;
     while kraft > full {
-        // The rarest symbol among those that can still grow.
-        let s = (0..256)
-            .filter(|&s| lens[s] > 0 && (lens[s] as u32) < MAX_LEN)
-            .min_by_key(|&s| (hist[s], std::cmp::Reverse(lens[s])))
-            .expect("an over-full code has a code shorter than MAX_LEN");
+        while (lens[order[i]] as u32) >= MAX_LEN {
+            i += 1; // an over-full code always has a code shorter than MAX_LEN
+        }
+        let s = order[i];
         kraft -= share(lens[s]) - share(lens[s] + 1);
         lens[s] += 1;
     }
+    // Slack: the most frequent symbol among those with the longest length shrinks by one bit.
     while kraft < full {
-        let longest = *lens.iter().max().expect("non-empty");
-        let s = (0..256)
-            .filter(|&s| lens[s] == longest)
-            .max_by_key(|&s| hist[s])
-            .expect("some symbol has the longest length");
+        let longest = order.iter().map(|&s| lens[s]).max().expect("non-empty");
         if longest <= 1 {
             break; // cannot happen for >= 2 symbols; keeps the loop total
         }
+        let s = *order
+            .iter()
+            .rev()
+            .find(|&&s| lens[s] == longest)
+            .expect("some symbol has the longest length");
         kraft += share(lens[s] - 1) - share(lens[s]);
         lens[s] -= 1;
     }
@@ -192,15 +205,44 @@ pub fn encode(plane: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     }
     let sizes_at = out.len();
     out.resize(sizes_at + SIZES_LEN, 0);
+    // Every stream is written at a fixed worst-case offset, two streams at a time with their
+    // bit writers interleaved (two independent dependency chains keep the core busy where one
+    // chain is bound by its shift/add latency), then the streams are packed together.
     let q = plane.len().div_ceil(STREAMS);
-    for (i, part) in split(plane.len(), q).enumerate() {
-        let start = out.len();
-        encode_stream(&plane[part], &table, out);
+    let cap = stream_cap(q);
+    let base = out.len();
+    out.resize(base + STREAMS * cap, 0);
+    let mut lens_out = [0usize; STREAMS];
+    let parts: Vec<std::ops::Range<usize>> = split(plane.len(), q).collect();
+    for pair in 0..STREAMS / 2 {
+        let (a, b) = (2 * pair, 2 * pair + 1);
+        let region = &mut out[base + a * cap..base + (a + 2) * cap];
+        let (ra, rb) = region.split_at_mut(cap);
+        let (la, lb) = encode_two(
+            &plane[parts[a].clone()],
+            &plane[parts[b].clone()],
+            &table,
+            ra,
+            rb,
+        );
+        lens_out[a] = la;
+        lens_out[b] = lb;
+    }
+    let mut at = base;
+    for (i, &n) in lens_out.iter().enumerate() {
+        out.copy_within(base + i * cap..base + i * cap + n, at);
+        at += n;
         if i < STREAMS - 1 {
-            let n = (out.len() - start) as u32;
-            out[sizes_at + 4 * i..sizes_at + 4 * i + 4].copy_from_slice(&n.to_le_bytes());
+            out[sizes_at + 4 * i..sizes_at + 4 * i + 4].copy_from_slice(&(n as u32).to_le_bytes());
         }
     }
+    out.truncate(at);
+}
+
+/// Worst-case bytes of a stream of `n` symbols ([`MAX_LEN`] bits each), plus 8 bytes of slack
+/// for the writer's 64-bit stores.
+fn stream_cap(n: usize) -> usize {
+    (n * MAX_LEN as usize).div_ceil(8) + 8
 }
 
 /// The symbol ranges of the streams: `STREAMS` consecutive pieces of `q` symbols (the last ones
@@ -209,39 +251,73 @@ fn split(n: usize, q: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
     (0..STREAMS).map(move |i| (i * q).min(n)..((i + 1) * q).min(n))
 }
 
-fn encode_stream(src: &[u8], table: &[u32; 256], out: &mut Vec<u8>) {
-    let start = out.len();
-    // Worst case MAX_LEN bits per symbol, plus 8 bytes of slack for the 64-bit stores.
-    out.resize(start + (src.len() * MAX_LEN as usize).div_ceil(8) + 8, 0);
-    let buf = &mut out[start..];
-    let mut pos = 0usize;
-    let mut acc = 0u64;
-    let mut nb = 0u32;
-    let mut put = |acc: &mut u64, nb: &mut u32, buf: &mut [u8]| {
-        buf[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
-        let bytes = (*nb >> 3) as usize;
-        pos += bytes;
-        *acc = if bytes == 8 { 0 } else { *acc >> (bytes * 8) };
-        *nb &= 7;
-    };
-    // 4 codes of <= 11 bits plus < 8 pending bits fit the 64-bit accumulator.
-    let mut it = src.chunks_exact(4);
-    for c in &mut it {
-        for &b in c {
-            let e = table[b as usize];
-            acc |= ((e & 0xffff) as u64) << nb;
-            nb += e >> 16;
+/// An LSB-first bit writer over a byte region at least [`stream_cap`] of its symbols long.
+struct BitWriter<'a> {
+    buf: &'a mut [u8],
+    acc: u64,
+    nb: u32,
+    pos: usize,
+}
+
+impl<'a> BitWriter<'a> {
+    fn new(buf: &'a mut [u8]) -> Self {
+        BitWriter {
+            buf,
+            acc: 0,
+            nb: 0,
+            pos: 0,
         }
-        put(&mut acc, &mut nb, buf);
     }
-    for &b in it.remainder() {
-        let e = table[b as usize];
-        acc |= ((e & 0xffff) as u64) << nb;
-        nb += e >> 16;
+
+    /// Append the codes of (up to) 4 symbols: 4 × 11 bits plus < 8 pending bits fit the
+    /// accumulator. Then store the whole accumulator and keep the partial byte.
+    #[inline(always)]
+    fn put4(&mut self, syms: &[u8], table: &[u32; 256]) {
+        for &b in syms {
+            let e = table[b as usize];
+            self.acc |= ((e & 0xffff) as u64) << self.nb;
+            self.nb += e >> 16;
+        }
+        self.flush();
     }
-    put(&mut acc, &mut nb, buf);
-    let end = pos + (nb > 0) as usize;
-    out.truncate(start + end);
+
+    #[inline(always)]
+    fn flush(&mut self) {
+        // pos + 8 <= buf.len(): pos grows by at most MAX_LEN bits per symbol and the region
+        // has 8 bytes of slack (stream_cap), so this store stays inside.
+        self.buf[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
+        let bytes = (self.nb >> 3) as usize; // nb <= 51, so bytes <= 6 and the shift is < 64
+        self.pos += bytes;
+        self.acc >>= bytes * 8;
+        self.nb &= 7;
+    }
+
+    /// Bytes used, the last partial byte included.
+    fn finish(mut self) -> usize {
+        self.flush();
+        self.pos + (self.nb > 0) as usize
+    }
+}
+
+multiversion! {
+/// Encode two symbol streams into their regions (each [`stream_cap`] of its length) with the
+/// two writers interleaved; returns the bytes each used.
+fn encode_two(a: &[u8], b: &[u8], table: &[u32; 256], ra: &mut [u8], rb: &mut [u8]) -> (usize, usize) {
+    debug_assert!(ra.len() >= stream_cap(a.len()) && rb.len() >= stream_cap(b.len()));
+    let (mut wa, mut wb) = (BitWriter::new(ra), BitWriter::new(rb));
+    let both = a.len().min(b.len()) / 4 * 4;
+    for (ca, cb) in a[..both].chunks_exact(4).zip(b[..both].chunks_exact(4)) {
+        wa.put4(ca, table);
+        wb.put4(cb, table);
+    }
+    for c in a[both..].chunks(4) {
+        wa.put4(c, table);
+    }
+    for c in b[both..].chunks(4) {
+        wb.put4(c, table);
+    }
+    (wa.finish(), wb.finish())
+}
 }
 
 /// A decoding table: entry = symbol | length << 8, indexed by the next [`MAX_LEN`] bits.
@@ -318,6 +394,7 @@ fn load_padded(s: &[u8], at: usize) -> u64 {
     }
 }
 
+multiversion! {
 /// Decode a coded segment (exactly `seg`, as written by [`encode`]) into `dst`, whose length is
 /// the plane length.
 pub fn decode(seg: &[u8], dst: &mut [u8]) -> Result<(), String> {
@@ -364,27 +441,40 @@ pub fn decode(seg: &[u8], dst: &mut [u8]) -> Result<(), String> {
                 break 'fast;
             }
         }
-        for s in 0..STREAMS {
-            let st = streams[s];
-            let p = pos[s];
-            let mut v =
-                u64::from_le_bytes(st[p >> 3..(p >> 3) + 8].try_into().expect("8")) >> (p & 7);
-            let mut used = 0u32;
-            let mut o = at[s];
-            for _ in 0..PER_REFILL {
-                let e = m[(v as usize) & (TABLE - 1)];
-                // SAFETY: o + 4 <= at[s] + ROOM <= end[s] <= dst.len() (checked above; each
-                // lookup advances o by at most MULTI).
-                unsafe {
-                    std::ptr::write_unaligned(out.add(o) as *mut u32, (e & 0xff_ffff).to_le())
-                };
-                let l = e >> 28;
-                o += ((e >> 24) & 3) as usize;
-                v >>= l;
-                used += l;
+        // Streams in lockstep groups of LANES: each step does one lookup in every lane, so
+        // the lanes' lookup -> shift -> lookup latency chains overlap instead of running one
+        // after another (the lane state stays in registers).
+        for g in (0..STREAMS).step_by(LANES) {
+            let mut v = [0u64; LANES];
+            let mut o = [0usize; LANES];
+            let mut used = [0u32; LANES];
+            for k in 0..LANES {
+                let (st, p) = (streams[g + k], pos[g + k]);
+                v[k] = u64::from_le_bytes(st[p >> 3..(p >> 3) + 8].try_into().expect("8"))
+                    >> (p & 7);
+                o[k] = at[g + k];
             }
-            pos[s] = p + used as usize;
-            at[s] = o;
+            for _ in 0..PER_REFILL {
+                for k in 0..LANES {
+                    let e = m[(v[k] as usize) & (TABLE - 1)];
+                    // SAFETY: o + 4 <= at[s] + ROOM <= end[s] <= dst.len() (checked above;
+                    // each lookup advances o by at most MULTI).
+                    unsafe {
+                        std::ptr::write_unaligned(
+                            out.add(o[k]) as *mut u32,
+                            (e & 0xff_ffff).to_le(),
+                        )
+                    };
+                    let l = e >> 28;
+                    o[k] += ((e >> 24) & 3) as usize;
+                    v[k] >>= l;
+                    used[k] += l;
+                }
+            }
+            for (p, u) in pos[g..g + LANES].iter_mut().zip(used) {
+                *p += u as usize;
+            }
+            at[g..g + LANES].copy_from_slice(&o);
         }
     }
     // Tail: each stream finishes alone, one symbol per lookup, with padded loads; then every
@@ -405,8 +495,14 @@ pub fn decode(seg: &[u8], dst: &mut [u8]) -> Result<(), String> {
                 st.len()
             ));
         }
+        // The encoder leaves the bits after the last code zero; checking them makes every bit
+        // of a segment count (a reader may skip the stored crc: FORMAT.md §5.1).
+        if p % 8 != 0 && st[st.len() - 1] >> (p % 8) != 0 {
+            return Err(format!("huffman stream {s}: nonzero padding bits after its last code"));
+        }
     }
     Ok(())
+}
 }
 
 /// Most symbols one multi-symbol table entry holds.

@@ -4,7 +4,8 @@
 //! first) of every element, floats rotated left by one bit first. These loops work on blocks of
 //! [`BLOCK`] elements so that the block being grouped or ungrouped is still in L1/L2 when its
 //! crc32c is computed: one pass over memory instead of two. Inner loops index equal-length
-//! slices of native integers so the compiler vectorises them.
+//! slices of native integers so the compiler vectorises them (with AVX2 where the CPU has it:
+//! [`super::simd`]).
 
 /// Elements per block: 8192 × 4 bytes = 32 KiB for fp32 (L1-sized), 16 KiB for 16-bit types.
 pub const BLOCK: usize = 8192;
@@ -18,6 +19,7 @@ pub struct PlaneOut<'a> {
 
 macro_rules! group_block {
     ($name:ident, $t:ty, $w:expr) => {
+        #[inline(always)]
         fn $name<const ROT: bool>(
             src: &[u8],
             planes: &mut [&mut [u8]],
@@ -32,12 +34,15 @@ macro_rules! group_block {
             // SAFETY: every bit pattern is a valid integer; align_to only yields aligned words.
             let (head, words, _) = unsafe { src.align_to::<$t>() };
             if head.is_empty() && words.len() == n {
+                // Plane-major: one pass over the (L1-resident) block per plane, each a
+                // shift-and-narrow over equal-length slices, which the compiler vectorises.
                 let words = &words[..n];
-                for i in 0..n {
-                    let v = <$t>::from_le(words[i]);
-                    let v = if ROT { v.rotate_left(1) } else { v };
-                    for p in 0..$w {
-                        dst[p][i] = (v >> (8 * ($w - 1 - p))) as u8;
+                for (p, d) in dst.iter_mut().enumerate() {
+                    let shift = 8 * ($w - 1 - p) as u32;
+                    for (o, &v) in d.iter_mut().zip(words) {
+                        let v = <$t>::from_le(v);
+                        let v = if ROT { v.rotate_left(1) } else { v };
+                        *o = (v >> shift) as u8;
                     }
                 }
             } else {
@@ -62,6 +67,7 @@ group_block!(group_block2, u16, 2);
 group_block!(group_block4, u32, 4);
 group_block!(group_block8, u64, 8);
 
+multiversion! {
 /// Group `src` (elements of width `w`, rotated when `rot`) into `planes` (each `src.len() / w`
 /// bytes), block by block, updating each wanted plane crc; returns the crc32c of `src`.
 pub fn group_crc(w: usize, rot: bool, src: &[u8], planes: &mut [PlaneOut<'_>]) -> u32 {
@@ -89,9 +95,11 @@ pub fn group_crc(w: usize, rot: bool, src: &[u8], planes: &mut [PlaneOut<'_>]) -
     }
     crc
 }
+}
 
 macro_rules! ungroup_block {
     ($name:ident, $t:ty, $w:expr) => {
+        #[inline(always)]
         fn $name<const ROT: bool>(planes: &[&[u8]], at: usize, dst: &mut [u8]) {
             let n = dst.len() / $w;
             let mut src: [&[u8]; $w] = [&[]; $w];
@@ -112,8 +120,21 @@ macro_rules! ungroup_block {
             // SAFETY: every bit pattern is a valid integer; align_to_mut only yields aligned words.
             let (head, words, _) = unsafe { dst.align_to_mut::<$t>() };
             if head.is_empty() && words.len() == n {
-                for (i, o) in words.iter_mut().enumerate() {
-                    *o = word(i).to_le();
+                // Plane-major: the first plane sets each word, the others are or-ed in, one
+                // vectorised pass over the (L1-resident) block each; then the rotation.
+                let words = &mut words[..n];
+                for (o, &b) in words.iter_mut().zip(src[0]) {
+                    *o = (b as $t) << (8 * ($w - 1));
+                }
+                for (p, plane) in src.iter().enumerate().skip(1) {
+                    let shift = 8 * ($w - 1 - p) as u32;
+                    for (o, &b) in words.iter_mut().zip(*plane) {
+                        *o |= (b as $t) << shift;
+                    }
+                }
+                for o in words.iter_mut() {
+                    let v = if ROT { o.rotate_right(1) } else { *o };
+                    *o = v.to_le();
                 }
             } else {
                 for (i, o) in dst.chunks_exact_mut($w).enumerate() {
@@ -128,6 +149,7 @@ ungroup_block!(ungroup_block2, u16, 2);
 ungroup_block!(ungroup_block4, u32, 4);
 ungroup_block!(ungroup_block8, u64, 8);
 
+multiversion! {
 /// Interleave `planes` (each `dst.len() / w` bytes, most significant first) into `dst`, block by
 /// block; returns the crc32c of `dst`, computed while each block is still in cache. Planes with
 /// `Some` in `in_crcs` get their running crc32c updated too (the stored bytes they came from).
@@ -160,6 +182,7 @@ pub fn ungroup_crc(
         crc = crc32c::crc32c_append(crc, block);
     }
     crc
+}
 }
 
 #[cfg(test)]
