@@ -85,10 +85,15 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=["all", "parity", "planner", "sweep", "offload"],
+        choices=["all", "parity", "planner", "recompute", "sweep", "offload"],
         default="all",
         help="parity: ours vs torch at equal segments; planner: planner vs sqrt(n) at equal "
-        "budget; sweep: budget sweep (table + PNG); offload: offload='disk' peak RSS",
+        "budget; recompute: A/B of the time spent recomputing (planner, unguarded DP, sqrt(n), "
+        "A/A control), many interleaved rounds; sweep: budget sweep (table + PNG); offload: "
+        "offload='disk' peak RSS",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=40, help="interleaved rounds of the recompute A/B"
     )
     parser.add_argument("--png", default="bench_activation_sweep.png", help="sweep plot path")
     args = parser.parse_args()
@@ -97,6 +102,8 @@ def main() -> None:
         parity(args)
     if args.part in ("all", "planner"):
         planner_vs_sqrt(args)
+    if args.part in ("all", "recompute"):
+        recompute_ab(args)
     if args.part in ("all", "sweep"):
         budget_sweep(args)
     if args.part in ("all", "offload"):
@@ -281,7 +288,11 @@ def _time_configs(
         _step(model, run)  # warm-up
     names = list(configs)
     for round_no in range(reps):
-        for name in names if round_no % 2 == 0 else reversed(names):
+        # Rotate the order each round (every configuration runs in every position, after
+        # every neighbour), alternating direction: load bursts and allocator state hit all alike.
+        shift = round_no % len(names)
+        order = names[shift:] + names[:shift]
+        for name in order if round_no % 2 == 0 else reversed(order):
             with RecomputeTimer() as timer:
                 samples[name].append(_step(model, configs[name]))
             if recompute is not None:
@@ -365,6 +376,108 @@ def planner_vs_sqrt(args: argparse.Namespace) -> None:
         "(torch's peak is n/a: its recomputed tensors are invisible to our meter; its schedule "
         "is the same as ours at sqrt(n))"
     )
+
+
+def _median_ci(values: list[float]) -> tuple[float, float, float]:
+    """Median and a distribution-free 95% confidence interval of it (order statistics at
+    n/2 -+ 1.96 sqrt(n)/2, the normal approximation of the binomial)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return statistics.median(ordered), ordered[lo], ordered[hi]
+
+
+def recompute_ab(args: argparse.Namespace) -> None:
+    """The time spent inside recomputes (RecomputeTimer: wall time of the outermost recomputes
+    of one backward), measured directly rather than as step-time differences: at the budget
+    of sqrt(n) segments, the shipped planner, the solver's own optimum without the even-split
+    fallback ("DP unguarded") and sqrt(n) segments twice (A/A: the noise floor), interleaved
+    for ``--rounds`` rounds in a rotating order. Per configuration: median ms, and the
+    per-round ratio to sqrt(n) (two steps of the same round): its median with a 95% confidence
+    interval, and its quartiles.
+    "model" is the planner's modelled recompute for that schedule (profiled forward times plus
+    the fixed cost per checkpoint)."""
+    print()
+    print(
+        f"recompute time A/B at the budget of sqrt(n) segments, {args.rounds} interleaved "
+        "rounds (RecomputeTimer)"
+    )
+    cases = [
+        ("gpt-like 4x128 tokens", gpt_like(), torch.randint(0, 512, (4, 128))),
+        ("gpt-like 1x512 tokens", gpt_like(), torch.randint(0, 512, (1, 512))),
+        (
+            f"{args.blocks}-block MLP (uniform)",
+            uniform_mlp(args.blocks, args.width),
+            torch.randn(args.tokens, args.width),
+        ),
+    ]
+    from shardpoint.activation import checkpoint_overhead
+    from shardpoint.activation._planner import _cost, solve
+
+    header = (
+        f"{'configuration':<24} {'segments (start, stop, ckpt)':<52} {'model ms':>9} "
+        f"{'median ms':>10} {'vs sqrt(n): median':>19} {'95% CI':>16} {'IQR':>16}"
+    )
+    for title, model, x in cases:
+        n = len(model)
+        k = round(math.sqrt(n))
+        sqrt_run = functools.partial(checkpoint_sequential, model, k, x)
+        budget = _peak(model, sqrt_run)
+        shipped = plan(model, x, budget)
+        unguarded = solve(
+            shipped.profiles,
+            budget,
+            overhead_seconds=checkpoint_overhead(),
+            prefer_even_split=False,
+        )
+        overhead = checkpoint_overhead()
+        sqrt_model = (
+            sum(q.forward_seconds for q in shipped.profiles[: (k - 1) * (n // k)])
+            + (k - 1) * overhead
+        )
+        configs: dict[str, tuple[Callable[[], torch.Tensor], float, str]] = {
+            f"sqrt(n) = {k} segments": (sqrt_run, sqrt_model, f"{k} even"),
+            "sqrt(n) again (A/A)": (
+                functools.partial(checkpoint_sequential, model, k, x),
+                sqrt_model,
+                f"{k} even",
+            ),
+            "planner (shipped)": (
+                functools.partial(checkpoint_sequential, model, shipped, x),
+                _cost(shipped.nodes, shipped.profiles, overhead),
+                _segments_text(shipped.segments),
+            ),
+            "DP unguarded": (
+                functools.partial(checkpoint_sequential, model, unguarded, x),
+                _cost(unguarded.nodes, unguarded.profiles, overhead),
+                _segments_text(unguarded.segments),
+            ),
+        }
+        inside: dict[str, list[float]] = {}
+        _time_configs(model, {c: v[0] for c, v in configs.items()}, args.rounds, inside)
+        base = inside[f"sqrt(n) = {k} segments"]
+        print(
+            f"\n{title}: {n} functions, budget {budget / 2**20:.2f} MiB; modelled headroom "
+            f"(solver optimum vs sqrt(n)): "
+            f"{_cost(unguarded.nodes, unguarded.profiles, overhead) / sqrt_model - 1:+.1%}"
+        )
+        print(header)
+        print("-" * len(header))
+        for name, (_, modelled, segs) in configs.items():
+            ratios = [a / b for a, b in zip(inside[name], base, strict=True)]
+            med, lo, hi = _median_ci(ratios)
+            q1, _, q3 = statistics.quantiles(ratios, n=4)
+            print(
+                f"{name:<24} {segs[:52]:<52} {modelled * 1e3:>9.1f} "
+                f"{statistics.median(inside[name]) * 1e3:>10.1f} {med - 1:>+19.1%} "
+                f"{f'{lo - 1:+.1%}..{hi - 1:+.1%}':>16} {f'{q1 - 1:+.1%}..{q3 - 1:+.1%}':>16}"
+            )
+
+
+def _segments_text(segments: list[tuple[int, int, bool]]) -> str:
+    return " ".join(f"[{a},{b}){'c' if c else 's'}" for a, b, c in segments)
 
 
 def budget_sweep(args: argparse.Namespace) -> None:
@@ -458,7 +571,10 @@ def run():
         return model(x)
     if mode == "sqrt":
         return checkpoint_sequential(model, 4, x)
-    return checkpoint_sequential(model, 16, x, offload="disk", offload_dir=sys.argv[2])
+    compression = "zstd" if mode == "diskz" else "auto"
+    return checkpoint_sequential(
+        model, 16, x, offload="disk", offload_dir=sys.argv[2], offload_compression=compression
+    )
 run().sum().backward()  # warm-up
 times = []
 for _ in range(3):
@@ -488,7 +604,7 @@ def offload_rss(args: argparse.Namespace) -> None:
     python_dir = str(Path(__file__).resolve().parents[1] / "python")
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for mode in ("none", "sqrt", "disk"):
+        for mode in ("none", "sqrt", "disk", "diskz"):
             out = subprocess.run(
                 [sys.executable, "-c", _OFFLOAD_SCRIPT, mode, scratch, python_dir],
                 capture_output=True,
@@ -501,7 +617,8 @@ def offload_rss(args: argparse.Namespace) -> None:
     labels = {
         "none": "no checkpointing",
         "sqrt": "sqrt(n)=4 segments, recompute",
-        "disk": "16 segments, offload='disk'",
+        "disk": "16 segments, offload='disk' (auto)",
+        "diskz": "  same, offload_compression='zstd'",
     }
     print(f"{'configuration':<34} {'peak RSS MiB':>13} {'step ms':>8}")
     for mode, (mib, sec) in results.items():
