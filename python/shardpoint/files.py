@@ -491,7 +491,12 @@ class Reader:
     ) -> dict[str, Any]:
         """Many values at once (all by default); compressed ones decoded in parallel.
         ``verify`` defaults to the reader's setting; ``progress`` shows a bar (``None``: only
-        when stderr is a terminal)."""
+        when stderr is a terminal).
+
+        Memory: decoded values under 8 MiB share one allocation per call (backed by huge pages,
+        which makes loading models of many small tensors much faster); it is freed when the
+        last of those arrays is. Keep a copy of a small value (``a.copy()``) if you keep it
+        alone for long. Uncompressed values are copy-on-write views of the mapped shards."""
         verify = self._verify if verify is None else bool(verify)
         ks = self.keys() if keys is None else [check_key(k) for k in keys]
         batches = [ks]

@@ -15,6 +15,52 @@ pub(crate) enum Store {
         len: usize,
     },
     Owned(Vec<u8>),
+    /// A region of an arena shared by the small values of one batch load (see [`Arena`]).
+    Shared {
+        arena: Arc<Arena>,
+        off: usize,
+        len: usize,
+    },
+}
+
+/// One allocation holding the decoded small values of a batch load, each at a 64-byte aligned
+/// offset. Why: values below [`HUGE_MIN`] each got their own allocation, backed by 4 KiB pages
+/// that fault in one by one while decoding (for a model of small tensors that cost more than
+/// the decoding itself); one arena gets transparent huge pages like a big value does.
+/// The arena is freed when the last array viewing it is; keeping one small value alive keeps
+/// the batch's small values' memory (documented on `Reader.load`).
+pub(crate) struct Arena {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the arena owns its allocation exclusively; the regions handed out are disjoint and
+// written only through the buffer protocol, like any Python-owned buffer.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Take ownership of a zeroed allocation (from [`alloc_zeroed`]).
+    pub(crate) fn new(v: Vec<u8>) -> Arena {
+        let mut v = std::mem::ManuallyDrop::new(v);
+        debug_assert_eq!(v.len(), v.capacity());
+        Arena {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len/capacity are those of the Vec given to `new` (len == capacity).
+        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.len) });
+    }
+}
+
+/// Round `n` up to the arena's slot alignment (64 bytes: every dtype, and a cache line).
+pub(crate) fn arena_align(n: usize) -> usize {
+    n.div_ceil(64) * 64
 }
 
 /// Writable bytes exposed through the buffer protocol (numpy wraps them without a copy).
@@ -31,6 +77,8 @@ impl Buffer {
                 (unsafe { (map.as_ptr() as *mut u8).add(*off) }, *len)
             }
             Store::Owned(v) => (v.as_ptr() as *mut u8, v.len()),
+            // SAFETY: off + len <= arena.len (set by the loader that carved the slots).
+            Store::Shared { arena, off, len } => (unsafe { arena.ptr.add(*off) }, *len),
         }
     }
 }
@@ -86,7 +134,7 @@ pub(crate) fn bytes_of_mut<'b>(
 }
 
 /// Outputs at least this large ask for transparent huge pages (see [`advise_huge`]).
-const HUGE_MIN: usize = 8 << 20;
+pub(crate) const HUGE_MIN: usize = 8 << 20;
 
 /// Ask the kernel to back the 2 MiB-aligned interior of a fresh allocation with transparent
 /// huge pages: decoding into fresh memory is otherwise dominated by one page fault per 4 KiB.

@@ -1,6 +1,6 @@
 //! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
 
-use crate::buffers::{alloc_zeroed, bytes_of_mut, Buffer, Store};
+use crate::buffers::{alloc_zeroed, arena_align, bytes_of_mut, Arena, Buffer, Store, HUGE_MIN};
 use crate::{nogil, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -193,14 +193,28 @@ impl CheckpointReader {
             .collect::<PyResult<_>>()?;
         let reader = &self.inner;
         // Allocate first (fallibly, with the GIL: MemoryError on absurd sizes), then decode
-        // every compressed entry in parallel with the GIL released.
+        // every compressed entry in parallel with the GIL released. Values below HUGE_MIN share
+        // one arena (huge pages instead of a page fault per 4 KiB); bigger ones get their own.
+        let owned = |e: &Entry<'_>| !(e.codec == Codec::None && !copy);
+        let mut slots: Vec<Option<(usize, usize)>> = Vec::with_capacity(entries.len());
+        let mut arena_len = 0usize;
+        for e in &entries {
+            let small = owned(e) && e.raw_len > 0 && e.raw_len < HUGE_MIN as u64;
+            slots.push(small.then(|| {
+                let at = arena_align(arena_len);
+                arena_len = at + e.raw_len as usize;
+                (at, e.raw_len as usize)
+            }));
+        }
+        let mut arena = alloc_zeroed(arena_len as u64)?;
         let mut decoded: Vec<Option<Vec<u8>>> = entries
             .iter()
-            .map(|e| {
-                if e.codec == Codec::None && !copy {
-                    Ok(None)
-                } else {
+            .zip(&slots)
+            .map(|(e, slot)| {
+                if owned(e) && slot.is_none() {
                     alloc_zeroed(e.raw_len).map(Some)
+                } else {
+                    Ok(None)
                 }
             })
             .collect::<PyResult<_>>()?;
@@ -215,21 +229,52 @@ impl CheckpointReader {
                     .map_err(|err| to_py(py, err))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        nogil(py, || {
-            entries
-                .par_iter()
-                .zip(decoded.par_iter_mut())
-                .zip(maps.par_iter())
-                .try_for_each(|((e, buf), map)| match (buf, map) {
-                    (Some(v), _) => reader.read_into(e, v, verify || e.codec != Codec::None),
-                    (None, Some(m)) if verify => reader
-                        .verify_view(e, &m[e.offset as usize..(e.offset + e.stored_len) as usize]),
-                    _ => Ok(()),
-                })
-        })?;
+        {
+            // Every entry's output: its own buffer, its arena slot (disjoint, carved in
+            // order), or none (a mapping).
+            let mut rest: &mut [u8] = &mut arena;
+            let mut cut = 0usize;
+            let mut dsts: Vec<Option<&mut [u8]>> = Vec::with_capacity(entries.len());
+            for (slot, own) in slots.iter().zip(decoded.iter_mut()) {
+                dsts.push(match (slot, own) {
+                    (Some((at, len)), _) => {
+                        let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - cut);
+                        let (mine, tail) = tail.split_at_mut(*len);
+                        rest = tail;
+                        cut = at + len;
+                        Some(mine)
+                    }
+                    (None, Some(v)) => Some(&mut v[..]),
+                    (None, None) => None,
+                });
+            }
+            nogil(py, || {
+                entries
+                    .par_iter()
+                    .zip(dsts.par_iter_mut())
+                    .zip(maps.par_iter())
+                    .try_for_each(|((e, dst), map)| match (dst, map) {
+                        (Some(d), _) => reader.read_into(e, d, verify || e.codec != Codec::None),
+                        (None, Some(m)) if verify => reader.verify_view(
+                            e,
+                            &m[e.offset as usize..(e.offset + e.stored_len) as usize],
+                        ),
+                        _ => Ok(()),
+                    })
+            })?;
+        }
+        let arena = Arc::new(Arena::new(arena));
         let out = PyList::empty(py);
-        for ((e, d), map) in entries.iter().zip(decoded).zip(maps) {
+        for (((e, d), map), slot) in entries.iter().zip(decoded).zip(maps).zip(slots) {
             let store = match (d, map) {
+                _ if slot.is_some() => {
+                    let (off, len) = slot.expect("checked");
+                    Store::Shared {
+                        arena: arena.clone(),
+                        off,
+                        len,
+                    }
+                }
                 (Some(v), _) => Store::Owned(v),
                 (None, Some(map)) => Store::Mapped {
                     map,
