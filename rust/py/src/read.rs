@@ -195,7 +195,7 @@ impl CheckpointReader {
         // Allocate first (fallibly, with the GIL: MemoryError on absurd sizes), then decode
         // every compressed entry in parallel with the GIL released. Values below HUGE_MIN share
         // one arena (huge pages instead of a page fault per 4 KiB); bigger ones get their own.
-        let owned = |e: &Entry<'_>| !(e.codec == Codec::None && !copy);
+        let owned = |e: &Entry<'_>| e.codec != Codec::None || copy;
         let mut slots: Vec<Option<(usize, usize)>> = Vec::with_capacity(entries.len());
         let mut arena_len = 0usize;
         for e in &entries {
