@@ -130,7 +130,7 @@ def child_codec(work: str, dtype: str, mb: int) -> dict[str, Any]:
         into = first_and_warm(lambda: r.load_into(targets))
     for k, v in big.items():
         assert np.array_equal(targets[k].view(np.uint8), v.view(np.uint8)), k
-    del targets
+    targets.clear()
     # What fresh output memory costs any loader: allocate and first-touch as many bytes.
     fresh = first_and_warm(lambda: np.empty(nbytes, np.uint8).fill(1))
     return {
