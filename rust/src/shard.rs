@@ -273,7 +273,8 @@ impl ShardWriter {
             batch
                 .par_chunks(cb)
                 .map(|raw| {
-                    let buf = pool.take(raw.len() + 256);
+                    // Every buffer sized for a whole chunk, so any recycled one fits any chunk (no regrowth).
+                    let buf = pool.take(cb + 256);
                     let e = encode_chunk_crc_in(codec, dtype, opts.level, raw, buf)?;
                     Ok((e.stored, e.raw_crc, raw.len(), e.stored_crc))
                 })
