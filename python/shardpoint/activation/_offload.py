@@ -22,10 +22,10 @@ Disk files: one shardpoint checkpoint per tensor in a scratch directory
 ``<root>/shardpoint-offload-<pid>-<random>``, ``root`` from the ``offload_dir`` argument, the
 ``SHARDPOINT_OFFLOAD_DIR`` variable or the system temp directory, written raw or through a
 codec as ``compression`` says (``"auto"``: whichever :mod:`._offload_codec` models faster on
-this disk and this dtype). Each file is deleted as soon
-as it has been read back; the directory is removed when the session ends (after backward, when
-the graph is dropped, on an exception in forward); directories left by a crashed process (its
-pid no longer runs) are removed when the next session starts.
+this disk and this dtype). Each file is deleted as soon as it has been read back; the directory
+is removed when the session ends (after backward, when the graph is dropped, on an exception in
+forward); directories left by a crashed process (its pid no longer runs) are removed when the
+next session starts.
 """
 
 from __future__ import annotations
