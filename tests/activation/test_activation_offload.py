@@ -200,6 +200,26 @@ def test_auto_decides_from_the_measured_figures_once_per_process(tmp_path, monke
         oc.clear_measurements()
 
 
+def test_auto_falls_back_to_raw_when_a_probe_fails(tmp_path, monkeypatch):
+    def failing_disk(directory, **_):
+        raise OSError(22, "fsync not supported here")
+
+    monkeypatch.setattr(oc, "measure_disk", failing_disk)
+    oc.clear_measurements()
+    try:
+        model = mlp()
+        x = torch.randn(512, 64)
+        expected = reference_grads(model, x)
+        grads, codecs = run_offloaded(model, x, tmp_path, "auto")
+        assert all(codec == "none" for codec, _, _ in codecs), codecs
+        assert all(torch.equal(a, b) for a, b in zip(grads, expected, strict=True))
+        chooser = oc.CompressionChooser("auto")
+        assert chooser.codec_for(x.numpy(), str(tmp_path)) == "none"
+        assert isinstance(chooser.probe_error, OSError)
+    finally:
+        oc.clear_measurements()
+
+
 def test_real_measurements_are_positive_and_finite(tmp_path):
     disk = oc.measure_disk(str(tmp_path), nbytes=4 << 20)
     assert 0 < disk.write_bytes_per_s < math.inf and 0 < disk.read_bytes_per_s < math.inf

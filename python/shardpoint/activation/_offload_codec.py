@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardpoint import files
+from shardpoint.errors import CheckpointError
 
 __all__ = [
     "OFFLOAD_COMPRESSIONS",
@@ -252,6 +253,8 @@ class CompressionChooser:
         self.compression = choice
         self._chosen: dict[str, str] = {}
         self._lock = threading.Lock()
+        #: why ``"auto"`` fell back to raw, if a measurement failed
+        self.probe_error: BaseException | None = None
 
     def codec_for(self, array: np.ndarray, directory: str) -> str:
         """The codec for ``array`` (measuring on first use of its dtype under ``"auto"``)."""
@@ -261,8 +264,15 @@ class CompressionChooser:
         with self._lock:
             chosen = self._chosen.get(key)
             if chosen is None:
-                disk = disk_figures(directory)
-                codec = codec_figures(array, AUTO_CODEC, directory)
-                chosen = AUTO_CODEC if should_compress(disk, codec) else "none"
+                try:
+                    disk = disk_figures(directory)
+                    codec = codec_figures(array, AUTO_CODEC, directory)
+                except (OSError, CheckpointError) as exc:
+                    # A filesystem without fsync/fadvise, or a full disk: a failed probe must
+                    # not fail the training step; raw is what offload wrote before "auto".
+                    self.probe_error = exc
+                    chosen = "none"
+                else:
+                    chosen = AUTO_CODEC if should_compress(disk, codec) else "none"
                 self._chosen[key] = chosen
             return chosen
