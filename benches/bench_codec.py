@@ -291,6 +291,19 @@ def main() -> None:
         f"shardpoint codec benchmark; cpus={os.cpu_count()} load average={os.getloadavg()} "
         f"threads={threads} mb={args.mb} raw_mb={args.raw_mb} work={work}"
     )
+    # Fresh memory is not one cost: on a VM, pages the guest has not touched lately are backed
+    # by the host at the first touch (measured 0.4 GB/s on the reference machine), pages freed
+    # just before are ~10 GB/s. "first" figures below depend on which kind a process gets.
+    rates = []
+    for _ in range(2):
+        t = time.perf_counter()
+        buf = np.ones(1 << 30, np.uint8)
+        rates.append((1 << 30) / GB / (time.perf_counter() - t))
+        del buf
+    print(
+        "fresh-memory first touch, 1 GiB: first %.2f GB/s, again after freeing it %.2f GB/s"
+        % tuple(rates)
+    )
     try:
         only = set(args.only.split(",")) - {""} or {"ratio", "codec", "raw"}
         if only & {"ratio", "codec"}:
