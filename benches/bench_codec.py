@@ -301,8 +301,8 @@ def main() -> None:
         rates.append((1 << 30) / GB / (time.perf_counter() - t))
         del buf
     print(
-        "fresh-memory first touch, 1 GiB: first %.2f GB/s, again after freeing it %.2f GB/s"
-        % tuple(rates)
+        f"fresh-memory first touch, 1 GiB: first {rates[0]:.2f} GB/s, "
+        f"again after freeing it {rates[1]:.2f} GB/s"
     )
     try:
         only = set(args.only.split(",")) - {""} or {"ratio", "codec", "raw"}
