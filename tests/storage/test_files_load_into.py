@@ -3,7 +3,7 @@ fresh memory), its checks, and its crc checking."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -90,34 +90,35 @@ def test_overlapping_targets_are_refused_by_the_core(tmp_path):
         r.load_into({"a": buf, "b": buf})
 
 
+def _damage(prefix: str, key: str, at: int, mask: int) -> str:
+    """Xor `mask` into byte `at` of `key`'s stored payload; returns the shard's path."""
+    with sp.open(prefix) as r:
+        info = r.info(key)
+        path = r.format_info["shards"][info.shard][0]
+    with open(path, "r+b") as f:
+        f.seek(info.offset + at)
+        b = f.read(1)[0]
+        f.seek(info.offset + at)
+        f.write(bytes([b ^ mask]))
+    return path
+
+
 def test_damaged_payload_is_a_checksum_error_and_files_stay(tmp_path):
     st = _state(np.random.default_rng(5))
     p = str(tmp_path / "ck")
     sp.save_file(st, p, durable=False)
-    with sp.open(p) as r:
-        info = r.info("w32")
-    shard = [f for f in os.listdir(tmp_path) if f != "ck.index" and f.startswith("ck")][0]
-    path = tmp_path / shard
-    b = bytearray(path.read_bytes())
-    b[info.offset + 100] ^= 0xFF
-    path.write_bytes(bytes(b))
-    before = path.read_bytes()
+    path = _damage(p, "w32", 100, 0xFF)
+    before = Path(path).read_bytes()
     with sp.open(p) as r, pytest.raises(ChecksumMismatchError):
         r.load_into({"w32": np.zeros((300, 700), np.float32)})
-    assert path.read_bytes() == before
+    assert Path(path).read_bytes() == before
 
 
 def test_uncompressed_values_are_checked_when_verify(tmp_path):
     st = {"w": np.arange(5000, dtype=np.float32)}
     p = str(tmp_path / "ck")
     sp.save_file(st, p, compression="none", durable=False)
-    with sp.open(p) as r:
-        info = r.info("w")
-    shard = [f for f in os.listdir(tmp_path) if f != "ck.index" and f.startswith("ck")][0]
-    path = tmp_path / shard
-    b = bytearray(path.read_bytes())
-    b[info.offset + 8] ^= 1
-    path.write_bytes(bytes(b))
+    _damage(p, "w", 8, 1)
     with sp.open(p) as r:
         with pytest.raises(ChecksumMismatchError):
             r.load_into({"w": np.zeros(5000, np.float32)}, verify=True)
