@@ -200,3 +200,15 @@ def test_memory_save_with_progress_reports_every_byte(monkeypatch) -> None:
     assert len(seen) == len(vals)  # one report per item written
     assert totals == [sum(seen)]  # the bar sees every byte it was told to expect
     _check(sp.load_file(url), vals)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_load_into_existing_arrays_from_an_object_store(compression: str) -> None:
+    url = f"memory://t-{uuid.uuid4().hex}/run/ckpt"
+    vals = _values()
+    sp.save_file(vals, url, compression=compression)
+    targets = {k: np.full_like(vals[k], 5) for k in ("w", "b", "z")}
+    with sp.open(url) as r:
+        r.load_into(targets)
+    for k, t in targets.items():
+        np.testing.assert_array_equal(t, vals[k])
