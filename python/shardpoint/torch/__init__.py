@@ -27,6 +27,7 @@ from .adapters import (
     TorchStateDictTrackable,
     run_deferred_restores,
 )
+from .inplace import load_into
 from .models import IncompatibleKeys, load_model, save_model
 from .optim import OptimizerAdapter
 from .tensors import format_dtype, load, numpy_to_tensor, save, tensor_to_numpy, torch_dtype
@@ -36,6 +37,7 @@ __all__ = [
     "load",
     "save_model",
     "load_model",
+    "load_into",
     "IncompatibleKeys",
     "tensor_to_numpy",
     "numpy_to_tensor",

@@ -1,0 +1,148 @@
+"""``load_into``: decode a checkpoint straight into existing tensors (a model's parameters and
+buffers, or any mapping of tensors), without fresh memory.
+
+Why: ``load`` / ``load_model`` return fresh arrays and copy them into the model, so a load pays
+the first touch of fresh memory (page faults and the kernel's page clearing; on a VM, pages the
+guest has not used lately cost ~0.4 GB/s on the reference machine) plus a second copy. Decoding
+into the model's own CPU tensors costs only the decoder (issue 15: 3–6 GB/s on two threads for
+the float codec, benches/bench_codec.py "load_into").
+
+What it does not do: ``Module.load_state_dict`` hooks and ``_load_from_state_dict`` overrides
+are not run (the values go straight into the tensors). Use :func:`load_model` for modules that
+customise loading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import files
+from ..errors import UnsupportedDTypeError
+from .models import IncompatibleKeys, _tied_groups
+from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_section
+
+__all__ = ["load_into"]
+
+
+def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
+    """Whether `t` can be decoded into directly: plain CPU memory in the stored layout."""
+    try:
+        same_dtype = format_dtype(t.dtype) == stored_dtype
+    except UnsupportedDTypeError:
+        return False
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and t.numel() > 0
+        and not (t.is_conj() or t.is_neg())
+        and same_dtype
+    )
+
+
+def load_into(
+    target: torch.nn.Module | Mapping[str, torch.Tensor],
+    prefix: str | os.PathLike[str],
+    *,
+    strict: bool = True,
+    verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> IncompatibleKeys:
+    """Load checkpoint ``prefix`` into ``target``'s tensors in place.
+
+    Args:
+        target: a module (its ``state_dict()``: parameters and buffers, which share memory with
+            the module) or a mapping ``name -> tensor``.
+        prefix: a checkpoint written by :func:`save` / :func:`save_model` (or any flat one).
+        strict: raise ``RuntimeError`` (torch's wording) when names are missing or unexpected.
+        verify: check the crc32c of uncompressed values too (compressed ones always are).
+        storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL.
+
+    CPU, contiguous tensors whose dtype is the stored one are decoded into directly, in
+    parallel; the others (other devices, other layouts, other dtypes) get the value through
+    ``Tensor.copy_``, which casts as ``load_state_dict`` does. Tied names (one storage, same
+    view) are loaded once, and a name tied to one the checkpoint has is not missing. Shapes
+    are checked (``RuntimeError``, torch's "size mismatch" sentence) and missing/unexpected
+    names reported before any tensor is written; a checksum error while decoding leaves some
+    tensors with new values and others with old ones.
+
+    Returns ``IncompatibleKeys(missing_keys, unexpected_keys)`` like :func:`load_model`.
+    """
+    state: dict[str, torch.Tensor] = dict(
+        target.state_dict() if isinstance(target, torch.nn.Module) else target
+    )
+    name = type(target).__name__
+    with files.open(prefix, storage_options=storage_options) as reader:
+        meta = torch_section(reader)
+        aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
+        stored = set(reader.keys())
+
+        def source(n: str) -> str | None:
+            if n in stored:
+                return n
+            if n in aliases:
+                return str(aliases[n]["of"])
+            return None
+
+        # Tied names: the first one with a source loads, the others share its memory.
+        follower: set[str] = set()
+        for group in _tied_groups(state):
+            lead = next((n for n in group if source(n) is not None), None)
+            if lead is not None:
+                follower.update(n for n in group if n != lead)
+        plan = {n: source(n) for n in state if n not in follower}
+        missing = [n for n, s in plan.items() if s is None]
+        unexpected = sorted((stored | set(aliases)) - set(state))
+        if strict and (missing or unexpected):
+            msgs = []
+            if missing:
+                msgs.append(
+                    "Missing key(s) in state_dict: {}. ".format(
+                        ", ".join(f'"{k}"' for k in missing)
+                    )
+                )
+            if unexpected:
+                msgs.append(
+                    "Unexpected key(s) in state_dict: {}. ".format(
+                        ", ".join(f'"{k}"' for k in unexpected)
+                    )
+                )
+            raise RuntimeError(
+                "Error(s) in loading state_dict for {}:\n\t{}".format(name, "\n\t".join(msgs))
+            )
+        direct: dict[str, np.ndarray] = {}
+        copied: list[tuple[torch.Tensor, str]] = []
+        seen: dict[str, str] = {}
+        for n, src in plan.items():
+            if src is None:
+                continue
+            t = state[n]
+            info = reader.info(src)
+            if info.kind != "tensor" or tuple(info.shape) != tuple(t.shape):
+                got = list(info.shape) if info.kind == "tensor" else info.kind
+                raise RuntimeError(
+                    f"Error(s) in loading state_dict for {name}:\n\tsize mismatch for {n}: "
+                    f"copying a param with shape {got} from checkpoint, the shape in current "
+                    f"model is {t.shape}."
+                )
+            if _direct(t, info.dtype) and src not in seen:
+                seen[src] = n
+                direct[src] = tensor_to_numpy(t)
+            else:
+                copied.append((t, src))
+        reader.load_into(direct, verify=verify)
+        with torch.no_grad():
+            for t, src in copied:
+                # A second target of the same stored value copies from the first one's
+                # freshly decoded memory instead of decoding it again.
+                value = numpy_to_tensor(
+                    direct[src] if src in direct else reader.get(src, verify=verify)
+                )
+                t.copy_(value)
+    return IncompatibleKeys(missing, unexpected)
