@@ -152,6 +152,24 @@ def bench(label: str, model: dict[str, torch.Tensor], work: str, table: Table, r
         None,
         "torch.load(mmap=True)+touch",
     )
+    # -- into existing tensors (a model's own memory): no fresh output memory, no second copy --
+    into = {k: torch.empty_like(v) for k, v in model.items()}
+    for t in into.values():
+        t.zero_()  # a model's memory is touched already
+    row(
+        "sp.torch.load_into zstd",
+        best(lambda: spt.load_into(into, p_z), repeat),
+        None,
+        "sp.torch.load zstd+touch",
+    )
+    assert all(torch.equal(into[k], v) for k, v in model.items())
+    row(
+        "sp.torch.load_into none verify=True",
+        best(lambda: spt.load_into(into, p_none), repeat),
+        None,
+        "sp.torch.load none verify=True+touch",
+    )
+    into.clear()
     for p in (pt, sfp, p_none, p_z):
         clear(p)
 
