@@ -371,9 +371,8 @@ fn write_groups(
                             return Ok(());
                         }
                         let mut w = ShardWriter::create(prefix, g as u32, total, token)?;
-                        for &i in &groups[g] {
-                            w.write_item(&items[i], enc)?;
-                        }
+                        let its: Vec<&Item<'_>> = groups[g].iter().map(|&i| &items[i]).collect();
+                        w.write_items(&its, enc, &|_| {})?;
                         w.seal(opts.durable)?;
                         done.lock().expect("results lock")[g] = Some(w);
                     }

@@ -23,7 +23,40 @@ const PAR_CRC_MIN: usize = 8 << 20;
 
 /// One encoded chunk: stored bytes (None = raw), crc32c of the raw bytes, raw length, crc32c
 /// of the stored bytes.
-type EncodedChunk = (Option<Vec<u8>>, u32, usize, u32);
+/// One unit of encoding work of [`ShardWriter::write_items`]: chunk `ci` of a compressed
+/// value, or the crc of a value stored raw.
+#[derive(Clone, Copy)]
+enum Job {
+    Chunk { item: usize, ci: usize },
+    Raw { item: usize },
+}
+
+impl Job {
+    /// Raw bytes this job covers (batch sizing).
+    fn bytes(&self, items: &[&Item<'_>], cb: usize) -> usize {
+        match *self {
+            Job::Raw { item } => items[item].data.len(),
+            Job::Chunk { item, ci } => (items[item].data.len() - ci * cb).min(cb),
+        }
+    }
+}
+
+/// A finished job: a chunk's stored bytes (`None` = stored raw), raw crc, raw length and
+/// stored crc; or a raw value's crc.
+enum Done {
+    Chunk(Option<Vec<u8>>, u32, usize, u32),
+    Raw(u32),
+}
+
+/// Per-value bookkeeping while its chunks are written.
+struct ItemState {
+    codec: Codec,
+    nchunks: usize,
+    offset: u64,
+    raw_crc: Option<u32>,
+    all_raw: bool,
+    chunks: Vec<ChunkRec>,
+}
 
 /// How one value should be stored.
 #[derive(Clone, Copy, Debug)]
@@ -243,96 +276,175 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// Write one value. Compression happens here, chunk-parallel on the rayon pool.
+    /// Write one value (see [`ShardWriter::write_items`]).
     pub fn write_item(&mut self, item: &Item<'_>, opts: EncodeOptions) -> Result<()> {
-        item.validate()?;
-        let data = item.data;
-        let codec = if (data.len() as u64) < MIN_COMPRESS_BYTES {
-            Codec::None
-        } else {
-            choose_codec(opts.codec, item.dtype, opts.level)
-        };
-        if codec == Codec::None {
-            let c = par_crc(data);
-            self.pad_for(data.len() as u64)?;
-            let offset = self.pos;
-            self.append(data)?;
-            self.push_entry(item, Codec::None, c, offset, data.len() as u64, Vec::new());
-            return Ok(());
-        }
-        // Chunked: batches of chunks are compressed in parallel on the rayon pool, and batch
-        // k is written while batch k+1 is being compressed (double buffering), so the cores
-        // never wait for the write.
+        self.write_items(&[item], opts, &|_| {})
+    }
+
+    /// Write values in order, calling `progress(raw bytes)` after each. Compression and crcs
+    /// run on the rayon pool as one pipeline across items: the chunks of consecutive values
+    /// (and the crcs of values stored raw) are cut into batches of about
+    /// [`CHUNKS_PER_BATCH`] chunks, batch k+1 is encoded in parallel while batch k is written
+    /// (double buffering). Why across items: a model of many tensors of one chunk each would
+    /// otherwise encode one chunk at a time and stop encoding while writing.
+    pub fn write_items(
+        &mut self,
+        items: &[&Item<'_>],
+        opts: EncodeOptions,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
         let cb = opts.chunk_bytes as usize;
-        let mut chunks = Vec::with_capacity(data.len().div_ceil(cb));
-        let mut raw_crc: Option<u32> = None;
-        let mut all_raw = true;
-        let dtype = item.dtype;
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut states: Vec<ItemState> = Vec::with_capacity(items.len());
+        let mut codecs: Vec<Codec> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            item.validate()?;
+            let codec = if (item.data.len() as u64) < MIN_COMPRESS_BYTES {
+                Codec::None
+            } else {
+                choose_codec(opts.codec, item.dtype, opts.level)
+            };
+            let nchunks = if codec == Codec::None {
+                jobs.push(Job::Raw { item: i });
+                0
+            } else {
+                let n = item.data.len().div_ceil(cb);
+                jobs.extend((0..n).map(|ci| Job::Chunk { item: i, ci }));
+                n
+            };
+            codecs.push(codec);
+            states.push(ItemState {
+                codec,
+                nchunks,
+                offset: 0,
+                raw_crc: None,
+                all_raw: true,
+                chunks: Vec::with_capacity(nchunks),
+            });
+        }
+        // Batches of about CHUNKS_PER_BATCH chunks' worth of bytes (a raw value counts its
+        // bytes, whose crc is its job).
+        let mut batches: Vec<&[Job]> = Vec::new();
+        let (mut from, mut bytes) = (0usize, 0usize);
+        for (j, job) in jobs.iter().enumerate() {
+            bytes += job.bytes(items, cb);
+            if bytes >= cb * CHUNKS_PER_BATCH {
+                batches.push(&jobs[from..=j]);
+                (from, bytes) = (j + 1, 0);
+            }
+        }
+        if from < jobs.len() {
+            batches.push(&jobs[from..]);
+        }
         let pool = self.pool.clone();
-        let compress = |batch: &[u8]| -> Vec<Result<EncodedChunk>> {
+        let level = opts.level;
+        let encode = |batch: &[Job]| -> Vec<Result<Done>> {
             batch
-                .par_chunks(cb)
-                .map(|raw| {
-                    // Every buffer sized for a whole chunk, so any recycled one fits any chunk (no regrowth).
-                    let buf = pool.take(cb + 256);
-                    let e = encode_chunk_crc_in(codec, dtype, opts.level, raw, buf)?;
-                    Ok((e.stored, e.raw_crc, raw.len(), e.stored_crc))
+                .par_iter()
+                .map(|job| match *job {
+                    Job::Raw { item } => Ok(Done::Raw(par_crc(items[item].data))),
+                    Job::Chunk { item, ci } => {
+                        let it = items[item];
+                        let raw = &it.data[ci * cb..((ci + 1) * cb).min(it.data.len())];
+                        let buf = pool.take(cb + 256);
+                        let e = encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
+                        Ok(Done::Chunk(e.stored, e.raw_crc, raw.len(), e.stored_crc))
+                    }
                 })
                 .collect()
         };
-        let batches: Vec<&[u8]> = data.chunks(cb * CHUNKS_PER_BATCH).collect();
-        let mut pending = batches.first().map(|b| compress(b));
-        // Page alignment only serves zero-copy views of uncompressed payloads (FORMAT.md §2):
-        // a payload whose first batch compressed anything is 64-byte aligned (saves ~2 KiB of
-        // padding per tensor); one whose first batch is all raw may end up uncompressed (all
-        // raw), so it is page aligned.
-        let first_compressed = pending
-            .as_ref()
-            .is_some_and(|v| v.iter().any(|r| matches!(r, Ok((Some(_), ..)))));
-        self.pad_for(if first_compressed {
-            0
-        } else {
-            data.len() as u64
-        })?;
-        let offset = self.pos;
-        for (i, batch) in batches.iter().enumerate() {
-            let encoded = pending.take().expect("compressed ahead");
-            let next = batches.get(i + 1);
-            let (written, next_enc) = rayon::join(
-                || -> Result<()> {
-                    for (enc, rc) in encoded.into_iter().zip(batch.chunks(cb)) {
-                        let (stored, raw_c, n, stored_c) = enc?;
-                        raw_crc = Some(match raw_crc {
-                            None => raw_c,
-                            Some(a) => crate::crc_combine::combine(a, raw_c, n as u64),
-                        });
-                        all_raw &= stored.is_none();
-                        let bytes: &[u8] = stored.as_deref().unwrap_or(rc);
-                        chunks.push(ChunkRec {
-                            rel_offset: self.pos - offset,
-                            stored_len: bytes.len() as u32,
-                            crc: stored_c,
-                        });
-                        self.append(bytes)?;
-                        if let Some(b) = stored {
-                            pool.give(b);
-                        }
-                    }
-                    Ok(())
-                },
-                || next.map(|b| compress(b)),
+        let mut pending = batches.first().map(|b| encode(b));
+        for (k, batch) in batches.iter().enumerate() {
+            let done = pending.take().expect("encoded ahead");
+            let next = batches.get(k + 1);
+            let (written, next_done) = rayon::join(
+                || self.write_batch(batch, done, items, &mut states, cb, &pool, progress),
+                || next.map(|b| encode(b)),
             );
             written?;
-            pending = next_enc;
+            pending = next_done;
         }
-        let raw_crc = raw_crc.unwrap_or_else(|| crc(&[]));
-        let stored_len = self.pos - offset;
-        if all_raw {
-            // Nothing compressed: the payload *is* the raw bytes, so record it as codec none and
-            // keep zero-copy reads.
-            self.push_entry(item, Codec::None, raw_crc, offset, stored_len, Vec::new());
-        } else {
-            self.push_entry(item, codec, raw_crc, offset, stored_len, chunks);
+        Ok(())
+    }
+
+    /// Write one encoded batch in order: padding and entry records at value boundaries.
+    fn write_batch(
+        &mut self,
+        batch: &[Job],
+        done: Vec<Result<Done>>,
+        items: &[&Item<'_>],
+        states: &mut [ItemState],
+        cb: usize,
+        pool: &BufPool,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<()> {
+        for (job, d) in batch.iter().zip(done) {
+            match (*job, d?) {
+                (Job::Raw { item }, Done::Raw(c)) => {
+                    let data = items[item].data;
+                    self.pad_for(data.len() as u64)?;
+                    let offset = self.pos;
+                    self.append(data)?;
+                    self.push_entry(
+                        items[item],
+                        Codec::None,
+                        c,
+                        offset,
+                        data.len() as u64,
+                        vec![],
+                    );
+                    progress(data.len() as u64);
+                }
+                (Job::Chunk { item, ci }, Done::Chunk(stored, raw_c, n, stored_c)) => {
+                    let it = items[item];
+                    let st = &mut states[item];
+                    if ci == 0 {
+                        // Page alignment only serves zero-copy views of uncompressed payloads
+                        // (FORMAT.md §2): a payload whose first chunk compressed is 64-byte
+                        // aligned (saves ~2 KiB of padding per tensor); one whose first chunk
+                        // is raw may end up all raw (uncompressed), so it is page aligned.
+                        self.pad_for(if stored.is_some() {
+                            0
+                        } else {
+                            it.data.len() as u64
+                        })?;
+                        st.offset = self.pos;
+                    }
+                    st.raw_crc = Some(match st.raw_crc {
+                        None => raw_c,
+                        Some(a) => crate::crc_combine::combine(a, raw_c, n as u64),
+                    });
+                    st.all_raw &= stored.is_none();
+                    let bytes: &[u8] = match stored.as_deref() {
+                        Some(b) => b,
+                        None => &it.data[ci * cb..ci * cb + n],
+                    };
+                    st.chunks.push(ChunkRec {
+                        rel_offset: self.pos - st.offset,
+                        stored_len: bytes.len() as u32,
+                        crc: stored_c,
+                    });
+                    self.append(bytes)?;
+                    if let Some(b) = stored {
+                        pool.give(b);
+                    }
+                    if ci + 1 == st.nchunks {
+                        let raw_crc = st.raw_crc.unwrap_or_else(|| crc(&[]));
+                        let stored_len = self.pos - st.offset;
+                        let chunks = std::mem::take(&mut st.chunks);
+                        // Nothing compressed: the payload *is* the raw bytes, so record it as
+                        // codec none and keep zero-copy reads.
+                        let (codec, chunks) = if st.all_raw {
+                            (Codec::None, Vec::new())
+                        } else {
+                            (st.codec, chunks)
+                        };
+                        self.push_entry(it, codec, raw_crc, st.offset, stored_len, chunks);
+                        progress(it.data.len() as u64);
+                    }
+                }
+                _ => unreachable!("each job's result is of its own kind"),
+            }
         }
         Ok(())
     }

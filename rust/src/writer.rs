@@ -281,11 +281,8 @@ impl CheckpointWriter {
                         let w = g.as_mut().ok_or_else(|| {
                             Error::InvalidArgument("writer already committed".into())
                         })?;
-                        for &i in p {
-                            w.write_item(&items[i], enc)?;
-                            progress(items[i].data.len() as u64);
-                        }
-                        Ok(())
+                        let its: Vec<&Item<'_>> = p.iter().map(|&i| &items[i]).collect();
+                        w.write_items(&its, enc, progress)
                     })
                 })
                 .collect();
