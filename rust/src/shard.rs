@@ -48,6 +48,16 @@ enum Done {
     Raw(u32),
 }
 
+/// What [`ShardWriter::write_batch`] needs besides the batch: the values, the chunk size, the
+/// buffer pool and the progress callback.
+#[derive(Clone, Copy)]
+struct BatchCtx<'a, 'b> {
+    items: &'a [&'a Item<'b>],
+    cb: usize,
+    pool: &'a BufPool,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
 /// Per-value bookkeeping while its chunks are written.
 struct ItemState {
     codec: Codec,
@@ -353,12 +363,18 @@ impl ShardWriter {
                 })
                 .collect()
         };
+        let ctx = BatchCtx {
+            items,
+            cb,
+            pool: &pool,
+            progress,
+        };
         let mut pending = batches.first().map(|b| encode(b));
         for (k, batch) in batches.iter().enumerate() {
             let done = pending.take().expect("encoded ahead");
             let next = batches.get(k + 1);
             let (written, next_done) = rayon::join(
-                || self.write_batch(batch, done, items, &mut states, cb, &pool, progress),
+                || self.write_batch(batch, done, &mut states, &ctx),
                 || next.map(|b| encode(b)),
             );
             written?;
@@ -372,12 +388,15 @@ impl ShardWriter {
         &mut self,
         batch: &[Job],
         done: Vec<Result<Done>>,
-        items: &[&Item<'_>],
         states: &mut [ItemState],
-        cb: usize,
-        pool: &BufPool,
-        progress: &(dyn Fn(u64) + Sync),
+        ctx: &BatchCtx<'_, '_>,
     ) -> Result<()> {
+        let BatchCtx {
+            items,
+            cb,
+            pool,
+            progress,
+        } = *ctx;
         for (job, d) in batch.iter().zip(done) {
             match (*job, d?) {
                 (Job::Raw { item }, Done::Raw(c)) => {
