@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> None:
         for v in loaded.values():
             v.fill(0)
         with sp.open(comp) as rc:
+            targets: dict[str, np.ndarray] = loaded
             _timed(
                 "load_into existing arrays (compressed)",
-                lambda t=loaded: rc.load_into(t),
+                lambda: rc.load_into(targets),
                 nbytes,
             )
         assert all(np.array_equal(loaded[k], v) for k, v in model.items()), "round trip mismatch"
