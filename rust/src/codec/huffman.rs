@@ -251,28 +251,37 @@ fn split(n: usize, q: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
     (0..STREAMS).map(move |i| (i * q).min(n)..((i + 1) * q).min(n))
 }
 
+/// Symbols coded between two stores of the bit writer's accumulator.
+const PER_FLUSH: usize = 5;
+
 /// An LSB-first bit writer over a byte region at least [`stream_cap`] of its symbols long.
+/// It writes through a raw cursor: the region's capacity bound (checked once, in
+/// [`encode_two`]) is what keeps every 8-byte store inside, so the hot loop carries no bounds
+/// checks.
 struct BitWriter<'a> {
-    buf: &'a mut [u8],
+    start: *mut u8,
+    at: *mut u8,
     acc: u64,
     nb: u32,
-    pos: usize,
+    _region: std::marker::PhantomData<&'a mut [u8]>,
 }
 
 impl<'a> BitWriter<'a> {
     fn new(buf: &'a mut [u8]) -> Self {
+        let start = buf.as_mut_ptr();
         BitWriter {
-            buf,
+            start,
+            at: start,
             acc: 0,
             nb: 0,
-            pos: 0,
+            _region: std::marker::PhantomData,
         }
     }
 
-    /// Append the codes of (up to) 4 symbols: 4 × 11 bits plus < 8 pending bits fit the
-    /// accumulator. Then store the whole accumulator and keep the partial byte.
+    /// Append the codes of (up to) [`PER_FLUSH`] symbols: 5 × 11 bits plus < 8 pending bits
+    /// fit the 64-bit accumulator. Then store the whole accumulator and keep the partial byte.
     #[inline(always)]
-    fn put4(&mut self, syms: &[u8], table: &[u32; 256]) {
+    fn put_group(&mut self, syms: &[u8], table: &[u32; 256]) {
         for &b in syms {
             let e = table[b as usize];
             self.acc |= ((e & 0xffff) as u64) << self.nb;
@@ -283,11 +292,13 @@ impl<'a> BitWriter<'a> {
 
     #[inline(always)]
     fn flush(&mut self) {
-        // pos + 8 <= buf.len(): pos grows by at most MAX_LEN bits per symbol and the region
-        // has 8 bytes of slack (stream_cap), so this store stays inside.
-        self.buf[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
-        let bytes = (self.nb >> 3) as usize; // nb <= 51, so bytes <= 6 and the shift is < 64
-        self.pos += bytes;
+        // SAFETY: `at` advanced by at most MAX_LEN bits per symbol written so far, and the
+        // region holds stream_cap(symbols) = that bound + 8 bytes (checked in encode_two), so
+        // the 8-byte store stays inside the region.
+        unsafe { std::ptr::write_unaligned(self.at as *mut u64, self.acc.to_le()) };
+        let bytes = (self.nb >> 3) as usize; // nb <= 62, so bytes <= 7 and the shift is < 64
+                                             // SAFETY: as above, `at + bytes` stays inside the region.
+        self.at = unsafe { self.at.add(bytes) };
         self.acc >>= bytes * 8;
         self.nb &= 7;
     }
@@ -295,7 +306,9 @@ impl<'a> BitWriter<'a> {
     /// Bytes used, the last partial byte included.
     fn finish(mut self) -> usize {
         self.flush();
-        self.pos + (self.nb > 0) as usize
+        // SAFETY: both pointers are in the same region, `at` not before `start`.
+        let pos = unsafe { self.at.offset_from(self.start) } as usize;
+        pos + (self.nb > 0) as usize
     }
 }
 
@@ -303,18 +316,19 @@ multiversion! {
 /// Encode two symbol streams into their regions (each [`stream_cap`] of its length) with the
 /// two writers interleaved; returns the bytes each used.
 fn encode_two(a: &[u8], b: &[u8], table: &[u32; 256], ra: &mut [u8], rb: &mut [u8]) -> (usize, usize) {
-    debug_assert!(ra.len() >= stream_cap(a.len()) && rb.len() >= stream_cap(b.len()));
+    // What keeps the writers' raw stores inside their regions (see BitWriter::flush).
+    assert!(ra.len() >= stream_cap(a.len()) && rb.len() >= stream_cap(b.len()));
     let (mut wa, mut wb) = (BitWriter::new(ra), BitWriter::new(rb));
-    let both = a.len().min(b.len()) / 4 * 4;
-    for (ca, cb) in a[..both].chunks_exact(4).zip(b[..both].chunks_exact(4)) {
-        wa.put4(ca, table);
-        wb.put4(cb, table);
+    let both = a.len().min(b.len()) / PER_FLUSH * PER_FLUSH;
+    for (ca, cb) in a[..both].chunks_exact(PER_FLUSH).zip(b[..both].chunks_exact(PER_FLUSH)) {
+        wa.put_group(ca, table);
+        wb.put_group(cb, table);
     }
-    for c in a[both..].chunks(4) {
-        wa.put4(c, table);
+    for c in a[both..].chunks(PER_FLUSH) {
+        wa.put_group(c, table);
     }
-    for c in b[both..].chunks(4) {
-        wb.put4(c, table);
+    for c in b[both..].chunks(PER_FLUSH) {
+        wb.put_group(c, table);
     }
     (wa.finish(), wb.finish())
 }
