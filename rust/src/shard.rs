@@ -48,11 +48,12 @@ enum Done {
     Raw(u32),
 }
 
-/// What [`ShardWriter::write_batch`] needs besides the batch: the values, the chunk size, the
-/// buffer pool and the progress callback.
+/// What [`ShardWriter::write_batch`] needs besides the batch: the values and their codecs,
+/// the chunk size, the buffer pool and the progress callback.
 #[derive(Clone, Copy)]
 struct BatchCtx<'a, 'b> {
     items: &'a [&'a Item<'b>],
+    codecs: &'a [Codec],
     cb: usize,
     pool: &'a BufPool,
     progress: &'a (dyn Fn(u64) + Sync),
@@ -60,7 +61,6 @@ struct BatchCtx<'a, 'b> {
 
 /// Per-value bookkeeping while its chunks are written.
 struct ItemState {
-    codec: Codec,
     nchunks: usize,
     offset: u64,
     raw_crc: Option<u32>,
@@ -324,7 +324,6 @@ impl ShardWriter {
             };
             codecs.push(codec);
             states.push(ItemState {
-                codec,
                 nchunks,
                 offset: 0,
                 raw_crc: None,
@@ -365,6 +364,7 @@ impl ShardWriter {
         };
         let ctx = BatchCtx {
             items,
+            codecs: &codecs,
             cb,
             pool: &pool,
             progress,
@@ -393,6 +393,7 @@ impl ShardWriter {
     ) -> Result<()> {
         let BatchCtx {
             items,
+            codecs,
             cb,
             pool,
             progress,
@@ -456,7 +457,7 @@ impl ShardWriter {
                         let (codec, chunks) = if st.all_raw {
                             (Codec::None, Vec::new())
                         } else {
-                            (st.codec, chunks)
+                            (codecs[item], chunks)
                         };
                         self.push_entry(it, codec, raw_crc, st.offset, stored_len, chunks);
                         progress(it.data.len() as u64);
