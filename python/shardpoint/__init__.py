@@ -98,8 +98,10 @@ from .objgraph.trackable import declare_adapter_module as _declare_adapter_modul
 # only when a path without a P.index needs it).
 _declare_in_place_reader("shardpoint.convert.hf", "is_hf_path", "HFReader")
 
-# Tracking a torch object imports shardpoint.torch, which registers the torch adapters (so
-# ``sp.Checkpoint(model=net)`` needs no extra import); declared here, where both layers are known.
+# Once torch is imported, the first adapter lookup imports shardpoint.torch, which registers the
+# torch adapters: every torch object (user subclasses included) gets them whatever the import
+# order, and ``import shardpoint`` alone never imports torch. Declared here, where both layers
+# are known.
 _declare_adapter_module("torch", "shardpoint.torch")
 
 __all__ += [

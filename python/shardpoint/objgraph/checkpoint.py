@@ -203,12 +203,16 @@ class Checkpoint(Module):
         counter = self.save_counter
         counter.assign_add(1)
         path = f"{prefix}-{int(counter)}"
-        return self._write(
-            path,
-            _blocking(blocking, options),
-            incremental,
-            then=lambda: update_checkpoint_state(storage_io.dirname(path), path),
-        )
+        try:
+            return self._write(
+                path,
+                _blocking(blocking, options),
+                incremental,
+                then=lambda: update_checkpoint_state(storage_io.dirname(path), path),
+            )
+        except BaseException:
+            uncount_failed_save(counter, path)
+            raise
 
     def _write(
         self,
@@ -339,6 +343,17 @@ class Checkpoint(Module):
     def __repr__(self) -> str:
         names = ", ".join(self._sp_children())
         return f"<sp.Checkpoint ({names})>"
+
+
+def uncount_failed_save(counter: Variable, path: str) -> None:
+    """A save that raised before committing ``path`` (an unsaveable object, a full disk) gives
+    its number back, so the next save does not skip one; a committed one keeps it."""
+    try:
+        committed = storage_io.checkpoint_exists(path)
+    except Exception:  # noqa: BLE001 - cannot tell: keep the number (never reuse a committed one)
+        return
+    if not committed:
+        counter.assign_add(-1)
 
 
 def _blocking(blocking: bool, options: Any) -> bool:

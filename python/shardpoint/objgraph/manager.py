@@ -39,6 +39,7 @@ from ..errors import (
     NotFoundError,
 )
 from . import directory_lock, storage_io
+from .checkpoint import uncount_failed_save
 from .checkpoint_state import (
     STATE_FILENAME,
     last_seen_etag,
@@ -345,6 +346,7 @@ class CheckpointManager:
                     base=lambda: self._latest_checkpoint,
                 )
         except BaseException as e:
+            uncount_failed_save(counter, path)
             # Failed after its commit (e.g. the directory fsync)? Then it is on disk: list it,
             # so it is restored from and deleted like any other, and still raise. Not after
             # losing the state object to another manager (URLs): that would lose again.

@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptCheckpointError
-from .errors import SlotReuseError
+from ..errors import CheckpointError, CorruptCheckpointError
+from .errors import SlotReuseError, UnsaveableObjectError
 from .trackable import Trackable, as_trackable
 
 __all__ = [
@@ -113,7 +113,8 @@ def walk(root: Trackable, *, for_save: bool = False) -> LiveGraph:
         node = queue.popleft()
         obj = graph.objects[node]
         if for_save:
-            obj._sp_check_saveable()
+            with _naming(graph, node):
+                obj._sp_check_saveable()
         for name, child in obj._sp_children().items():
             child_node = graph.ids.get(id(child))
             if child_node is None:
@@ -122,6 +123,32 @@ def walk(root: Trackable, *, for_save: bool = False) -> LiveGraph:
             graph.children[node].append((name, child_node))
     _add_slots(graph, for_save)
     return graph
+
+
+class _naming:
+    """Context manager: an error raised by a saved object's own checks names its path.
+
+    ``UnsaveableObjectError("...")`` from ``_sp_check_saveable``/``_sp_values`` becomes
+    ``UnsaveableObjectError("(root).optimizer: ...")``, same class, original chained."""
+
+    def __init__(self, graph: LiveGraph, node: int) -> None:
+        self.graph = graph
+        self.node = node
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is None or not isinstance(exc, CheckpointError):
+            return
+        path = self.graph.display_path(self.node)
+        if str(exc).startswith(path):
+            return
+        try:
+            named = type(exc)(f"{path}: {exc}")
+        except Exception:  # noqa: BLE001 - an error class with another signature: keep it as is
+            return
+        raise named from exc
 
 
 def _add_slots(graph: LiveGraph, for_save: bool) -> None:
@@ -133,13 +160,19 @@ def _add_slots(graph: LiveGraph, for_save: bool) -> None:
             continue
         entries = []
         order: dict[str, int] = {}
+        dropped: list[tuple[Any, str]] = []
         for variable, slot_name, slot in slot_fn():
             var_tracked = as_trackable(variable)
             var_node = graph.ids.get(id(var_tracked)) if var_tracked is not None else None
             if var_node is None or var_node >= regular:
-                continue  # SLOT-01: only slots of reachable variables are saved
+                # SLOT-01: only slots of reachable variables are saved; a provider that says
+                # its slots are part of its state (torch optimizers) refuses to lose them
+                dropped.append((variable, slot_name))
+                continue
             order.setdefault(slot_name, len(order))
             entries.append((order[slot_name], var_node, slot_name, as_trackable(slot)))
+        if for_save and dropped and getattr(provider, "_sp_slots_required", False):
+            _refuse_dropped_slots(graph, opt_node, provider, dropped)
         # TF order: slot name first (in first-seen order), then variable node id
         for _, var_node, slot_name, slot in sorted(entries, key=lambda e: (e[0], e[1])):
             if slot is None:
@@ -158,6 +191,26 @@ def _add_slots(graph: LiveGraph, for_save: bool) -> None:
                 graph.paths[var_node], graph.paths[opt_node], slot_name
             )
             graph.slots[opt_node].append((slot_name, var_node, slot_node))
+
+
+def _refuse_dropped_slots(
+    graph: LiveGraph, opt_node: int, provider: Any, dropped: list[tuple[Any, str]]
+) -> None:
+    describe = getattr(provider, "_sp_describe_variable", None)
+    variables: dict[int, tuple[str, list[str]]] = {}
+    for variable, slot_name in dropped:
+        label = describe(variable) if callable(describe) else type(variable).__name__
+        variables.setdefault(id(variable), (label, []))[1].append(slot_name)
+    shown = [f"{label} ({', '.join(slots)})" for label, slots in list(variables.values())[:5]]
+    more = f" and {len(variables) - 5} more" if len(variables) > 5 else ""
+    raise UnsaveableObjectError(
+        f"{graph.display_path(opt_node)}: {getattr(provider, 'name', '') or 'the optimizer'} holds "
+        f"state for {len(variables)} variable(s) that are not reachable from the checkpoint's "
+        f"root, so that state would not be saved: {'; '.join(shown)}{more}. Track the model "
+        "whose parameters it optimizes in the same checkpoint (sp.Checkpoint(model=model, "
+        "optimizer=optimizer)), or, to save the optimizer on its own, track its state_dict() "
+        "instead (shardpoint.torch.TorchStateDictTrackable(optimizer)). Nothing was written."
+    )
 
 
 def _has_values_flags(graph: LiveGraph, attrs: list[list[dict]]) -> list[bool]:
@@ -185,7 +238,9 @@ def serialize(root: Trackable) -> tuple[dict[str, Any], dict[str, Any]]:
     attrs: list[list[dict]] = []
     for node, obj in enumerate(graph.objects):
         node_attrs = []
-        for name, value in obj._sp_values().items():
+        with _naming(graph, node):
+            own_values = obj._sp_values()
+        for name, value in own_values.items():
             if node in graph.slot_prefix:
                 key = f"{graph.slot_prefix[node]}/{ATTRIBUTES}/{_escape_attribute(name)}"
             else:

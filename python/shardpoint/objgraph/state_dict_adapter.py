@@ -16,7 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import format_name
+from ..errors import UnsupportedDTypeError
 from ..nested_keys import decode_key, flat_key, key_tag, put_leaf
+from .errors import UnsaveableObjectError
 from .trackable import Trackable, ValueSpec, register_fallback_adapter
 
 __all__ = ["StateDictTrackable", "STRUCTURE_ATTRIBUTE"]
@@ -75,7 +78,8 @@ class StateDictTrackable(Trackable):
             if isinstance(value, list | tuple):
                 tag = "l" if isinstance(value, list) else "t"
                 return {tag: [visit(sub, [*path, str(i)]) for i, sub in enumerate(value)]}
-            name = put_leaf(leaves, flat_key(path), self._to_numpy(value))
+            key = flat_key(path)
+            name = put_leaf(leaves, key, _storable(key, value, self._to_numpy))
             return {"v": name}
 
         structure = visit(self.wrapped.state_dict(), [])
@@ -119,6 +123,39 @@ class StateDictTrackable(Trackable):
                 "written by a state-dict adapter"
             )
         self.wrapped.load_state_dict(self._unflatten(structure, values))
+
+
+def _storable(key: str, leaf: Any, to_numpy: Callable[[Any], Any]) -> Any:
+    """``to_numpy(leaf)``, checked to be a value the format stores exactly; anything else
+    raises UnsaveableObjectError naming the state-dict entry (a save never writes less than
+    the object holds: ``np.asarray`` of an arbitrary object is an object array, of a set a 0-d
+    object array, and neither can be stored)."""
+    try:
+        converted = to_numpy(leaf)
+    except UnsaveableObjectError:
+        raise
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UnsaveableObjectError(_leaf_message(key, leaf, str(exc))) from exc
+    if isinstance(converted, np.ndarray | np.generic):
+        try:
+            format_name(converted.dtype)
+        except UnsupportedDTypeError as exc:
+            raise UnsaveableObjectError(_leaf_message(key, leaf, str(exc))) from exc
+    elif not isinstance(converted, _SCALARS):
+        raise UnsaveableObjectError(
+            _leaf_message(key, leaf, f"the adapter made a {type(converted).__name__} of it")
+        )
+    return converted
+
+
+def _leaf_message(key: str, leaf: Any, why: str) -> str:
+    return (
+        f"state_dict() entry {key!r} is a {type(leaf).__module__}.{type(leaf).__qualname__}, "
+        f"which the state-dict adapter cannot store ({why}). Only arrays of the format's "
+        "dtypes, numpy scalars, str, bytes, int, float, bool, None and dicts/lists/tuples of "
+        "them are stored; convert the entry in state_dict() or register an adapter for the "
+        "object (register_trackable_adapter). Nothing was written."
+    )
 
 
 def has_state_dict(value: Any) -> bool:

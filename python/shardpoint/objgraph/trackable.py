@@ -25,12 +25,16 @@ gives a ready-made implementation).
 
 Foreign objects (torch modules, optimizers, tensors) become trackable through adapters:
 :func:`register_trackable_adapter` maps a class or predicate to a factory that wraps the object
-in a Trackable. Objects with ``state_dict()``/``load_state_dict()`` get a built-in adapter.
+in a Trackable. The framework adapters shipped with shardpoint sit in a lower tier
+(:func:`register_builtin_adapter`) and are imported before the first lookup once their framework
+is imported (:func:`declare_adapter_module`). Objects with ``state_dict()``/``load_state_dict()``
+and no other adapter get the generic fallback adapter.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -49,6 +53,7 @@ __all__ = [
     "unregister_trackable_adapter",
     "as_trackable",
     "declare_adapter_module",
+    "register_builtin_adapter",
     "register_fallback_adapter",
 ]
 
@@ -195,13 +200,33 @@ class NoDependency:
 # --------------------------------------------------------------------------------------------
 
 AdapterFactory = Callable[[Any], Trackable]
-_ADAPTERS: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
-# Tried after every registered adapter: generic protocols such as state_dict()/load_state_dict().
-_FALLBACK_ADAPTERS: list[tuple[Callable[[Any], bool], AdapterFactory]] = []
+_Registry = list[tuple[Callable[[Any], bool], AdapterFactory]]
+# Three tiers, tried in this order (within a tier, newest registration first):
+# the user's adapters (register_trackable_adapter), the built-in framework adapters
+# (register_builtin_adapter: shardpoint.torch), then generic protocols such as
+# state_dict()/load_state_dict() (register_fallback_adapter). Tiers, not registration order,
+# decide precedence, so a user's adapter wins whether shardpoint.torch was imported before or
+# after it was registered.
+_ADAPTERS: _Registry = []
+_BUILTIN_ADAPTERS: _Registry = []
+_FALLBACK_ADAPTERS: _Registry = []
 # id(value) -> (weakref to value, weakref to adapter). Both weak: the adapter lives exactly as
 # long as something (a Module dependency) holds it, so the same foreign object seen twice maps to
 # the same adapter (shared objects are stored once) without keeping anything alive.
 _ADAPTER_CACHE: dict[int, tuple[Any, Any]] = {}
+
+
+def _as_predicate(cls_or_predicate: type | tuple[type, ...] | Callable[[Any], bool]) -> Any:
+    if isinstance(cls_or_predicate, type | tuple):
+        classes = cls_or_predicate
+
+        def is_instance(obj: Any) -> bool:
+            return isinstance(obj, classes)
+
+        return is_instance
+    if callable(cls_or_predicate):
+        return cls_or_predicate
+    raise TypeError("cls_or_predicate must be a class, a tuple of classes or a callable")
 
 
 def register_trackable_adapter(
@@ -213,36 +238,37 @@ def register_trackable_adapter(
     ``cls_or_predicate`` is a class (or tuple of classes, matched with ``isinstance``) or a
     predicate ``obj -> bool``; ``factory(obj)`` returns a :class:`Trackable` adapter that names the
     object's children and values and restores values in place into the object's own storage.
-    Adapters registered later take precedence. Used when a foreign object is assigned to a
+    Adapters registered with this function take precedence over the built-in ones (the torch
+    adapters of ``shardpoint.torch``), whatever the import order, and among themselves the one
+    registered later wins. Used when a foreign object is assigned to a
     :class:`~shardpoint.objgraph.module.Module` attribute, put in a tracked list/dict, or passed to
     ``Checkpoint(...)``; the attribute keeps the foreign object, the graph edge points at the
     adapter. The same live object always gets the same adapter while it is tracked.
     """
-    predicate: Callable[[Any], bool]
-    if isinstance(cls_or_predicate, type | tuple):
-        classes = cls_or_predicate
+    _ADAPTERS.append((_as_predicate(cls_or_predicate), factory))
 
-        def is_instance(obj: Any) -> bool:
-            return isinstance(obj, classes)
 
-        predicate = is_instance
-
-    elif callable(cls_or_predicate):
-        predicate = cls_or_predicate
-    else:
-        raise TypeError("cls_or_predicate must be a class, a tuple of classes or a callable")
-    _ADAPTERS.append((predicate, factory))
+def register_builtin_adapter(
+    cls_or_predicate: type | tuple[type, ...] | Callable[[Any], bool],
+    factory: AdapterFactory,
+) -> None:
+    """Register one of shardpoint's own framework adapters: tried after every adapter of
+    :func:`register_trackable_adapter` and before the fallbacks (later registration wins
+    within the tier)."""
+    _BUILTIN_ADAPTERS.append((_as_predicate(cls_or_predicate), factory))
 
 
 def register_fallback_adapter(predicate: Callable[[Any], bool], factory: AdapterFactory) -> None:
-    """Like :func:`register_trackable_adapter`, but tried only after every regular adapter
-    (for generic protocols: a specific adapter of the same object always wins)."""
+    """Like :func:`register_trackable_adapter`, but tried only after every regular and
+    built-in adapter (for generic protocols: a specific adapter of the same object always
+    wins)."""
     _FALLBACK_ADAPTERS.append((predicate, factory))
 
 
 def unregister_trackable_adapter(factory: AdapterFactory) -> None:
     """Remove every registration of ``factory`` (mainly for tests)."""
-    _ADAPTERS[:] = [(p, f) for p, f in _ADAPTERS if f is not factory]
+    for registry in (_ADAPTERS, _BUILTIN_ADAPTERS, _FALLBACK_ADAPTERS):
+        registry[:] = [(p, f) for p, f in registry if f is not factory]
     _ADAPTER_CACHE.clear()
 
 
@@ -273,25 +299,27 @@ def _cache_put(value: Any, adapter: Trackable) -> None:
 def as_trackable(value: Any) -> Trackable | None:
     """``value`` itself if it is Trackable, else its adapter, else None.
 
-    Adapters are tried newest registration first, then the fallbacks (the ``state_dict()``
-    adapter). When no adapter matches an object of a package named in
-    :func:`declare_adapter_module`, that package's adapter module is imported (it registers its
-    adapters) and the adapters are tried again, before the fallbacks.
+    Before any lookup, the adapter module of every framework named in
+    :func:`declare_adapter_module` that the process has imported is imported (once), so the
+    answer does not depend on what the user imported or in which order. Then the user's
+    adapters are tried (newest registration first), the built-in ones, and the fallbacks (the
+    ``state_dict()`` adapter).
     """
     if isinstance(value, Trackable):
         return value
+    if _ADAPTER_MODULES:
+        _import_declared_adapters()
     cached = _cache_get(value)
     if cached is not None:
         return cached
-    adapter = _adapt(value, _ADAPTERS)
-    if adapter is None and _import_declared_adapters(value):
-        adapter = _adapt(value, _ADAPTERS)  # the imported module registered its adapters
-    return adapter if adapter is not None else _adapt(value, _FALLBACK_ADAPTERS)
+    for registry in (_ADAPTERS, _BUILTIN_ADAPTERS, _FALLBACK_ADAPTERS):
+        adapter = _adapt(value, registry)
+        if adapter is not None:
+            return adapter
+    return None
 
 
-def _adapt(
-    value: Any, registry: list[tuple[Callable[[Any], bool], AdapterFactory]]
-) -> Trackable | None:
+def _adapt(value: Any, registry: _Registry) -> Trackable | None:
     for predicate, factory in reversed(registry):
         if predicate(value):
             adapter = factory(value)
@@ -302,26 +330,36 @@ def _adapt(
     return None
 
 
-# Foreign module-name prefix -> the shardpoint module whose import registers its adapters. Filled by the package that knows both sides (``shardpoint/__init__``); this layer
-# never names a framework itself.
+# Foreign package name -> the shardpoint module whose import registers its adapters. Filled by
+# the package that knows both sides (``shardpoint/__init__``); this layer never names a
+# framework itself.
 _ADAPTER_MODULES: dict[str, str] = {}
 
 
-def declare_adapter_module(foreign_prefix: str, adapter_module: str) -> None:
-    """Import ``adapter_module`` the first time an object is tracked whose class's module name
-    starts with ``foreign_prefix`` and no registered adapter matches it.
+def declare_adapter_module(foreign_package: str, adapter_module: str) -> None:
+    """Import ``adapter_module`` before the first adapter lookup made while ``foreign_package``
+    is imported in this process.
 
-    So ``sp.Checkpoint(model=net)`` uses the torch adapters without the user importing
-    ``shardpoint.torch`` first, while ``import shardpoint`` stays free of torch.
+    Why "imported" and not "the object's class comes from that package": an object whose
+    class, or any class of its MRO, is defined in ``torch`` (a user's ``nn.Module`` subclass
+    defined in ``__main__``, a custom optimizer or LR scheduler) can only exist once torch is
+    imported, so this rule gives every such object its torch adapter whatever was imported in
+    whatever order, and the generic ``state_dict()`` fallback never claims a torch object.
+    ``import shardpoint`` alone never imports the framework.
     """
-    _ADAPTER_MODULES[foreign_prefix] = adapter_module
+    _ADAPTER_MODULES[foreign_package] = adapter_module
 
 
-def _import_declared_adapters(value: Any) -> bool:
-    """Import the adapter module declared for ``value``'s package, once; True if imported now."""
-    module_name = type(value).__module__
-    for prefix in list(_ADAPTER_MODULES):
-        if module_name.startswith(prefix):
-            importlib.import_module(_ADAPTER_MODULES.pop(prefix))  # popped: imported at most once
-            return True
-    return False
+def _import_declared_adapters() -> None:
+    """Import the adapter module of each declared package that is imported now, once."""
+    for package in list(_ADAPTER_MODULES):
+        if sys.modules.get(package) is not None:  # None: an import blocked on purpose
+            # popped before importing: a lookup made while the module imports does not recurse
+            module = _ADAPTER_MODULES.pop(package)
+            try:
+                importlib.import_module(module)
+            except BaseException:
+                # never fall back silently to the generic adapter for the framework's objects:
+                # the next lookup tries (and raises) again
+                _ADAPTER_MODULES[package] = module
+                raise

@@ -27,7 +27,7 @@ from torch.nn.parameter import is_lazy
 
 from ..objgraph.errors import UnsaveableObjectError
 from ..objgraph.state_dict_adapter import STRUCTURE_ATTRIBUTE, StateDictTrackable
-from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_trackable_adapter
+from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_builtin_adapter
 from ..objgraph.variables import VARIABLE_VALUE
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, unflatten
 
@@ -251,15 +251,16 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """Register the torch adapters (idempotent). Later registrations win, so the specific
-    adapters (tensor, module, optimizer) are registered after the generic state-dict one."""
+    """Register the torch adapters in the built-in tier (idempotent): a user's own
+    ``register_trackable_adapter`` still wins. Later registrations win within the tier, so the
+    specific adapters (tensor, module, optimizer) are registered after the state-dict one."""
     global _REGISTERED
     if _REGISTERED:
         return
     from .optim import OptimizerAdapter
 
-    register_trackable_adapter(_is_state_dict_object, TorchStateDictTrackable)
-    register_trackable_adapter(torch.nn.Module, ModuleAdapter)
-    register_trackable_adapter(torch.optim.Optimizer, OptimizerAdapter)
-    register_trackable_adapter(torch.Tensor, TensorAdapter)
+    register_builtin_adapter(_is_state_dict_object, TorchStateDictTrackable)
+    register_builtin_adapter(torch.nn.Module, ModuleAdapter)
+    register_builtin_adapter(torch.optim.Optimizer, OptimizerAdapter)
+    register_builtin_adapter(torch.Tensor, TensorAdapter)
     _REGISTERED = True

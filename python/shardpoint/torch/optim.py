@@ -12,8 +12,11 @@ per-parameter state such as a Python ``int`` step, by parameter position).
 Restore works into a fresh optimizer (no state yet: slots are created from the checkpoint,
 on the parameter's device, ``step`` kept where torch keeps it), into one that has already
 stepped (state tensors are overwritten in place), and whether the optimizer is attached to the
-checkpoint before or after ``restore()`` (deferred restore). As in TensorFlow, slots are saved
-only for parameters reachable from the checkpoint's root (save the model with the optimizer).
+checkpoint before or after ``restore()`` (deferred restore). Slots can only be saved for
+parameters reachable from the checkpoint's root: unlike TensorFlow, which drops the others
+silently, a save whose optimizer holds state for an unreachable parameter raises
+``UnsaveableObjectError`` before anything is written (save the model with the optimizer, or
+wrap the optimizer in ``TorchStateDictTrackable`` to save its ``state_dict()`` on its own).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ class OptimizerAdapter(Trackable):
     """Trackable view of a ``torch.optim.Optimizer`` (slot protocol + hyperparameters)."""
 
     _sp_open_attributes = False
+    # per-parameter state is part of the optimizer's state: a save that cannot place a slot
+    # under its parameter raises instead of dropping it (see naming._add_slots)
+    _sp_slots_required = True
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -94,6 +100,14 @@ class OptimizerAdapter(Trackable):
             if any(p is param for p in group["params"]):
                 return group
         return None
+
+    def _sp_describe_variable(self, variable: Any) -> str:
+        """How a save error names a parameter: its position in the optimizer and its shape."""
+        param = getattr(variable, "tensor", variable)
+        for i, p in enumerate(self._params()):
+            if p is param:
+                return f"parameter {i} of shape {tuple(p.shape)}"
+        return f"a tensor of shape {tuple(getattr(param, 'shape', ()))}"
 
     # -- values: hyperparameters and non-tensor per-parameter state --------------------------------
     def _sp_check_saveable(self) -> None:
