@@ -18,7 +18,16 @@ if _TESTS not in sys.path:
 # `make test` sets SHARDPOINT_REQUIRE_OPTIONAL=1: there the optional integrations (torch, jax,
 # orbax, huggingface_hub, safetensors, moto) are installed by the Makefile and their tests must
 # run, so a missing one fails the run here instead of being skipped by an importorskip.
-_REQUIRED_IN_CI = ("torch", "jax", "orbax.checkpoint", "huggingface_hub", "safetensors", "moto")
+_REQUIRED_IN_CI = (
+    "torch",
+    "jax",
+    "orbax.checkpoint",
+    "huggingface_hub",
+    "safetensors",
+    "moto",
+    # the trainer integrations' frameworks (tests/integrations)
+    "lightning",
+)
 
 
 def pytest_sessionstart(session: object) -> None:

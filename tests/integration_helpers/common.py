@@ -1,0 +1,158 @@
+"""Shared pieces of the trainer-integration tests: digests, the no-pickle check, the child
+runner and the mid-save kill hook."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: file suffixes of pickles (torch.save's .pt/.pth/.bin, pickle's .pkl): none may be written
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth")
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def digest(named: Any) -> str:
+    """sha256 over ``(name, bytes)`` of a state dict's tensors, in name order."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(named.items()):
+        if isinstance(t, torch.Tensor):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def hexes(losses: list[float]) -> list[str]:
+    """Losses as exact hex floats (bit-identical comparison through JSON)."""
+    return [float(x).hex() for x in losses]
+
+
+def pickles_under(root: str | os.PathLike[str]) -> list[str]:
+    """Every file under ``root`` whose suffix is a pickle's."""
+    return sorted(
+        str(p) for p in Path(root).rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES
+    )
+
+
+def run_child(module: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python -m integration_helpers.<module> args...``; its last stdout line is JSON."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", f"integration_helpers.{module}", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child {module} {args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n"
+            f"{proc.stderr[-3000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_child_killed(module: str, *args: str, kill_at_save: int) -> subprocess.CompletedProcess:
+    """Run the child with the mid-save kill hook armed: it SIGKILLs itself while writing the
+    data of its ``kill_at_save``-th shardpoint save (after data was written, before the
+    index commit). Returns the finished process (killed: returncode -9)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    full_env["SP_TEST_KILL_AT_SAVE"] = str(kill_at_save)
+    return subprocess.run(
+        [sys.executable, "-m", f"integration_helpers.{module}", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
+
+
+def arm_kill_hook() -> None:
+    """In a child: when ``SP_TEST_KILL_AT_SAVE=n``, SIGKILL this process during the n-th
+    blocking shardpoint save, at its first progress report from the Rust writer (data being
+    written, index not yet committed). Test-only monkeypatching, as in reliability_helpers."""
+    at = int(os.environ.get("SP_TEST_KILL_AT_SAVE", "0"))
+    if not at:
+        return
+    import shardpoint.files as files
+
+    count = {"saves": 0}
+
+    class KillBar:
+        def __init__(self, total: float | None, desc: str, **_: Any) -> None:
+            count["saves"] += 1
+            self.armed = count["saves"] == at
+
+        def update(self, n: float) -> None:
+            if self.armed:
+                print("SELFKILL mid-save", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def close(self) -> None:
+            pass
+
+    files.wanted = lambda progress: True  # type: ignore[assignment]
+    files.progress_bar = KillBar  # type: ignore[assignment]
+
+
+def bits(t: Any) -> bytes:
+    """A tensor's bytes (bit-for-bit comparison, NaN payloads and -0.0 included)."""
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same_tree(a: Any, b: Any, path: str = "", roots: tuple[str, str] = ("", "")) -> None:
+    """Nested equality of two checkpoint trees, tensors bit for bit; dict keys compare as
+    strings; strings compare with their run directories (``roots``) cut out (trainers record
+    their checkpoint paths)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), (path, type(b))
+        assert a.dtype == b.dtype and a.shape == b.shape, (path, a.dtype, b.dtype)
+        assert bits(a) == bits(b), path
+    elif isinstance(a, dict):
+        assert sorted(map(str, a)) == sorted(map(str, b)), (path, sorted(map(str, a)))
+        bb = {str(k): v for k, v in b.items()}
+        for k, v in a.items():
+            assert_same_tree(v, bb[str(k)], f"{path}/{k}", roots)
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_tree(x, y, f"{path}/{i}", roots)
+    elif isinstance(a, str) and roots[0]:
+        assert a.replace(roots[0], "") == b.replace(roots[1], ""), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def damage_value(prefix: str, key: str) -> Path:
+    """Flip one byte inside the stored bytes of ``key`` in its shard file; returns the file."""
+    import shardpoint as sp
+
+    with sp.open(prefix) as r:
+        info = r.info(key)
+    (shard,) = [
+        p
+        for p in Path(prefix).parent.glob(Path(prefix).name + ".data-*")
+        if p.name.split(".data-")[1].startswith(f"{info.shard:05d}")
+    ]
+    raw = bytearray(shard.read_bytes())
+    raw[info.offset + info.stored_bytes // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    return shard
