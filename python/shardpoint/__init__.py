@@ -103,6 +103,9 @@ _declare_in_place_reader("shardpoint.convert.hf", "is_hf_path", "HFReader")
 # order, and ``import shardpoint`` alone never imports torch. Declared here, where both layers
 # are known.
 _declare_adapter_module("torch", "shardpoint.torch")
+# Once keras is imported, likewise shardpoint.keras (Keras 3, any backend); declared after torch so
+# that on the torch backend (a Keras layer is also a torch module) the Keras adapters win.
+_declare_adapter_module("keras", "shardpoint.keras")
 
 __all__ += [
     "Checkpoint",

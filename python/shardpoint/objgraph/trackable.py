@@ -178,9 +178,28 @@ class Trackable:
         """Restore ``child`` (and its subtree) from every restore waiting on ``name``,
         newest first (:mod:`~shardpoint.objgraph.restore_order`: the restore called last
         wins whatever order objects are attached in)."""
-        positions = self._sp_state().deferred.pop(name, None)
+        deferred = self._sp_state().deferred
+        positions = deferred.pop(name, None)
+        if positions is None:
+            alias = private_alias(name)
+            if alias is not None:
+                positions = deferred.pop(alias, None)
         for position in newest_first(positions or ()):
             position.bind_and_restore(child)
+
+
+def private_alias(name: str) -> str | None:
+    """The other spelling of a Keras 3 weight name: Keras 3 keeps a layer's weight in a private
+    attribute behind a public property (``Dense._kernel`` behind ``kernel``), so TensorFlow and
+    shardpoint save ``l1/_kernel`` where the TF guide's stand-in objects attach ``kernel``.
+    A restore waiting for ``_kernel`` is satisfied by a dependency attached as ``kernel`` (and
+    the reverse) when nothing waits for the exact name; None for names without such a twin."""
+    if not name or name.isdigit():
+        return None
+    if name.startswith("_"):
+        rest = name[1:]
+        return rest if rest and not rest.startswith("_") else None
+    return "_" + name
 
 
 class NoDependency:

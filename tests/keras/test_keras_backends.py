@@ -1,0 +1,88 @@
+"""Keras 3 integration tests, one subprocess per Keras backend.
+
+Keras reads ``KERAS_BACKEND`` once, at import, so each backend runs the case files
+(``keras_*_cases.py``, not collected directly) in its own ``pytest`` subprocess: JAX and PyTorch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import shardpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = sorted(
+    os.path.join(HERE, name)
+    for name in os.listdir(HERE)
+    if name.startswith("keras_") and name.endswith("_cases.py")
+)
+BACKEND_MODULES = {"jax": "jax", "torch": "torch"}
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        if os.environ.get("SHARDPOINT_REQUIRE_OPTIONAL") == "1":
+            pytest.fail(f"SHARDPOINT_REQUIRE_OPTIONAL=1 but {module} is not installed")
+        pytest.skip(f"{module} is not installed")
+
+
+def _start(backend: str, basetemp: str) -> subprocess.Popen:
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(shardpoint.__file__)))
+    env = dict(os.environ)
+    env["KERAS_BACKEND"] = backend
+    env["PYTHONPATH"] = os.pathsep.join([package_root, HERE, env.get("PYTHONPATH", "")])
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore"]
+    command += ["--basetemp", basetemp, "--rootdir", HERE, *CASES]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def backend_runs(tmp_path_factory):
+    """Both backends' subprocesses, started together (they are mostly single-threaded)."""
+    _require("keras")
+    runs = {}
+    for backend, module in sorted(BACKEND_MODULES.items()):
+        if importlib.util.find_spec(module) is not None:
+            runs[backend] = _start(backend, str(tmp_path_factory.mktemp(f"keras_{backend}")))
+    yield runs
+    for proc in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("backend", sorted(BACKEND_MODULES))
+def test_keras_cases_on_backend(backend, backend_runs):
+    _require(BACKEND_MODULES[backend])
+    proc = backend_runs[backend]
+    try:
+        output, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+    tail = output[-6000:]
+    assert proc.returncode == 0, f"Keras cases failed on the {backend} backend:\n{tail}"
+    assert " passed" in output and "skipped" not in output, tail
+
+
+def test_import_shardpoint_does_not_import_keras():
+    """keras is an extra: ``import shardpoint`` neither needs nor imports it."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(shardpoint.__file__)))
+    code = "import sys, shardpoint; assert 'keras' not in sys.modules, 'keras imported'"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": package_root},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
