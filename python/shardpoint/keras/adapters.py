@@ -373,6 +373,6 @@ def register() -> None:
         from ..torch import adapters as _torch_adapters
 
         _torch_adapters.register()
-    register_trackable_adapter(keras.Variable, KerasVariableAdapter)
-    register_trackable_adapter((keras.layers.Layer, keras.optimizers.Optimizer), KerasObjectAdapter)
+    register_builtin_adapter(keras.Variable, KerasVariableAdapter)
+    register_builtin_adapter((keras.layers.Layer, keras.optimizers.Optimizer), KerasObjectAdapter)
     _REGISTERED = True
