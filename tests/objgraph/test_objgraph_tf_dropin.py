@@ -129,25 +129,55 @@ def test_restore_closes_files_and_mappings_when_done(tmp_path):
     assert _handles(tmp_path) == (0, 0) and values[0, 0] == 2.0
 
 
-def test_deferred_restore_keeps_the_reader_until_the_value_is_claimed(tmp_path):
+def test_deferred_restore_keeps_no_file_open(tmp_path):
+    """TensorFlow's test_ckpt_files_closed_after_restoration: values waiting for objects that
+    do not exist yet do not hold the checkpoint's files; attaching an object reopens it for the
+    time of that restore only."""
     path = Checkpoint(model=Net(3.0)).save(str(tmp_path / "ck"))
     holder = Module()
     status = Checkpoint(model=holder).restore(path)
-    assert _handles(tmp_path)[0] > 0  # w and b wait for their objects: the reader is needed
+    assert _handles(tmp_path) == (0, 0)  # w and b wait for their objects, nothing is open
     holder.w = Variable(np.zeros((4, 3), np.float32))
-    assert _handles(tmp_path)[0] > 0  # b still waits
+    assert _handles(tmp_path) == (0, 0)  # b still waits
+    assert holder.w.numpy()[0, 0] == 3.0
     holder.b = Variable(np.zeros((3,), np.float32))
-    assert _handles(tmp_path) == (0, 0)  # all claimed: closed, status still alive
-    assert holder.w.numpy()[0, 0] == 3.0 and holder.b.numpy()[0] == 3.0
+    assert _handles(tmp_path) == (0, 0)
+    assert holder.b.numpy()[0] == 3.0
     status.assert_existing_objects_matched()
 
 
-def test_unfinished_restore_closes_when_garbage_collected(tmp_path):
+def test_deferred_values_follow_the_checkpoint_files(tmp_path):
+    """Nothing is kept open, so the files of a pending restore can be removed or replaced: a
+    removed checkpoint raises NotFoundError when the value is claimed, a checkpoint written
+    over at the same path raises instead of restoring another save's values."""
+    path = Checkpoint(model=Net(3.0)).write(str(tmp_path / "ck"))
+    holder = Module()
+    Checkpoint(model=holder).restore(path).expect_partial()
+    sp.remove(path)  # possible at once: no descriptor holds it
+    with pytest.raises(sp.NotFoundError):
+        holder.w = Variable(np.zeros((4, 3), np.float32))
+
+    path = Checkpoint(model=Net(3.0)).write(str(tmp_path / "ck2"))
+    holder = Module()
+    Checkpoint(model=holder).restore(path).expect_partial()
+    Checkpoint(model=Net(4.0)).write(path)  # another save at the same prefix
+    with pytest.raises(sp.CorruptCheckpointError, match="was replaced since restore"):
+        holder.w = Variable(np.zeros((4, 3), np.float32))
+
+    path = Checkpoint(model=Net(3.0)).write(str(tmp_path / "ck3"))
+    holder = Module()
+    Checkpoint(model=holder).restore(path).expect_partial()
+    Checkpoint(model=Net(3.0)).write(path)  # written again with the same values: still fine
+    holder.w = Variable(np.zeros((4, 3), np.float32))
+    assert holder.w.numpy()[0, 0] == 3.0
+
+
+def test_unfinished_restore_holds_nothing_open(tmp_path):
     path = Checkpoint(model=Net(3.0)).save(str(tmp_path / "ck"))
     holder = Module()
     status = Checkpoint(model=holder).restore(path)
     status.expect_partial()
-    assert _handles(tmp_path)[0] > 0
+    assert _handles(tmp_path) == (0, 0)
     del status, holder
     assert _handles(tmp_path) == (0, 0)
 

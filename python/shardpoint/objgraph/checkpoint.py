@@ -335,7 +335,9 @@ class Checkpoint(Module):
             finally:
                 reader.close()  # no deferred restore in this mode: done with the files
         document = parse_object_graph(reader[OBJECT_GRAPH_KEY])
-        coordinator = RestoreCoordinator(reader, document, path, self, storage_io.open_reader)
+        coordinator = RestoreCoordinator(
+            reader, document, path, self, lambda p: storage_io.open_reader(p, verify)
+        )
         status = CheckpointLoadStatus(coordinator, self)
         coordinator.bind_and_restore(0, self)
         return status

@@ -8,12 +8,17 @@ its live parent (``_sp_defer``) and restored, with its whole subtree, the moment
 that name is attached. Each coordinator has a uid from a global counter; an object remembers the
 uid of the restore that last wrote it, so the restore *called* last wins (RES-05).
 
-The coordinator closes its reader (files and mappings) as soon as every value of the checkpoint
-has a live object and every slot is restored; while some value still waits for its object
-(deferred restore) it keeps the reader open, until that happens or the coordinator (the status
-object and the parked positions) is garbage-collected. A value needed after the reader was
-closed (an object bound again after the first one died) reopens it. It references live objects only weakly (objects that cannot be weakly referenced, such as
-tuple wrappers, are held strongly).
+The coordinator never keeps the checkpoint's files open between calls: its reader is closed
+when the outermost ``bind_and_restore`` returns (the end of ``restore()``, or of a deferred
+restore run when a waiting object is attached), even while values still wait for their objects
+(TensorFlow's ``test_ckpt_files_closed_after_restoration``: the files of a restore can be
+deleted or replaced right after it, and a process restoring many checkpoints does not run out
+of descriptors). A value needed later reopens the checkpoint by path, for the duration of that
+deferred restore. Before closing, the crc32c of every value still waiting is recorded (and of
+every value read); a value whose crc32c differs after a reopen (the checkpoint was replaced at
+the same path meanwhile) raises ``CorruptCheckpointError`` instead of restoring data from
+another save. It references live objects only weakly (objects that cannot be weakly
+referenced, such as tuple wrappers, are held strongly).
 """
 
 from __future__ import annotations
@@ -121,10 +126,12 @@ class RestoreCoordinator:
                 self.slots_by_node.setdefault(opt_node, []).append(sr)
                 self.slots_by_node.setdefault(sr.variable_node, []).append(sr)
         self.paths = self._display_paths()
-        # what still needs the reader: valued nodes never bound, slots not restored
+        # what still needs a value: valued nodes never bound, slots not restored
         self._waiting_nodes = len(self.unresolved_nodes())
+        # key -> crc32c when first seen: a reopened checkpoint must still hold those bytes
+        self._crcs: dict[str, int] = {}
 
-    # -- the reader: closed once nothing waits for a value ------------------------------------------
+    # -- the reader: open only inside a restore call ------------------------------------------
     @property
     def reader(self) -> Any:
         if self._reader is None:
@@ -140,10 +147,48 @@ class RestoreCoordinator:
             close()
 
     def release_if_done(self) -> None:
-        """Close the reader when no value can be asked for any more (bug: a restore kept the
-        data files open as long as its status object lived)."""
-        if self._depth == 0 and self._waiting_nodes == 0 and not self.pending_slots():
+        """Close the reader unless a restore call is running (bug: a restore kept its files
+        open as long as its status object lived; then, as long as a value waited for its
+        object). The crc32c of every value still waiting is recorded first, so a reopen can
+        tell the same checkpoint from one written over it."""
+        if self._depth != 0 or self._reader is None:
+            return
+        try:
+            if self._waiting_nodes or self.pending_slots():
+                self._record_pending_crcs()
+        finally:
             self._close_reader()
+
+    def _pending_keys(self) -> list[str]:
+        nodes = self.unresolved_nodes() + [sr.slot_node for sr in self.pending_slots()]
+        return [a["key"] for n in nodes for a in self.nodes[n].get("attributes", [])]
+
+    def _record_pending_crcs(self) -> None:
+        for key in self._pending_keys():
+            if key not in self._crcs:
+                crc = getattr(self._info(key), "crc32c", None)
+                if crc is not None:
+                    self._crcs[key] = crc
+
+    def _info(self, key: str) -> Any:
+        try:
+            info = self.reader.info(key)
+        except KeyError as exc:
+            raise CorruptCheckpointError(
+                f"the object graph of {self.save_path} names key {key!r} but the checkpoint has "
+                "no such entry"
+            ) from exc
+        crc = getattr(info, "crc32c", None)
+        if crc is not None:
+            seen = self._crcs.setdefault(key, crc)
+            if seen != crc:
+                raise CorruptCheckpointError(
+                    f"the checkpoint at {self.save_path} was replaced since restore() was called: "
+                    f"key {key!r} now has crc32c {crc:#010x}, not {seen:#010x}. Values still "
+                    "waiting for their objects are not restored from another save; restore() "
+                    "again from the checkpoint you mean."
+                )
+        return info
 
     # -- naming for messages -------------------------------------------------------------------
     def _display_paths(self) -> list[str]:
@@ -233,13 +278,7 @@ class RestoreCoordinator:
 
     def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
         """Check shape/dtype against the index (cheap), then read the value (lazy)."""
-        try:
-            info = self.reader.info(key)
-        except KeyError as exc:
-            raise CorruptCheckpointError(
-                f"the object graph of {self.save_path} names key {key!r} but the checkpoint has "
-                "no such entry"
-            ) from exc
+        info = self._info(key)
         if dtype is not None:
             kind = getattr(info, "kind", "tensor")
             if kind != "tensor":
@@ -321,8 +360,11 @@ class RestoreCoordinator:
             return None
         if attributes[0]["name"] != attribute:
             return None
-        value = self._read_checked(attributes[0]["key"], shape, dtype.name, None, node)
-        return np.array(value)
+        try:
+            value = self._read_checked(attributes[0]["key"], shape, dtype.name, None, node)
+            return np.array(value)
+        finally:
+            self.release_if_done()  # called from outside a restore call (add_variable)
 
     # -- status support --------------------------------------------------------------------------
     def unresolved_nodes(self) -> list[int]:

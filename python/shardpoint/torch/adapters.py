@@ -18,6 +18,7 @@ Optimizers are in :mod:`.optim`. :func:`register` installs all of them (done on 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,19 +94,34 @@ class ModuleAdapter(Trackable):
     ``sp.Variable`` step counter) are dependencies too. Child adapters are held strongly here:
     the restore machinery references bound objects weakly, and deferred restores are parked on
     the adapters, so they must live as long as the module's adapter.
+
+    The module is held weakly. While a restore is parked here, the module holds this adapter
+    (through its forward pre-hook), so the adapter lives exactly as long as the module; a strong
+    reference back would make a cycle that keeps the module, its parameters and the parked
+    values alive after the user dropped the module, until the cyclic garbage collector runs
+    (TensorFlow's ``test_weakref_root``).
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
+        self._module_ref = weakref.ref(module)
         self._held: dict[str, Trackable] = {}
         self._hook: Any = None
 
     @property
+    def module(self) -> torch.nn.Module:
+        """The adapted module (raises ReferenceError once it was garbage-collected)."""
+        module = self._module_ref()
+        if module is None:
+            raise ReferenceError("the nn.Module of this ModuleAdapter was garbage-collected")
+        return module
+
+    @property
     def name(self) -> str:
-        return type(self.module).__name__
+        module = self._module_ref()
+        return "" if module is None else type(module).__name__
 
     def __repr__(self) -> str:
-        return f"<ModuleAdapter {type(self.module).__name__}>"
+        return f"<ModuleAdapter {self.name or '(collected)'}>"
 
     def _live(self) -> dict[str, Any]:
         m = self.module
