@@ -76,3 +76,44 @@ def test_deferred_restore_into_lazy_module_keeps_no_file_open(tmp_path):
         assert torch.equal(a, b)
     status.assert_consumed()
     assert isinstance(sp.objgraph.trackable.as_trackable(model), spt.ModuleAdapter)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(2, 2, bias=False)
+        self.b = nn.Linear(2, 2, bias=False)
+        self.b.weight = self.a.weight  # one parameter, two names
+
+
+def test_load_model_refuses_two_different_values_for_one_tied_parameter(tmp_path):
+    """safetensors.torch.load_model raises for the same file (strict); torch's
+    load_state_dict would silently keep the value it copies last."""
+    st = pytest.importorskip("safetensors.torch")
+    first, second = torch.ones(2, 2), torch.full((2, 2), 2.0)
+    spt.save({"a.weight": first, "b.weight": second}, tmp_path / "ck")
+    st.save_file({"a.weight": first, "b.weight": second}, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "b.weight"'):
+        st.load_model(Tied(), str(tmp_path / "ck.safetensors"))  # the peer's behaviour
+    model = Tied()
+    before = model.a.weight.detach().clone()
+    for load in (spt.load_model, spt.load_into):
+        with pytest.raises(spt.TiedWeightsConflictError) as info:
+            load(model, tmp_path / "ck")
+        assert isinstance(info.value, RuntimeError) and isinstance(info.value, sp.CheckpointError)
+        assert 'Unexpected key(s) in state_dict: "b.weight"' in str(info.value)
+        assert '"a.weight" and "b.weight"' in str(info.value)
+        assert torch.equal(model.a.weight, before)  # nothing was loaded
+    for load in (spt.load_model, spt.load_into):
+        model = Tied()
+        assert load(model, tmp_path / "ck", strict=False) == ([], ["b.weight"])
+        assert torch.equal(model.a.weight, first) and model.b.weight is model.a.weight
+
+
+def test_load_model_accepts_equal_values_for_one_tied_parameter(tmp_path):
+    weight = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    spt.save({"a.weight": weight, "b.weight": weight.clone()}, tmp_path / "ck")
+    for load in (spt.load_model, spt.load_into):
+        model = Tied()
+        assert load(model, tmp_path / "ck") == ([], [])
+        assert torch.equal(model.a.weight, weight) and model.b.weight is model.a.weight

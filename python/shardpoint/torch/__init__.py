@@ -28,7 +28,7 @@ from .adapters import (
     run_deferred_restores,
 )
 from .inplace import load_into
-from .models import IncompatibleKeys, load_model, save_model
+from .models import IncompatibleKeys, TiedWeightsConflictError, load_model, save_model
 from .optim import OptimizerAdapter
 from .tensors import format_dtype, load, numpy_to_tensor, save, tensor_to_numpy, torch_dtype
 
@@ -39,6 +39,7 @@ __all__ = [
     "load_model",
     "load_into",
     "IncompatibleKeys",
+    "TiedWeightsConflictError",
     "tensor_to_numpy",
     "numpy_to_tensor",
     "format_dtype",

@@ -23,7 +23,13 @@ import torch
 
 from .. import files
 from ..errors import UnsupportedDTypeError
-from .models import IncompatibleKeys, _tied_groups
+from .models import (
+    IncompatibleKeys,
+    TiedWeightsConflictError,
+    _tied_groups,
+    same_values,
+    tied_conflict_message,
+)
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_section
 
 __all__ = ["load_into"]
@@ -67,7 +73,9 @@ def load_into(
     CPU, contiguous tensors whose dtype is the stored one are decoded into directly, in
     parallel; the others (other devices, other layouts, other dtypes) get the value through
     ``Tensor.copy_``, which casts as ``load_state_dict`` does. Tied names (one storage, same
-    view) are loaded once, and a name tied to one the checkpoint has is not missing. Shapes
+    view) are loaded once, and a name tied to one the checkpoint has is not missing; two
+    different stored values for one tied group raise :class:`TiedWeightsConflictError`
+    (``strict=False``: the first is loaded, the others are reported unexpected). Shapes
     are checked (``RuntimeError``, torch's "size mismatch" sentence) and missing/unexpected
     names reported before any tensor is written; a checksum error while decoding leaves some
     tensors with new values and others with old ones.
@@ -90,15 +98,31 @@ def load_into(
                 return str(aliases[n]["of"])
             return None
 
-        # Tied names: the first one with a source loads, the others share its memory.
+        # Tied names: the first one with a source loads, the others share its memory; a
+        # follower stored with a different value is a conflict (one tensor, two values), read
+        # and compared before anything is written (stores that keep one name, or an alias,
+        # cost nothing here).
         follower: set[str] = set()
+        conflicts: list[tuple[str, str]] = []
         for group in _tied_groups(state):
             lead = next((n for n in group if source(n) is not None), None)
-            if lead is not None:
-                follower.update(n for n in group if n != lead)
+            if lead is None:
+                continue
+            follower.update(n for n in group if n != lead)
+            lead_src = str(source(lead))
+            for n in group:
+                src = source(n)
+                if n == lead or src is None or src == lead_src:
+                    continue
+                if not same_values(
+                    reader.get(lead_src, verify=verify), reader.get(src, verify=verify)
+                ):
+                    conflicts.append((lead, n))
+        if conflicts and strict:
+            raise TiedWeightsConflictError(tied_conflict_message(name, conflicts))
         plan = {n: source(n) for n in state if n not in follower}
         missing = [n for n, s in plan.items() if s is None]
-        unexpected = sorted((stored | set(aliases)) - set(state))
+        unexpected = sorted((stored | set(aliases)) - set(state)) + [n for _, n in conflicts]
         if strict and (missing or unexpected):
             msgs = []
             if missing:

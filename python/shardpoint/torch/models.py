@@ -6,7 +6,12 @@ Tied weights need no special saving here (``save`` stores an exact alias once an
 other name), so ``save_model`` is ``save`` of the model's state dict. ``load_model`` resolves
 tied names the other way: a model name tied to a name found in the checkpoint is not missing,
 so checkpoints that kept only one name of a tied group (safetensors' ``save_model`` output
-converted with ``shardpoint convert``, or a hand-pruned state dict) load completely.
+converted with ``shardpoint convert``, or a hand-pruned state dict) load completely. A
+checkpoint that holds *different* values under two names of one tied group cannot be loaded
+into it (one parameter, two values): like ``safetensors.torch.load_model`` it raises with
+``strict=True`` (:class:`TiedWeightsConflictError`, a ``RuntimeError``), and with
+``strict=False`` it reports the other names as unexpected and loads the first one; torch's
+``load_state_dict`` silently keeps whichever it copies last. Equal values load.
 """
 
 from __future__ import annotations
@@ -15,11 +20,18 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
+from ..errors import CheckpointError
 from .tensors import load, save
 
-__all__ = ["save_model", "load_model", "IncompatibleKeys"]
+__all__ = ["save_model", "load_model", "IncompatibleKeys", "TiedWeightsConflictError"]
+
+
+class TiedWeightsConflictError(CheckpointError, RuntimeError):
+    """The checkpoint holds different values for names that are one tensor in the model (tied
+    weights). A ``RuntimeError``, as ``safetensors.torch.load_model`` raises."""
 
 
 class IncompatibleKeys(NamedTuple):
@@ -66,6 +78,34 @@ def _tied_groups(state: Mapping[str, Any]) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
+def same_values(a: Any, b: Any) -> bool:
+    """Bitwise equality of two tensors (or two numpy arrays), dtype and shape included: the
+    values a parameter would receive (NaNs with the same bits are equal, ``-0.0`` and ``0.0``
+    are not)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        a_bytes = a.detach().contiguous().reshape(-1).view(torch.uint8)
+        b_bytes = b.detach().to(a.device).contiguous().reshape(-1).view(torch.uint8)
+        return bool(torch.equal(a_bytes, b_bytes))
+    x, y = np.asarray(a), np.asarray(b)
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    return bool(np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)))
+
+
+def tied_conflict_message(model_name: str, conflicts: list[tuple[str, str]]) -> str:
+    """safetensors' strict-load wording (the extra names are unexpected) plus why."""
+    extra = ", ".join(f'"{other}"' for _, other in conflicts)
+    pairs = "; ".join(f'"{lead}" and "{other}"' for lead, other in conflicts)
+    return (
+        f"Error(s) in loading state_dict for {model_name}:\n\tUnexpected key(s) in "
+        f"state_dict: {extra}. \n\tTied weights: {pairs} are one tensor in the model but the "
+        "checkpoint holds different values for them; keep one name in the checkpoint, untie "
+        "the parameters, or pass strict=False to load the first name's value."
+    )
+
+
 def load_model(
     model: torch.nn.Module,
     prefix: str | os.PathLike[str],
@@ -83,19 +123,33 @@ def load_model(
     Returns ``IncompatibleKeys(missing_keys, unexpected_keys)``: model names the checkpoint
     did not provide (names tied to a provided one excepted), and checkpoint names the model
     does not have. Shape mismatches raise ``RuntimeError`` from ``load_state_dict`` itself.
+
+    Raises:
+        TiedWeightsConflictError: (``strict=True``) two names of one tied group hold different
+            values in the checkpoint; nothing is loaded. With ``strict=False`` the first
+            name's value is loaded and the others are returned as unexpected.
     """
     dev = torch.device(f"cuda:{device}") if isinstance(device, int) else torch.device(device)
     loaded = load(prefix, dev)
     own = model.state_dict()
     state = dict(loaded)
+    conflicts: list[tuple[str, str]] = []
     for group in _tied_groups(own):
         present = [n for n in group if n in state]
         for name in group:
             if name not in state and present:
                 state[name] = state[present[0]]
+        for other in present[1:]:
+            if state[other] is not state[present[0]] and not same_values(
+                state[present[0]], state[other]
+            ):
+                conflicts.append((present[0], other))
+                state[other] = state[present[0]]
+    if conflicts and strict:
+        raise TiedWeightsConflictError(tied_conflict_message(model.__class__.__name__, conflicts))
     result = model.load_state_dict(state, strict=False)
     missing = list(result.missing_keys)
-    unexpected = list(result.unexpected_keys)
+    unexpected = list(result.unexpected_keys) + [other for _, other in conflicts]
     if strict and (missing or unexpected):
         msgs = []  # torch's order and wording (Module.load_state_dict)
         if missing:
