@@ -27,6 +27,7 @@ _REQUIRED_IN_CI = (
     "moto",
     # the trainer integrations' frameworks (tests/integrations)
     "lightning",
+    "transformers",
 )
 
 

@@ -1,0 +1,357 @@
+"""Hugging Face ``Trainer``: use :class:`ShardpointTrainer` where you used ``Trainer``.
+
+``ShardpointTrainer`` is ``Trainer`` with :class:`ShardpointTrainerMixin` in front; for your
+own ``Trainer`` subclass (or a library's, e.g. TRL's) use ``with_shardpoint(MyTrainer)``.
+
+Each ``checkpoint-N`` directory the Trainer writes holds ``config.json`` (and the tokenizer /
+processor files, the generation config), ``trainer_state.json`` and ``training_args.json`` as
+before, and one shardpoint checkpoint ``shardpoint.index`` + ``shardpoint.data-*`` with
+``model/...`` (the state dict), ``optimizer/...``, ``scheduler/...``, ``scaler/...`` and
+``rng/...`` (Python, numpy, torch CPU and CUDA generators): no ``model.safetensors``,
+``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` or ``training_args.bin`` (pickles).
+``resume_from_checkpoint=True``/a path, ``save_total_limit`` and ``load_best_model_at_end`` work
+as with ``Trainer`` (its own logic decides when to save, rotate and which checkpoint is best).
+:func:`from_pretrained` loads the model of a checkpoint (``AutoModel...from_pretrained`` with
+our weights); :func:`export_pretrained` writes a plain HF directory (safetensors).
+
+Why a mixin over the Trainer's save/load methods rather than a ``TrainerCallback``: callbacks
+only see a checkpoint after ``Trainer`` has written it (pickles included) and cannot take over
+loading, so a callback can at best convert and delete afterwards. The mixin overrides the
+leaf methods that write and read each part (``_save_checkpoint``'s parts, ``_load_*``), whose
+names and arguments have been stable across transformers 4.x and 5.x, and keeps everything
+that decides *when* (save steps, best-metric tracking, rotation, batch skipping on resume)
+in ``Trainer``. If a future version renames one of them, constructing the trainer raises an
+error naming it, instead of silently saving pickles. DeepSpeed, FSDP, XLA and SageMaker-MP
+runs, whose checkpoints those frameworks write themselves, fall back to ``Trainer``'s code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError
+from ._state import PendingSaves, capture_rng, load_tree, part_prefix, restore_rng, save_tree
+
+__all__ = [
+    "ShardpointTrainer",
+    "ShardpointTrainerMixin",
+    "with_shardpoint",
+    "from_pretrained",
+    "export_pretrained",
+    "load_checkpoint",
+    "last_complete_checkpoint",
+]
+
+if TYPE_CHECKING:
+    ShardpointTrainer: type  # built on first use (module __getattr__): it subclasses Trainer
+
+_PART = "shardpoint"
+_NAME = "hf_trainer"
+_ARGS_FILE = "training_args.json"
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+#: the Trainer methods the mixin overrides: each must exist on the Trainer it extends
+HOOKED = (
+    "_save_checkpoint",
+    "save_model",
+    "_save_optimizer_and_scheduler",
+    "_save_scaler",
+    "_save_rng_state",
+    "_load_from_checkpoint",
+    "_load_optimizer_and_scheduler",
+    "_load_scaler",
+    "_load_rng_state",
+    "_load_best_model",
+    "train",
+)
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            "shardpoint.integrations.hf_trainer needs transformers: "
+            "pip install 'shardpoint[transformers]'"
+        ) from exc
+    return transformers
+
+
+def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The saved parts of a checkpoint directory: ``{"model", "optimizer", "scheduler",
+    "scaler", "rng"}`` (those that were saved), tensors on the CPU."""
+    tree = load_tree(part_prefix(checkpoint_dir, _PART), integration=_NAME)
+    return dict(tree)
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The ``checkpoint-N`` directory with the highest N whose shardpoint part was committed
+    (``get_last_checkpoint`` without the directories a killed save left incomplete)."""
+    from .. import files
+
+    if not os.path.isdir(output_dir):
+        return None
+    found = []
+    for name in os.listdir(output_dir):
+        m = _CHECKPOINT_DIR.match(name)
+        path = os.path.join(output_dir, name)
+        if m and os.path.isdir(path) and files.exists(part_prefix(path, _PART)):
+            found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def _model_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    tree = load_checkpoint(checkpoint_dir)
+    if "model" not in tree:
+        raise CheckpointError(f"hf_trainer: checkpoint {os.fspath(checkpoint_dir)!r} has no model")
+    return dict(tree["model"])
+
+
+def from_pretrained(model_cls: Any, checkpoint_dir: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """``model_cls.from_pretrained`` for a checkpoint directory written by
+    :class:`ShardpointTrainer`: the config from its ``config.json``, the weights from our
+    checkpoint. ``model_cls`` is a model class or an ``AutoModel...`` class; ``kwargs`` go to
+    ``from_pretrained`` (``torch_dtype``, ``device_map``...)."""
+    transformers = _transformers()
+    config = kwargs.pop("config", None)
+    if config is None:
+        config = transformers.AutoConfig.from_pretrained(os.fspath(checkpoint_dir))
+    state = _model_state(checkpoint_dir)
+    if hasattr(model_cls, "_model_mapping"):  # an AutoModel... class: builds from a config
+        model = model_cls.from_config(config, **kwargs)
+        model.load_state_dict(state, strict=True)
+        return model.eval()  # as from_pretrained returns it
+    return model_cls.from_pretrained(None, config=config, state_dict=state, **kwargs)
+
+
+def export_pretrained(
+    checkpoint_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], **kwargs: Any
+) -> None:
+    """Write a plain Hugging Face model directory (``config.json`` + ``model.safetensors``,
+    sharded as ``save_pretrained`` shards) from a checkpoint directory; ``kwargs`` go to
+    ``save_pretrained`` (``max_shard_size``...)."""
+    transformers = _transformers()
+    config = transformers.AutoConfig.from_pretrained(os.fspath(checkpoint_dir))
+    model_cls = transformers.AutoModel
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch and hasattr(transformers, arch):
+        model_cls = getattr(transformers, arch)
+    model = from_pretrained(model_cls, checkpoint_dir, config=config)
+    model.save_pretrained(os.fspath(out_dir), **kwargs)
+
+
+class ShardpointTrainerMixin:
+    """Put in front of ``Trainer`` (or a subclass): checkpoints through shardpoint.
+
+    Extra keyword arguments of the trainer's constructor: ``shardpoint_blocking`` (default
+    True; ``False`` returns from a save once the state is snapshotted and writes it in the
+    background: resuming, loading the best model, the next save and the end of ``train``
+    wait for it), ``shardpoint_compression`` (``"zstd"``) and ``shardpoint_level``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sp_blocking = bool(kwargs.pop("shardpoint_blocking", True))
+        self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
+        self._sp_level = kwargs.pop("shardpoint_level", None)
+        self._sp_pending = PendingSaves()
+        self._sp_collect: dict[str, Any] | None = None
+        self._sp_loaded: dict[str, dict[str, Any]] = {}
+        base = type(self).__mro__
+        for name in HOOKED:
+            if not any(name in vars(c) for c in base if c is not ShardpointTrainerMixin):
+                raise CheckpointError(
+                    f"ShardpointTrainer: this transformers version's Trainer has no {name}(); "
+                    "shardpoint's Hugging Face integration does not support it yet"
+                )
+        super().__init__(*args, **kwargs)
+
+    # -- which runs we handle: the ones whose checkpoint Trainer writes with torch.save -------
+
+    def _sp_native(self) -> bool:
+        from transformers.utils import is_sagemaker_mp_enabled, is_torch_xla_available
+
+        t: Any = self
+        return bool(
+            t.is_deepspeed_enabled
+            or t.is_fsdp_enabled
+            or is_torch_xla_available()
+            or is_sagemaker_mp_enabled()
+        )
+
+    # -- save: the parts are collected, then written as one checkpoint --------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if self._sp_native():
+            return super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        # rotation (inside Trainer's _save_checkpoint) must not delete a checkpoint that is
+        # still being written in the background
+        self._sp_pending.wait()
+        self._sp_collect = {}
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            parts, self._sp_collect = self._sp_collect, None
+        finally:
+            self._sp_collect = None
+        t: Any = self
+        if not parts or not t.args.should_save:
+            return
+        output_dir = parts.pop("__dir__")
+        fut = save_tree(
+            parts,
+            part_prefix(output_dir, _PART),
+            integration=_NAME,
+            blocking=self._sp_blocking,
+            compression=self._sp_compression,
+            level=self._sp_level,
+        )
+        if fut is not None:
+            self._sp_pending.add(output_dir, fut)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if self._sp_collect is None or not _internal_call:
+            # a user's save_model(): a plain Hugging Face directory, as Trainer writes it
+            return super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+        t: Any = self
+        output_dir = output_dir if output_dir is not None else t.args.output_dir
+        assert output_dir is not None
+        self._sp_collect["__dir__"] = output_dir
+        if not t.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        model = t.accelerator.unwrap_model(t.model, keep_torch_compile=False)
+        self._sp_collect["model"] = model.state_dict()
+        if getattr(model, "config", None) is not None and hasattr(model, "save_pretrained"):
+            # as save_pretrained does: the class that loads these weights (export_pretrained)
+            model.config.architectures = [type(model).__name__]
+            model.config.save_pretrained(output_dir)
+            gen = getattr(model, "generation_config", None)
+            if gen is not None and getattr(model, "can_generate", lambda: False)():
+                gen.save_pretrained(output_dir)
+        if getattr(t, "processing_class", None) is not None:
+            t.processing_class.save_pretrained(output_dir)
+        with open(os.path.join(output_dir, _ARGS_FILE), "w", encoding="utf-8") as f:
+            f.write(t.args.to_json_string())
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self._sp_collect is None:
+            return super()._save_optimizer_and_scheduler(output_dir)  # type: ignore[misc]
+        t: Any = self
+        if t.optimizer is not None:
+            self._sp_collect["optimizer"] = t.optimizer.state_dict()
+        if t.lr_scheduler is not None:
+            self._sp_collect["scheduler"] = t.lr_scheduler.state_dict()
+
+    def _save_scaler(self, output_dir: str) -> None:
+        if self._sp_collect is None:
+            return super()._save_scaler(output_dir)  # type: ignore[misc]
+        scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
+        if scaler is not None:
+            self._sp_collect["scaler"] = scaler.state_dict()
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        if self._sp_collect is None:
+            return super()._save_rng_state(output_dir)  # type: ignore[misc]
+        self._sp_collect["rng"] = capture_rng()
+
+    # -- load ---------------------------------------------------------------------------------
+
+    def _sp_has(self, checkpoint: str | None) -> bool:
+        from .. import files
+
+        # ours: our index, or our training_args.json (an index missing beside it is then
+        # reported as such, not as a missing model.safetensors)
+        return (
+            checkpoint is not None
+            and not self._sp_native()
+            and (
+                files.exists(part_prefix(checkpoint, _PART))
+                or os.path.exists(os.path.join(checkpoint, _ARGS_FILE))
+            )
+        )
+
+    def _sp_part(self, checkpoint: str, name: str) -> Any:
+        self._sp_pending.wait()
+        key = os.path.abspath(checkpoint)
+        if key not in self._sp_loaded:
+            self._sp_loaded = {key: load_checkpoint(checkpoint)}  # one checkpoint cached
+        return self._sp_loaded[key].get(name)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
+        t: Any = self
+        if resume_from_checkpoint is True and not self._sp_native():
+            resume_from_checkpoint = last_complete_checkpoint(t.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No valid checkpoint found in output directory ({t.args.output_dir}): no "
+                    "checkpoint-N directory there holds a committed shardpoint checkpoint"
+                )
+        try:
+            return super().train(resume_from_checkpoint, *args, **kw)  # type: ignore[misc]
+        finally:
+            self._sp_loaded = {}
+            self._sp_pending.wait()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if not self._sp_has(resume_from_checkpoint):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+        t: Any = self
+        state = self._sp_part(resume_from_checkpoint, "model")
+        if state is None:
+            raise CheckpointError(f"hf_trainer: {resume_from_checkpoint!r} holds no model")
+        (model if model is not None else t.model).load_state_dict(state, strict=True)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if not self._sp_has(checkpoint):
+            return super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+        assert checkpoint is not None
+        t: Any = self
+        opt = self._sp_part(checkpoint, "optimizer")
+        if opt is not None:
+            t.optimizer.load_state_dict(opt)
+        sched = self._sp_part(checkpoint, "scheduler")
+        if sched is not None:
+            t.lr_scheduler.load_state_dict(sched)
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        if not self._sp_has(checkpoint):
+            return super()._load_scaler(checkpoint)  # type: ignore[misc]
+        assert checkpoint is not None
+        state = self._sp_part(checkpoint, "scaler")
+        scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
+        if state is not None and scaler is not None:
+            scaler.load_state_dict(state)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if not self._sp_has(checkpoint):
+            return super()._load_rng_state(checkpoint)  # type: ignore[misc]
+        assert checkpoint is not None
+        state = self._sp_part(checkpoint, "rng")
+        if state is not None:
+            restore_rng(state)
+
+    def _load_best_model(self) -> None:
+        t: Any = self
+        best = t.state.best_model_checkpoint
+        if not self._sp_has(best):
+            return super()._load_best_model()  # type: ignore[misc]
+        self._sp_pending.wait()
+        t.model.load_state_dict(_model_state(best), strict=True)
+
+
+def with_shardpoint(trainer_cls: type) -> type:
+    """``trainer_cls`` (``Trainer`` or a subclass) saving and resuming through shardpoint."""
+    return type(
+        trainer_cls.__name__.join(["Shardpoint", ""]), (ShardpointTrainerMixin, trainer_cls), {}
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name != "ShardpointTrainer":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = with_shardpoint(_transformers().Trainer)
+    cls.__doc__ = "``transformers.Trainer`` saving and resuming through shardpoint (module doc)."
+    cls.__module__ = __name__
+    globals()[name] = cls
+    return cls

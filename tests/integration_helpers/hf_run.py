@@ -1,0 +1,125 @@
+"""A tiny Hugging Face Trainer run (GPT-2 from a config, dropout on), in-process or as a child:
+
+    python -m integration_helpers.hf_run KIND OUT MAX_STEPS [RESUME] [; KIND OUT ...]
+
+KIND is ``shardpoint``, ``shardpoint-async`` or ``native``; checkpoints every 3 steps under
+OUT; RESUME is a checkpoint directory or ``true`` (the last one). Prints one JSON line: per
+run, the per-step losses (hex floats) and a digest of the final parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from integration_helpers.common import arm_kill_hook, digest, hexes
+
+SAVE_STEPS = 3
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def make_model() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.1,
+        embd_pdrop=0.1,
+        attn_pdrop=0.1,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+def dataset(n: int = 40) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 64, (n, 16), generator=g)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def recording_trainer() -> type:
+    from transformers import Trainer
+
+    class Recording(Trainer):
+        """Records every micro-batch loss exactly (logged losses are rounded)."""
+
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            out = super().compute_loss(model, inputs, *args, **kwargs)
+            loss = out[0] if isinstance(out, tuple) else out
+            if model.training:
+                self.recorded.append(loss.item())
+            return out
+
+    return Recording
+
+
+def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
+    from transformers import TrainingArguments
+
+    from shardpoint.integrations.hf_trainer import with_shardpoint
+
+    args = TrainingArguments(
+        output_dir=out,
+        max_steps=max_steps,
+        save_steps=SAVE_STEPS,
+        save_strategy="steps",
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        warmup_steps=2,
+        logging_steps=1,
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+    cls = recording_trainer()
+    kw: dict[str, Any] = {}
+    if kind != "native":
+        cls = with_shardpoint(cls)
+        kw["shardpoint_blocking"] = kind != "shardpoint-async"
+    if "eval_strategy" in extra:
+        kw["eval_dataset"] = dataset(8)
+    trainer = cls(model=make_model(), args=args, train_dataset=dataset(), **kw)
+    trainer.recorded = []
+    return trainer
+
+
+def train(kind: str, out: str, max_steps: int, resume: Any = None, **extra: Any) -> dict[str, Any]:
+    trainer = build(kind, out, max_steps, **extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(resume_from_checkpoint=resume)
+    return {
+        "losses": hexes(trainer.recorded),
+        "digest": digest(trainer.model.state_dict()),
+        "global_step": trainer.state.global_step,
+    }
+
+
+def main(argv: list[str]) -> None:
+    arm_kill_hook()
+    results = []
+    job: list[str] = []
+    for arg in [*argv, ";"]:
+        if arg != ";":
+            job.append(arg)
+            continue
+        resume: Any = job[3] if len(job) > 3 else None
+        results.append(train(job[0], job[1], int(job[2]), True if resume == "true" else resume))
+        job = []
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
