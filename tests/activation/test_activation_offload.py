@@ -309,3 +309,61 @@ def test_modifying_a_clone_or_after_backward_does_not_raise(tmp_path):
     out.sum().backward()
     h.mul_(2)  # after backward nothing needs it any more
     assert all(torch.equal(a, b) for a, b in zip(grads_of(model), expected, strict=True))
+
+
+# --- the single-checkpoint function (issue 22) -----------------------------------------------
+
+
+@pytest.mark.parametrize("offload", ["disk", "cpu"])
+def test_single_checkpoint_offload_bitwise_grads(tmp_path, offload):
+    """checkpoint(fn, *args, offload=...) as checkpoint_sequential: the input it keeps goes
+    to disk (one file, read back in backward) and gradients are bitwise those without
+    checkpointing, keyword arguments and dropout included."""
+    from shardpoint.activation import checkpoint
+
+    model = mlp()[:3]
+    x = torch.randn(512, 64)
+    scale = torch.tensor(0.5)
+
+    def body(h, *, factor):
+        return model[1:](h) * factor
+
+    model.zero_grad()
+    torch.manual_seed(7)
+    body(model[0](x), factor=scale).sum().backward()
+    expected = grads_of(model)
+
+    model.zero_grad()
+    torch.manual_seed(7)
+    out = checkpoint(
+        body,
+        model[0](x),
+        factor=scale,
+        offload=offload,
+        offload_dir=tmp_path,
+        offload_compression="none" if offload == "disk" else "auto",
+    )
+    if offload == "disk":
+        (scratch,) = os.listdir(tmp_path)
+        names = wait_for_indexes(tmp_path / scratch, 1)  # the 128 KiB input of `body`
+        assert stored_codecs(tmp_path / scratch, names) == [("none", 512 * 64 * 4, 512 * 64 * 4)]
+    out.sum().backward()
+    del out
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    assert all(torch.equal(a, b) for a, b in zip(grads_of(model), expected, strict=True))
+
+
+def test_single_checkpoint_offload_argument_errors(tmp_path):
+    from shardpoint.activation import checkpoint
+
+    x = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="offload must be one of"):
+        checkpoint(torch.sin, x, offload="gpu")
+    with pytest.raises(ValueError, match="only supported with use_reentrant=False"):
+        checkpoint(torch.sin, x, offload="cpu", use_reentrant=True)
+    with pytest.raises(ValueError, match="applies to offload='disk' only"):
+        checkpoint(torch.sin, x, offload="cpu", offload_compression="zstd")
+    with torch.no_grad():  # nothing kept for backward: no scratch directory at all
+        assert torch.equal(checkpoint(torch.sin, x, offload="disk", offload_dir=tmp_path), x.sin())
+    assert os.listdir(tmp_path) == []

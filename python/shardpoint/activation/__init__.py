@@ -94,6 +94,9 @@ def checkpoint(
     debug: bool = False,
     early_stop: bool = True,
     policy: Any = None,
+    offload: str | None = None,
+    offload_dir: str | None = None,
+    offload_compression: str = "auto",
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` without keeping its activations; recompute them in
@@ -122,7 +125,17 @@ def checkpoint(
             (keep matmul/convolution/attention outputs, recompute the rest), a list of ops to
             keep, or a policy callable as PyTorch's. Shorthand for ``context_fn`` built with
             ``create_selective_checkpoint_contexts``; cannot be combined with ``context_fn``.
-        **kwargs: keyword arguments for ``function`` (non-reentrant only).
+        offload: non-reentrant only; ``"cpu"`` or ``"disk"``: the inputs this checkpoint keeps
+            for its recompute go to host memory or through shardpoint's store to a scratch
+            directory until backward needs them, as with :func:`checkpoint_sequential`
+            (docs/ACTIVATION.md, Offload). Memory is only saved for inputs nothing else
+            keeps alive.
+        offload_dir: root of the scratch directories of ``offload="disk"``.
+        offload_compression: ``"auto"``, ``"none"`` or a codec name, as for
+            :func:`checkpoint_sequential` (``offload="disk"`` only).
+        **kwargs: keyword arguments for ``function`` (non-reentrant only). ``policy``,
+            ``offload``, ``offload_dir``, ``offload_compression`` and the other parameters
+            above are this function's own.
 
     Returns:
         Whatever ``function`` returns.
@@ -134,6 +147,11 @@ def checkpoint(
             ``shardpoint.errors.CheckpointError`` subclasses.
         ValueError: invalid option, or an argument the reentrant variant cannot handle.
     """
+    _check_offload_options(offload, offload_compression)
+    if offload is not None and use_reentrant:
+        raise ValueError("offload is only supported with use_reentrant=False")
+    if not torch.is_grad_enabled():
+        offload = None  # nothing is kept for backward: no scratch session to open
     if determinism_check not in _DETERMINISM_CHECKS:
         raise ValueError(
             f"determinism_check should be one of {list(_DETERMINISM_CHECKS)}, "
@@ -161,16 +179,21 @@ def checkpoint(
             )
         return checkpoint_reentrant(function, args, preserve_rng_state=preserve_rng_state)
     override = early_stop_override()
-    return checkpoint_nonreentrant(
-        function,
-        args,
-        kwargs,
-        preserve_rng_state=preserve_rng_state,
-        context_fn=context_fn,
-        check_metadata=determinism_check == "default",
-        early_stop=early_stop if override is None else override,
-        debug=debug,
-    )
+
+    def run(hooks: Any) -> Any:
+        return checkpoint_nonreentrant(
+            function,
+            args,
+            kwargs,
+            preserve_rng_state=preserve_rng_state,
+            context_fn=context_fn,
+            check_metadata=determinism_check == "default",
+            early_stop=early_stop if override is None else override,
+            debug=debug,
+            input_hooks=hooks,
+        )
+
+    return _run_offloaded(offload, offload_dir, offload_compression, run)
 
 
 def _checkpoint_piece(
