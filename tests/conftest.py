@@ -28,6 +28,7 @@ _REQUIRED_IN_CI = (
     # the trainer integrations' frameworks (tests/integrations)
     "lightning",
     "transformers",
+    "accelerate",
 )
 
 

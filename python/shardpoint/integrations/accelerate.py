@@ -1,0 +1,245 @@
+"""accelerate: use :class:`ShardpointAccelerator` where you used ``Accelerator``.
+
+``save_state``/``load_state`` then store everything accelerate stores — every prepared model,
+optimizer, scheduler, the samplers/stateful dataloaders, the ``GradScaler``, the RNG states
+(Python, numpy, torch CPU/CUDA) with ``accelerator.step``, and every object given to
+``register_for_checkpointing`` — as one shardpoint checkpoint ``shardpoint.index`` +
+``shardpoint.data-*`` in the checkpoint directory (plus ``rng_<i>`` per process when there are
+several), instead of ``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``,
+``random_states_0.pkl``, ``custom_checkpoint_0.pkl``... (pickles). ``ProjectConfiguration(
+automatic_checkpoint_naming=True, total_limit=k)`` naming and rotation are kept, and the
+``register_save_state_pre_hook``/``register_load_state_pre_hook`` hooks still run (a hook that
+removes a model from the list takes over that model's weights, as with accelerate).
+
+Why a subclass: accelerate's pre-hooks only reach model weights (optimizer, scheduler, RNG and
+custom objects are pickled after them by ``save_accelerator_state``), so the two methods that
+write and read a checkpoint are overridden; everything else is ``Accelerator``'s. FSDP,
+DeepSpeed, Megatron-LM and XLA runs, whose checkpoints those frameworks write, use
+``Accelerator``'s own code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointError, InvalidArgumentError
+from ._state import capture_rng, has_part, load_tree, part_prefix, restore_rng, save_tree
+
+if TYPE_CHECKING:
+    ShardpointAccelerator: type  # built on first use (module __getattr__): subclasses Accelerator
+
+__all__ = ["ShardpointAccelerator", "ShardpointAcceleratorMixin", "load_checkpoint"]
+
+_PART = "shardpoint"
+_NAME = "accelerate"
+_NUMBER = re.compile(r"[\/]?([0-9]+)(?=[^\/]*$)")
+
+
+def _accelerate() -> Any:
+    try:
+        import accelerate
+    except ImportError as exc:
+        raise ImportError(
+            "shardpoint.integrations.accelerate needs accelerate: "
+            "pip install 'shardpoint[accelerate]'"
+        ) from exc
+    return accelerate
+
+
+def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything ``save_state`` stored in ``checkpoint_dir``: ``models``, ``optimizers``,
+    ``schedulers``, ``dataloaders``, ``scaler``, ``custom`` (lists in registration order),
+    ``rng`` and ``step``; tensors on the CPU."""
+    return dict(load_tree(part_prefix(checkpoint_dir, _PART), integration=_NAME))
+
+
+def _number(folder: str) -> int:
+    found = _NUMBER.findall(folder)
+    return int(found[0]) if found else -1
+
+
+class ShardpointAcceleratorMixin:
+    """Put in front of ``Accelerator``: ``save_state``/``load_state`` through shardpoint.
+
+    Extra constructor keywords: ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
+        self._sp_level = kwargs.pop("shardpoint_level", None)
+        super().__init__(*args, **kwargs)
+
+    def _sp_native(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        a: Any = self
+        return a.distributed_type in (
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+            DistributedType.MEGATRON_LM,
+            DistributedType.XLA,
+        )
+
+    def _sp_checkpoints_dir(self) -> str:
+        a: Any = self
+        return os.path.join(a.project_dir, "checkpoints")
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> Any:
+        """``Accelerator.save_state``, every part stored through shardpoint."""
+        if self._sp_native():
+            return super().save_state(output_dir, safe_serialization, **kwargs)  # type: ignore[misc]
+        a: Any = self
+        config = a.project_configuration
+        if config.automatic_checkpoint_naming:
+            root = self._sp_checkpoints_dir()
+            os.makedirs(root, exist_ok=True)
+            folders = sorted((os.path.join(root, f) for f in os.listdir(root)), key=_number)
+            limit = config.total_limit
+            if limit is not None and len(folders) + 1 > limit and a.is_main_process:
+                for folder in folders[: len(folders) + 1 - limit]:
+                    shutil.rmtree(folder)
+            output_dir = os.path.join(root, f"checkpoint_{a.save_iteration}")
+            if os.path.isdir(output_dir) and not has_part(output_dir, _PART) and a.is_main_process:
+                # what a save killed before its commit left: not a checkpoint, replaced
+                shutil.rmtree(output_dir)
+            if os.path.exists(output_dir):
+                raise ValueError(
+                    f"Checkpoint directory {output_dir} ({a.save_iteration}) already exists. "
+                    "Please manually override `self.save_iteration` with what iteration to start "
+                    "with."
+                )
+            a.wait_for_everyone()
+        if output_dir is None:
+            raise InvalidArgumentError("save_state needs output_dir (or automatic naming)")
+        output_dir = os.fspath(output_dir)
+        os.makedirs(output_dir, exist_ok=True)
+        weights = [a.get_state_dict(m, unwrap=False) for m in a._models]
+        for hook in a._save_model_state_pre_hook.values():
+            hook(a._models, weights, output_dir)
+        rng = capture_rng()
+        writes = a.is_main_process or config.save_on_each_node and a.is_local_main_process
+        if writes:
+            tree = {
+                "models": weights,
+                "optimizers": [o.state_dict() for o in a._optimizers],
+                "schedulers": [s.state_dict() for s in a._schedulers],
+                "dataloaders": [_dataloader_state(d) for d in a._dataloaders],
+                "scaler": a.scaler.state_dict() if a.scaler is not None else None,
+                "custom": [o.state_dict() for o in a._custom_objects],
+                "step": int(a.step),
+                "rng": rng,
+            }
+            self._sp_save(tree, part_prefix(output_dir, _PART))
+        if a.num_processes > 1:  # every process's generators
+            self._sp_save(rng, part_prefix(output_dir, f"rng_{a.process_index}"))
+        config.iteration += 1
+        return output_dir
+
+    def _sp_save(self, tree: Any, prefix: str) -> None:
+        save_tree(
+            tree, prefix, integration=_NAME, compression=self._sp_compression, level=self._sp_level
+        )
+
+    def load_state(
+        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
+        """``Accelerator.load_state`` of a directory written by :meth:`save_state`. With
+        automatic naming and no ``input_dir``, the newest checkpoint whose shardpoint index
+        was committed (a save killed mid-way leaves a directory without one)."""
+        if self._sp_native():
+            return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]
+        a: Any = self
+        if input_dir is not None:
+            input_dir = os.path.expanduser(os.fspath(input_dir))
+            if not os.path.isdir(input_dir):
+                raise ValueError(f"Tried to find {input_dir} but folder does not exist")
+        elif a.project_configuration.automatic_checkpoint_naming:
+            root = self._sp_checkpoints_dir()
+            done = [os.path.join(root, f) for f in os.listdir(root)]
+            done = sorted((f for f in done if has_part(f, _PART)), key=_number)
+            if not done:
+                raise CheckpointError(f"accelerate: no committed checkpoint under {root!r}")
+            input_dir = done[-1]
+        else:
+            raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
+        models = list(a._models)
+        for hook in a._load_model_state_pre_hook.values():
+            hook(models, input_dir)
+        tree = load_checkpoint(input_dir)
+        strict = kw.get("strict", True)
+        _check_counts(tree, a, input_dir)
+        for i, model in enumerate(a._models):
+            if any(model is m for m in models):  # a hook may have taken it over
+                a.unwrap_model(model).load_state_dict(tree["models"][i], strict=strict)
+        for opt, state in zip(a._optimizers, tree["optimizers"], strict=True):
+            opt.load_state_dict(state)
+        for sched, state in zip(a._schedulers, tree["schedulers"], strict=True):
+            sched.load_state_dict(state)
+        for dl, state in zip(a._dataloaders, tree["dataloaders"], strict=True):
+            _load_dataloader_state(dl, state)
+        if a.scaler is not None and tree.get("scaler") is not None:
+            a.scaler.load_state_dict(tree["scaler"])
+        for obj, state in zip(a._custom_objects, tree["custom"], strict=True):
+            obj.load_state_dict(state)
+        rng = tree["rng"]
+        if a.num_processes > 1:
+            rng = load_tree(part_prefix(input_dir, f"rng_{a.process_index}"), integration=_NAME)
+        restore_rng(rng)
+        a.step = int(tree["step"])
+
+
+def _check_counts(tree: dict[str, Any], a: Any, input_dir: str) -> None:
+    """Clear errors when the accelerator's registrations do not match the checkpoint's."""
+    for key, mine in (
+        ("models", a._models),
+        ("optimizers", a._optimizers),
+        ("schedulers", a._schedulers),
+        ("dataloaders", a._dataloaders),
+        ("custom", a._custom_objects),
+    ):
+        if len(tree[key]) != len(mine):
+            what = "register_for_checkpointing objects" if key == "custom" else f"prepared {key}"
+            raise CheckpointError(
+                f"accelerate: checkpoint {input_dir!r} holds {len(tree[key])} {key} but this "
+                f"Accelerator has {len(mine)} {what}; load with the same set of objects"
+            )
+
+
+def _dataloader_state(dl: Any) -> dict[str, Any]:
+    """What accelerate keeps of a dataloader: a seedable sampler's seed and epoch (it pickles
+    the sampler object), a stateful dataloader's ``state_dict()``."""
+    from accelerate.data_loader import SeedableRandomSampler
+
+    out: dict[str, Any] = {}
+    get_sampler = getattr(dl, "get_sampler", None)
+    sampler = get_sampler() if get_sampler is not None else None
+    if isinstance(sampler, SeedableRandomSampler):
+        out["sampler"] = {"initial_seed": int(sampler.initial_seed), "epoch": int(sampler.epoch)}
+    if getattr(dl, "use_stateful_dataloader", False):
+        out["state"] = dl.state_dict()
+    return out
+
+
+def _load_dataloader_state(dl: Any, state: dict[str, Any]) -> None:
+    if "sampler" in state:
+        sampler = dl.get_sampler()
+        sampler.initial_seed = state["sampler"]["initial_seed"]
+        sampler.set_epoch(state["sampler"]["epoch"])
+    if "state" in state and getattr(dl, "use_stateful_dataloader", False):
+        dl.load_state_dict(state["state"])
+
+
+def __getattr__(name: str) -> Any:
+    if name != "ShardpointAccelerator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    base = _accelerate().Accelerator
+    cls = type("ShardpointAccelerator", (ShardpointAcceleratorMixin, base), {})
+    cls.__doc__ = "``accelerate.Accelerator`` saving and loading state through shardpoint."
+    cls.__module__ = __name__
+    globals()[name] = cls
+    return cls

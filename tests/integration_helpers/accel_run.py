@@ -1,0 +1,104 @@
+"""A tiny accelerate training loop (dropout, shuffled data, AdamW + StepLR, one
+``register_for_checkpointing`` object), in-process or as a child:
+
+    python -m integration_helpers.accel_run KIND ROOT EPOCHS [RESUME] [; KIND ROOT ...]
+
+KIND is ``shardpoint`` or ``native``. ``save_state()`` after every epoch (4 steps) with
+automatic naming under ROOT/checkpoints; RESUME is a checkpoint directory or ``latest``.
+Prints one JSON line: per run, the losses (hex floats), a digest of the final parameters and
+the custom object's state.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from integration_helpers.common import arm_kill_hook, digest, hexes
+
+
+class Progress:
+    """A registered object: epochs done and a running mean of the loss (a tensor)."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+        self.mean = torch.zeros(())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "mean": self.mean.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs = int(state["epochs"])
+        self.mean = state["mean"].clone()
+
+
+def train(
+    kind: str, root: str, epochs: int, resume: str | None = None, total_limit: int | None = None
+) -> dict[str, Any]:
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+
+    from shardpoint.integrations.accelerate import ShardpointAccelerator
+
+    set_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.2), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 8, generator=g)
+    ds = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).cos())
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    cls = ShardpointAccelerator if kind == "shardpoint" else Accelerator
+    acc = cls(
+        cpu=True,
+        project_config=ProjectConfiguration(
+            project_dir=root, automatic_checkpoint_naming=True, total_limit=total_limit
+        ),
+    )
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    if resume is not None:
+        acc.load_state(None if resume == "latest" else resume)
+        acc.project_configuration.iteration = progress.epochs
+    losses = []
+    for _ in range(progress.epochs, epochs):
+        model.train()
+        for xb, yb in dl:
+            loss = F.mse_loss(model(xb), yb)
+            acc.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            progress.mean = progress.mean * 0.9 + loss.detach() * 0.1
+        progress.epochs += 1
+        acc.save_state()
+    return {
+        "losses": hexes(losses),
+        "digest": digest(acc.unwrap_model(model).state_dict()),
+        "progress": [progress.epochs, float(progress.mean).hex()],
+        "step": acc.step,
+    }
+
+
+def main(argv: list[str]) -> None:
+    arm_kill_hook()
+    results = []
+    job: list[str] = []
+    for arg in [*argv, ";"]:
+        if arg != ";":
+            job.append(arg)
+            continue
+        results.append(train(job[0], job[1], int(job[2]), job[3] if len(job) > 3 else None))
+        job = []
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
