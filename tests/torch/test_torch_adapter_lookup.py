@@ -22,6 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch import nn  # noqa: E402
+
 import shardpoint as sp  # noqa: E402
 import shardpoint.torch as spt  # noqa: E402
 
@@ -252,3 +254,43 @@ def test_state_dict_object_with_an_unstorable_entry_raises_naming_it(tmp_path):
         ckpt.save(str(tmp_path / "c"))
     assert os.listdir(tmp_path) == []
     assert int(ckpt.save_counter) == 0
+
+
+class WithExtraState(nn.Module):
+    """A module with torch's extra state (what quantization/fp8 modules keep beside their
+    parameters): state_dict() saves it as "<module>._extra_state"."""
+
+    def __init__(self, scale=0.0):
+        super().__init__()
+        self.proj = nn.Linear(2, 2)
+        self.calibration = {"scale": torch.tensor([scale]), "steps": int(scale), "mode": "amax"}
+
+    def get_extra_state(self):
+        return self.calibration
+
+    def set_extra_state(self, state):
+        self.calibration = state
+
+
+def test_module_extra_state_is_saved_and_restored(tmp_path):
+    """The module adapter used to skip get_extra_state(): a save silently held less than the
+    module's own state_dict()."""
+    src = nn.Sequential(WithExtraState(3.0), nn.ReLU())
+    path = sp.Checkpoint(model=src).save(str(tmp_path / "c"))
+    keys = {k for k, _ in sp.list_variables(path)}
+    assert "model/0/_extra_state/.ATTRIBUTES/scale" in keys
+    dst = nn.Sequential(WithExtraState(0.0), nn.ReLU())
+    sp.Checkpoint(model=dst).restore(path).assert_consumed()
+    assert torch.equal(dst[0].calibration["scale"], torch.tensor([3.0]))
+    assert dst[0].calibration["steps"] == 3 and dst[0].calibration["mode"] == "amax"
+
+
+def test_module_extra_state_that_cannot_be_stored_raises_naming_it(tmp_path):
+    class Opaque(nn.Module):
+        def get_extra_state(self):
+            return object()
+
+    ckpt = sp.Checkpoint(model=nn.Sequential(nn.Linear(2, 2), Opaque()))
+    with pytest.raises(sp.UnsaveableObjectError, match=r"^\(root\)\.model\.1\._extra_state: "):
+        ckpt.save(str(tmp_path / "c"))
+    assert os.listdir(tmp_path) == []

@@ -106,6 +106,7 @@ class ModuleAdapter(Trackable):
         self._module_ref = weakref.ref(module)
         self._held: dict[str, Trackable] = {}
         self._hook: Any = None
+        self._extra: Trackable | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -139,6 +140,12 @@ class ModuleAdapter(Trackable):
         for name, value in vars(m).items():
             if isinstance(value, Trackable) and not name.startswith("_") and name not in out:
                 out[name] = value
+        if type(m).get_extra_state is not torch.nn.Module.get_extra_state:
+            # torch's state_dict() saves it under "<module>._extra_state"; without it a save
+            # would silently hold less than the module (issue 22)
+            if self._extra is None:
+                self._extra = TorchStateDictTrackable(_ExtraState(m))
+            out[EXTRA_STATE] = self._extra
         return out
 
     def _sp_children(self) -> Mapping[str, Trackable]:
@@ -194,6 +201,36 @@ def run_deferred_restores(module: torch.nn.Module) -> None:
         adapter = as_trackable(sub)
         if isinstance(adapter, ModuleAdapter):
             adapter.run_deferred()
+
+
+#: child name of a module's ``get_extra_state()`` (the key suffix torch's state_dict uses)
+EXTRA_STATE = "_extra_state"
+
+
+class _ExtraState:
+    """``get_extra_state``/``set_extra_state`` of a module as the state-dict protocol, so the
+    state-dict adapter stores it (tensors, arrays, numbers, strings, nested dicts/lists) and
+    refuses, naming it, what it cannot store (a ``BytesIO``, an arbitrary object). Holds the
+    module weakly: the module's adapter holds this."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = weakref.ref(module)
+
+    def _target(self) -> torch.nn.Module:
+        module = self._module()
+        if module is None:
+            raise ReferenceError("the module of this extra state was garbage-collected")
+        return module
+
+    def __repr__(self) -> str:
+        module = self._module()
+        return f"<extra state of {type(module).__name__ if module is not None else '(collected)'}>"
+
+    def state_dict(self) -> Any:
+        return self._target().get_extra_state()
+
+    def load_state_dict(self, state: Any) -> None:
+        self._target().set_extra_state(state)
 
 
 class TorchStateDictTrackable(StateDictTrackable):
