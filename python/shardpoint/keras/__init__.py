@@ -14,13 +14,17 @@ from .adapters import (
     register,
     run_deferred_restores,
 )
+from .callback import ShardpointCheckpoint
+from .tf_import import restore_from_tensorflow
 
 register()
 
 __all__ = [
+    "ShardpointCheckpoint",
     "KerasContainerAdapter",
     "KerasObjectAdapter",
     "KerasVariableAdapter",
     "register",
+    "restore_from_tensorflow",
     "run_deferred_restores",
 ]

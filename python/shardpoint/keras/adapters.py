@@ -59,6 +59,14 @@ _LAYER_INTERNALS = frozenset(
     }
 )
 _MAX_CONTAINER_DEPTH = 64
+# TF slot name -> the Keras 3 optimizer list holding that slot for each trainable variable
+# (Adam/AdamW/Adamax/Nadam: m, v, vhat; SGD: momentum)
+_SLOT_LISTS = {
+    "m": "_momentums",
+    "v": "_velocities",
+    "vhat": "_velocity_hats",
+    "momentum": "_momentums",
+}
 
 
 def _torch_internals() -> frozenset[str]:
@@ -253,6 +261,8 @@ class KerasObjectAdapter(_ChildHolder):
         super().__init__(None)
         self.obj = obj
         self._hooked = False
+        # restores waiting for this optimizer's slots (it builds them on its first step)
+        self._slot_callbacks: list[Any] = []
 
     @property
     def name(self) -> str:
@@ -278,6 +288,51 @@ class KerasObjectAdapter(_ChildHolder):
             for name, value in torch_modules.items():
                 if name not in skip and isinstance(value, keras.layers.Layer):
                     yield name, value
+
+    # -- slots: TF's legacy optimizers saved Adam's moments as '.OPTIMIZER_SLOT' slots ------------
+    def _sp_get_slot(self, variable: Any, slot_name: str) -> Any:
+        """The Keras 3 optimizer variable holding slot ``slot_name`` of ``variable`` (an
+        adapter), or None (not an optimizer, not built, unknown slot or variable)."""
+        opt = self.obj
+        target = getattr(variable, "variable", None)
+        attr = _SLOT_LISTS.get(slot_name)
+        if attr is None or target is None or not getattr(opt, "built", False):
+            return None
+        slots = getattr(opt, attr, None)
+        try:
+            index = opt._get_variable_index(target)
+        except (AttributeError, KeyError):
+            return None
+        if slots is None or not 0 <= index < len(slots):
+            return None
+        adapter = as_trackable(slots[index])
+        if adapter is not None:
+            # held: the restore binds it weakly, and the status asks about it later
+            self._held[f"{attr}/{index}"] = adapter
+        return adapter
+
+    def _sp_slots_later(self, callback: Any) -> bool:
+        """Slots of a Keras optimizer exist only once it is built (all at once, on its first
+        step): until then, keep ``callback`` (the restore's) and call it right after build."""
+        opt = self.obj
+        if not isinstance(opt, keras.optimizers.Optimizer) or getattr(opt, "built", False):
+            return False
+        self._slot_callbacks.append(callback)
+        self._install_build_hook()
+        return True
+
+    def _sp_create_slot(self, variable: Any, slot_name: str, value: Any) -> Any:
+        """Never called for a Keras optimizer (slots exist once built); None: not created."""
+        return None
+
+    def run_deferred(self) -> None:
+        super().run_deferred()
+        callbacks, self._slot_callbacks = self._slot_callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _has_deferred(self) -> bool:
+        return bool(self._slot_callbacks) or super()._has_deferred()
 
     # -- deferred restore: run parked restores right after build() creates the variables ------
     def _install_build_hook(self) -> None:

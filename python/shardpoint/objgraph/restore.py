@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -337,6 +338,10 @@ class RestoreCoordinator:
                 continue  # parked until the other side is bound (SLOT-04)
             if not hasattr(optimizer, "_sp_get_slot"):
                 continue  # not a slot provider: stays pending, assert_consumed reports it
+            later = getattr(optimizer, "_sp_slots_later", None)
+            if later is not None and later(partial(self._slots_ready, node)):
+                continue  # it creates its slots later (a Keras optimizer builds them all at
+                # once on its first step) and calls back then; pending until that happens
             sr.done = True
             existing = optimizer._sp_get_slot(variable, sr.slot_name)
             if existing is not None:
@@ -351,6 +356,15 @@ class RestoreCoordinator:
             if slot is not None:
                 self._bind(sr.slot_node, slot)
                 wrote(slot, self.uid)
+
+    def _slots_ready(self, node: int) -> None:
+        """Called back by an optimizer (``_sp_slots_later``) once its slots exist."""
+        self._depth += 1
+        try:
+            self._run_slot_restorations(node)
+        finally:
+            self._depth -= 1
+        self.release_if_done()
 
     # -- restore-on-create for Module.add_variable ------------------------------------------------
     def simple_value(self, node: int, attribute: str, shape: Any, dtype: np.dtype) -> Any:
