@@ -367,3 +367,32 @@ def test_single_checkpoint_offload_argument_errors(tmp_path):
     with torch.no_grad():  # nothing kept for backward: no scratch directory at all
         assert torch.equal(checkpoint(torch.sin, x, offload="disk", offload_dir=tmp_path), x.sin())
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)"
+)
+@pytest.mark.parametrize("offload", ["disk", "cpu"])
+def test_single_checkpoint_offload_cuda_bitwise_grads(tmp_path, offload):  # pragma: no cover
+    """The device paths: a CUDA input goes to pinned host memory (or through it to disk) and
+    comes back for the recompute; dropout replays the CUDA RNG."""
+    from shardpoint.activation import checkpoint
+
+    model = mlp()[:3].cuda()
+    x = torch.randn(1024, 64, device="cuda")
+
+    def body(h):
+        return model[1:](h)
+
+    model.zero_grad()
+    torch.manual_seed(7)
+    body(model[0](x)).sum().backward()
+    expected = grads_of(model)
+    model.zero_grad()
+    torch.manual_seed(7)
+    out = checkpoint(body, model[0](x), offload=offload, offload_dir=tmp_path)
+    out.sum().backward()
+    del out
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    assert all(torch.equal(a, b) for a, b in zip(grads_of(model), expected, strict=True))

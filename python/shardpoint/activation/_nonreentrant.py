@@ -277,7 +277,12 @@ class _Frame:
         self.debug = debug
         self.forward_log: OpLog | None = None
         self.recompute_log: OpLog | None = None
-        self.input_node: Any = None  # grad_fn of _SaveInputs, owns the saved inputs
+        # The (empty) output of _SaveInputs: it owns the node that owns the saved inputs. The
+        # output, not its grad_fn, is kept: in torch before 2.12 or so the Python grad_fn of a
+        # custom Function refers to its node weakly, so once the output died the node and its
+        # saved inputs were freed and every backward failed ("Trying to backward through the
+        # graph a second time"); torch.utils.checkpoint keeps the output too.
+        self.input_saver: Any = None
         self.holders: list[weakref.ref[_Holder]] = []
         self.metadata: list[dict[str, Any]] = []
         self.sites: list[str] = []  # where each tensor was saved (debug only)
@@ -391,7 +396,8 @@ class _Frame:
             ) from exc
 
     def _recompute(self, gid: Any) -> dict[int, Any]:
-        saved = iter(self.input_node.saved_tensors)  # raises if an input was modified in place
+        # raises if an input was modified in place
+        saved = iter(self.input_saver.grad_fn.saved_tensors)
         args = fill_tensors(self.args, saved)
         kwargs = fill_tensors(self.kwargs, saved)
         # Autograd run inside the still-running forward (torch.autograd.grad in the function)
@@ -531,7 +537,7 @@ def checkpoint_nonreentrant(
     # (parameters used inside the function still need their gradients).
     dummy = torch.empty((0,), requires_grad=True)
     with frame.input_hooks(input_hooks):
-        frame.input_node = _SaveInputs.apply(dummy, *tensors).grad_fn
+        frame.input_saver = _SaveInputs.apply(dummy, *tensors)
 
     suppressed = True
     with contextlib.ExitStack() as stack:
