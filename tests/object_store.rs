@@ -50,13 +50,44 @@ fn memory_round_trip_lazy_reads_and_verify() {
     let e = r.entry("a").expect("entry");
     assert_eq!(r.read(&e).expect("read"), a);
     let mut out = vec![0u8; 4000];
-    r.read_range(&e, 40_000, 44_000, &mut out).expect("range");
+    r.read_range(&e, 40_000, 44_000, &mut out, true)
+        .expect("range");
     assert_eq!(out, a[40_000..44_000]);
     let es = vec![r.entry("a").unwrap(), r.entry("b").unwrap()];
     let vals = r.read_many(&es).expect("many");
     assert_eq!(vals[1], b);
     r.verify().expect("verify");
     assert!(matches!(r.entry("zz"), Err(Error::MissingKey { .. })));
+}
+
+#[test]
+fn memory_uncompressed_reads_into_buffers_and_ranges() {
+    let l = loc("memory://raw/dir/ckpt");
+    let a = f32s(50_000, 5);
+    let b = f32s(7, 9);
+    let opts = WriterOptions {
+        codec: shardpoint_core::Codec::None,
+        ..Default::default()
+    };
+    save_at(&l, &[item("a", &a), item("b", &b)], opts).expect("save");
+    let r = RemoteReader::open(remote(&l)).expect("open");
+    let es = vec![r.entry("a").unwrap(), r.entry("b").unwrap()];
+    let (mut oa, mut ob) = (vec![0u8; a.len()], vec![0u8; b.len()]);
+    r.read_many_into(&es, &mut [&mut oa[..], &mut ob[..]])
+        .expect("into");
+    assert_eq!((&oa, &ob), (&a, &b));
+    // a checked part is cut from one checked download of the whole value; unchecked: the range
+    for verify in [true, false] {
+        let mut part = vec![0u8; 4000];
+        r.read_range(&es[0], 40_000, 44_000, &mut part, verify)
+            .expect("range");
+        assert_eq!(part, a[40_000..44_000]);
+    }
+    let mut short = [0u8; 3];
+    assert!(matches!(
+        r.read_many_into(&es[1..], &mut [&mut short[..]]),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]

@@ -51,12 +51,18 @@ class Moto:
 
 class Proxy:
     """HTTP forwarder in front of moto: counts requests; `fail_next(n, mode)` makes the next n
-    requests fail with a 503 ("503") or a dropped connection ("drop")."""
+    requests fail with a 503 ("503") or a dropped connection ("drop"); `flip_ranged_get(n, bit)`
+    flips one bit of the n-th ranged GET's response body (bytes damaged in transit)."""
 
     def __init__(self, backend_port: int) -> None:
         self.backend_port = backend_port
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.fail: list[str] = []
+        # transit damage: flip bit `flip[1]` of the body of ranged GET number `flip[0]`
+        # (counted from the last reset); `flipped` records (path, Range, byte) when it happened
+        self.flip: tuple[int, int] | None = None
+        self.ranged_gets = 0
+        self.flipped: list[tuple[str, str, int]] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -88,6 +94,17 @@ class Proxy:
                 c.request(self.command, self.path, body=body, headers=headers)
                 r = c.getresponse()
                 data = r.read()
+                rng = self.headers.get("Range")
+                if self.command == "GET" and rng and r.status == 206:
+                    with proxy.lock:
+                        nth, proxy.ranged_gets = proxy.ranged_gets, proxy.ranged_gets + 1
+                        flip = proxy.flip
+                        if flip is not None and flip[0] == nth and data:
+                            bit = flip[1] % (8 * len(data))
+                            body = bytearray(data)
+                            body[bit // 8] ^= 1 << (bit % 8)
+                            data = bytes(body)
+                            proxy.flipped.append((self.path, rng, bit // 8))
                 self.send_response(r.status)
                 for k, v in r.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -110,6 +127,16 @@ class Proxy:
     def reset(self) -> None:
         with self.lock:
             self.log.clear()
+            self.ranged_gets = 0
+            self.flipped.clear()
+
+    def flip_ranged_get(self, nth: int | None, bit: int = 0) -> None:
+        """Damage ranged GET number ``nth`` from now (0-based): flip bit ``bit`` (modulo the
+        body's bits) of its response body; ``None`` stops flipping."""
+        with self.lock:
+            self.ranged_gets = 0
+            self.flipped.clear()
+            self.flip = None if nth is None else (nth, bit)
 
     def requests(self, method: str | None = None) -> list[tuple[str, str, str | None]]:
         with self.lock:

@@ -465,16 +465,26 @@ class Reader:
             return default
         return self._value(key, verify=self._verify if verify is None else verify)
 
+    @property
+    def _remote(self) -> bool:
+        """Whether values come from an object store (each read is a download of its own)."""
+        return isinstance(self._core, _core.RemoteReader)
+
     def _check_once(self, key: str) -> None:
-        """Check an uncompressed value's crc32c the first time part of it is read (a slice
-        cannot be checked alone: the crc covers the whole value); later parts read unchecked."""
+        """Check a local uncompressed value's crc32c the first time part of it is read (a slice
+        cannot be checked alone: the crc covers the whole value); later parts read unchecked
+        from the same mapped file. Never used on object stores: there each read is a new
+        download, so checking one download says nothing about the next."""
         if self._verify and key not in self._sliced_ok:
             self._core.verify_key(key)
             self._sliced_ok.add(key)
 
     def _view_checked_once(self, key: str) -> Any:
-        """The zero-copy value of an uncompressed ``key`` for partial reads (``get_slice``),
-        its crc checked on the first such read only."""
+        """The value of an uncompressed ``key`` for partial reads (``get_slice``): locally a
+        zero-copy view, its crc checked on the first such read only; from an object store one
+        download of the whole value, checked (the bytes sliced are the bytes checked)."""
+        if self._remote:
+            return self._value(key, verify=True)
         self._check_once(key)
         return self._value(key, verify=False)
 
@@ -560,14 +570,8 @@ class Reader:
                 raise InvalidArgumentError(f"key {key!r}: target must be C-contiguous and writable")
             keys.append(key)
             outs.append(arr.reshape(-1).view(np.uint8))
-        read_many = getattr(self._core, "read_many_into", None)
-        if read_many is not None:
-            read_many(keys, outs, verify)
-            return
-        for key, out in zip(keys, outs, strict=True):  # object stores: one ranged read per key
-            self._core.read_range(key, 0, out.nbytes, out)
-            if verify:
-                self._core.verify_key(key)
+        # object stores check every download whatever ``verify`` says (bytes crossed a network)
+        self._core.read_many_into(keys, outs, verify)
 
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
@@ -596,9 +600,11 @@ class Reader:
     def slice(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` along the first axis, reading only the chunks that hold them.
         Compressed chunks are crc-checked as they are decoded; an uncompressed value has one
-        crc for all its bytes, so (with ``verify``) its first slice checks it whole, once."""
+        crc for all its bytes, so (with ``verify``) its first slice checks it whole, once
+        (locally), or every slice downloads the whole value once, checks it and cuts the rows
+        from that download (object stores: a download checked is never trusted for the next)."""
         info = self.info(key)
-        if info.codec == "none":
+        if info.codec == "none" and not self._remote:
             self._check_once(key)
         if info.kind != "tensor" or not info.shape:
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
@@ -607,7 +613,12 @@ class Reader:
         dt = numpy_dtype(info.dtype)
         row = dt.itemsize * math.prod(info.shape[1:])
         out = np.empty((stop - start,) + info.shape[1:], dtype=dt)
-        self._core.read_range(key, start * row, stop * row, out.reshape(-1).view(np.uint8))
+        flat = out.reshape(-1).view(np.uint8)
+        core = self._core
+        if isinstance(core, _core.RemoteReader):
+            core.read_range(key, start * row, stop * row, flat, self._verify)
+        else:
+            core.read_range(key, start * row, stop * row, flat)
         return out
 
     def _blob(self) -> dict[str, Any]:

@@ -6,7 +6,9 @@ elements and nothing else worth mentioning:
 * uncompressed entries are indexed through a copy-on-write view of the shard's mapping; the
   first slice of a value checks its crc32c, which covers the whole value (so it is read once),
   later slices read only the pages holding selected elements (``sp.open(..., verify=False)``
-  skips the check and keeps even the first slice page-lazy);
+  skips the check and keeps even the first slice page-lazy); from an object store every
+  slice downloads the whole value once, checks it and cuts the selection from that download
+  (a network may damage any one download, so no check carries over to the next);
 * compressed entries are read with ``read_range`` over *runs* of the selection: the selected
   rows (along the first axis with more than one selected index) are grouped into byte runs, a
   new run starting wherever the gap to the previous row's last selected byte is at least one

@@ -315,25 +315,7 @@ impl CheckpointReader {
         for b in outs.iter_mut() {
             dsts.push(bytes_of_mut(py, b)?);
         }
-        // Writing two overlapping buffers from two threads would be a data race: refuse.
-        let mut spans: Vec<(usize, usize, usize)> = dsts
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !d.is_empty())
-            .map(|(i, d)| (d.as_ptr() as usize, d.as_ptr() as usize + d.len(), i))
-            .collect();
-        spans.sort_unstable();
-        for w in spans.windows(2) {
-            if w[1].0 < w[0].1 {
-                return Err(crate::invalid(
-                    py,
-                    format!(
-                        "output buffers of keys {:?} and {:?} overlap",
-                        keys[w[0].2], keys[w[1].2]
-                    ),
-                ));
-            }
-        }
+        refuse_overlaps(py, &keys, &dsts)?;
         let reader = &self.inner;
         nogil(py, || {
             entries
@@ -401,4 +383,27 @@ impl CheckpointReader {
     fn chunk_bytes(&self) -> u32 {
         self.inner.index().chunk_bytes()
     }
+}
+
+/// Writing two overlapping output buffers from two threads would be a data race: refuse.
+pub(crate) fn refuse_overlaps(py: Python<'_>, keys: &[String], dsts: &[&mut [u8]]) -> PyResult<()> {
+    let mut spans: Vec<(usize, usize, usize)> = dsts
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_empty())
+        .map(|(i, d)| (d.as_ptr() as usize, d.as_ptr() as usize + d.len(), i))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(crate::invalid(
+                py,
+                format!(
+                    "output buffers of keys {:?} and {:?} overlap",
+                    keys[w[0].2], keys[w[1].2]
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

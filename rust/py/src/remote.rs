@@ -151,7 +151,41 @@ impl RemoteReader {
         nogil(py, || self.inner.read(&e).map(|_| ()))
     }
 
-    /// Raw bytes [lo, hi) of an entry into a writable buffer, fetching only needed chunks.
+    /// Decode many entries into caller-owned writable buffers (each exactly the entry's raw
+    /// length). Every value is checked, whatever `verify` says (accepted for symmetry with
+    /// `CheckpointReader`): bytes that crossed a network are checked as downloaded, and only
+    /// that checked download reaches the buffer. Buffers must not overlap.
+    #[pyo3(signature = (keys, outs, verify=true))]
+    fn read_many_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        mut outs: Vec<PyBuffer<u8>>,
+        verify: bool,
+    ) -> PyResult<()> {
+        let _ = verify;
+        if keys.len() != outs.len() {
+            return Err(invalid(
+                py,
+                format!("{} keys but {} output buffers", keys.len(), outs.len()),
+            ));
+        }
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
+        for b in outs.iter_mut() {
+            dsts.push(bytes_of_mut(py, b)?);
+        }
+        crate::read::refuse_overlaps(py, &keys, &dsts)?;
+        nogil(py, || self.inner.read_many_into(&entries, &mut dsts))
+    }
+
+    /// Raw bytes [lo, hi) of an entry into a writable buffer. Compressed: only the chunks
+    /// holding them are fetched (each checked). Uncompressed with `verify`: the whole value is
+    /// fetched once, checked, and the range cut from it; without, only the range (unchecked).
+    #[pyo3(signature = (key, lo, hi, out, verify=true))]
     fn read_range(
         &self,
         py: Python<'_>,
@@ -159,10 +193,11 @@ impl RemoteReader {
         lo: u64,
         hi: u64,
         mut out: PyBuffer<u8>,
+        verify: bool,
     ) -> PyResult<()> {
         let e = self.entry(py, key)?;
         let dst = bytes_of_mut(py, &mut out)?;
-        nogil(py, || self.inner.read_range(&e, lo, hi, dst))
+        nogil(py, || self.inner.read_range(&e, lo, hi, dst, verify))
     }
 
     /// Check every checksum and invariant, fetching every byte.

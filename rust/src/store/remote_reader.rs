@@ -9,9 +9,14 @@
 //! - Many values (`read_many`) are planned together: ranges of one shard closer than
 //!   [`COALESCE_GAP`] become one GET, large ones are split, and up to `concurrency` GETs run at
 //!   once, each piece copied into its destination as it arrives.
-//! - Every byte handed out is crc-checked (raw crc of whole values, chunk crcs of compressed
-//!   ones), except raw byte ranges of uncompressed values (`read_range`), whose crc covers the
-//!   whole value (as on local files).
+//! - Every byte handed out is crc-checked, and it is the very download that was checked that
+//!   reaches the caller: never a second, unchecked GET of the same bytes (a proxy or NIC that
+//!   damages one response must raise, not return wrong values). An uncompressed value has one
+//!   crc for all its bytes, so a checked part of one (`read_range(.., verify = true)`) fetches
+//!   the whole value once, checks it and cuts the part out; compressed values are checked per
+//!   chunk, so a part fetches only the chunks holding it. Only `read_range(.., verify = false)`
+//!   of an uncompressed value hands out unchecked bytes (the caller opted out).
+//! - A failed check drops the range cache: a damaged download is never served again.
 
 use super::{block_on, RemotePrefix, COALESCE_GAP};
 use crate::codec::decode_chunk;
@@ -23,6 +28,9 @@ use rayon::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// Stored bytes fetched at once by `verify` and by the compressed part of `read_many_into`.
+const VERIFY_BATCH: u64 = 1 << 30;
 
 /// One shard object of an open remote checkpoint.
 pub struct RemoteShard {
@@ -135,6 +143,22 @@ impl RemoteReader {
 
     /// Fetch every span (coalesced, split, in parallel); returns their bytes in order.
     fn fetch(&self, spans: &[Span]) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = spans
+            .iter()
+            .map(|&(_, lo, hi)| vec![0u8; (hi - lo) as usize])
+            .collect();
+        let mut dsts: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        self.fetch_into(spans, &mut dsts)?;
+        Ok(out)
+    }
+
+    /// Fetch every span into `out[i]` (exactly the span's length), coalesced, split and in
+    /// parallel, each piece copied to its place as it arrives.
+    fn fetch_into(&self, spans: &[Span], out: &mut [&mut [u8]]) -> Result<()> {
+        debug_assert!(spans
+            .iter()
+            .zip(out.iter())
+            .all(|(&(_, lo, hi), o)| o.len() as u64 == hi - lo));
         let store = &self.prefix.store;
         let ps = store.config.part_size as u64;
         let mut order: Vec<usize> = (0..spans.len()).collect();
@@ -162,10 +186,6 @@ impl RemoteReader {
                 a = b;
             }
         }
-        let mut out: Vec<Vec<u8>> = spans
-            .iter()
-            .map(|&(_, lo, hi)| vec![0u8; (hi - lo) as usize])
-            .collect();
         let mut place = |piece: Span, ri: usize, data: &[u8]| {
             let (_, a, b) = piece;
             for &si in &reqs[ri].3 {
@@ -216,8 +236,25 @@ impl RemoteReader {
                 }
             }
             Ok(())
-        })?;
-        Ok(out)
+        })
+    }
+
+    /// Forget every cached piece (after a failed check: the damaged piece may be among them).
+    fn drop_cache(&self) {
+        if let Some(c) = &self.cache {
+            let mut c = c.lock().expect("cache");
+            c.map.clear();
+            c.order.clear();
+            c.used = 0;
+        }
+    }
+
+    /// `r`, dropping the range cache first when it is an error.
+    fn checked<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.drop_cache();
+        }
+        r
     }
 
     /// The stored span of an entry: all of it, or chunks `c0..=c1`.
@@ -240,49 +277,64 @@ impl RemoteReader {
         &self.shards[e.shard as usize].url
     }
 
+    /// Check the crc of an uncompressed entry's whole value `data` (as downloaded).
+    fn check_raw(&self, e: &Entry<'_>, data: &[u8]) -> Result<()> {
+        let actual = crate::shard::par_crc(data);
+        if actual != e.crc {
+            return Err(Error::Checksum {
+                path: self.shard_url(e).to_path_buf(),
+                offset: e.offset,
+                what: format!("key {:?}", e.key),
+                expected: e.crc,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Decode a compressed entry's whole payload `stored` into `out` (its raw length), every
+    /// chunk crc-checked before decoding and the decoded bytes checked against the raw crc.
+    fn decode_into(&self, e: &Entry<'_>, stored: &[u8], out: &mut [u8]) -> Result<()> {
+        check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
+        let cb = self.index.chunk_bytes() as usize;
+        let crcs: Vec<(u32, usize)> = out
+            .par_chunks_mut(cb)
+            .enumerate()
+            .map(|(ci, o)| {
+                self.decode_one(e, ci, stored, 0, o)?;
+                Ok((crc(o), o.len()))
+            })
+            .collect::<Result<_>>()?;
+        let whole = combine_crcs(crcs);
+        if whole != e.crc {
+            return Err(Error::Checksum {
+                path: self.shard_url(e).to_path_buf(),
+                offset: e.offset,
+                what: format!("key {:?} (decoded data)", e.key),
+                expected: e.crc,
+                actual: whole,
+            });
+        }
+        Ok(())
+    }
+
     /// Decode whole entries: `stored[i]` holds entry `i`'s payload. Returns raw bytes, all
     /// checked against their crcs.
     fn decode_whole(&self, es: &[Entry<'_>], stored: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        es.par_iter()
+        let r = es
+            .par_iter()
             .zip(stored.into_par_iter())
             .map(|(e, s)| {
                 if e.codec == Codec::None {
-                    let actual = crate::shard::par_crc(&s);
-                    if actual != e.crc {
-                        return Err(Error::Checksum {
-                            path: self.shard_url(e).to_path_buf(),
-                            offset: e.offset,
-                            what: format!("key {:?}", e.key),
-                            expected: e.crc,
-                            actual,
-                        });
-                    }
+                    self.check_raw(e, &s)?;
                     return Ok(s);
                 }
-                check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
                 let mut out = vec![0u8; e.raw_len as usize];
-                let cb = self.index.chunk_bytes() as usize;
-                let crcs: Vec<(u32, usize)> = out
-                    .par_chunks_mut(cb)
-                    .enumerate()
-                    .map(|(ci, o)| {
-                        self.decode_one(e, ci, &s, 0, o)?;
-                        Ok((crc(o), o.len()))
-                    })
-                    .collect::<Result<_>>()?;
-                let whole = combine_crcs(crcs);
-                if whole != e.crc {
-                    return Err(Error::Checksum {
-                        path: self.shard_url(e).to_path_buf(),
-                        offset: e.offset,
-                        what: format!("key {:?} (decoded data)", e.key),
-                        expected: e.crc,
-                        actual: whole,
-                    });
-                }
+                self.decode_into(e, &s, &mut out)?;
                 Ok(out)
             })
-            .collect()
+            .collect();
+        self.checked(r)
     }
 
     /// Decode chunk `ci` of `e` from `stored`, which starts at chunk-relative offset `base`.
@@ -323,8 +375,78 @@ impl RemoteReader {
         Ok(self.read_many(std::slice::from_ref(e))?.pop().expect("one"))
     }
 
-    /// Raw bytes `[lo, hi)` of the entry, fetching only what holds them.
-    pub fn read_range(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
+    /// Raw bytes of many entries decoded straight into `outs[i]` (each exactly entry `i`'s raw
+    /// length): uncompressed values are downloaded into their buffer and that download is
+    /// checked; compressed ones are fetched (in batches of bounded size) and decoded, every
+    /// chunk checked. On an error some buffers may hold new (or damaged) bytes.
+    pub fn read_many_into(&self, es: &[Entry<'_>], outs: &mut [&mut [u8]]) -> Result<()> {
+        if es.len() != outs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} entries but {} output buffers",
+                es.len(),
+                outs.len()
+            )));
+        }
+        for (e, o) in es.iter().zip(outs.iter()) {
+            if o.len() as u64 != e.raw_len {
+                return Err(Error::InvalidArgument(format!(
+                    "key {:?}: output buffer of {} bytes for a {}-byte value",
+                    e.key,
+                    o.len(),
+                    e.raw_len
+                )));
+            }
+        }
+        let mut raw: Vec<(&Entry<'_>, &mut [u8])> = Vec::new();
+        let mut packed: Vec<(&Entry<'_>, &mut [u8])> = Vec::new();
+        for (e, o) in es.iter().zip(outs.iter_mut()) {
+            if e.codec == Codec::None {
+                raw.push((e, &mut **o));
+            } else {
+                packed.push((e, &mut **o));
+            }
+        }
+        let spans: Vec<Span> = raw.iter().map(|(e, _)| self.span_of(e, None)).collect();
+        let mut dsts: Vec<&mut [u8]> = raw.iter_mut().map(|(_, o)| &mut **o).collect();
+        let r = self
+            .fetch_into(&spans, &mut dsts)
+            .and_then(|()| raw.par_iter().try_for_each(|(e, o)| self.check_raw(e, o)));
+        self.checked(r)?;
+        // Compressed: stored bytes are temporary, so fetch them ~1 GiB at a time.
+        let mut rest = packed.as_mut_slice();
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut total = 0u64;
+            while n < rest.len() && (n == 0 || total < VERIFY_BATCH) {
+                total += rest[n].0.stored_len;
+                n += 1;
+            }
+            let (batch, tail) = rest.split_at_mut(n);
+            rest = tail;
+            let spans: Vec<Span> = batch.iter().map(|(e, _)| self.span_of(e, None)).collect();
+            let r = self.fetch(&spans).and_then(|stored| {
+                batch
+                    .par_iter_mut()
+                    .zip(stored.par_iter())
+                    .try_for_each(|((e, o), s)| self.decode_into(e, s, o))
+            });
+            self.checked(r)?;
+        }
+        Ok(())
+    }
+
+    /// Raw bytes `[lo, hi)` of the entry. Compressed: only the chunks holding them are fetched,
+    /// each checked. Uncompressed, `verify`: the whole value is fetched once, checked, and the
+    /// range cut from that very download (its crc covers the whole value); without `verify`
+    /// only the range is fetched, unchecked.
+    pub fn read_range(
+        &self,
+        e: &Entry<'_>,
+        lo: u64,
+        hi: u64,
+        out: &mut [u8],
+        verify: bool,
+    ) -> Result<()> {
         if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
             return Err(Error::InvalidArgument(format!(
                 "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
@@ -335,10 +457,22 @@ impl RemoteReader {
             return Ok(());
         }
         if e.codec == Codec::None {
-            let got = self.fetch(&[(e.shard, e.offset + lo, e.offset + hi)])?;
-            out.copy_from_slice(&got[0]);
+            if !verify {
+                return self.fetch_into(&[(e.shard, e.offset + lo, e.offset + hi)], &mut [out]);
+            }
+            if lo == 0 && hi == e.raw_len {
+                return self.read_many_into(std::slice::from_ref(e), &mut [out]);
+            }
+            let whole = self.read(e)?;
+            out.copy_from_slice(&whole[lo as usize..hi as usize]);
             return Ok(());
         }
+        let r = self.read_chunks(e, lo, hi, out);
+        self.checked(r)
+    }
+
+    /// `read_range` of a compressed entry: fetch and decode chunks covering `[lo, hi)`.
+    fn read_chunks(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
         check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
         let cb = self.index.chunk_bytes() as u64;
         let (c0, c1) = ((lo / cb) as usize, ((hi - 1) / cb) as usize);
@@ -404,12 +538,11 @@ impl RemoteReader {
             }
         }
         // Batches of ~1 GiB stored bytes keep memory bounded on huge checkpoints.
-        const BATCH: u64 = 1 << 30;
         let mut i = 0;
         while i < n {
             let mut es = Vec::new();
             let mut total = 0u64;
-            while i < n && (es.is_empty() || total < BATCH) {
+            while i < n && (es.is_empty() || total < VERIFY_BATCH) {
                 let e = self.index.entry(i)?;
                 total += e.stored_len;
                 es.push(e);
