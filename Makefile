@@ -19,6 +19,9 @@ $(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt py
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-torch.txt
 	$(PY) -m pip install -q -r requirements-extras.txt
+	# DeepSpeed's CPU communication op is JIT-built (ninja from the venv, the system C++ compiler)
+	# on first use; build it once here so tests/integrations/test_deepspeed_integration.py does not.
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
 	touch $@
 
 venv: $(STAMP)

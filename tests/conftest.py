@@ -29,6 +29,7 @@ _REQUIRED_IN_CI = (
     "lightning",
     "transformers",
     "accelerate",
+    "deepspeed",
 )
 
 

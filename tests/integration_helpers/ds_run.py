@@ -1,0 +1,111 @@
+"""A tiny DeepSpeed ZeRO training run on the CPU (gloo, one rank), as a child process:
+
+    python -m integration_helpers.ds_run JOB [; JOB ...]
+
+JOB is ``train KIND DIR STEPS STAGE`` (checkpoint every 3 steps), ``resume KIND DIR STEPS
+STAGE TAG`` (TAG ``latest`` reads DeepSpeed's ``latest`` file) or ``load KIND DIR STAGE TAG``
+(only load: reports the error, if any). KIND is ``shardpoint`` or ``native``. Prints one JSON
+line: per job, the losses (hex floats) and a digest of the final parameters, or the error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+from integration_helpers.common import arm_kill_hook, digest, hexes
+
+SAVE_EVERY = 3
+
+
+def _init() -> Any:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def engine(kind: str, stage: int) -> Any:
+    deepspeed = _init()
+    from shardpoint.integrations.deepspeed import use_shardpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    cfg = {
+        "train_batch_size": 4,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10_000,
+    }
+    eng, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg)
+    if kind == "shardpoint":
+        use_shardpoint(eng)
+    return eng
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(4, 8, generator=g)
+    return x, x.sum(1, keepdim=True).sin()
+
+
+def run(eng: Any, directory: str, start: int, steps: int) -> dict[str, Any]:
+    losses = []
+    for step in range(start, steps):
+        x, y = batch(step)
+        loss = torch.nn.functional.mse_loss(eng(x), y)
+        eng.backward(loss)
+        eng.step()
+        losses.append(loss.item())
+        if (step + 1) % SAVE_EVERY == 0:
+            eng.save_checkpoint(directory)
+    return {"losses": hexes(losses), "digest": digest(eng.module.state_dict())}
+
+
+def job(args: list[str]) -> dict[str, Any]:
+    what, kind, directory = args[0], args[1], args[2]
+    if what == "train":
+        return run(engine(kind, int(args[4])), directory, 0, int(args[3]))
+    if what == "resume":
+        eng = engine(kind, int(args[4]))
+        tag = None if args[5] == "latest" else args[5]
+        _, client = eng.load_checkpoint(directory, tag)
+        return run(eng, directory + "-resumed", eng.global_steps, int(args[3]))
+    eng = engine(kind, int(args[3]))
+    try:
+        eng.load_checkpoint(directory, args[4])
+    except Exception as e:  # reported to the parent, which checks type and message
+        return {
+            "error": type(e).__name__,
+            "mro": [c.__name__ for c in type(e).__mro__],
+            "message": str(e),
+        }
+    return {"error": None}
+
+
+def main(argv: list[str]) -> None:
+    arm_kill_hook()
+    results = []
+    current: list[str] = []
+    for arg in [*argv, ";"]:
+        if arg != ";":
+            current.append(arg)
+            continue
+        results.append(job(current))
+        current = []
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
