@@ -294,3 +294,27 @@ def test_module_extra_state_that_cannot_be_stored_raises_naming_it(tmp_path):
     with pytest.raises(sp.UnsaveableObjectError, match=r"^\(root\)\.model\.1\._extra_state: "):
         ckpt.save(str(tmp_path / "c"))
     assert os.listdir(tmp_path) == []
+
+
+def test_checkpoints_written_by_the_generic_adapter_stay_readable(tmp_path):
+    """Before the fix a user's nn.Module subclass was saved through the generic state_dict()
+    adapter (numpy leaves, no .TORCH_TENSORS). Restoring such a checkpoint into the module
+    adapter says how to read it, and TorchStateDictTrackable reads it (tensor leaves back as
+    tensors because they are tensors in the live state_dict())."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(3, 2)
+
+    src = Net()
+    path = sp.Checkpoint(model=sp.StateDictTrackable(src)).write(str(tmp_path / "old"))
+    assert "model/.ATTRIBUTES/body..weight" in {k for k, _ in sp.list_variables(path)}
+    status = sp.Checkpoint(model=Net()).read(path).expect_partial()
+    with pytest.raises(sp.LoadStatusError, match="TorchStateDictTrackable"):
+        status.assert_consumed()
+    dst = Net()
+    sp.Checkpoint(model=spt.TorchStateDictTrackable(dst)).read(path).assert_consumed()
+    assert torch.equal(dst.body.weight, src.body.weight) and torch.equal(
+        dst.body.bias, src.body.bias
+    )

@@ -38,6 +38,7 @@ from ..errors import CorruptCheckpointError
 from .errors import DTypeMismatchError, LoadStatusError, ShapeMismatchError
 from .naming import ATTRIBUTES, OBJECT_GRAPH_KEY, _escape_attribute, attribute_key, walk
 from .restore_order import may_write, next_uid, wrote
+from .state_dict_adapter import STRUCTURE_ATTRIBUTE
 from .trackable import Trackable, as_trackable
 
 __all__ = [
@@ -428,6 +429,19 @@ class RestoreCoordinator:
             pass
 
 
+def _state_dict_hint(unused_names: Any) -> str:
+    """Why a checkpoint's state-dict layout does not fit an object restored another way."""
+    if not any(STRUCTURE_ATTRIBUTE in names for names in unused_names):
+        return ""
+    return (
+        f"\nAn object with a {STRUCTURE_ATTRIBUTE} attribute was saved through its state_dict() "
+        "by the generic adapter (before issue 22, shardpoint did that for a torch.nn.Module "
+        "subclass tracked with only `import shardpoint`, without its optimizer's moments). To "
+        "read it, track that object as shardpoint.torch.TorchStateDictTrackable(obj) for this "
+        "restore."
+    )
+
+
 def _short(obj: Any) -> str:
     text = repr(obj)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -476,6 +490,7 @@ class CheckpointLoadStatus:
                 "Unused attributes in these objects (the attributes exist in the checkpoint but "
                 "were not restored):\n"
                 + "\n".join(f"{c.paths[n]} ({_short(obj)}): {names}" for n, obj, names in unused)
+                + _state_dict_hint(names for _, _, names in unused)
             )
         self.assert_existing_objects_matched()
         return self

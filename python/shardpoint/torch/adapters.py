@@ -257,6 +257,10 @@ class TorchStateDictTrackable(StateDictTrackable):
             return leaf
         return np.asarray(leaf)
 
+    def _live_tensor_names(self) -> list[str]:
+        """Names of the leaves that are tensors in the live ``state_dict()`` now."""
+        return list(self._sp_values().get(TENSORS_ATTRIBUTE) or ())
+
     def _sp_values(self) -> Mapping[str, Any]:
         self._tensor_flags = []
         values = dict(super()._sp_values())
@@ -279,7 +283,13 @@ class TorchStateDictTrackable(StateDictTrackable):
                 f"checkpoint has no {STRUCTURE_ATTRIBUTE} attribute for {self!r}; it was not "
                 "written by a state-dict adapter"
             )
-        tensor_names = set(values.get(TENSORS_ATTRIBUTE) or ())
+        if TENSORS_ATTRIBUTE in values:
+            tensor_names = set(values[TENSORS_ATTRIBUTE] or ())
+        else:
+            # Written by the generic state-dict adapter, which records no tensors (before issue
+            # 22 a user's nn.Module subclass could be saved that way): the leaves that are
+            # tensors in the live object's state_dict() come back as tensors.
+            tensor_names = set(self._live_tensor_names())
         leaves: dict[str, Any] = {}
         for name, value in values.items():
             if name in (STRUCTURE_ATTRIBUTE, TENSORS_ATTRIBUTE):
