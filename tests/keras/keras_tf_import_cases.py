@@ -40,8 +40,20 @@ def batches():
     return x, y
 
 
-def program():
-    net, opt = MLP(), keras.optimizers.Adam(0.05)
+def sequential():
+    return keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, activation="relu"),
+            keras.layers.Dropout(0.0),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def program(flavour="keras3"):
+    net = sequential() if flavour == "tfkeras2_sequential" else MLP()
+    opt = keras.optimizers.Adam(0.05)
     net.compile(optimizer=opt, loss="mse")
     step = keras.Variable(0, dtype="int64", trainable=False, name="step")
     return net, opt, step, sp.Checkpoint(step=step, model=net, optimizer=opt)
@@ -51,13 +63,15 @@ def numpy(v):
     return keras.ops.convert_to_numpy(v.value if hasattr(v, "value") else v)
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "tfkeras2_new", "tfkeras2_legacy"])
+@pytest.mark.parametrize(
+    "flavour", ["keras3", "tfkeras2_new", "tfkeras2_legacy", "tfkeras2_sequential"]
+)
 def test_tf_checkpoint_restores_and_training_continues(flavour):
     with open(os.path.join(FIXTURES, f"{flavour}.json")) as f:
         fixture = json.load(f)
-    net, opt, step, ckpt = program()
+    net, opt, step, ckpt = program(flavour)
     status = restore_from_tensorflow(ckpt, os.path.join(FIXTURES, flavour))  # the directory
-    assert not net.built and not opt.built  # restored when built (deferred restore)
+    assert net.built == (flavour == "tfkeras2_sequential") and not opt.built
     x, y = batches()
     losses = [float(net.train_on_batch(x[i], y[i])) for i in range(3, 6)]
     if flavour == "tfkeras2_legacy":
@@ -78,20 +92,24 @@ def test_tf_checkpoint_restores_and_training_continues(flavour):
         status.assert_consumed()
     assert int(numpy(step)) == 3 and int(numpy(opt.iterations)) == 6
     # the restored values themselves: a fresh program restored, then built without training
-    net2, opt2, _, ckpt2 = program()
+    net2, opt2, _, ckpt2 = program(flavour)
     restore_from_tensorflow(ckpt2, os.path.join(FIXTURES, flavour)).expect_partial()
     net2(x[0])
     opt2.build(net2.trainable_variables)
     values = fixture["values"]
     suffix = "_kernel" if flavour == "keras3" else "kernel"
-    for layer in ("hidden", "out"):
+    if flavour == "tfkeras2_sequential":
+        pairs = [("layer_with_weights-0", net2.layers[0]), ("layer_with_weights-1", net2.layers[2])]
+    else:
+        pairs = [("hidden", net2.hidden), ("out", net2.out)]
+    for name, layer in pairs:
         np.testing.assert_array_equal(
-            numpy(getattr(net2, layer).kernel),
-            np.array(values[f"model/{layer}/{suffix}/.ATTRIBUTES/VARIABLE_VALUE"], np.float32),
+            numpy(layer.kernel),
+            np.array(values[f"model/{name}/{suffix}/.ATTRIBUTES/VARIABLE_VALUE"], np.float32),
         )
         np.testing.assert_array_equal(
-            numpy(getattr(net2, layer).bias),
-            np.array(values[f"model/{layer}/bias/.ATTRIBUTES/VARIABLE_VALUE"], np.float32),
+            numpy(layer.bias),
+            np.array(values[f"model/{name}/bias/.ATTRIBUTES/VARIABLE_VALUE"], np.float32),
         )
     moments = [numpy(m) for m in opt2._momentums]
     if flavour == "tfkeras2_legacy":

@@ -19,6 +19,7 @@ wrapped (on that instance only) so that the values are assigned right after it c
 from __future__ import annotations
 
 import functools
+import re
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -59,6 +60,7 @@ _LAYER_INTERNALS = frozenset(
     }
 )
 _MAX_CONTAINER_DEPTH = 64
+_KERAS2_LAYER_EDGE = re.compile(r"layer(_with_weights)?-(0|[1-9][0-9]{0,8})")
 # TF slot name -> the Keras 3 optimizer list holding that slot for each trainable variable
 # (Adam/AdamW/Adamax/Nadam: m, v, vhat; SGD: momentum)
 _SLOT_LISTS = {
@@ -161,7 +163,23 @@ class _ChildHolder(Trackable):
         if fallback is not None and _is_keras_trackable(fallback[1]):
             # tf.keras (Keras 2) saved Dense weights as 'kernel'; Keras 3 keeps '_kernel'
             return self._wrap(fallback[0], fallback[1], lookup=True)
+        layer = self._keras2_layer_edge(name)
+        if layer is not None:
+            return self._wrap(name, layer, lookup=True)
         return None
+
+    def _keras2_layer_edge(self, name: str) -> Any:
+        """tf.keras 2 named a Sequential/functional model's layers ``layer-N`` (``model.layers[N]``)
+        and ``layer_with_weights-N`` (the N-th of those with weights); Keras 3's
+        ``model.layers`` lists the same layers in the same order. None for other names."""
+        match = _KERAS2_LAYER_EDGE.fullmatch(name)
+        layers = getattr(getattr(self, "obj", None), "layers", None) if match else None
+        if match is None or not isinstance(layers, list):
+            return None
+        index = int(match.group(2))
+        if match.group(1):
+            layers = [layer for layer in layers if layer.weights]
+        return layers[index] if index < len(layers) else None
 
     def _sp_defer(self, name: str, position: Any) -> None:
         super()._sp_defer(name, position)
