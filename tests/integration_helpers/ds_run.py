@@ -70,7 +70,12 @@ def run(eng: Any, directory: str, start: int, steps: int) -> dict[str, Any]:
         losses.append(loss.item())
         if (step + 1) % SAVE_EVERY == 0:
             eng.save_checkpoint(directory)
-    return {"losses": hexes(losses), "digest": digest(eng.module.state_dict())}
+    import deepspeed
+
+    # under ZeRO-3 the module's parameters are partitioned placeholders: gather them first
+    with deepspeed.zero.GatheredParameters(list(eng.module.parameters())):
+        params = {n: p.detach().clone() for n, p in eng.module.named_parameters()}
+    return {"losses": hexes(losses), "digest": digest(params)}
 
 
 def job(args: list[str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""DeepSpeed through ShardpointCheckpointEngine: ZeRO stages 1 and 2 on the CPU (gloo, one
+"""DeepSpeed through ShardpointCheckpointEngine: ZeRO stages 1, 2 and 3 on the CPU (gloo, one
 rank) — exact resume in a new process against the uninterrupted run and DeepSpeed's own
 checkpoints, what is stored, a save killed mid-way (``latest`` still names the previous
 checkpoint), a damaged checkpoint through ``load_checkpoint``, the object allow-list.
@@ -30,6 +30,7 @@ from integration_helpers.common import (  # noqa: E402
 ENV = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
 MODEL = "global_step3/mp_rank_00_model_states.pt"
 OPTIM = "global_step3/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+STAGES = ("1", "2", "3")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     os.environ.update(ENV)
     jobs: list[str] = []
     names = []
-    for stage in ("1", "2"):
+    for stage in STAGES:
         for kind in ("shardpoint", "native"):
             jobs += ["train", kind, str(base / f"{kind}{stage}"), "6", stage, ";"]
             names.append(f"{kind}{stage}")
@@ -55,19 +56,19 @@ def test_resume_in_new_process_is_exact(runs: dict[str, Any], tmp_path: Path) ->
     assert proc.returncode == -9 and "SELFKILL mid-save" in proc.stdout, proc.stderr[-2000:]
     assert (tmp_path / "killed" / "latest").read_text() == "global_step3"
     jobs: list[str] = []
-    for stage in ("1", "2"):
+    for stage in STAGES:
         for kind in ("shardpoint", "native"):
             jobs += ["resume", kind, str(base / f"{kind}{stage}"), "6", stage, "global_step3", ";"]
     jobs += ["resume", "shardpoint", str(tmp_path / "killed"), "6", "1", "latest"]
-    s1, n1, s2, n2, after_kill = run_child("ds_run", *jobs, env=ENV)
-    for stage, ours, native in (("1", s1, n1), ("2", s2, n2)):
+    s1, n1, s2, n2, s3, n3, after_kill = run_child("ds_run", *jobs, env=ENV)
+    for stage, ours, native in (("1", s1, n1), ("2", s2, n2), ("3", s3, n3)):
         full = runs[f"shardpoint{stage}"]
         assert full["losses"] == runs[f"native{stage}"]["losses"]
         assert ours["losses"] == full["losses"][3:] == native["losses"]
         assert ours["digest"] == full["digest"] == native["digest"]
     assert after_kill["losses"] == runs["shardpoint1"]["losses"][3:]
     assert after_kill["digest"] == runs["shardpoint1"]["digest"]
-    for stage in ("1", "2"):
+    for stage in STAGES:
         assert pickles_under(base / f"shardpoint{stage}") == []
 
 
