@@ -52,6 +52,19 @@ def test_saves_every_n_batches_in_the_background(tmp_path):
         assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 8
         saved = reader.get_tensor("optimizer/_trainable_variables/3/.ATTRIBUTES/VARIABLE_VALUE")
     np.testing.assert_array_equal(saved, weights(model)[-1])
+    # ckpt-6, saved in the background while batches 7-8 trained, holds the values of batch 6
+    reference = make_model()
+    reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x[:16], y[:16], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    restored = make_model(seed=5)
+    status = sp.Checkpoint(model=restored, optimizer=restored.optimizer).read(
+        manager.checkpoints[0]
+    )
+    status.expect_partial()  # the step counter is not part of this program
+    restored.optimizer.build(restored.trainable_variables)
+    for a, b in zip(weights(restored), weights(reference), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(keras.ops.convert_to_numpy(restored.optimizer.iterations.value)) == 6
 
 
 def test_resume_after_interruption_equals_an_uninterrupted_fit(tmp_path):

@@ -1,7 +1,8 @@
 """Keras 3 integration tests, one subprocess per Keras backend.
 
 Keras reads ``KERAS_BACKEND`` once, at import, so each backend runs the case files
-(``keras_*_cases.py``, not collected directly) in its own ``pytest`` subprocess: JAX and PyTorch.
+(``keras_*_cases.py``, not collected directly) in its own ``pytest`` subprocess: JAX and PyTorch
+(everything), numpy (inference only: ``keras_numpy_cases.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pytest
 import shardpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+NUMPY_CASES = [os.path.join(HERE, "keras_numpy_cases.py")]  # Keras's numpy backend cannot train
 CASES = sorted(
     os.path.join(HERE, name)
     for name in os.listdir(HERE)
-    if name.startswith("keras_") and name.endswith("_cases.py")
+    if name.startswith("keras_")
+    and name.endswith("_cases.py")
+    and os.path.join(HERE, name) not in NUMPY_CASES
 )
-BACKEND_MODULES = {"jax": "jax", "torch": "torch"}
+BACKEND_MODULES = {"jax": "jax", "torch": "torch", "numpy": "numpy"}
 
 
 def _require(module: str) -> None:
@@ -39,7 +43,8 @@ def _start(backend: str, basetemp: str) -> subprocess.Popen:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore"]
-    command += ["--basetemp", basetemp, "--rootdir", HERE, *CASES]
+    cases = NUMPY_CASES if backend == "numpy" else CASES
+    command += ["--basetemp", basetemp, "--rootdir", HERE, *cases]
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
