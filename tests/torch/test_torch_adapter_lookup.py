@@ -44,6 +44,29 @@ _MATRIX = textwrap.dedent(
     if IMPORT_ORDER == "shardpoint_only":
         assert "shardpoint.torch" not in sys.modules, "import shardpoint imported shardpoint.torch"
 
+    # the first lookups race from several threads (a data loader thread, an async save):
+    # none may see the generic state_dict() adapter while shardpoint.torch is being imported
+    import threading
+
+    class FirstLookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+    barrier = threading.Barrier(8)
+    first_kinds = []
+
+    def first_lookup():
+        module = FirstLookup()
+        barrier.wait()
+        first_kinds.append(type(sp.objgraph.trackable.as_trackable(module)).__name__)
+
+    threads = [threading.Thread(target=first_lookup) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
     class UserAdapterModule(torch.nn.Module):
         pass
 
@@ -154,6 +177,7 @@ _MATRIX = textwrap.dedent(
                 "scheduler_equal": straight[1] == resumed[1],
                 "lr_equal": straight[2] == resumed[2],
             }
+    results["first_lookup_kinds"] = sorted(set(first_kinds))
     results["user_adapter_wins"] = type(sp.objgraph.trackable.as_trackable(
         UserAdapterModule()
     )).__name__
@@ -194,6 +218,7 @@ def test_every_optimizer_state_key_saved_and_resume_is_exact(order, matrix_runs)
     assert returncode == 0, stdout + stderr
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
     results = json.loads(line[len("RESULT ") :])
+    assert results.pop("first_lookup_kinds") == ["ModuleAdapter"]
     assert results.pop("user_adapter_wins") == "UserAdapter"
     assert len(results) == 9
     for case, r in results.items():

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -370,15 +371,24 @@ def declare_adapter_module(foreign_package: str, adapter_module: str) -> None:
 
 
 def _import_declared_adapters() -> None:
-    """Import the adapter module of each declared package that is imported now, once."""
-    for package in list(_ADAPTER_MODULES):
-        if sys.modules.get(package) is not None:  # None: an import blocked on purpose
-            # popped before importing: a lookup made while the module imports does not recurse
-            module = _ADAPTER_MODULES.pop(package)
+    """Import the adapter module of each declared package that is imported now, once.
+
+    The declaration is removed only once its module imported: another thread looking an
+    object up meanwhile waits on the lock instead of seeing no declaration and falling back to
+    the generic adapter before the framework's adapters are registered. A lookup made by the
+    importing thread itself, while the module imports, skips it (no recursion). A failing
+    import stays declared and raises again at the next lookup: never a silent fallback."""
+    with _IMPORT_LOCK:
+        for package, module in list(_ADAPTER_MODULES.items()):
+            if package in _IMPORTING or sys.modules.get(package) is None:
+                continue  # None in sys.modules: an import blocked on purpose
+            _IMPORTING.add(package)
             try:
                 importlib.import_module(module)
-            except BaseException:
-                # never fall back silently to the generic adapter for the framework's objects:
-                # the next lookup tries (and raises) again
-                _ADAPTER_MODULES[package] = module
-                raise
+            finally:
+                _IMPORTING.discard(package)
+            _ADAPTER_MODULES.pop(package, None)
+
+
+_IMPORT_LOCK = threading.RLock()
+_IMPORTING: set[str] = set()
