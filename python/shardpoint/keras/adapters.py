@@ -60,6 +60,10 @@ _LAYER_INTERNALS = frozenset(
     }
 )
 _MAX_CONTAINER_DEPTH = 64
+# hyper-parameters tf.keras 2's legacy optimizers saved as variables (Keras 3: Python floats)
+_LEGACY_HYPERPARAMETERS = frozenset(
+    {"beta_1", "beta_2", "epsilon", "rho", "momentum", "decay", "initial_accumulator_value"}
+)
 _KERAS2_LAYER_EDGE = re.compile(r"layer(_with_weights)?-(0|[1-9][0-9]{0,8})")
 # TF slot name -> the Keras 3 optimizer list holding that slot for each trainable variable
 # (Adam/AdamW/Adamax/Nadam: m, v, vhat; SGD: momentum)
@@ -157,7 +161,10 @@ class _ChildHolder(Trackable):
         fallback = None
         for item_name, value in self._items():
             if item_name == name:
-                return self._wrap(name, value, lookup=True)
+                wrapped = self._wrap(name, value, lookup=True)
+                if wrapped is not None:
+                    return wrapped
+                break  # an attribute of that name that is not trackable (a float): see below
             if alias is not None and item_name == alias and fallback is None:
                 fallback = (item_name, value)
         if fallback is not None and _is_keras_trackable(fallback[1]):
@@ -166,7 +173,20 @@ class _ChildHolder(Trackable):
         layer = self._keras2_layer_edge(name)
         if layer is not None:
             return self._wrap(name, layer, lookup=True)
-        return None
+        return self._legacy_hyperparameter(name)
+
+    def _legacy_hyperparameter(self, name: str) -> Trackable | None:
+        """tf.keras 2's legacy optimizers kept hyper-parameters (``beta_1``, ``rho`` ...) as
+        variables; a Keras 3 optimizer keeps Python floats: restore into those."""
+        opt = getattr(self, "obj", None)
+        if not isinstance(opt, keras.optimizers.Optimizer) or name not in _LEGACY_HYPERPARAMETERS:
+            return None
+        current = getattr(opt, name, None)
+        if name != "decay" and (isinstance(current, bool) or not isinstance(current, float | int)):
+            return None
+        adapter = _HyperparameterAdapter(opt, name)
+        self._held[name] = adapter
+        return adapter
 
     def _keras2_layer_edge(self, name: str) -> Any:
         """tf.keras 2 named a Sequential/functional model's layers ``layer-N`` (``model.layers[N]``)
@@ -248,6 +268,39 @@ class KerasVariableAdapter(Trackable):
             v._direct_assign(v._convert_to_tensor(value, dtype=v.dtype))
             return
         v.assign(value)
+
+
+class _HyperparameterAdapter(Trackable):
+    """A float hyper-parameter of a Keras 3 optimizer restored from the variable a tf.keras 2
+    legacy optimizer saved for it. ``decay`` (legacy time-based learning-rate decay) has no
+    Keras 3 counterpart: only 0 (no decay) is accepted."""
+
+    def __init__(self, optimizer: Any, attribute: str) -> None:
+        self.optimizer = optimizer
+        self.attribute = attribute
+
+    def __repr__(self) -> str:
+        return f"<hyper-parameter {self.attribute!r} of {type(self.optimizer).__name__}>"
+
+    def _sp_value_specs(self) -> Mapping[str, ValueSpec | None]:
+        return {VARIABLE_VALUE: None}
+
+    def _sp_restore_values(self, values: Mapping[str, Any]) -> None:
+        value = np.asarray(values[VARIABLE_VALUE])
+        if value.shape != () or value.dtype.kind not in "fiu":
+            raise ValueError(
+                f"{self!r}: expected a numeric scalar, the checkpoint holds {value.dtype} "
+                f"{value.shape}"
+            )
+        number = float(value)
+        if self.attribute == "decay":
+            if number != 0.0:
+                raise ValueError(
+                    f"the checkpoint's legacy optimizer used decay={number}; Keras 3 optimizers "
+                    "have no time-based decay (use a LearningRateSchedule)"
+                )
+            return
+        setattr(self.optimizer, self.attribute, number)
 
 
 def _pending_initializer(variable: Any) -> bool:

@@ -27,8 +27,8 @@ def restore_from_tensorflow(root: object, path: str | os.PathLike[str]) -> Check
 
     Integer counters may change width (TF's int64 iterations into a JAX int32); floats are
     never cast. Hyper-parameters that tf.keras 2's legacy optimizers kept as variables
-    (``beta_1``, ``decay``) have no Keras 3 variable: they stay unmatched, so check such a
-    restore with ``assert_existing_objects_matched()``.
+    (``beta_1``, ``rho`` ...) restore into the Keras 3 optimizer's floats; a non-zero legacy
+    ``decay`` (no Keras 3 counterpart) raises.
     """
     tracked = as_trackable(root)
     if not isinstance(tracked, Trackable):
