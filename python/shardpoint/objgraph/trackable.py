@@ -329,6 +329,8 @@ def as_trackable(value: Any) -> Trackable | None:
         return value
     if _ADAPTER_MODULES:
         _import_declared_adapters()
+    if _FAILED:
+        _refuse_without_adapters(value)
     cached = _cache_get(value)
     if cached is not None:
         return cached
@@ -376,8 +378,9 @@ def _import_declared_adapters() -> None:
     The declaration is removed only once its module imported: another thread looking an
     object up meanwhile waits on the lock instead of seeing no declaration and falling back to
     the generic adapter before the framework's adapters are registered. A lookup made by the
-    importing thread itself, while the module imports, skips it (no recursion). A failing
-    import stays declared and raises again at the next lookup: never a silent fallback."""
+    importing thread itself, while the module imports, skips it (no recursion). An import that
+    fails is remembered: objects of that framework then raise (never a silent fallback to the
+    generic adapter), everything else is still tracked."""
     with _IMPORT_LOCK:
         for package, module in list(_ADAPTER_MODULES.items()):
             if package in _IMPORTING or sys.modules.get(package) is None:
@@ -385,10 +388,29 @@ def _import_declared_adapters() -> None:
             _IMPORTING.add(package)
             try:
                 importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - reported for the framework's objects
+                _FAILED[package] = (module, exc)
             finally:
                 _IMPORTING.discard(package)
             _ADAPTER_MODULES.pop(package, None)
 
 
+def _refuse_without_adapters(value: Any) -> None:
+    """Raise for an object whose class or a base comes from a framework whose adapter module
+    failed to import."""
+    for cls in type(value).__mro__:
+        root = cls.__module__.split(".", 1)[0]
+        failed = _FAILED.get(root)
+        if failed is not None:
+            module, exc = failed
+            raise ImportError(
+                f"{type(value).__name__} is a {root} object, but {module} (its trackable "
+                f"adapters) failed to import: {exc}. It is not tracked with a generic adapter, "
+                "which would save less than it holds."
+            ) from exc
+
+
 _IMPORT_LOCK = threading.RLock()
 _IMPORTING: set[str] = set()
+# package -> (adapter module, the error its import raised)
+_FAILED: dict[str, tuple[str, BaseException]] = {}
