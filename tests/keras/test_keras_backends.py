@@ -50,14 +50,48 @@ def _start(backend: str, basetemp: str) -> subprocess.Popen:
     )
 
 
+# On the torch backend a Keras layer is also a torch.nn.Module: with the torch adapters
+# registered first (shardpoint.torch imported before keras), a user's keras.Model subclass must
+# still get the Keras adapter, and a plain torch module the torch one.
+IMPORT_ORDER_SCRIPT = """
+import shardpoint.torch, torch
+from shardpoint.objgraph.trackable import as_trackable
+import keras
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.l1 = keras.layers.Dense(5)
+
+    def call(self, x):
+        return self.l1(x)
+
+print(type(as_trackable(Net())).__name__, type(as_trackable(torch.nn.Linear(2, 2))).__name__)
+"""
+
+
+def _start_import_order() -> subprocess.Popen:
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(shardpoint.__file__)))
+    env = {**os.environ, "PYTHONPATH": package_root, "KERAS_BACKEND": "torch"}
+    return subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", IMPORT_ORDER_SCRIPT],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 @pytest.fixture(scope="module")
 def backend_runs(tmp_path_factory):
-    """Both backends' subprocesses, started together (they are mostly single-threaded)."""
+    """Every backend's subprocess, started together (each is mostly single-threaded)."""
     _require("keras")
     runs = {}
     for backend, module in sorted(BACKEND_MODULES.items()):
         if importlib.util.find_spec(module) is not None:
             runs[backend] = _start(backend, str(tmp_path_factory.mktemp(f"keras_{backend}")))
+    if "torch" in runs:
+        runs["torch-import-order"] = _start_import_order()
     yield runs
     for proc in runs.values():
         if proc.poll() is None:
@@ -69,11 +103,7 @@ def backend_runs(tmp_path_factory):
 def test_keras_cases_on_backend(backend, backend_runs):
     _require(BACKEND_MODULES[backend])
     proc = backend_runs[backend]
-    try:
-        output, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
+    output = _finish(proc)
     tail = output[-6000:]
     assert proc.returncode == 0, f"Keras cases failed on the {backend} backend:\n{tail}"
     assert " passed" in output and "skipped" not in output, tail
@@ -91,3 +121,20 @@ def test_import_shardpoint_does_not_import_keras():
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    try:
+        output, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+    return output
+
+
+def test_torch_backend_keras_adapter_wins_whatever_the_import_order(backend_runs):
+    _require("torch")
+    proc = backend_runs["torch-import-order"]
+    output = _finish(proc)
+    assert proc.returncode == 0, output[-3000:]
+    assert output.split()[-2:] == ["KerasObjectAdapter", "ModuleAdapter"], output[-3000:]
