@@ -30,6 +30,7 @@ _REQUIRED_IN_CI = (
     "transformers",
     "accelerate",
     "deepspeed",
+    "model_signing",
 )
 
 

@@ -329,16 +329,56 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .progress import run_with_spinner
 
     fmt, path = detect_format(resolve_prefix(args.path))
+    if getattr(args, "signature", None) is not None:
+        _verify_signature(args)
     if fmt == "hf":
         return _verify_hf(path)
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; verify checks shardpoint checkpoints")
+    strong = bool(getattr(args, "strong", False) or getattr(args, "expect", None))
     with files.open(path) as r:
         fi = r.format_info
-        run_with_spinner(r.verify, f"verify {os.path.basename(path)}", progress=args.progress)
+        found = run_with_spinner(
+            lambda: r.verify(strong=strong, expect=getattr(args, "expect", None)),
+            f"verify {os.path.basename(path)}",
+            progress=args.progress,
+        )
         n = len(r)
     size = fi["index_bytes"] + sum(b for _, b in fi["shards"])
     _emit(f"OK {path}: {n} entries, {len(fi['shards'])} shards, {human(size)} verified")
+    if found is not None:
+        pinned = " (matches --expect)" if getattr(args, "expect", None) else ""
+        _emit(f"strong digest OK: {found.files} shard files re-hashed; root {found}{pinned}")
+    return EXIT_OK
+
+
+def _verify_signature(args: argparse.Namespace) -> None:
+    """``verify --signature``: the signature first (it covers every byte), then the checks."""
+    from .signing import verify_signature
+
+    if (args.public_key is None) == (args.certificate_chain is None):
+        raise InvalidArgumentError("--signature needs --public-key or --certificate-chain")
+    names = verify_signature(
+        args.path,
+        signature=args.signature or None,
+        public_key=args.public_key,
+        certificate_chain=args.certificate_chain,
+    )
+    _emit(f"signature OK: {len(names)} files signed and unchanged")
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from .signing import sign
+
+    sig = sign(
+        args.path,
+        private_key=args.private_key,
+        signature=args.signature,
+        certificate=args.certificate,
+        certificate_chain=args.certificate_chain or (),
+        password=os.environ.get(args.password_env) if args.password_env else None,
+    )
+    _emit(f"signed {args.path}: {sig}")
     return EXIT_OK
 
 
@@ -524,7 +564,53 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check every checksum and structural invariant in parallel. Exit 0 when intact, 1 with the damaged file, key and offset named otherwise.",
     )
     ver.add_argument("path", metavar="PREFIX")
+    ver.add_argument(
+        "--strong",
+        action="store_true",
+        help="also re-hash every file against the digest manifest recorded at save time "
+        "(save with digest=...); prints the root digest (exit 1 if none was recorded)",
+    )
+    ver.add_argument(
+        "--expect",
+        metavar="ROOT",
+        help="with --strong: the root digest (sha256:HEX / blake3:HEX) the checkpoint must have",
+    )
+    ver.add_argument(
+        "--signature",
+        nargs="?",
+        const="",
+        metavar="SIG",
+        help="also check the model_signing signature SIG (default P.sig, DIR.sig); exit 1 if "
+        "absent or not matching",
+    )
+    ver.add_argument("--public-key", metavar="PEM", help="--signature: the signer's public key")
+    ver.add_argument(
+        "--certificate-chain",
+        metavar="PEM",
+        action="append",
+        help="--signature: certificates that issued the signing certificate (repeatable)",
+    )
     ver.set_defaults(func=cmd_verify)
+
+    sg = sub.add_parser(
+        "sign",
+        parents=[common],
+        help="sign a checkpoint or model directory (model_signing, local keys)",
+        description="Sign a checkpoint prefix (a manager directory: its latest checkpoint) or a Hugging Face model directory with the OpenSSF model_signing library, using a local private key (or a signing certificate). The signature verifies with `model_signing verify key` too. Needs shardpoint[signing].",
+    )
+    sg.add_argument("path", metavar="PREFIX")
+    sg.add_argument(
+        "--private-key", required=True, metavar="PEM", help="elliptic-curve private key"
+    )
+    sg.add_argument("--signature", metavar="SIG", help="output (default P.sig, DIR.sig)")
+    sg.add_argument("--certificate", metavar="PEM", help="sign with this certificate of the key")
+    sg.add_argument(
+        "--certificate-chain", metavar="PEM", action="append", help="issuers of --certificate"
+    )
+    sg.add_argument(
+        "--password-env", metavar="VAR", help="environment variable holding the key's password"
+    )
+    sg.set_defaults(func=cmd_sign)
 
     d = sub.add_parser(
         "diff",

@@ -26,6 +26,10 @@ __all__ = [
     "InvalidSliceError",
     "PickleRefusedError",
     "CheckpointIOError",
+    "DigestMissingError",
+    "DigestMismatchError",
+    "SignatureError",
+    "SignatureMissingError",
 ]
 
 
@@ -106,3 +110,22 @@ class PickleRefusedError(CheckpointError, pickle.UnpicklingError):
 
 class CheckpointIOError(CheckpointError, OSError):
     """The operating system refused a read or write (disk full, permissions, I/O error)."""
+
+
+class DigestMissingError(CheckpointError, ValueError):
+    """A strong check was asked for (``verify(strong=True)``) but the checkpoint was saved
+    without a digest manifest: there is nothing stronger than its crc32c to check."""
+
+
+class DigestMismatchError(CorruptCheckpointError):
+    """A file's strong digest (SHA-256/BLAKE3) differs from the manifest recorded at save time,
+    or the root digest differs from the one expected: the bytes changed after they were written."""
+
+
+class SignatureError(CheckpointError, ValueError):
+    """A checkpoint's signature does not verify: a file changed, was added or removed after
+    signing, or the signature was made with another key."""
+
+
+class SignatureMissingError(SignatureError):
+    """A signature check was asked for but the checkpoint has no signature file."""

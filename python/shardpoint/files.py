@@ -41,6 +41,8 @@ from .errors import (
 )
 from .progress import progress_bar, wanted
 from .slicing import LazySlice, TensorSlice
+from .strong_digest import StrongDigest
+from .strong_digest import verify_strong as _verify_strong
 from .values import check_key, decode, encode, json_depth
 
 if TYPE_CHECKING:
@@ -137,6 +139,23 @@ def _sections_json(sections: Mapping[str, Any] | None) -> str:
     return json.dumps(dict(sections), allow_nan=True)
 
 
+#: strong digest algorithms a save may record (FORMAT.md §7.1)
+DIGEST_ALGORITHMS = ("sha256", "blake3")
+
+
+def _digest(digest: str | None) -> str:
+    """The ``digest`` option of a save as the core takes it ("" for none)."""
+    if digest is None or digest is False:
+        return ""
+    if digest is True:
+        return "blake3"  # 3x the speed of sha256 here (benches/bench_digest.py)
+    if digest not in DIGEST_ALGORITHMS:
+        raise InvalidArgumentError(
+            f"digest must be None, True or one of {DIGEST_ALGORITHMS}, got {digest!r}"
+        )
+    return str(digest)
+
+
 def save_file(
     tensors: Mapping[str, Any],
     prefix: PathLike,
@@ -153,6 +172,7 @@ def save_file(
     base: PathLike | None = None,
     _sections: Mapping[str, Any] | None = None,
     storage_options: StorageOptions = None,
+    digest: str | None = None,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -187,6 +207,10 @@ def save_file(
             there): stored beside the user metadata, read back by ``Reader.sections``.
         storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL
             (docs/OBJECT_STORE.md).
+        digest: ``"sha256"`` or ``"blake3"`` (``True``: ``"blake3"``, the faster) records a
+            strong digest of every shard file, computed while the bytes are written (no second
+            pass), in a manifest in the index (FORMAT.md §7.1); ``Reader.verify(strong=True)``
+            checks it. ``None`` (default): crc32c only.
 
     ``prefix`` may be a local path, a ``file://`` URL or an object-store URL (``s3://b/run/ck``):
     shards stream up as multipart uploads and the index is committed last by a conditional put.
@@ -207,6 +231,7 @@ def save_file(
         base=base,
         _sections=_sections,
         storage_options=storage_options,
+        digest=digest,
     )
     if blocking:
         plan.write(items, None)
@@ -231,6 +256,7 @@ def plan_save(
     base: PathLike | None = None,
     _sections: Mapping[str, Any] | None = None,
     storage_options: StorageOptions = None,
+    digest: str | None = None,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -261,6 +287,7 @@ def plan_save(
         base_p,
         _sections_json(_sections),
         _storage(storage_options),
+        _digest(digest),
     )
     return plan, items
 
@@ -283,6 +310,8 @@ class SavePlan:
     #: library metadata sections (FORMAT.md §7) as JSON text, "" for none
     sections_json: str = ""
     storage_options: dict[str, str] | None = None
+    #: strong digest algorithm of the manifest (FORMAT.md §7.1), "" for none
+    digest: str = ""
 
     def staged(self, items: list[Any]) -> Any:
         """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
@@ -310,6 +339,7 @@ class SavePlan:
                 durable=bool(self.durable),
                 metadata_json=self.metadata_json,
                 sections_json=self.sections_json,
+                digest=self.digest or None,
             )
             return
         shards = self.shards
@@ -333,6 +363,7 @@ class SavePlan:
                 sections_json=self.sections_json,
                 storage_options=self.storage_options,
                 progress=None if bar is None else bar.update,
+                digest=self.digest or None,
             )
         finally:
             if bar is not None:
@@ -670,9 +701,23 @@ class Reader:
         blob["chunk_bytes"] = self._core.chunk_bytes()
         return blob
 
-    def verify(self) -> None:
-        """Check every checksum and structural invariant, in parallel. Raises on damage."""
+    def verify(self, *, strong: bool = False, expect: str | None = None) -> StrongDigest | None:
+        """Check every checksum and structural invariant, in parallel. Raises on damage.
+
+        ``strong=True`` also re-hashes every shard file against the digest manifest recorded
+        at save time (``save_file(..., digest=...)``, FORMAT.md §7.1) and returns a
+        :class:`StrongDigest` whose ``root`` is the digest of the index file, which covers every
+        shard through the manifest. Raises ``DigestMissingError`` when the checkpoint has no
+        manifest, ``DigestMismatchError`` naming the file when one differs. ``expect``: a root
+        digest kept somewhere an attacker cannot write (``"sha256:<hex>"`` or bare hex); a
+        different root raises ``DigestMismatchError``. crc32c catches accidents; only the
+        root compared with ``expect`` (or a signature, ``shardpoint.signing``) tells a
+        deliberate rewrite (docs/RELIABILITY.md).
+        """
         self._core.verify()
+        if not (strong or expect):
+            return None
+        return _verify_strong(self._core, self._prefix, expect)
 
 
 # Foreign formats that :func:`open` reads in place when ``P.index`` is absent, as
@@ -724,6 +769,8 @@ class Writer:
     ``merge_token`` (e.g. the step): the merge then refuses a stale partial index left by an
     earlier, crashed save instead of mixing two saves. ``add`` may be called from several threads
     at once; each call writes to a free shard (``shards`` of them) with the GIL released.
+    ``digest`` (``"sha256"``/``"blake3"``) records strong digests of the shard files as
+    :func:`save_file` does; a merged checkpoint keeps them when every writer recorded them.
     """
 
     def __init__(
@@ -741,6 +788,7 @@ class Writer:
         merge_token: str | None = None,
         _sections: Mapping[str, Any] | None = None,
         storage_options: StorageOptions = None,
+        digest: str | None = None,
     ) -> None:
         self.prefix = _prefix(prefix)
         codec, lvl = _opts(compression, level)
@@ -758,6 +806,7 @@ class Writer:
             merge_token="" if merge_token is None else str(merge_token),
             sections_json=_sections_json(_sections),
             storage_options=_storage(storage_options),
+            digest=_digest(digest) or None,
         )
 
     def _writer(self) -> _core.Writer:

@@ -10,12 +10,13 @@
 //!   before the index that references it is written; any doubt falls back to a full save.
 
 use crate::commit::{parent_dir, random_token, sync_dir, with_suffix, PrefixLock};
+use crate::digest::{hash_path, manifest_extra, parse_manifest, DigestAlgo, FileDigest};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, IndexView, ShardRec};
 use crate::merge::meta_blob;
 use crate::shard::{par_crc, Item, ShardWriter};
-use crate::writer::{commit_index, WriterOptions};
+use crate::writer::{commit_index, shard_digests, WriterOptions};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -91,6 +92,10 @@ pub fn save_incremental(
         },
         None => LinkPlan::default(),
     };
+    let mut plan = plan;
+    if let (Some(b), Some(algo)) = (base, opts.digest) {
+        plan.base_digests = base_digests(b, algo);
+    }
     match write_and_commit(prefix, items, &plan, solo_bytes, &opts, base, &mut report) {
         Err(LinkFailed(why)) if !plan.shards.is_empty() => {
             // The base changed under us (e.g. rotated away): save everything afresh.
@@ -121,6 +126,28 @@ struct LinkPlan {
     base_index_path: Option<std::path::PathBuf>,
     shards: Vec<(ShardRec, Vec<EntryMeta>)>,
     covered: HashSet<usize>,
+    /// The base's recorded digests (by its shard names), when its manifest uses the
+    /// algorithm of this save: linked shards take them instead of being hashed again.
+    base_digests: HashMap<String, FileDigest>,
+}
+
+/// The digests a base checkpoint recorded with `algo`, by shard name (empty when it has none
+/// or cannot be read: linked shards are then hashed).
+fn base_digests(base: &Path, algo: DigestAlgo) -> HashMap<String, FileDigest> {
+    let ip = crate::commit::index_path(base);
+    let found = fs::read(&ip)
+        .ok()
+        .and_then(|bytes| IndexView::open(bytes, &ip).ok())
+        .and_then(|v| {
+            let meta = v.metadata_bytes().ok()?;
+            parse_manifest(meta, &ip).ok().flatten()
+        });
+    match found {
+        Some(m) if m.algorithm == algo.name() => {
+            m.files.into_iter().map(|f| (f.name.clone(), f)).collect()
+        }
+        _ => HashMap::new(),
+    }
 }
 
 /// Read the base index and pick the shards whose entries all match an item.
@@ -244,12 +271,32 @@ fn write_and_commit(
     let allow_plain = lock.held();
     // Links first: if the base vanished, nothing has been published yet.
     let mut linked_recs = Vec::with_capacity(plan.shards.len());
+    let mut linked_digests: Vec<Option<String>> = Vec::with_capacity(plan.shards.len());
     let mut made: Vec<std::path::PathBuf> = Vec::new();
+    let fresh_digests = shard_digests(&sealed);
     for (k, (rec, _)) in plan.shards.iter().enumerate() {
         let id = (groups.len() + k) as u32;
         let src = with_suffix(base.expect("a plan has a base"), &rec.name);
         match link_checked(prefix, &src, rec, id, total, token, allow_plain) {
             Ok((name, path)) => {
+                if let Some(algo) = opts.digest {
+                    // The base's digest of this very file when it recorded one (the link was
+                    // checked against its shard record); else hash the linked file once.
+                    let digest = match plan.base_digests.get(&rec.name) {
+                        Some(fd) if fd.len == rec.file_len => Ok(fd.digest.clone()),
+                        _ => hash_path(algo, &path).map(|(_, d)| d),
+                    };
+                    match digest {
+                        Ok(d) => linked_digests.push(Some(d)),
+                        Err(e) => {
+                            let _ = fs::remove_file(&path);
+                            for p in made {
+                                let _ = fs::remove_file(p);
+                            }
+                            return Err(e.into());
+                        }
+                    }
+                }
                 made.push(path);
                 linked_recs.push(ShardRec {
                     name,
@@ -310,7 +357,27 @@ fn write_and_commit(
         report.linked_shards,
         report.linked_bytes
     );
-    let meta = meta_blob(&opts.metadata_json, &extra, &opts.sections_json);
+    let manifest = match opts.digest {
+        None => String::new(),
+        Some(algo) => {
+            let digests = fresh_digests.into_iter().chain(linked_digests);
+            let files: Vec<FileDigest> = recs
+                .iter()
+                .zip(digests)
+                .map(|(r, d)| FileDigest {
+                    name: r.name.clone(),
+                    len: r.file_len,
+                    digest: d.expect("every shard of a digested save has a digest"),
+                })
+                .collect();
+            manifest_extra(algo, &files)
+        }
+    };
+    let meta = meta_blob(
+        &opts.metadata_json,
+        &format!("{extra}{manifest}"),
+        &opts.sections_json,
+    );
     commit_index(
         prefix,
         &recs,
@@ -371,6 +438,7 @@ fn write_groups(
                             return Ok(());
                         }
                         let mut w = ShardWriter::create(prefix, g as u32, total, token)?;
+                        w.set_digest(opts.digest);
                         let its: Vec<&Item<'_>> = groups[g].iter().map(|&i| &items[i]).collect();
                         w.write_items(&its, enc, &|_| {})?;
                         w.seal(opts.durable)?;

@@ -17,11 +17,14 @@
 //! - [`commit`]: atomic publish, cleanup, removal;
 //! - [`store`]: object-store URLs (`s3://`, `gs://`, `az://`, `memory://`): lazy ranged
 //!   reads, streaming multipart uploads, the conditional-put commit;
+//! - [`digest`]: optional strong digests (SHA-256, BLAKE3) of every file, computed while
+//!   writing, recorded as a manifest in the index metadata, and strong verification;
 //! - [`error`]: the crate's one error type.
 
 pub mod codec;
 pub mod commit;
 pub mod crc_combine;
+pub mod digest;
 pub mod error;
 pub mod format;
 pub mod incremental;
@@ -34,6 +37,7 @@ pub mod staging;
 pub mod store;
 pub mod writer;
 
+pub use digest::DigestAlgo;
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};

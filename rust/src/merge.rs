@@ -7,6 +7,7 @@
 //! (the user's part is carried through verbatim as raw JSON).
 
 use crate::commit::PrefixLock;
+use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
 use crate::index::{EntryMeta, IndexView, ShardRec};
@@ -69,6 +70,9 @@ struct StoredMeta<'a> {
     /// The library's sections object, as JSON text (see [`meta_blob`]).
     #[serde(default)]
     sections: Option<String>,
+    /// The digest manifest of the partial's shards (FORMAT.md §7.1).
+    #[serde(default)]
+    digest: Option<Manifest>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +167,9 @@ fn merge_partials(
     let mut chunk_bytes = None;
     let mut user_meta: Option<String> = None;
     let mut sections = String::new();
+    // The merged manifest: kept only if every partial has one, all of one algorithm (a
+    // manifest that left out some shards would make strong verification refuse the index).
+    let mut digests: Option<(String, Vec<FileDigest>)> = None;
     for rank in 0..world_size {
         let (p, bytes) = load(rank)?;
         let view = IndexView::open(bytes, &p)?;
@@ -195,6 +202,14 @@ fn merge_partials(
             }
         }
         first_token.get_or_insert(mt);
+        digests = match (rank, digests, meta.digest) {
+            (0, _, Some(m)) => Some((m.algorithm, m.files)),
+            (_, Some((algo, mut files)), Some(m)) if m.algorithm == algo => {
+                files.extend(m.files);
+                Some((algo, files))
+            }
+            _ => None,
+        };
         if rank == 0 {
             // Keep rank 0's user metadata (verbatim) and library sections; the "partial"
             // marker is dropped.
@@ -216,7 +231,15 @@ fn merge_partials(
         }
     }
     let user = user_meta.unwrap_or_else(|| "{}".to_string());
-    let meta = meta_blob(&user, &format!(",\"writers\":{world_size}"), &sections);
+    let manifest = match digests.map(|(a, f)| (DigestAlgo::from_name(&a), f)) {
+        Some((Ok(algo), files)) => manifest_extra(algo, &files),
+        _ => String::new(),
+    };
+    let meta = meta_blob(
+        &user,
+        &format!(",\"writers\":{world_size}{manifest}"),
+        &sections,
+    );
     Ok(Merged {
         shards,
         entries,

@@ -5,6 +5,7 @@
 
 use crate::codec::{choose_codec, encode_chunk_crc_in, BufPool};
 use crate::commit::publish_shard;
+use crate::digest::{DigestAlgo, FileHasher};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{ChunkRec, EntryMeta, ShardRec};
@@ -158,6 +159,9 @@ pub struct ShardWriter {
     sealed: bool,
     /// Output buffers of written chunks, reused by the encoder for the next ones.
     pool: std::sync::Arc<BufPool>,
+    /// Strong digest of every byte written (`set_digest`), finished by `seal`.
+    hasher: Option<FileHasher>,
+    digest: Option<String>,
 }
 
 impl ShardWriter {
@@ -183,6 +187,8 @@ impl ShardWriter {
             bytes_written: 0,
             sealed: false,
             pool: Default::default(),
+            hasher: None,
+            digest: None,
         };
         // From here on an error drops `w`, whose Drop removes the temp file.
         crate::commit::lock_temp(w.file.as_ref().expect("just created"), &w.tmp)?;
@@ -225,11 +231,30 @@ impl ShardWriter {
             bytes_written: 0,
             sealed: false,
             pool: Default::default(),
+            hasher: None,
+            digest: None,
         }
+    }
+
+    /// Hash every byte of this shard with `algo` as it is written (FORMAT.md §7.1). Call before
+    /// the first value is written: the header is still in the write buffer until then.
+    pub fn set_digest(&mut self, algo: Option<DigestAlgo>) {
+        debug_assert!(self.pos == DATA_START && self.entries.is_empty());
+        self.hasher = algo.map(DigestAlgo::hasher);
+    }
+
+    /// The hex digest of the whole file, once sealed with a digest set.
+    pub fn digest(&self) -> Option<&str> {
+        self.digest.as_deref()
     }
 
     /// Write bytes to the file or the sink.
     fn write_out(&mut self, data: &[u8]) -> Result<()> {
+        // Every byte of the file passes here exactly once, in file order: the digest is
+        // computed from the bytes handed to the file or upload, without reading them back.
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(data);
+        }
         if let Some(sink) = self.sink.as_mut() {
             return sink.write_all(data);
         }
@@ -498,6 +523,9 @@ impl ShardWriter {
     /// On error the writer is dropped by its caller and the temp file removed.
     pub fn seal(&mut self, durable: bool) -> Result<()> {
         self.flush_buf()?;
+        if let Some(h) = self.hasher.take() {
+            self.digest = Some(h.finish_hex());
+        }
         if durable && self.sink.is_none() {
             // (a completed upload is durable: nothing to sync for a sink)
             let f = self.file.as_ref().expect("open until publish");

@@ -6,6 +6,7 @@ use crate::commit::{
     cleanup, current_shards, index_path, parent_dir, partial_index_path, random_token,
     replace_file, sync_dir_after_commit, with_suffix, write_atomic, Orphans, PrefixLock,
 };
+use crate::digest::{manifest_extra, DigestAlgo, FileDigest};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{build_index, EntryMeta, ShardRec};
@@ -41,6 +42,9 @@ pub struct WriterOptions {
     /// partial index; `merge` refuses partials whose tokens differ (a stale partial of an
     /// earlier, crashed save). Empty = none given.
     pub merge_token: String,
+    /// Record a strong digest of every shard file, computed while writing, in a manifest in
+    /// the index metadata (FORMAT.md §7.1). `None` = no manifest.
+    pub digest: Option<DigestAlgo>,
 }
 
 impl Default for WriterOptions {
@@ -56,6 +60,7 @@ impl Default for WriterOptions {
             metadata_json: "{}".into(),
             sections_json: String::new(),
             merge_token: String::new(),
+            digest: None,
         }
     }
 }
@@ -133,9 +138,9 @@ impl CheckpointWriter {
         let mut shards = Vec::with_capacity(opts.shards as usize);
         for j in 0..opts.shards {
             let s = opts.rank * opts.shards + j;
-            shards.push(Mutex::new(Some(ShardWriter::create(
-                prefix, s, global, token,
-            )?)));
+            let mut w = ShardWriter::create(prefix, s, global, token)?;
+            w.set_digest(opts.digest);
+            shards.push(Mutex::new(Some(w)));
         }
         Ok(CheckpointWriter {
             prefix: prefix.to_path_buf(),
@@ -167,12 +172,9 @@ impl CheckpointWriter {
         for j in 0..opts.shards {
             let s = opts.rank * opts.shards + j;
             let sink = RemoteSink::new(rp, shard_name(s, global, Some(token)))?;
-            shards.push(Mutex::new(Some(ShardWriter::with_sink(
-                Box::new(sink),
-                s,
-                global,
-                token,
-            ))));
+            let mut w = ShardWriter::with_sink(Box::new(sink), s, global, token);
+            w.set_digest(opts.digest);
+            shards.push(Mutex::new(Some(w)));
         }
         Ok(CheckpointWriter {
             prefix: rp.url_of(""),
@@ -324,9 +326,15 @@ impl CheckpointWriter {
             return self.commit_remote(rp, mode.clone(), sealed);
         }
         let lock = PrefixLock::acquire(&self.prefix)?;
+        let digests = shard_digests(&sealed);
         let (recs, entries) = publish_all(&self.prefix, sealed, lock.held())?;
+        let manifest = self.manifest(&recs, &digests);
         if self.opts.world_size == 1 {
-            let meta = meta_blob(&self.opts.metadata_json, "", &self.opts.sections_json);
+            let meta = meta_blob(
+                &self.opts.metadata_json,
+                &manifest,
+                &self.opts.sections_json,
+            );
             commit_index(
                 &self.prefix,
                 &recs,
@@ -337,7 +345,7 @@ impl CheckpointWriter {
                 &lock,
             )
         } else {
-            let meta = self.partial_meta();
+            let meta = self.partial_meta(&manifest);
             let res = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes()).and_then(
                 |bytes| {
                     write_atomic(
@@ -354,15 +362,40 @@ impl CheckpointWriter {
         }
     }
 
-    /// The metadata of this writer's partial index (a multi-writer save).
-    fn partial_meta(&self) -> String {
+    /// The metadata of this writer's partial index (a multi-writer save); `manifest`: the
+    /// digest manifest fragment of its shards (or "").
+    fn partial_meta(&self, manifest: &str) -> String {
         let extra = partial_marker(
             self.opts.rank,
             self.opts.world_size,
             self.token,
             &self.opts.merge_token,
         );
-        meta_blob(&self.opts.metadata_json, &extra, &self.opts.sections_json)
+        meta_blob(
+            &self.opts.metadata_json,
+            &format!("{extra}{manifest}"),
+            &self.opts.sections_json,
+        )
+    }
+
+    /// The `"digest"` manifest fragment for the published shards `recs` (their digests in
+    /// the same order), or "" when this save records none.
+    fn manifest(&self, recs: &[ShardRec], digests: &[Option<String>]) -> String {
+        match self.opts.digest {
+            None => String::new(),
+            Some(algo) => {
+                let files: Vec<FileDigest> = recs
+                    .iter()
+                    .zip(digests)
+                    .map(|(r, d)| FileDigest {
+                        name: r.name.clone(),
+                        len: r.file_len,
+                        digest: d.clone().expect("a digest was set on every shard"),
+                    })
+                    .collect();
+                manifest_extra(algo, &files)
+            }
+        }
     }
 
     /// Complete the uploads, then commit the index conditionally (one writer) or put this
@@ -373,6 +406,7 @@ impl CheckpointWriter {
         mode: object_store::PutMode,
         sealed: Vec<ShardWriter>,
     ) -> Result<()> {
+        let digests = shard_digests(&sealed);
         let done: Vec<Result<(ShardRec, Vec<EntryMeta>)>> = std::thread::scope(|sc| {
             let hs: Vec<_> = sealed
                 .into_iter()
@@ -385,9 +419,11 @@ impl CheckpointWriter {
         let mut recs = Vec::new();
         let mut entries = Vec::new();
         let mut first_err = None;
-        for d in done {
+        let mut kept = Vec::new();
+        for (d, digest) in done.into_iter().zip(digests) {
             match d {
                 Ok((rec, mut ents)) => {
+                    kept.push(digest);
                     let id = recs.len() as u32;
                     for e in ents.iter_mut() {
                         e.shard = id;
@@ -400,10 +436,15 @@ impl CheckpointWriter {
                 }
             }
         }
+        let manifest = self.manifest(&recs, &kept);
         let res = match first_err {
             Some(e) => Err(e),
             None if self.opts.world_size == 1 => {
-                let meta = meta_blob(&self.opts.metadata_json, "", &self.opts.sections_json);
+                let meta = meta_blob(
+                    &self.opts.metadata_json,
+                    &manifest,
+                    &self.opts.sections_json,
+                );
                 return remote_commit::commit_index(
                     rp,
                     mode,
@@ -417,7 +458,7 @@ impl CheckpointWriter {
                 &recs,
                 entries,
                 self.opts.chunk_bytes,
-                self.partial_meta().as_bytes(),
+                self.partial_meta(&manifest).as_bytes(),
             )
             .and_then(|bytes| {
                 let suffix = partial_suffix(self.opts.rank, self.opts.world_size);
@@ -443,6 +484,14 @@ impl CheckpointWriter {
             }
         }
     }
+}
+
+/// The digests of sealed shards, in order (`None` where no digest was set).
+pub(crate) fn shard_digests(sealed: &[ShardWriter]) -> Vec<Option<String>> {
+    sealed
+        .iter()
+        .map(|w| w.digest().map(str::to_string))
+        .collect()
 }
 
 /// Publish sealed shards under their final names (commit lock held) and number them. If one

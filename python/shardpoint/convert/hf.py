@@ -26,6 +26,7 @@ import numpy as np
 from ..dtypes import numpy_dtype
 from ..errors import (
     CorruptCheckpointError,
+    DigestMissingError,
     InvalidArgumentError,
     InvalidKeyError,
     MissingKeyError,
@@ -35,6 +36,7 @@ from ..errors import (
 from ..files import EntryInfo, Reader
 from ..progress import progress_bar, wanted
 from ..slicing import TensorSlice
+from ..strong_digest import StrongDigest
 from .base import Source, Spec
 from .hf_format import ShardHeader, TensorRecord, read_index, read_shard_header
 from .safetensors_io import ST_TO_FORMAT
@@ -338,11 +340,19 @@ class HFReader(Reader):
             out[self._weight_map[k]].append(k)
         return out
 
-    def verify(self) -> None:
+    def verify(self, *, strong: bool = False, expect: str | None = None) -> StrongDigest | None:
         """Check every shard header and that each weight-map key is in its shard. This format
-        carries no checksums, so the tensor bytes themselves cannot be checked."""
+        carries no checksums, so the tensor bytes themselves cannot be checked; ``strong``
+        raises ``DigestMissingError`` (no digest manifest: sign the directory instead,
+        ``shardpoint sign``)."""
         for k in self._keys:
             self._locate(k)
+        if strong or expect:
+            raise DigestMissingError(
+                f"{self._prefix}: a Hugging Face directory records no digest manifest; "
+                "sign it (`shardpoint sign`) or convert it with a digest"
+            )
+        return None
 
 
 class HFSource(Source):

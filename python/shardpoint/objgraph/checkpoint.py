@@ -172,6 +172,7 @@ class Checkpoint(Module):
         *,
         blocking: bool = True,
         incremental: bool = False,
+        digest: str | None = None,
     ) -> Any:
         """Write exactly at ``file_prefix``; no numbering, no state file, counter untouched.
 
@@ -181,9 +182,13 @@ class Checkpoint(Module):
         copied into reusable host buffers before the call returns, and the write runs in the
         background (see :meth:`wait`, :attr:`max_in_flight`). ``incremental``: values unchanged
         since this object's previous committed save are not written again (FORMAT.md §8.1).
+        ``digest``: ``"sha256"``/``"blake3"`` records strong digests of the files
+        (``sp.save_file``'s option; checked by ``verify(strong=True)``).
         """
         prefix = os.fspath(file_prefix)
-        return self._write(prefix, _blocking(blocking, options), incremental, then=None)
+        return self._write(
+            prefix, _blocking(blocking, options), incremental, then=None, digest=digest
+        )
 
     def save(
         self,
@@ -192,10 +197,11 @@ class Checkpoint(Module):
         *,
         blocking: bool = True,
         incremental: bool = False,
+        digest: str | None = None,
     ) -> Any:
         """Increment ``save_counter``, write ``<prefix>-<n>``, record it in the state file.
 
-        ``blocking``/``incremental`` as in :meth:`write`; asynchronously, the counter is
+        ``blocking``/``incremental``/``digest`` as in :meth:`write`; asynchronously, the counter is
         incremented and the path fixed in the call, the state file is updated in the
         background after the commit (so ``latest_checkpoint`` only names committed saves)."""
         prefix = os.fspath(file_prefix)
@@ -209,6 +215,7 @@ class Checkpoint(Module):
                 _blocking(blocking, options),
                 incremental,
                 then=lambda: update_checkpoint_state(storage_io.dirname(path), path),
+                digest=digest,
             )
         except BaseException:
             uncount_failed_save(counter, path)
@@ -221,6 +228,7 @@ class Checkpoint(Module):
         incremental: bool,
         then: Callable[[], None] | None,
         base: Callable[[], str | None] | None = None,
+        digest: str | None = None,
     ) -> Any:
         """Write at ``path`` (then run ``then``): now, or through this object's saver.
         ``base()`` names the checkpoint an incremental save re-uses (default: this object's
@@ -235,7 +243,9 @@ class Checkpoint(Module):
                 saver.wait()  # keep call order: earlier asynchronous saves commit first
             elif saver is not None:
                 saver.check()
-            storage_io.write_checkpoint(path, values, graph, incremental=incremental, base=base())
+            storage_io.write_checkpoint(
+                path, values, graph, incremental=incremental, base=base(), digest=digest
+            )
             object.__setattr__(self, "_sp_last_written", path)
             if then is not None:
                 then()
@@ -253,6 +263,7 @@ class Checkpoint(Module):
             incremental=incremental,
             base=base,
             then=committed,
+            digest=digest,
         )
         fut = self._saver().submit(_returning(stage, path))
         return fut

@@ -73,6 +73,8 @@ class CheckpointManager:
     ``init_fn`` is called by ``restore_or_initialize()`` when there is nothing to restore;
     ``last_checkpoint_step`` seeds the step of the last save for the ``checkpoint_interval``
     check (as the ``last_checkpoint_step`` property, e.g. after restoring a step counter).
+    ``digest`` (``"sha256"``/``"blake3"``) records strong digests of every save's files
+    (FORMAT.md §7.1), checked by ``verify(strong=True)`` and ``shardpoint verify --strong``.
 
     A manager created over an existing directory takes over (may later delete) only the listed
     checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
@@ -93,6 +95,7 @@ class CheckpointManager:
         *,
         incremental: bool = False,
         max_in_flight: int | None = None,
+        digest: str | None = None,
     ) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep <= 0
@@ -105,6 +108,8 @@ class CheckpointManager:
                 "`step_counter` should be passed if `checkpoint_interval` is not None."
             )
         self._checkpoint = checkpoint
+        # strong digests of every save's files (FORMAT.md §7.1); None: crc32c only
+        self._digest = digest
         self._directory = os.fspath(directory)
         # an object-store URL: no directory lock (no flock on a bucket); the state object's
         # conditional update plays its part (module docstring)
@@ -344,6 +349,7 @@ class CheckpointManager:
                     self._incremental,
                     then=lambda: self._record_and_sweep(path, stamp),
                     base=lambda: self._latest_checkpoint,
+                    digest=self._digest,
                 )
         except BaseException as e:
             uncount_failed_save(counter, path)

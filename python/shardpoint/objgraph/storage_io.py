@@ -49,21 +49,22 @@ def write_checkpoint(
     *,
     incremental: bool = False,
     base: str | None = None,
+    digest: str | None = None,
 ) -> None:
     """Write ``values`` plus the object graph atomically at ``prefix`` (parents created).
     ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
-    (FORMAT.md §8.1)."""
+    (FORMAT.md §8.1). ``digest``: record strong digests of the files (FORMAT.md §7.1)."""
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
     if not incremental:
-        files.save_file(payload, prefix)
+        files.save_file(payload, prefix, digest=digest)
         return
     if base is not None and not files.exists(base):
         base = None
-    files.save_file(payload, prefix, incremental=True, base=base)
+    files.save_file(payload, prefix, incremental=True, base=base, digest=digest)
 
 
 def stage_checkpoint(
@@ -74,12 +75,13 @@ def stage_checkpoint(
     incremental: bool = False,
     base: Callable[[], str | None] | None = None,
     then: Callable[[], None] | None = None,
+    digest: str | None = None,
 ) -> Callable[[StagingBuffers], Callable[[], None]]:
     """The ``stage`` step of an asynchronous :func:`write_checkpoint` for ``AsyncSaver.submit``:
     validates and encodes now, copies into the staging buffers when called, and returns the
     background writer. ``base()`` is asked in the background, just before writing (the
     previous save has committed by then); ``then()`` runs after the commit."""
-    plan, items = _plan(prefix, values, graph_json, incremental, None)
+    plan, items = _plan(prefix, values, graph_json, incremental, None, digest)
 
     def stage(bufs: StagingBuffers) -> Callable[[], None]:
         copy, crcs = bufs.stage(items, with_crc=incremental)
@@ -98,7 +100,12 @@ def stage_checkpoint(
 
 
 def _plan(
-    prefix: str, values: dict[str, Any], graph_json: bytes, incremental: bool, base: str | None
+    prefix: str,
+    values: dict[str, Any],
+    graph_json: bytes,
+    incremental: bool,
+    base: str | None,
+    digest: str | None = None,
 ) -> tuple[files.SavePlan, list[Any]]:
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
@@ -107,7 +114,7 @@ def _plan(
     payload[OBJECT_GRAPH_KEY] = graph_json
     if not incremental or (base is not None and not files.exists(base)):
         base = None
-    return files.plan_save(payload, prefix, incremental=incremental, base=base)
+    return files.plan_save(payload, prefix, incremental=incremental, base=base, digest=digest)
 
 
 def open_reader(prefix: str, verify: bool = True) -> Any:

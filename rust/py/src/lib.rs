@@ -82,6 +82,19 @@ pub(crate) fn nogil<T: Send>(
     py.detach(f).map_err(|e| to_py(py, e))
 }
 
+/// A save's `digest` option: `None`/`""` = no manifest, else `"sha256"` or `"blake3"`.
+pub(crate) fn parse_digest(
+    py: Python<'_>,
+    name: Option<&str>,
+) -> PyResult<Option<shardpoint_core::DigestAlgo>> {
+    match name {
+        None | Some("") => Ok(None),
+        Some(n) => shardpoint_core::DigestAlgo::from_name(n)
+            .map(Some)
+            .map_err(|e| to_py(py, e)),
+    }
+}
+
 pub(crate) fn parse_codec(py: Python<'_>, name: &str) -> PyResult<Codec> {
     match name {
         "none" => Ok(Codec::None),
@@ -122,6 +135,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<read::EntryValue>()?;
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;

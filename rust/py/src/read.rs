@@ -350,6 +350,26 @@ impl CheckpointReader {
         nogil(py, || self.inner.verify())
     }
 
+    /// Re-hash every shard against the digest manifest of the index (GIL released). `None`
+    /// when the checkpoint records no digest; else (algorithm, root digest of the index,
+    /// files hashed, bytes, [(shard path, what differs)]).
+    #[allow(clippy::type_complexity)]
+    fn verify_strong(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Option<(String, String, usize, u64, Vec<(PathBuf, String)>)>> {
+        let rep = nogil(py, || shardpoint_core::digest::verify_strong(&self.inner))?;
+        Ok(rep.map(|r| {
+            (
+                r.algorithm.name().to_string(),
+                r.index_digest,
+                r.files,
+                r.bytes,
+                r.mismatches.into_iter().map(|m| (m.path, m.what)).collect(),
+            )
+        }))
+    }
+
     /// The metadata JSON text (crc checked).
     fn metadata_json(&self, py: Python<'_>) -> PyResult<String> {
         let b = self

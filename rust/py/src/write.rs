@@ -4,7 +4,7 @@
 
 use crate::buffers::bytes_of;
 use crate::remote::{location, Opts};
-use crate::{nogil, parse_codec, to_py};
+use crate::{nogil, parse_codec, parse_digest, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use shardpoint_core::format::{DType, Kind};
@@ -31,7 +31,7 @@ pub(crate) fn to_items<'a>(py: Python<'_>, raw: &'a [RawItem]) -> PyResult<Vec<I
 /// `progress(nbytes)` (optional) is called after each item is written; it does not change
 /// what is written (one algorithm with or without a progress bar).
 #[pyfunction]
-#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None))]
+#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -46,9 +46,11 @@ pub(crate) fn save(
     sections_json: String,
     storage_options: Opts,
     progress: Option<Py<PyAny>>,
+    digest: Option<String>,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
     let opts = WriterOptions {
+        digest: parse_digest(py, digest.as_deref())?,
         codec: parse_codec(py, codec)?,
         level,
         chunk_bytes,
@@ -113,7 +115,7 @@ pub(crate) struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, *, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None))]
+    #[pyo3(signature = (prefix, *, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None, digest=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -129,6 +131,7 @@ impl Writer {
         merge_token: String,
         sections_json: String,
         storage_options: Opts,
+        digest: Option<String>,
     ) -> PyResult<Self> {
         let loc = location(py, prefix, &storage_options)?;
         let opts = WriterOptions {
@@ -142,6 +145,7 @@ impl Writer {
             metadata_json,
             merge_token,
             sections_json,
+            digest: parse_digest(py, digest.as_deref())?,
         };
         let inner = nogil(py, || CheckpointWriter::new_at(&loc, opts))?;
         Ok(Writer { inner })

@@ -274,6 +274,11 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         self.bytes.as_ref()
     }
 
+    /// The index file's bytes, as read at open (what a strong digest of the index covers).
+    pub fn bytes(&self) -> &[u8] {
+        self.b()
+    }
+
     /// Path of the index file (for error messages).
     pub fn path(&self) -> &Path {
         &self.path
