@@ -9,16 +9,18 @@ EXT_STAMP := $(VENV)/.ext-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 RUST_SRC := $(shell find rust -name '*.rs') Cargo.toml rust/py/Cargo.toml
 
-.PHONY: bench-deps all venv develop demo test test-rust test-python lint fmt bench bench-activation clean fuzz-smoke
+.PHONY: bench-deps all venv develop demo test test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
 
 all: develop
 
+UV := $(VENV)/bin/uv
+
+# uv resolves the three requirement files together and installs from its cache by hard links:
+# the fresh virtual environment of `make test-wheel` then costs seconds, not another 5 GB copy.
 $(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q -r requirements-torch.txt
-	$(PY) -m pip install -q -r requirements-extras.txt
+	$(PY) -m pip install -q --upgrade pip uv
+	$(UV) pip install -q --python $(PY) -r requirements-dev.txt -r requirements-torch.txt -r requirements-extras.txt
 	# DeepSpeed's CPU communication op is JIT-built (ninja from the venv, the system C++ compiler)
 	# on first use; build it once here so tests/integrations/test_deepspeed_integration.py does not.
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
@@ -36,7 +38,7 @@ develop: $(EXT_STAMP)
 demo: develop
 	$(PY) -m shardpoint.demo
 
-test: test-rust test-python lint
+test: test-rust test-python lint test-wheel
 
 test-rust:
 	cargo test --release -p shardpoint-core
@@ -75,11 +77,46 @@ test-python: develop
 lint: develop
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests benches build-support
+	$(VENV)/bin/ruff format --check python tests benches build-support
 	$(PY) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest shardpoint._core
+
+# Release artefacts (docs/PACKAGING.md). The wheel targets manylinux2014 (glibc >= 2.17) for
+# CPython >= 3.11 (abi3): zig (PyPI `ziglang`) links it against glibc 2.17's symbols, so it runs
+# on distributions older than the build machine; auditwheel confirms the tag and that nothing
+# outside the manylinux policy is linked. `release` has no debug info (profiling: `--profile
+# profiling`, Cargo.toml).
+DIST := target/dist
+wheel: $(STAMP)
+	rm -f $(DIST)/shardpoint-*.whl
+	PATH=$(abspath $(VENV))/bin:$$PATH maturin build -q --release --zig --compatibility manylinux2014 -i $(PY) -o $(DIST)
+	$(VENV)/bin/auditwheel show $(DIST)/shardpoint-*.whl
+
+sdist: $(STAMP)
+	rm -f $(DIST)/shardpoint-*.tar.gz
+	PATH=$(abspath $(VENV))/bin:$$PATH maturin sdist -o $(DIST)
+
+# Part of `make test`: the wheel in a fresh virtual environment with every extra, run from a
+# temporary directory (no source tree on sys.path): tests/packaging/wheel_smoke.py. Then the
+# sdist: it builds from source (cargo target dir shared, so only our two crates compile), and
+# without cargo on PATH it stops at once with our message instead of downloading a toolchain.
+EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies']))")
+test-wheel: wheel sdist
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	whl=$$(ls $(DIST)/shardpoint-*.whl); \
+	echo "wheel: $$(basename $$whl), $$(du -k $$whl | cut -f1) KiB"; \
+	$(UV) venv -q -p $(PYTHON) $$tmp/venv; \
+	start=$$(date +%s); \
+	$(UV) pip install -q -p $$tmp/venv/bin/python "$$whl[$(EXTRAS)]" packaging; \
+	cp tests/packaging/wheel_smoke.py $$tmp/; \
+	(cd $$tmp && JAX_PLATFORMS=cpu venv/bin/python wheel_smoke.py); \
+	echo "fresh-venv install + smoke test: $$(( $$(date +%s) - start )) s"; \
+	sd=$$(ls $(DIST)/shardpoint-*.tar.gz); \
+	$(UV) venv -q --seed -p $(PYTHON) $$tmp/sdist-venv; \
+	$(UV) pip install -q -p $$tmp/sdist-venv/bin/python "maturin>=1.7,<2" numpy; \
+	PATH=$$tmp/sdist-venv/bin:/usr/bin:/bin $$tmp/sdist-venv/bin/python tests/packaging/sdist_checks.py $$sd $$tmp/sdist-venv/bin/python $(abspath target) $$(dirname $$(command -v cargo))
 
 fmt:
 	cargo fmt --all

@@ -76,7 +76,13 @@ class SafetensorsSource(Source):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        from safetensors import safe_open
+        try:
+            from safetensors import safe_open
+        except ImportError as e:
+            raise ImportError(
+                f"{path}: reading a .safetensors file needs the 'safetensors' package "
+                "(pip install 'shardpoint[hf]')"
+            ) from e
 
         try:
             self._f: Any = safe_open(path, framework="numpy")
