@@ -216,3 +216,18 @@ def test_missing_object_graph_is_a_clear_error(tmp_path):
         values.close()
     with pytest.raises(sp.NotFoundError):
         restore_from_tensorflow(sp.Checkpoint(), tmp_path / "nothing")
+
+
+def test_deferred_value_from_a_tf_checkpoint_replaced_meanwhile_is_refused(tmp_path):
+    """The files are closed after restore(); a value still waiting is read again when its
+    object is attached, and refused if the checkpoint was written over in between."""
+    dst = tmp_path / "ck"
+    shutil.copytree(os.path.join(FIXTURES, "keras3"), dst)
+    hidden = sp.Checkpoint()
+    root = sp.Checkpoint(model=sp.Checkpoint(hidden=hidden))
+    status = restore_from_tensorflow(root, dst / "ckpt-1")
+    shutil.rmtree(dst)
+    shutil.copytree(os.path.join(FIXTURES, "tfkeras2_legacy"), dst)  # another save, same path
+    with pytest.raises(CorruptCheckpointError, match="replaced since restore"):
+        hidden.bias = sp.Variable(np.zeros(4, np.float32))
+    status.expect_partial()

@@ -132,6 +132,9 @@ class _Info:
     shape: tuple[int, ...]
     dtype: str
     kind: str
+    # recorded by the coordinator for values still waiting when it closes the files: a
+    # checkpoint written over at the same path is then refused, not half-restored
+    crc32c: int | None = None
 
 
 class _BundleValues:
@@ -147,7 +150,8 @@ class _BundleValues:
     def info(self, key: str) -> _Info:
         entry = self.bundle.entries.get(key)
         if entry is not None:
-            return _Info(entry.shape, TF_DTYPES[entry.dtype], "tensor")
+            crc = unmask_crc(entry.crc32c_masked)
+            return _Info(entry.shape, TF_DTYPES[entry.dtype], "tensor", crc)
         skipped = self.bundle.skipped.get(key)
         if skipped is None:
             raise KeyError(key)
