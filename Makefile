@@ -111,7 +111,7 @@ test-wheel: wheel sdist
 	start=$$(date +%s); \
 	$(UV) pip install -q -p $$tmp/venv/bin/python "$$whl[$(EXTRAS)]" packaging; \
 	cp tests/packaging/wheel_smoke.py $$tmp/; \
-	(cd $$tmp && JAX_PLATFORMS=cpu venv/bin/python wheel_smoke.py); \
+	(cd $$tmp && JAX_PLATFORMS=cpu KERAS_BACKEND=jax venv/bin/python wheel_smoke.py); \
 	echo "fresh-venv install + smoke test: $$(( $$(date +%s) - start )) s"; \
 	sd=$$(ls $(DIST)/shardpoint-*.tar.gz); \
 	$(UV) venv -q --seed -p $(PYTHON) $$tmp/sdist-venv; \

@@ -37,10 +37,13 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.jax": "jax",
     "shardpoint.jax.orbax": "orbax",
     "shardpoint.keras": "keras",
+    "shardpoint.integrations": "torch",
     "shardpoint.integrations.lightning": "lightning",
     "shardpoint.integrations.hf_trainer": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",
+    "shardpoint.integrations._deepspeed_engine": "deepspeed",
+    "shardpoint.signing": "signing",
 }
 # The extras the docs name (README, docs/*.md): each must exist in the wheel's metadata.
 DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes")
