@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
+from shardpoint.convert import tf_object_graph
 from shardpoint.convert.tensorbundle import TensorBundleReader
 from shardpoint.convert.tf_checkpoint import (
     OBJECT_GRAPH_KEY,
@@ -164,11 +165,24 @@ def test_hostile_graphs_are_refused_with_bounded_memory():
     assert peak < 1 << 20  # a 2^40-byte length claim allocates nothing
 
 
-def test_many_nodes_stay_proportional_to_the_input():
-    # 200k empty nodes (2 bytes each): decoded, memory a small multiple of the node count
+def test_many_nodes_stay_small_and_are_capped(monkeypatch):
+    # 200k empty nodes (2 bytes of input each) share one object: a few pointers per node
     data = message(1, b"") * 200_000
-    document = parse_object_graph_proto(data)
+    tracemalloc.start()
+    try:
+        document = parse_object_graph_proto(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert len(document["nodes"]) == 200_000 and not document["nodes"][0]["has_values"]
+    assert peak < 40 * 200_000
+    monkeypatch.setattr(tf_object_graph, "MAX_NODES", 1000)
+    with pytest.raises(CorruptCheckpointError, match="more than 1000 nodes"):
+        parse_object_graph_proto(message(1, b"") * 1001)
+    monkeypatch.setattr(tf_object_graph, "MAX_EDGES", 10)
+    edge = message(1, varint(1 << 3) + varint(0))
+    with pytest.raises(CorruptCheckpointError, match="more than 10 edges"):
+        parse_object_graph_proto(message(1, edge * 11))
 
 
 def test_damaged_object_graph_bytes_fail_the_checksum(tmp_path):

@@ -35,12 +35,16 @@ from typing import Any
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["parse_object_graph_proto", "MAX_GRAPH_BYTES", "MAX_NODES"]
+__all__ = ["parse_object_graph_proto", "MAX_GRAPH_BYTES", "MAX_NODES", "MAX_EDGES"]
 
 #: A serialized object graph larger than this is refused before it is read.
 MAX_GRAPH_BYTES = 256 << 20
-#: Most nodes (and, separately, most edges + attributes + slots) accepted in one graph.
-MAX_NODES = 1 << 22
+#: Most nodes, and separately most edges + attributes + slots, accepted in one graph (real
+#: graphs have a few per variable: ~10^4 for large models). With these caps the decoded graph
+#: stays under ~0.6 GB whatever the input: an empty node costs one shared object, a node with
+#: content ~400 bytes, an edge/attribute ~200.
+MAX_NODES = 1 << 20
+MAX_EDGES = 1 << 21
 _MAX_NAME_BYTES = 65535
 
 
@@ -124,7 +128,7 @@ def _node(buf: memoryview, start: int, end: int, budget: list[int]) -> dict[str,
             continue  # registered_saver, has_checkpoint_values, unknown fields: ignored
         budget[0] -= 1
         if budget[0] < 0:
-            raise _Bad(f"more than {MAX_NODES} edges, attributes and slots", at)
+            raise _Bad(f"more than {MAX_EDGES} edges, attributes and slots", at)
         fields = {n: (w, v, a) for n, w, v, a in _fields(buf, value[0], value[1])}
         if num == 1:
             node_id = _int32(_get_int(fields, 1, at), at, "child node_id")
@@ -146,10 +150,21 @@ def _node(buf: memoryview, start: int, end: int, budget: list[int]) -> dict[str,
                     "node": _int32(_get_int(fields, 3, at), at, "slot_variable_node_id"),
                 }
             )
+    if not (children or attributes or slots):
+        return _EMPTY_NODE  # shared: a graph of empty nodes costs a pointer per node
     entry: dict[str, Any] = {"kind": "tensorflow", "children": children, "attributes": attributes}
     if slots:
         entry["slots"] = slots
     return entry
+
+
+# Never modified: has_values of a node without attributes, slots or children is False.
+_EMPTY_NODE: dict[str, Any] = {
+    "kind": "tensorflow",
+    "children": (),
+    "attributes": (),
+    "has_values": False,
+}
 
 
 def _get_int(fields: dict[int, tuple[int, Any, int]], num: int, at: int) -> int:
@@ -169,14 +184,14 @@ def _get_span(fields: dict[int, tuple[int, Any, int]], num: int, at: int) -> tup
 def _has_values(nodes: list[dict[str, Any]]) -> list[bool]:
     """A node has values iff it or a descendant has attributes or slots (iterative: the graph
     may have cycles)."""
-    parents: list[list[int]] = [[] for _ in nodes]
+    parents: dict[int, list[int]] = {}
     for i, node in enumerate(nodes):
         for child in node["children"]:
-            parents[child["node"]].append(i)
+            parents.setdefault(child["node"], []).append(i)
     flags = [bool(n["attributes"]) or bool(n.get("slots")) for n in nodes]
     queue = deque(i for i, f in enumerate(flags) if f)
     while queue:
-        for p in parents[queue.popleft()]:
+        for p in parents.get(queue.popleft(), ()):
             if not flags[p]:
                 flags[p] = True
                 queue.append(p)
@@ -195,8 +210,9 @@ def parse_object_graph_proto(data: bytes | memoryview, where: str = "object grap
         raise CorruptCheckpointError(
             f"{where}: {len(buf)} bytes is larger than the {MAX_GRAPH_BYTES}-byte limit"
         )
-    budget = [MAX_NODES]
+    budget = [MAX_EDGES]
     nodes: list[dict[str, Any]] = []
+    offsets: dict[int, int] = {}  # node index -> byte offset, for nodes that reference others
     try:
         for num, wire, value, at in _fields(buf, 0, len(buf)):
             if num != 1 or wire != 2:
@@ -204,13 +220,14 @@ def parse_object_graph_proto(data: bytes | memoryview, where: str = "object grap
             if len(nodes) >= MAX_NODES:
                 raise _Bad(f"more than {MAX_NODES} nodes", at)
             node = _node(buf, value[0], value[1], budget)
-            node["offset"] = at
+            if node is not _EMPTY_NODE:
+                offsets[len(nodes)] = at
             nodes.append(node)
         if not nodes:
             raise _Bad("the graph has no nodes (no root object)", 0)
         n = len(nodes)
-        for node in nodes:
-            at = node.pop("offset")
+        for index, at in offsets.items():
+            node = nodes[index]
             refs = [c["node"] for c in node["children"]]
             for slot in node.get("slots", ()):
                 refs += [slot["original"], slot["node"]]
@@ -222,5 +239,6 @@ def parse_object_graph_proto(data: bytes | memoryview, where: str = "object grap
             f"{where}: corrupt TrackableObjectGraph proto at byte {e.pos}: {e}"
         ) from None
     for node, flag in zip(nodes, _has_values(nodes), strict=True):
-        node["has_values"] = flag
+        if node is not _EMPTY_NODE:
+            node["has_values"] = flag
     return {"format": "tensorflow.TrackableObjectGraph", "nodes": nodes}
