@@ -40,11 +40,11 @@ __all__ = ["parse_object_graph_proto", "MAX_GRAPH_BYTES", "MAX_NODES", "MAX_EDGE
 #: A serialized object graph larger than this is refused before it is read.
 MAX_GRAPH_BYTES = 256 << 20
 #: Most nodes, and separately most edges + attributes + slots, accepted in one graph (real
-#: graphs have a few per variable: ~10^4 for large models). With these caps the decoded graph
-#: stays under ~0.6 GB whatever the input: an empty node costs one shared object, a node with
-#: content ~400 bytes, an edge/attribute ~200.
-MAX_NODES = 1 << 20
-MAX_EDGES = 1 << 21
+#: graphs have a few per variable: ~10^4 to 10^5 for large models). Measured cost of the decoded
+#: graph: a node with one edge ~690 bytes, each further edge/attribute ~230, an empty node one
+#: shared object; so whatever the input, the decoded graph stays under ~0.5 GB.
+MAX_NODES = 1 << 19
+MAX_EDGES = 1 << 20
 _MAX_NAME_BYTES = 65535
 
 
