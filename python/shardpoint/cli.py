@@ -332,7 +332,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if getattr(args, "signature", None) is not None:
         _verify_signature(args)
     if fmt == "hf":
-        return _verify_hf(path)
+        return _verify_hf(path, strong=bool(getattr(args, "strong", False)))
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; verify checks shardpoint checkpoints")
     strong = bool(getattr(args, "strong", False) or getattr(args, "expect", None))
@@ -382,13 +382,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _verify_hf(path: str) -> int:
-    """A Hugging Face directory has no checksums: check its structure and say so."""
+def _verify_hf(path: str, strong: bool = False) -> int:
+    """A Hugging Face directory has no checksums: check its structure and say so (``strong``:
+    it has no digest manifest either, which raises ``DigestMissingError``)."""
     from .convert.hf import HFReader
 
     r = HFReader(path)
     with r:
-        r.verify()
+        r.verify(strong=strong)
         n, shards = len(r), len(r.shard_files())
     _emit(
         f"OK {path}: {n} tensors, {shards} shards, structure checked (Hugging Face safetensors "

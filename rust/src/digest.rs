@@ -14,7 +14,9 @@
 //!   value kept elsewhere (a log, a registry, a signature).
 
 use crate::error::{Error, Result};
+use crate::index::ShardRec;
 use crate::reader::Reader;
+use crate::store::remote_reader::RemoteReader;
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::io::Read;
@@ -207,13 +209,86 @@ pub struct StrongReport {
     pub mismatches: Vec<DigestMismatch>,
 }
 
+/// What strong verification reads: an open checkpoint, local or in an object store.
+pub trait ShardBytes: Sync {
+    /// The index file's bytes as read at open, its path, metadata (crc-checked), shard table.
+    fn index_bytes(&self) -> &[u8];
+    fn index_path(&self) -> &Path;
+    fn metadata(&self) -> Result<&[u8]>;
+    fn shard_recs(&self) -> &[ShardRec];
+    /// Path (or URL) of shard `i`, for messages.
+    fn shard_path(&self, i: usize) -> PathBuf;
+    /// Bytes `[off, off + buf.len())` of shard `i`.
+    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()>;
+    /// Whether shard `i` now holds bytes past its recorded length.
+    fn grew(&self, i: usize) -> bool;
+    /// Bytes read per request.
+    fn piece(&self) -> usize {
+        HASH_PIECE
+    }
+}
+
+impl ShardBytes for Reader {
+    fn index_bytes(&self) -> &[u8] {
+        self.index().bytes()
+    }
+    fn index_path(&self) -> &Path {
+        self.index().path()
+    }
+    fn metadata(&self) -> Result<&[u8]> {
+        self.index().metadata_bytes()
+    }
+    fn shard_recs(&self) -> &[ShardRec] {
+        self.index().shards()
+    }
+    fn shard_path(&self, i: usize) -> PathBuf {
+        self.shards()[i].path.clone()
+    }
+    /// pread from the descriptor the reader opened: the same file its reads use.
+    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.shards()[i].read_at(off, buf)
+    }
+    fn grew(&self, i: usize) -> bool {
+        let s = &self.shards()[i];
+        let mut one = [0u8; 1];
+        s.read_at(s.len(), &mut one).is_ok()
+    }
+}
+
+impl ShardBytes for RemoteReader {
+    fn index_bytes(&self) -> &[u8] {
+        self.index().bytes()
+    }
+    fn index_path(&self) -> &Path {
+        self.index().path()
+    }
+    fn metadata(&self) -> Result<&[u8]> {
+        self.index().metadata_bytes()
+    }
+    fn shard_recs(&self) -> &[ShardRec] {
+        self.index().shards()
+    }
+    fn shard_path(&self, i: usize) -> PathBuf {
+        self.shards()[i].url.clone()
+    }
+    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_shard_into(i as u32, off, buf)
+    }
+    /// Every ranged GET checks the object's total size against the shard record.
+    fn grew(&self, _i: usize) -> bool {
+        false
+    }
+    /// Bigger requests: each is split into parallel ranged GETs by the reader.
+    fn piece(&self) -> usize {
+        4 * HASH_PIECE
+    }
+}
+
 /// Re-hash every shard of an open checkpoint against the manifest in its index. `Ok(None)`
-/// when the checkpoint was saved without a digest. Shards are hashed in parallel, each read
-/// with `pread` from the descriptor the reader opened (the same file its reads use).
-pub fn verify_strong(r: &Reader) -> Result<Option<StrongReport>> {
-    let index = r.index();
-    let ipath = index.path().to_path_buf();
-    let Some(man) = parse_manifest(index.metadata_bytes()?, &ipath)? else {
+/// when the checkpoint was saved without a digest. Shards are hashed in parallel.
+pub fn verify_strong<R: ShardBytes>(r: &R) -> Result<Option<StrongReport>> {
+    let ipath = r.index_path().to_path_buf();
+    let Some(man) = parse_manifest(r.metadata()?, &ipath)? else {
         return Ok(None);
     };
     let algo = DigestAlgo::from_name(&man.algorithm).map_err(|_| {
@@ -226,7 +301,7 @@ pub fn verify_strong(r: &Reader) -> Result<Option<StrongReport>> {
             ),
         )
     })?;
-    let recs = index.shards();
+    let recs = r.shard_recs();
     if man.files.len() != recs.len() {
         return Err(Error::corrupt(
             &ipath,
@@ -250,7 +325,7 @@ pub fn verify_strong(r: &Reader) -> Result<Option<StrongReport>> {
         };
         if fd.len != rec.file_len {
             mismatches.push(DigestMismatch {
-                path: r.shards()[i].path.clone(),
+                path: r.shard_path(i),
                 what: format!(
                     "manifest records {} bytes, the shard table {}",
                     fd.len, rec.file_len
@@ -263,27 +338,27 @@ pub fn verify_strong(r: &Reader) -> Result<Option<StrongReport>> {
     let found: Vec<Result<Option<DigestMismatch>>> = plan
         .par_iter()
         .map(|&(i, fd)| {
-            let shard = &r.shards()[i];
+            let len = recs[i].file_len;
+            let piece = r.piece() as u64;
             let mut h = algo.hasher();
-            let mut buf = vec![0u8; HASH_PIECE.min(shard.len() as usize)];
+            let mut buf = vec![0u8; piece.min(len) as usize];
             let mut off = 0u64;
-            while off < shard.len() {
-                let n = (shard.len() - off).min(HASH_PIECE as u64) as usize;
-                shard.read_at(off, &mut buf[..n])?;
+            while off < len {
+                let n = (len - off).min(piece) as usize;
+                r.read_shard(i, off, &mut buf[..n])?;
                 h.update(&buf[..n]);
                 off += n as u64;
             }
             // Bytes appended after the recorded end are a change too.
-            let mut one = [0u8; 1];
-            if shard.read_at(shard.len(), &mut one).is_ok() {
+            if r.grew(i) {
                 return Ok(Some(DigestMismatch {
-                    path: shard.path.clone(),
-                    what: format!("file is longer than the {} bytes recorded", shard.len()),
+                    path: r.shard_path(i),
+                    what: format!("file is longer than the {len} bytes recorded"),
                 }));
             }
             let got = h.finish_hex();
             Ok((got != fd.digest).then(|| DigestMismatch {
-                path: shard.path.clone(),
+                path: r.shard_path(i),
                 what: format!(
                     "{} of the file is {got}, the manifest records {}",
                     algo.name(),
@@ -299,7 +374,7 @@ pub fn verify_strong(r: &Reader) -> Result<Option<StrongReport>> {
     }
     Ok(Some(StrongReport {
         algorithm: algo,
-        index_digest: digest_bytes(algo, index.bytes()),
+        index_digest: digest_bytes(algo, r.index_bytes()),
         files: recs.len(),
         bytes: recs.iter().map(|s| s.file_len).sum(),
         mismatches,

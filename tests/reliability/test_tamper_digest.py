@@ -124,6 +124,13 @@ def test_checkpoint_saved_without_digest_says_so(tmp_path, capsys):
             r.verify(strong=True)
     status, _, err = _cli(capsys, "verify", "--strong", p)
     assert status == EXIT_DAMAGED and "no digest manifest" in err
+    from safetensors.numpy import save_file as st_save
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    st_save({"w": np.ones(4, np.float32)}, str(hf / "model.safetensors"))
+    status, _, err = _cli(capsys, "verify", "--strong", str(hf))
+    assert status == EXIT_DAMAGED and "no digest manifest" in err
     with pytest.raises(InvalidArgumentError, match="digest"):
         sp.save_file(_values(), p, digest="md5")
     with pytest.raises(InvalidArgumentError, match="64 hex"):
@@ -172,3 +179,33 @@ def test_every_save_path_records_a_complete_manifest(tmp_path):
     fut.result()
     assert json.dumps(_manifest(str(tmp_path / "async")))
     sp.open(str(tmp_path / "async")).verify(strong=True)
+
+
+def test_object_store_checkpoint_is_verified_strongly_through_ranged_reads(tmp_path):
+    """A save to a URL hashes what it uploads; strong verification fetches every shard object.
+    The crc-patched checkpoint, uploaded as is, passes every crc check there too."""
+    url = f"memory://digest-{os.getpid()}/run/ck"
+    vals = _values()
+    sp.save_file(vals, url, digest="sha256", compression="none", shards=2)
+    with sp.open(url) as r:
+        report = r.verify(strong=True)
+    index, _ = sp.files.read_object(url + ".index")
+    assert report.root == hashlib.sha256(index).hexdigest() and report.files == 2
+    # a forged checkpoint, made locally and uploaded file by file (its index names its shards)
+    p = str(tmp_path / "ck")
+    sp.save_file(vals, p, digest="sha256", compression="none", shards=2)
+    evil = np.array(vals["b"], dtype=np.int64)
+    evil[1] = 42
+    rewrite_raw_value(p, "b", evil.tobytes())
+    forged = str(tmp_path / "forged")
+    for f in os.listdir(tmp_path):
+        if f.startswith("ck."):
+            os.link(tmp_path / f, forged + f[2:])
+    up = f"memory://digest-{os.getpid()}/run/forged"
+    for f in os.listdir(tmp_path):
+        if f.startswith("forged."):
+            sp.files.write_object(up + f[len("forged") :], (tmp_path / f).read_bytes())
+    with sp.open(up) as r:
+        r.verify()
+        with pytest.raises(DigestMismatchError):
+            r.verify(strong=True)

@@ -358,7 +358,7 @@ impl CheckpointReader {
         &self,
         py: Python<'_>,
     ) -> PyResult<Option<(String, String, usize, u64, Vec<(PathBuf, String)>)>> {
-        let rep = nogil(py, || shardpoint_core::digest::verify_strong(&self.inner))?;
+        let rep = nogil(py, || shardpoint_core::digest::verify_strong(&*self.inner))?;
         Ok(rep.map(|r| {
             (
                 r.algorithm.name().to_string(),

@@ -14,6 +14,7 @@ use shardpoint_core::store::remote_reader::RemoteReader as CoreRemote;
 use shardpoint_core::store::{parse_dir, remote_commit, Location, RemotePrefix};
 use shardpoint_core::Error;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Storage options from Python (`None` = environment only).
@@ -203,6 +204,24 @@ impl RemoteReader {
     /// Check every checksum and invariant, fetching every byte.
     fn verify(&self, py: Python<'_>) -> PyResult<()> {
         nogil(py, || self.inner.verify())
+    }
+
+    /// Re-hash every shard object against the digest manifest (as `CheckpointReader`'s).
+    #[allow(clippy::type_complexity)]
+    fn verify_strong(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Option<(String, String, usize, u64, Vec<(PathBuf, String)>)>> {
+        let rep = nogil(py, || shardpoint_core::digest::verify_strong(&*self.inner))?;
+        Ok(rep.map(|r| {
+            (
+                r.algorithm.name().to_string(),
+                r.index_digest,
+                r.files,
+                r.bytes,
+                r.mismatches.into_iter().map(|m| (m.path, m.what)).collect(),
+            )
+        }))
     }
 
     /// The metadata JSON text (crc checked).

@@ -152,6 +152,13 @@ impl RemoteReader {
         Ok(out)
     }
 
+    /// Bytes `[lo, lo + out.len())` of shard `shard` (ranged GETs, split and in parallel; the
+    /// object's size is checked against the shard record). Used by strong verification.
+    pub fn read_shard_into(&self, shard: u32, lo: u64, out: &mut [u8]) -> Result<()> {
+        let hi = lo + out.len() as u64;
+        self.fetch_into(&[(shard, lo, hi)], &mut [out])
+    }
+
     /// Fetch every span into `out[i]` (exactly the span's length), coalesced, split and in
     /// parallel, each piece copied to its place as it arrives.
     fn fetch_into(&self, spans: &[Span], out: &mut [&mut [u8]]) -> Result<()> {
