@@ -218,16 +218,21 @@ def test_restore_into_plain_variables_without_keras():
     status.expect_partial()
 
 
-def test_missing_object_graph_is_a_clear_error(tmp_path):
-    from shardpoint.convert.tf_checkpoint import _BundleValues
+def test_object_graph_found_when_the_reader_did_not_keep_it_and_missing_is_clear(
+    tmp_path, monkeypatch
+):
+    from shardpoint.convert import tf_checkpoint
 
-    values = _BundleValues(os.path.join(FIXTURES, "keras3", "ckpt-1"))
+    reader = TensorBundleReader(os.path.join(FIXTURES, "keras3", "ckpt-1"))
     try:
-        del values.bundle.skipped[OBJECT_GRAPH_KEY]
+        # the reader keeps a bounded number of skipped entries: the index is searched again
+        del reader.skipped[OBJECT_GRAPH_KEY]
+        assert len(read_object_graph(reader)["nodes"]) > 10
+        monkeypatch.setattr(tf_checkpoint, "_skipped_entry", lambda r, k: None)
         with pytest.raises(CorruptCheckpointError, match="not an object-based"):
-            read_object_graph(values.bundle)
+            read_object_graph(reader)
     finally:
-        values.close()
+        reader.close()
     with pytest.raises(sp.NotFoundError):
         restore_from_tensorflow(sp.Checkpoint(), tmp_path / "nothing")
 

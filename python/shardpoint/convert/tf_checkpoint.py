@@ -31,7 +31,16 @@ from ..objgraph.checkpoint_state import latest_checkpoint
 from ..objgraph.errors import DTypeMismatchError
 from ..objgraph.restore import CheckpointLoadStatus, RestoreCoordinator
 from ..objgraph.trackable import Trackable
-from .tensorbundle import TF_DTYPES, TensorBundleReader, crc32c, unmask_crc
+from .tensorbundle import (
+    TF_DTYPES,
+    BundleEntry,
+    TensorBundleReader,
+    _Corrupt,
+    _parse_entry,
+    _Table,
+    crc32c,
+    unmask_crc,
+)
 from .tf_object_graph import MAX_GRAPH_BYTES, parse_object_graph_proto
 
 __all__ = [
@@ -61,11 +70,33 @@ def resolve_tf_checkpoint(path: str | os.PathLike[str]) -> str:
     )
 
 
+def _skipped_entry(reader: TensorBundleReader, key: str) -> BundleEntry | None:
+    """The index entry of ``key``, a tensor the reader does not convert (a string tensor).
+    The reader may keep only the first few such entries (its notes are bounded), so when
+    ``key`` is not among them the index is searched again (its size was bounded on open)."""
+    entry = reader.skipped.get(key)
+    if entry is not None or key in reader.entries:
+        return entry
+    try:
+        with open(reader.index_path, "rb") as f:
+            table = _Table(reader.index_path, f.read())
+        table.parse()
+        wanted = key.encode("utf-8")
+        for raw_key, value in table.items:
+            if raw_key == wanted:
+                return _parse_entry(key, value)
+    except _Corrupt as e:
+        raise CorruptCheckpointError(
+            f"{reader.index_path}: corrupt TensorBundle index at offset {e.pos}: {e}"
+        ) from None
+    return None
+
+
 def _read_string_scalar(reader: TensorBundleReader, key: str) -> bytes:
     """The bytes of the scalar string tensor ``key``: TensorBundle stores a string tensor as the
     varint64 length of each element, the masked crc32c of those length bytes (4 bytes), then the
     string bytes; the entry's crc32c covers all of it."""
-    entry = reader.skipped.get(key)
+    entry = _skipped_entry(reader, key)
     where = f"{reader.index_path}: key {key!r}"
     if entry is None:
         raise CorruptCheckpointError(
