@@ -38,7 +38,11 @@ ROWS: list[dict[str, Any]] = []
 
 
 def du(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    """Bytes of a checkpoint: a file, or every file under a directory."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def record(
@@ -216,11 +220,13 @@ def bench_accelerate(params: float, saves: int, root: Path) -> None:
 
     from shardpoint.integrations.accelerate import ShardpointAccelerator
 
-    for name, cls in (
-        ("native Accelerator", Accelerator),
-        ("ShardpointAccelerator", ShardpointAccelerator),
-    ):
-        acc = cls(cpu=True)
+    variants = (
+        ("native Accelerator", Accelerator, {}),
+        ("ShardpointAccelerator", ShardpointAccelerator, {}),
+        ("ShardpointAccelerator async", ShardpointAccelerator, {"shardpoint_blocking": False}),
+    )
+    for name, cls, kw in variants:
+        acc = cls(cpu=True, **kw)
         model = mlp(params)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         model, opt = acc.prepare(model, opt)
@@ -229,12 +235,17 @@ def bench_accelerate(params: float, saves: int, root: Path) -> None:
             opt.step()
             opt.zero_grad()
         out = root / name.replace(" ", "_")
-        blocked = []
+        blocked, total = [], []
         for i in range(saves):
-            blocked.append(timed(lambda: acc.save_state(str(out / f"s{i}"))))  # noqa: B023
+            start = time.perf_counter()
+            acc.save_state(str(out / f"s{i}"))
+            blocked.append(time.perf_counter() - start)
+            if hasattr(acc, "wait_for_saves"):
+                acc.wait_for_saves()
+            total.append(time.perf_counter() - start)
         nbytes = du(out / f"s{saves - 1}")
         resume = timed(lambda: acc.load_state(str(out / f"s{saves - 1}")))  # noqa: B023
-        record("accelerate", name, blocked, blocked, resume, nbytes)
+        record("accelerate", name, blocked, total, resume, nbytes)
         shutil.rmtree(out)
         gc.collect()
 

@@ -3,7 +3,7 @@
 
     python -m integration_helpers.accel_run KIND ROOT EPOCHS [RESUME] [; KIND ROOT ...]
 
-KIND is ``shardpoint`` or ``native``. ``save_state()`` after every epoch (4 steps) with
+KIND is ``shardpoint``, ``shardpoint-async`` or ``native``. ``save_state()`` after every epoch (4 steps) with
 automatic naming under ROOT/checkpoints; RESUME is a checkpoint directory or ``latest``.
 Prints one JSON line: per run, the losses (hex floats), a digest of the final parameters and
 the custom object's state.
@@ -53,8 +53,10 @@ def train(
     x = torch.randn(16, 8, generator=g)
     ds = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).cos())
     dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
-    cls = ShardpointAccelerator if kind == "shardpoint" else Accelerator
+    cls = Accelerator if kind == "native" else ShardpointAccelerator
+    kw = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
     acc = cls(
+        **kw,
         cpu=True,
         project_config=ProjectConfiguration(
             project_dir=root, automatic_checkpoint_naming=True, total_limit=total_limit
@@ -79,6 +81,8 @@ def train(
             progress.mean = progress.mean * 0.9 + loss.detach() * 0.1
         progress.epochs += 1
         acc.save_state()
+    if hasattr(acc, "wait_for_saves"):  # shardpoint_blocking=False: the last write
+        acc.wait_for_saves()
     return {
         "losses": hexes(losses),
         "digest": digest(acc.unwrap_model(model).state_dict()),

@@ -126,6 +126,9 @@ def assert_same_tree(a: Any, b: Any, path: str = "", roots: tuple[str, str] = ("
         assert isinstance(b, torch.Tensor), (path, type(b))
         assert a.dtype == b.dtype and a.shape == b.shape, (path, a.dtype, b.dtype)
         assert bits(a) == bits(b), path
+    elif type(a).__module__ == "numpy" and hasattr(a, "dtype"):
+        assert a.dtype == b.dtype and a.shape == b.shape, (path, a.dtype, b.dtype)
+        assert a.tobytes() == b.tobytes(), path
     elif isinstance(a, dict):
         assert sorted(map(str, a)) == sorted(map(str, b)), (path, sorted(map(str, a)))
         bb = {str(k): v for k, v in b.items()}

@@ -72,11 +72,17 @@ def test_checkpoint_holds_what_accelerate_saves(runs: dict[str, Any]) -> None:
 
 
 def test_total_limit_rotation_and_hooks(tmp_path: Path) -> None:
-    kept = {}
-    for kind in ("shardpoint", "native"):
-        accel_run.train(kind, str(tmp_path / kind), 3, total_limit=2)
+    kept, got = {}, {}
+    for kind in ("shardpoint", "shardpoint-async", "native"):
+        got[kind] = accel_run.train(kind, str(tmp_path / kind), 3, total_limit=2)
         kept[kind] = sorted(os.listdir(tmp_path / kind / "checkpoints"))
     assert kept["shardpoint"] == kept["native"] == ["checkpoint_1", "checkpoint_2"]
+    assert kept["shardpoint-async"] == kept["native"]
+    assert got["shardpoint-async"] == got["shardpoint"] == got["native"]
+    assert_same_tree(  # background saves hold what blocking ones hold
+        spacc.load_checkpoint(tmp_path / "shardpoint-async" / "checkpoints/checkpoint_2"),
+        spacc.load_checkpoint(tmp_path / "shardpoint" / "checkpoints/checkpoint_2"),
+    )
 
     from accelerate.utils import ProjectConfiguration
 

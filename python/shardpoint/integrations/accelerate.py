@@ -26,7 +26,15 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
-from ._state import capture_rng, has_part, load_tree, part_prefix, restore_rng, save_tree
+from ._state import (
+    PendingSaves,
+    capture_rng,
+    has_part,
+    load_tree,
+    part_prefix,
+    restore_rng,
+    save_tree,
+)
 
 if TYPE_CHECKING:
     ShardpointAccelerator: type  # built on first use (module __getattr__): subclasses Accelerator
@@ -64,13 +72,23 @@ def _number(folder: str) -> int:
 class ShardpointAcceleratorMixin:
     """Put in front of ``Accelerator``: ``save_state``/``load_state`` through shardpoint.
 
-    Extra constructor keywords: ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``.
+    Extra constructor keywords: ``shardpoint_blocking`` (default True; ``False`` returns from
+    ``save_state`` once the state is snapshotted and writes it in the background: the next
+    ``save_state``, ``load_state`` and :meth:`wait_for_saves` wait for it),
+    ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sp_blocking = bool(kwargs.pop("shardpoint_blocking", True))
         self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
         self._sp_level = kwargs.pop("shardpoint_level", None)
+        self._sp_pending = PendingSaves()
         super().__init__(*args, **kwargs)
+
+    def wait_for_saves(self) -> None:
+        """Block until every ``shardpoint_blocking=False`` save has committed (raises the error
+        of a failed one)."""
+        self._sp_pending.wait()
 
     def _sp_native(self) -> bool:
         from accelerate.utils import DistributedType
@@ -94,6 +112,8 @@ class ShardpointAcceleratorMixin:
         if self._sp_native():
             return super().save_state(output_dir, safe_serialization, **kwargs)  # type: ignore[misc]
         a: Any = self
+        # rotation below must not delete a checkpoint still being written in the background
+        self._sp_pending.wait()
         config = a.project_configuration
         if config.automatic_checkpoint_naming:
             root = self._sp_checkpoints_dir()
@@ -141,9 +161,16 @@ class ShardpointAcceleratorMixin:
         return output_dir
 
     def _sp_save(self, tree: Any, prefix: str) -> None:
-        save_tree(
-            tree, prefix, integration=_NAME, compression=self._sp_compression, level=self._sp_level
+        fut = save_tree(
+            tree,
+            prefix,
+            integration=_NAME,
+            blocking=self._sp_blocking,
+            compression=self._sp_compression,
+            level=self._sp_level,
         )
+        if fut is not None:
+            self._sp_pending.add(prefix, fut)
 
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kw: Any
@@ -153,6 +180,7 @@ class ShardpointAcceleratorMixin:
         was committed (a save killed mid-way leaves a directory without one)."""
         if self._sp_native():
             return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]
+        self._sp_pending.wait()
         a: Any = self
         if input_dir is not None:
             input_dir = os.path.expanduser(os.fspath(input_dir))
