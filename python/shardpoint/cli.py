@@ -188,6 +188,8 @@ def _list_directory(directory: str, as_json: bool) -> None:
     else:
         listed = files.list_url(directory) if files.is_url(directory) else os.listdir(directory)
         found = sorted(f[: -len(".index")] for f in listed if f.endswith(".index"))
+        if not files.is_url(directory):  # and single-file checkpoints, by their magic
+            found += sorted(f for f in listed if files.is_single_file(os.path.join(directory, f)))
         names, stamps, latest, source = found, {}, None, "*.index files"
     out = []
     for name in names:

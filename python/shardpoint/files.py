@@ -66,6 +66,10 @@ PathLike = str | os.PathLike[str]
 #: docs/OBJECT_STORE.md.
 StorageOptions = Mapping[str, Any] | None
 
+#: File name suffixes that make a save write the single-file form (FORMAT.md §10) when
+#: ``single_file`` is not given: the names torch users give ``torch.save`` files.
+SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".bin", ".sp")
+
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
 _BYTES_PER_AUTO_SHARD = 256 << 20
 #: Incremental saves give values of at least this many bytes a shard of their own, so that an
@@ -88,6 +92,21 @@ def _prefix(prefix: PathLike) -> str:
             raise InvalidArgumentError(f"{p!r}: file:// URLs must name a local path")
         p = unquote(u.path)
     return p
+
+
+def wants_single_file(path: str, single_file: bool | None) -> bool:
+    """Whether a save at ``path`` writes the single-file form: ``single_file`` when given,
+    else whether the name ends with one of :data:`SINGLE_FILE_SUFFIXES`."""
+    if single_file is not None:
+        return bool(single_file)
+    return path.lower().endswith(SINGLE_FILE_SUFFIXES)
+
+
+def is_single_file(path: PathLike) -> bool:
+    """Whether ``path`` is a single-file checkpoint (recognised by its first bytes, never by
+    its name)."""
+    p = os.fspath(path)
+    return isinstance(p, str) and not _core.is_remote(p) and _core.is_single_file(p)
 
 
 def is_url(prefix: PathLike) -> bool:
@@ -173,6 +192,7 @@ def save_file(
     _sections: Mapping[str, Any] | None = None,
     storage_options: StorageOptions = None,
     digest: str | None = None,
+    single_file: bool | None = None,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -211,6 +231,11 @@ def save_file(
             strong digest of every shard file, computed while the bytes are written (no second
             pass), in a manifest in the index (FORMAT.md §7.1); ``Reader.verify(strong=True)``
             checks it. ``None`` (default): crc32c only.
+        single_file: write one file at ``prefix`` itself (index and data together, FORMAT.md
+            §10) instead of ``prefix.index`` + ``prefix.data-*``. ``None`` (default): only when
+            the name ends with ``.pt``, ``.pth``, ``.bin`` or ``.sp``. Local paths only; not
+            with ``incremental``/``base``; ``shards`` is ignored (one shard, still encoded in
+            parallel).
 
     ``prefix`` may be a local path, a ``file://`` URL or an object-store URL (``s3://b/run/ck``):
     shards stream up as multipart uploads and the index is committed last by a conditional put.
@@ -232,6 +257,7 @@ def save_file(
         _sections=_sections,
         storage_options=storage_options,
         digest=digest,
+        single_file=single_file,
     )
     if blocking:
         plan.write(items, None)
@@ -257,6 +283,7 @@ def plan_save(
     _sections: Mapping[str, Any] | None = None,
     storage_options: StorageOptions = None,
     digest: str | None = None,
+    single_file: bool | None = None,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -274,6 +301,16 @@ def plan_save(
         raise InvalidArgumentError(
             f"{p}: incremental saves hard-link local shard files; not available for object stores"
         )
+    single = wants_single_file(p, single_file)
+    if single and is_url(p):
+        if single_file:
+            raise InvalidArgumentError(f"{p}: single-file checkpoints are written to local paths")
+        single = False  # an object-store URL named like a file: the prefix form, as before
+    if single and (incremental or base_p is not None):
+        raise InvalidArgumentError(
+            f"{p}: incremental saves share shard files; a single-file checkpoint has none to "
+            "share (pass single_file=False or a name without a .pt/.pth/.bin/.sp suffix)"
+        )
     plan = SavePlan(
         p,
         codec,
@@ -288,6 +325,7 @@ def plan_save(
         _sections_json(_sections),
         _storage(storage_options),
         _digest(digest),
+        single,
     )
     return plan, items
 
@@ -312,6 +350,8 @@ class SavePlan:
     storage_options: dict[str, str] | None = None
     #: strong digest algorithm of the manifest (FORMAT.md §7.1), "" for none
     digest: str = ""
+    #: write the single-file form (FORMAT.md §10) at ``prefix`` itself
+    single_file: bool = False
 
     def staged(self, items: list[Any]) -> Any:
         """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
@@ -364,6 +404,7 @@ class SavePlan:
                 storage_options=self.storage_options,
                 progress=None if bar is None else bar.update,
                 digest=self.digest or None,
+                single_file=self.single_file,
             )
         finally:
             if bar is not None:
@@ -746,11 +787,21 @@ def open(  # noqa: A001 - the public name is a contract
     From an object store (``s3://bucket/run/ckpt``): one GET of the index; each value is then
     fetched on access.
 
+    A single-file checkpoint (``sptorch.save(sd, "model.pt")``, FORMAT.md §10; recognised by
+    its first bytes) opens the same way, and ``P.index`` means ``P``.
+
     A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
     or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
     """
     p = os.fspath(prefix)
-    if isinstance(p, str) and p and not is_url(p) and not os.path.exists(p + ".index"):
+    if (
+        isinstance(p, str)
+        and p
+        and not is_url(p)
+        and not os.path.exists(p + ".index")
+        and not _core.is_single_file(p)
+        and not (p.endswith(".index") and os.path.isfile(p))
+    ):
         for module_name, predicate, reader in _IN_PLACE_READERS:
             module = importlib.import_module(module_name)
             if getattr(module, predicate)(p):
@@ -869,15 +920,20 @@ def merge(
 
 
 def exists(prefix: PathLike, *, storage_options: StorageOptions = None) -> bool:
-    """Whether a committed checkpoint exists at ``prefix``."""
+    """Whether a committed checkpoint exists at ``prefix`` (a prefix or a single file)."""
     p = _prefix(prefix)
     if not is_url(p):
-        return os.path.exists(p + ".index")
+        return os.path.exists(p + ".index") or _core.is_single_file(p)
     return _core.exists(p, storage_options=_storage(storage_options))
 
 
 def remove(prefix: PathLike, *, storage_options: StorageOptions = None) -> None:
-    """Delete checkpoint ``prefix``: its index first (atomic disappearance), then its shards."""
+    """Delete checkpoint ``prefix``: its index first (atomic disappearance), then its shards.
+    A single-file checkpoint is one unlink."""
+    p = _prefix(prefix)
+    if not is_url(p) and _core.is_single_file(p):
+        os.remove(p)
+        return
     _core.remove(_prefix(prefix), storage_options=_storage(storage_options))
 
 

@@ -252,6 +252,32 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
+/// Remove temp files `dest.tmp-<16 hex>` left by crashed saves of the single file `dest`
+/// (FORMAT.md §10); temp files a live writer still holds locked stay. Best effort.
+pub fn remove_stale_temps(dest: &Path) {
+    let Some(base) = dest.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let Ok(rd) = fs::read_dir(parent_dir(dest)) else {
+        return;
+    };
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(tok) = name
+            .strip_prefix(base.as_str())
+            .and_then(|r| r.strip_prefix(crate::naming::TEMP_MARK))
+        else {
+            continue;
+        };
+        if tok.len() == 16
+            && tok.bytes().all(|c| c.is_ascii_hexdigit())
+            && !temp_in_use(&ent.path())
+        {
+            let _ = fs::remove_file(ent.path());
+        }
+    }
+}
+
 /// Whether the temp file at `path` may still be in use: a live writer holds an exclusive
 /// advisory lock on its temp files until it closes them (a killed writer's lock dies with it).
 /// Where locks are unsupported nothing can be proven, so the file counts as in use.

@@ -64,6 +64,11 @@ pub enum Error {
     /// A caller passed something invalid (a bad key, shape, argument combination...).
     #[error("{0}")]
     InvalidArgument(String),
+
+    /// The call was cancelled through its [`crate::cancel::Token`] (Ctrl-C in Python); a
+    /// cancelled save committed nothing.
+    #[error("cancelled")]
+    Cancelled,
 }
 
 fn hint_suffix(s: &str) -> String {

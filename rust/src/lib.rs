@@ -19,8 +19,11 @@
 //!   reads, streaming multipart uploads, the conditional-put commit;
 //! - [`digest`]: optional strong digests (SHA-256, BLAKE3) of every file, computed while
 //!   writing, recorded as a manifest in the index metadata, and strong verification;
+//! - [`single`]: single-file checkpoints (index and shard in one file, FORMAT.md §10);
+//! - [`cancel`]: cooperative cancellation of long calls (Ctrl-C);
 //! - [`error`]: the crate's one error type.
 
+pub mod cancel;
 pub mod codec;
 pub mod commit;
 pub mod crc_combine;
@@ -33,6 +36,7 @@ pub mod merge;
 pub mod naming;
 pub mod reader;
 pub mod shard;
+pub mod single;
 pub mod staging;
 pub mod store;
 pub mod writer;
@@ -44,5 +48,6 @@ pub use incremental::{save_incremental, IncrementalReport};
 pub use merge::{merge, merge_at};
 pub use reader::Reader;
 pub use shard::Item;
+pub use single::save_single;
 pub use store::Location;
 pub use writer::{save, save_at, save_at_with_progress, CheckpointWriter, WriterOptions};

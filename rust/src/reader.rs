@@ -37,6 +37,9 @@ pub struct ShardMap {
     pub path: PathBuf,
     file: File,
     len: u64,
+    /// Where the shard starts in `file`: 0 for a shard file, the shard region's offset in a
+    /// single-file checkpoint (FORMAT.md §10). Every offset of the shard is relative to it.
+    base: u64,
     cow: OnceLock<std::result::Result<Arc<MmapMut>, String>>,
 }
 
@@ -60,13 +63,14 @@ impl ShardMap {
     }
 
     fn truncated(&self, need: u64) -> Error {
+        let need = need + self.base;
         let now = self.current_len().unwrap_or(0);
         Error::corrupt(
             &self.path,
             now,
             format!(
-                "shard is now {now} bytes but bytes up to offset {need} are needed ({} when the checkpoint was opened): the file was truncated or rewritten in place after open",
-                self.len
+                "file is now {now} bytes but bytes up to offset {need} are needed ({} when the checkpoint was opened): the file was truncated or rewritten in place after open",
+                self.len + self.base
             ),
         )
     }
@@ -74,7 +78,7 @@ impl ShardMap {
     /// Fill `buf` with the file's bytes at `off` (pread; never faults on a shortened file).
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        match self.file.read_exact_at(buf, off) {
+        match self.file.read_exact_at(buf, off + self.base) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err(self.truncated(off + buf.len() as u64))
@@ -87,10 +91,28 @@ impl ShardMap {
         }
     }
 
+    /// Read and check the shard header against its index record `rec` (shard `i`).
+    fn check_header(&self, i: usize, rec: &crate::index::ShardRec) -> Result<()> {
+        let mut hdr = [0u8; SHARD_HEADER_LEN];
+        let n = (self.len as usize).min(SHARD_HEADER_LEN);
+        self.read_at(0, &mut hdr[..n])?;
+        let (h, hcrc) = ShardHeader::decode(&hdr[..n], &self.path)?;
+        if h.save_token != rec.save_token || hcrc != rec.header_crc {
+            return Err(Error::corrupt(
+                &self.path,
+                self.base,
+                format!(
+                    "shard {i} belongs to another save (token/header crc differ from the index)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Check that the file still has (at least) its recorded length. Called before every
     /// zero-copy view is handed out: a view of a mapping past the end of the file would fault.
     pub fn check_len(&self) -> Result<()> {
-        if self.current_len()? < self.len {
+        if self.current_len()? < self.base + self.len {
             return Err(self.truncated(self.len));
         }
         Ok(())
@@ -109,6 +131,7 @@ impl ShardMap {
                 // shares, documented in docs/RELIABILITY.md; `copy=True` avoids it).
                 unsafe {
                     MmapOptions::new()
+                        .offset(self.base)
                         .len(self.len as usize)
                         .map_copy(&self.file)
                 }
@@ -142,8 +165,54 @@ impl AsRef<[u8]> for IndexBytes {
 /// An open checkpoint.
 pub struct Reader {
     prefix: PathBuf,
+    /// The file holding the index: `P.index`, or the single file itself.
+    index_file: PathBuf,
     index: IndexView<IndexBytes>,
     shards: Vec<ShardMap>,
+}
+
+/// What a path given to [`Reader::open`] names.
+enum Named {
+    /// A checkpoint prefix `P` (files `P.index`, `P.data-*`).
+    Prefix(PathBuf),
+    /// A single-file checkpoint (FORMAT.md §10).
+    Single,
+}
+
+/// Recognise a path by content, never by name alone: a regular file starting with the
+/// single-file magic is a single-file checkpoint; `P.index` (a file starting with the index
+/// magic) means checkpoint `P`; anything else is a prefix.
+fn classify(path: &Path) -> Named {
+    use std::io::Read;
+    let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    if is_file {
+        let mut magic = [0u8; 8];
+        let read = open_file(path, "open").and_then(|(mut f, _)| {
+            f.read_exact(&mut magic)
+                .map_err(|e| Error::io(path, "read", e))
+        });
+        if read.is_ok() {
+            if &magic == SINGLE_MAGIC {
+                return Named::Single;
+            }
+            if &magic == INDEX_MAGIC {
+                let s = path.as_os_str().as_encoded_bytes();
+                if let Some(stem) = s.strip_suffix(b".index") {
+                    if !stem.is_empty() {
+                        // SAFETY: cut at an ASCII suffix of bytes that came from an OsStr.
+                        let os = unsafe { std::ffi::OsStr::from_encoded_bytes_unchecked(stem) };
+                        return Named::Prefix(PathBuf::from(os));
+                    }
+                }
+            }
+        }
+    }
+    Named::Prefix(path.to_path_buf())
+}
+
+/// Whether `path` is a single-file checkpoint (by its first bytes).
+pub fn is_single_file(path: &Path) -> bool {
+    matches!(classify(path), Named::Single)
 }
 
 /// Open a regular, non-empty file for reading; returns it and its length.
@@ -192,8 +261,29 @@ fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
 impl Reader {
     /// Open checkpoint `prefix`: reads and checks the index header/footer, shard table, block
     /// table and every shard header. Never parses all entries.
+    ///
+    /// `prefix` may also name a single-file checkpoint (FORMAT.md §10, recognised by its
+    /// magic) or `P.index` itself (then `P` is opened).
     pub fn open(prefix: &Path) -> Result<Reader> {
+        let prefix = match classify(prefix) {
+            Named::Single => return Self::open_single(prefix),
+            Named::Prefix(p) => p,
+        };
+        let prefix = prefix.as_path();
         let ipath = index_path(prefix);
+        if !ipath.exists() && std::fs::metadata(prefix).is_ok_and(|m| m.is_file()) {
+            // A file that is neither a single-file checkpoint nor beside a `P.index`: say what
+            // it is not, rather than that `P.index` is missing.
+            return Err(Error::corrupt(
+                prefix,
+                0,
+                format!(
+                    "not a shardpoint checkpoint: the file does not start with the single-file magic {:?} and {} does not exist",
+                    String::from_utf8_lossy(SINGLE_MAGIC),
+                    ipath.display()
+                ),
+            ));
+        }
         let mut last_err = None;
         for _ in 0..OPEN_RETRIES {
             let mut opened = None;
@@ -238,22 +328,99 @@ impl Reader {
                 path,
                 file,
                 len,
+                base: 0,
                 cow: OnceLock::new(),
             };
-            let mut hdr = [0u8; SHARD_HEADER_LEN];
-            let n = (len as usize).min(SHARD_HEADER_LEN);
-            shard.read_at(0, &mut hdr[..n])?;
-            let (h, hcrc) = ShardHeader::decode(&hdr[..n], &shard.path)?;
-            if h.save_token != rec.save_token || hcrc != rec.header_crc {
-                return Err(Error::corrupt(&shard.path, 0, format!("shard {i} belongs to another save (token/header crc differ from the index)")));
-            }
+            shard.check_header(i, rec)?;
             shards.push(shard);
         }
         Ok(Reader {
             prefix: prefix.to_path_buf(),
+            index_file: ipath,
             index,
             shards,
         })
+    }
+
+    /// Open a single-file checkpoint (FORMAT.md §10): its header and trailer locate the
+    /// embedded index and shard, which are then checked exactly as separate files are. O(1)
+    /// in the key count, like a prefix open.
+    fn open_single(path: &Path) -> Result<Reader> {
+        use std::os::unix::fs::FileExt;
+        let (file, len) = open_file(path, "open single-file checkpoint")?;
+        let read = |off: u64, buf: &mut [u8]| {
+            file.read_exact_at(buf, off)
+                .map_err(|e| Error::io(path, "read single-file checkpoint", e))
+        };
+        let mut hdr = [0u8; SINGLE_HEADER_LEN];
+        let mut trailer = [0u8; SINGLE_TRAILER_LEN];
+        let n = (len as usize).min(SINGLE_HEADER_LEN);
+        read(0, &mut hdr[..n])?;
+        if len >= SINGLE_TRAILER_LEN as u64 {
+            read(len - SINGLE_TRAILER_LEN as u64, &mut trailer)?;
+        }
+        let h = SingleHeader::decode(&hdr[..n], &trailer, len, path)?;
+        let ibytes = if h.index_len <= INDEX_IN_MEMORY_MAX {
+            let mut v = vec![0u8; h.index_len as usize];
+            read(h.index_off, &mut v)?;
+            IndexBytes::Mem(v)
+        } else {
+            // SAFETY: as for a large `P.index`: the file is replaced by rename, never rewritten.
+            let m = unsafe {
+                MmapOptions::new()
+                    .offset(h.index_off)
+                    .len(h.index_len as usize)
+                    .map(&file)
+            }
+            .map_err(|e| Error::io(path, "mmap index region", e))?;
+            IndexBytes::Map(m)
+        };
+        let index = IndexView::open(ibytes, path)?;
+        if index.shards().len() != 1 {
+            return Err(Error::corrupt(
+                path,
+                h.index_off,
+                format!(
+                    "a single-file checkpoint's index must describe exactly one shard, found {}",
+                    index.shards().len()
+                ),
+            ));
+        }
+        let rec = &index.shards()[0];
+        if rec.file_len != h.shard_len {
+            return Err(Error::corrupt(
+                path,
+                h.shard_off,
+                format!(
+                    "shard region is {} bytes but the embedded index records {}",
+                    h.shard_len, rec.file_len
+                ),
+            ));
+        }
+        let shard = ShardMap {
+            path: path.to_path_buf(),
+            file,
+            len: h.shard_len,
+            base: h.shard_off,
+            cow: OnceLock::new(),
+        };
+        shard.check_header(0, rec)?;
+        Ok(Reader {
+            prefix: path.to_path_buf(),
+            index_file: path.to_path_buf(),
+            index,
+            shards: vec![shard],
+        })
+    }
+
+    /// The file holding the index (`P.index`, or the single file).
+    pub fn index_file(&self) -> &Path {
+        &self.index_file
+    }
+
+    /// Whether this is a single-file checkpoint.
+    pub fn is_single_file(&self) -> bool {
+        self.index_file == self.prefix
     }
 
     /// The prefix this reader opened.
@@ -276,7 +443,7 @@ impl Reader {
         match self.index.find(key)? {
             Some(i) => self.index.entry(i),
             None => Err(Error::MissingKey {
-                path: index_path(&self.prefix),
+                path: self.index_file.clone(),
                 key: key.to_string(),
             }),
         }
@@ -298,9 +465,13 @@ impl Reader {
         if out.len() <= READ_PIECE {
             return shard.read_at(base, out);
         }
+        let cancel = crate::cancel::current();
         out.par_chunks_mut(READ_PIECE)
             .enumerate()
-            .try_for_each(|(i, piece)| shard.read_at(base + (i * READ_PIECE) as u64, piece))
+            .try_for_each(|(i, piece)| {
+                cancel.check()?;
+                shard.read_at(base + (i * READ_PIECE) as u64, piece)
+            })
     }
 
     fn chunk_err(&self, e: &Entry<'_>, ci: usize, off: u64, what: String) -> Error {
@@ -456,10 +627,12 @@ impl Reader {
         // bytes either fail the decoder or change the output, so their own crc is only read
         // afterwards, to name the damaged chunk (one crc pass less per load); other codecs
         // check the stored crc too.
+        let cancel = crate::cancel::current();
         let decoded: Result<Vec<(u32, usize)>> = out
             .par_chunks_mut(cb)
             .enumerate()
             .map(|(ci, o)| {
+                cancel.check()?;
                 let path = &self.shards[e.shard as usize].path;
                 let raw_c = self.read_chunk(e, ci, |stored, off, ccrc| {
                     if e.codec == Codec::HuffByteGroup && stored.len() != o.len() {
@@ -543,9 +716,11 @@ impl Reader {
         if e.codec == Codec::None {
             let shard = &self.shards[e.shard as usize];
             let n = e.stored_len as usize;
+            let cancel = crate::cancel::current();
             let pieces: Vec<(u32, usize)> = (0..n.div_ceil(READ_PIECE))
                 .into_par_iter()
                 .map(|i| {
+                    cancel.check()?;
                     let lo = i * READ_PIECE;
                     let len = READ_PIECE.min(n - lo);
                     let mut buf = vec![0u8; len];
@@ -569,9 +744,11 @@ impl Reader {
             }
             Ok(())
         } else {
-            (0..e.nchunks())
-                .into_par_iter()
-                .try_for_each(|ci| self.with_chunk(e, ci, |_, _| Ok(())))
+            let cancel = crate::cancel::current();
+            (0..e.nchunks()).into_par_iter().try_for_each(|ci| {
+                cancel.check()?;
+                self.with_chunk(e, ci, |_, _| Ok(()))
+            })
         }
     }
 
@@ -602,9 +779,11 @@ impl Reader {
             pieces.push((ci, piece));
             rest = tail;
         }
+        let cancel = crate::cancel::current();
         pieces
             .into_par_iter()
             .try_for_each(|(ci, dst)| -> Result<()> {
+                cancel.check()?;
                 let raw_lo = ci * cb;
                 let raw_n = cb.min(e.raw_len - raw_lo) as usize;
                 let mut tmp = vec![0u8; raw_n];
@@ -638,7 +817,10 @@ impl Reader {
         }
         // Entries in parallel; inside, large raw payloads and chunk lists are split again
         // (rayon nests), so one huge tensor still uses every core.
+        let cancel = crate::cancel::current();
         (0..n).into_par_iter().try_for_each(|i| -> Result<()> {
+            cancel.check()?;
+            let _scope = cancel.enter();
             let e = self.index.entry(i)?;
             if e.codec != Codec::None {
                 self.check_chunk_table(&e)?;

@@ -162,7 +162,13 @@ pub struct ShardWriter {
     /// Strong digest of every byte written (`set_digest`), finished by `seal`.
     hasher: Option<FileHasher>,
     digest: Option<String>,
+    /// The cancellation token of the call writing items (checked between batches and
+    /// between pieces of large writes, which run on rayon threads).
+    cancel: crate::cancel::Token,
 }
+
+/// Bytes per write call of a large buffer: cancellation is checked between pieces.
+const WRITE_PIECE: usize = 64 << 20;
 
 impl ShardWriter {
     /// Create the temp file of shard `index` of `count` and write its header.
@@ -189,6 +195,7 @@ impl ShardWriter {
             pool: Default::default(),
             hasher: None,
             digest: None,
+            cancel: Default::default(),
         };
         // From here on an error drops `w`, whose Drop removes the temp file.
         crate::commit::lock_temp(w.file.as_ref().expect("just created"), &w.tmp)?;
@@ -233,6 +240,7 @@ impl ShardWriter {
             pool: Default::default(),
             hasher: None,
             digest: None,
+            cancel: Default::default(),
         }
     }
 
@@ -250,17 +258,22 @@ impl ShardWriter {
 
     /// Write bytes to the file or the sink.
     fn write_out(&mut self, data: &[u8]) -> Result<()> {
-        // Every byte of the file passes here exactly once, in file order: the digest is
-        // computed from the bytes handed to the file or upload, without reading them back.
-        if let Some(h) = self.hasher.as_mut() {
-            h.update(data);
+        for piece in data.chunks(WRITE_PIECE) {
+            self.cancel.check()?;
+            // Every byte of the file passes here exactly once, in file order: the digest is
+            // computed from the bytes handed to the file or upload, without reading them back.
+            if let Some(h) = self.hasher.as_mut() {
+                h.update(piece);
+            }
+            if let Some(sink) = self.sink.as_mut() {
+                sink.write_all(piece)?;
+                continue;
+            }
+            let f = self.file.as_mut().expect("open until finish");
+            f.write_all(piece)
+                .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
         }
-        if let Some(sink) = self.sink.as_mut() {
-            return sink.write_all(data);
-        }
-        let f = self.file.as_mut().expect("open until finish");
-        f.write_all(data)
-            .map_err(|e| Error::io(&self.tmp, "write shard", e))
+        Ok(())
     }
 
     /// Stored payload bytes written so far (a statistic; nothing balances on it: `add_parallel`
@@ -372,17 +385,24 @@ impl ShardWriter {
         }
         let pool = self.pool.clone();
         let level = opts.level;
+        self.cancel = crate::cancel::current();
+        let cancel = self.cancel.clone();
         let encode = |batch: &[Job]| -> Vec<Result<Done>> {
             batch
                 .par_iter()
-                .map(|job| match *job {
-                    Job::Raw { item } => Ok(Done::Raw(par_crc(items[item].data))),
-                    Job::Chunk { item, ci } => {
-                        let it = items[item];
-                        let raw = &it.data[ci * cb..((ci + 1) * cb).min(it.data.len())];
-                        let buf = pool.take(cb + 256);
-                        let e = encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
-                        Ok(Done::Chunk(e.stored, e.raw_crc, raw.len(), e.stored_crc))
+                .map(|job| {
+                    // Per job: once cancelled, the rest of the batch is skipped, so a call
+                    // stops after the chunks already being encoded.
+                    cancel.check()?;
+                    match *job {
+                        Job::Raw { item } => Ok(Done::Raw(par_crc(items[item].data))),
+                        Job::Chunk { item, ci } => {
+                            let it = items[item];
+                            let raw = &it.data[ci * cb..((ci + 1) * cb).min(it.data.len())];
+                            let buf = pool.take(cb + 256);
+                            let e = encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
+                            Ok(Done::Chunk(e.stored, e.raw_crc, raw.len(), e.stored_crc))
+                        }
                     }
                 })
                 .collect()
@@ -394,8 +414,10 @@ impl ShardWriter {
             pool: &pool,
             progress,
         };
+        self.cancel.check()?;
         let mut pending = batches.first().map(|b| encode(b));
         for (k, batch) in batches.iter().enumerate() {
+            self.cancel.check()?;
             let done = pending.take().expect("encoded ahead");
             let next = batches.get(k + 1);
             let (written, next_done) = rayon::join(

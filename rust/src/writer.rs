@@ -272,13 +272,16 @@ impl CheckpointWriter {
             p.sort_unstable(); // keep the caller's order within a shard: sequential file layout
         }
         let enc = self.opts.encode();
+        let cancel = crate::cancel::current();
         std::thread::scope(|sc| {
             let handles: Vec<_> = plan
                 .iter()
                 .zip(&self.shards)
                 .filter(|(p, _)| !p.is_empty())
                 .map(|(p, m)| {
+                    let cancel = cancel.clone();
                     sc.spawn(move || -> Result<()> {
+                        let _scope = cancel.enter();
                         let mut g = m.lock().expect("shard lock");
                         let w = g.as_mut().ok_or_else(|| {
                             Error::InvalidArgument("writer already committed".into())
@@ -321,7 +324,14 @@ impl CheckpointWriter {
     /// are fsynced first, then published, committed and cleaned up under the prefix's commit
     /// lock (FORMAT.md §8). On error nothing of this save is left behind.
     pub fn commit(&self) -> Result<()> {
+        if let Err(e) = crate::cancel::check() {
+            self.abort();
+            return Err(e);
+        }
         let sealed = self.seal_shards()?;
+        // The last point where an interrupt leaves the prefix as it was (dropping the sealed
+        // writers removes their temp files).
+        crate::cancel::check()?;
         if let Some((rp, mode)) = &self.remote {
             return self.commit_remote(rp, mode.clone(), sealed);
         }
@@ -587,5 +597,6 @@ pub fn save_at_with_progress(
 ) -> Result<()> {
     let w = CheckpointWriter::new_at(loc, opts)?;
     w.add_parallel_with_progress(items, progress)?;
+    crate::cancel::check()?;
     w.commit()
 }

@@ -88,6 +88,8 @@ def detect_format(path: str) -> tuple[str, str]:
             raise NotFoundError(f"{path}: no checkpoint ({path}.index not found)")
         return "shardpoint", path
     if os.path.isfile(path):
+        if files.is_single_file(path):
+            return "shardpoint", path  # a single-file checkpoint (FORMAT.md §10)
         if is_safetensors(path):
             return "safetensors", path
         if is_torch_file(path):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -36,6 +36,8 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..nested_keys import decode_key, key_tag, put_leaf
+from .file_objects import is_file_object, save_to_stream, stream_path
+from .locations import MapLocation, is_plain_device, place, saved_locations
 
 if TYPE_CHECKING:
     from ..async_save import SaveFuture
@@ -341,6 +343,7 @@ def _prepare(
         obj = obj.state_dict()  # a module/optimizer: save its state dict
     flat, structure = flatten(obj)
     aliases, sharing = _sharing(flat)
+    devices = saved_locations(flat)
     payload: dict[str, Any] = {}
     for key, leaf in flat.items():
         if key in aliases:
@@ -355,12 +358,14 @@ def _prepare(
         "aliases": aliases,
         "groups": sharing["groups"],
     }
+    if devices:
+        meta["devices"] = devices  # location tags for load(map_location=...)
     return payload, meta
 
 
 def save(
     tensors: Any,
-    prefix: str | os.PathLike[str],
+    prefix: str | os.PathLike[str] | IO[bytes],
     *,
     compression: str | None = "zstd",
     level: int | None = None,
@@ -370,12 +375,17 @@ def save(
     chunk_bytes: int | None = None,
     blocking: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    single_file: bool | None = None,
 ) -> SaveFuture | None:
     """Save a (nested) state dict of tensors and plain values as checkpoint ``prefix``.
 
     Args:
         tensors: a mapping (state dict, possibly nested), or an object with ``state_dict()``.
-        prefix: path prefix (``prefix.index`` + ``prefix.data-*``), committed atomically.
+        prefix: path prefix (``prefix.index`` + ``prefix.data-*``), committed atomically; a
+            path ending with ``.pt``, ``.pth``, ``.bin`` or ``.sp`` (or any path with
+            ``single_file=True``) gets one file at that path instead, as ``torch.save``
+            leaves (FORMAT.md §10); a writable binary file object (``io.BytesIO``, a file
+            opened ``"wb"``) receives that single file's bytes.
         compression, level, shards, durable, chunk_bytes: as :func:`shardpoint.save_file`.
         metadata: JSON-able mapping stored in the index; ``sp.open(prefix).metadata`` returns
             exactly it (our own nesting information lives in a separate section).
@@ -388,10 +398,34 @@ def save(
             place as soon as the call returns.
         storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL
             (``s3://bucket/run/model``; docs/OBJECT_STORE.md).
+        single_file: force (``True``) or refuse (``False``) the single-file form; ``None``
+            decides by the name's suffix.
+
+    Ctrl-C during the write stops it within a fraction of a second: nothing is committed,
+    no temp file stays, the previous checkpoint at ``prefix`` is intact.
 
     Blocking saves write CPU tensors straight from their memory (no staging copy); non-CPU
     tensors are copied to the host first. Nested keys are joined with ``/``.
     """
+    if is_file_object(prefix):
+        if not blocking:
+            raise InvalidArgumentError("blocking=False saves to a path, not to a file object")
+
+        def write(path: str) -> None:
+            save(
+                tensors,
+                path,
+                compression=compression,
+                level=level,
+                metadata=metadata,
+                durable=False,  # a private temp file, copied into the stream
+                chunk_bytes=chunk_bytes,
+                single_file=True,
+            )
+
+        save_to_stream(write, prefix)
+        return None
+    path = cast("str | os.PathLike[str]", prefix)
     payload, meta = _prepare(tensors, keep_device=not blocking)
     from .staging import TorchStagingBuffers, is_device_tensor
 
@@ -399,7 +433,7 @@ def save(
     host = {k: v for k, v in payload.items() if k not in device}
     plan, items = files.plan_save(
         host,
-        prefix,
+        path,
         compression=compression,
         level=level,
         shards=shards,
@@ -408,6 +442,7 @@ def save(
         chunk_bytes=chunk_bytes,
         _sections={METADATA_KEY: meta},
         storage_options=storage_options,
+        single_file=single_file,
     )
     if blocking:
         plan.write(items, None)
@@ -453,29 +488,77 @@ def _to_torch(value: Any) -> Any:
 
 
 def load(
-    prefix: str | os.PathLike[str],
-    device: str | torch.device = "cpu",
+    f: str | os.PathLike[str] | IO[bytes],
+    map_location: MapLocation = None,
+    pickle_module: Any = None,
     *,
+    weights_only: bool | None = None,
+    mmap: bool | None = None,
+    device: str | torch.device | None = None,
     keys: list[str] | None = None,
     verify: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    **pickle_load_args: Any,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save` (or any shardpoint checkpoint) as tensors.
+    Takes ``torch.load``'s arguments with their meaning (docs/TORCH.md); nothing is ever
+    unpickled.
 
     Args:
-        prefix: the checkpoint prefix.
-        device: where tensors go. On ``"cpu"``, uncompressed tensors are zero-copy,
-            copy-on-write views of the mmapped shards and compressed ones are decoded into
-            fresh memory; other devices get one host-to-device copy per tensor.
+        f: the checkpoint: a prefix, a single file (``model.pt``), ``P.index`` (meaning ``P``),
+            or a readable binary file object holding a single file (``io.BytesIO``, a file
+            opened ``"rb"``).
+        map_location: where tensors go, as ``torch.load`` takes it: ``None`` (the device each
+            tensor was saved from; CPU for tensors saved from the CPU), a device string or
+            ``torch.device``, a dict of location tags (``{"cuda:1": "cuda:0"}``), or a
+            callable ``fn(storage, location)`` returning a storage or ``None``
+            (``shardpoint.torch.locations``). On the CPU, uncompressed tensors are zero-copy,
+            copy-on-write views of the file and compressed ones are decoded into fresh memory;
+            other devices get one host-to-device copy per storage.
+        pickle_module: accepted for torch's signature; must be ``None`` or ``pickle`` (nothing
+            is unpickled, so no module is used).
+        weights_only: accepted with any value: the result is the same, because nothing is ever
+            unpickled (only tensors, plain values and their nesting are stored).
+        mmap: ``True`` or ``None`` (default): uncompressed CPU tensors are zero-copy views of
+            the mapped file (copy-on-write: writes never reach it). ``False``: read into
+            private memory, nothing stays mapped.
+        device: the older name of ``map_location`` for a single device (kept working).
         keys: load only these flat (``/``-joined) keys and return a flat dict of them.
         verify: check every value's crc32c (compressed values are always checked).
-        storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL.
+        storage_options: credentials/endpoint/knobs when ``f`` is an object-store URL.
+        pickle_load_args: accepted for torch's signature and ignored (no unpickler runs).
 
     Returns the nested state dict as saved (flat ``key -> value`` for ``keys=`` or for
-    checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy.
+    checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy. Ctrl-C stops
+    a long load within a fraction of a second.
     """
-    dev = torch.device(device)
-    with files.open(prefix, storage_options=storage_options) as reader:
+    del weights_only, pickle_load_args  # same result either way: nothing is unpickled
+    if pickle_module is not None and getattr(pickle_module, "__name__", "") != "pickle":
+        raise InvalidArgumentError(
+            "pickle_module: shardpoint never unpickles, so no pickle module can be used"
+        )
+    if device is not None:
+        if map_location is not None:
+            raise InvalidArgumentError("pass map_location or device, not both")
+        map_location = device
+    copy = mmap is False
+    if is_file_object(f):
+        with stream_path(f) as path:
+            return _load(path, map_location, keys, verify, copy, storage_options)
+    return _load(
+        cast("str | os.PathLike[str]", f), map_location, keys, verify, copy, storage_options
+    )
+
+
+def _load(
+    prefix: str | os.PathLike[str],
+    map_location: MapLocation,
+    keys: list[str] | None,
+    verify: bool,
+    copy: bool,
+    storage_options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    with files.open(prefix, storage_options=storage_options, copy=copy) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         wanted = reader.keys() if keys is None else list(keys)
@@ -486,14 +569,16 @@ def load(
         raw = reader.load(stored, verify=verify)
     numpy_keys = _numpy_leaves(meta["structure"]) if meta else set()
     out: dict[str, Any] = {k: (v if k in numpy_keys else _to_torch(v)) for k, v in raw.items()}
-    in_group: set[str] = set()
+    locations: Mapping[str, str] = meta.get("devices", {}) if meta else {}
+    # One device for all: build shared-storage groups there directly (no CPU detour).
+    dev = torch.device(map_location) if is_plain_device(map_location) else torch.device("cpu")
     for group in meta.get("groups", []) if meta else []:
         _rebuild_group(group, out, dev)
-        in_group.update(group["members"])
-    if dev.type != "cpu":
-        for k, v in out.items():
-            if isinstance(v, torch.Tensor) and k not in in_group:
-                out[k] = v.to(dev)
+    if map_location is not None and is_plain_device(map_location):
+        if dev.type != "cpu":
+            place(out, {}, dev)
+    elif map_location is not None or locations:
+        place(out, locations, map_location)
     for key, alias in aliases.items():
         if keys is not None and key not in keys:
             continue

@@ -28,6 +28,8 @@ fn class_name(err: &Error) -> &'static str {
         Error::DuplicateKey { .. } => "DuplicateKeyError",
         Error::UnsupportedDtype(_) => "UnsupportedDTypeError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
+        // Not a shardpoint error: a cancelled call raises Python's own KeyboardInterrupt.
+        Error::Cancelled => "KeyboardInterrupt",
     }
 }
 
@@ -51,6 +53,9 @@ const ERROR_CLASSES: [&str; 9] = [
 pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let cls = class_name(&err);
     let msg = err.to_string();
+    if matches!(err, Error::Cancelled) {
+        return pyo3::exceptions::PyKeyboardInterrupt::new_err(msg);
+    }
     match py.import("shardpoint.errors").and_then(|m| m.getattr(cls)) {
         Ok(c) => match c.call1((msg,)) {
             Ok(inst) => PyErr::from_value(inst),
@@ -95,6 +100,66 @@ pub(crate) fn parse_digest(
     }
 }
 
+/// How often a cancellable call looks for a pending signal (Ctrl-C). The call then stops at
+/// the core's next check (between chunks or pieces): well within half a second.
+const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether the calling thread is the process's main thread: the only one on which Python runs
+/// signal handlers (elsewhere a call cannot be interrupted by Ctrl-C, so it is not watched).
+fn on_main_thread() -> bool {
+    // SAFETY: plain syscalls without arguments.
+    unsafe { libc::gettid() == libc::getpid() }
+}
+
+/// [`nogil`] for long calls (save, load, verify, merge): on the main thread the work runs on
+/// a helper thread while this one, GIL released, wakes every [`SIGNAL_POLL`] to take the GIL
+/// and run Python's signal handlers. When one raises (Ctrl-C: `KeyboardInterrupt`), the
+/// call's [`cancel::Token`](shardpoint_core::cancel::Token) is cancelled, the core stops at
+/// its next check (a save then commits nothing and removes its temp files), and the handler's
+/// exception is raised. An exception raised by a handler after the work finished is raised
+/// too (the work is done, e.g. the save committed): it is never swallowed.
+pub(crate) fn nogil_cancellable<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> shardpoint_core::Result<T> + Send,
+) -> PyResult<T> {
+    if !on_main_thread() {
+        return nogil(py, f);
+    }
+    let token = shardpoint_core::cancel::Token::new();
+    let mut raised: Option<PyErr> = None;
+    let res = py.detach(|| {
+        std::thread::scope(|s| {
+            let me = std::thread::current();
+            let t = token.clone();
+            let worker = s.spawn(move || {
+                let _scope = t.enter();
+                let r = f();
+                me.unpark();
+                r
+            });
+            while !worker.is_finished() {
+                std::thread::park_timeout(SIGNAL_POLL);
+                if raised.is_none() && !worker.is_finished() {
+                    Python::attach(|py| {
+                        if let Err(e) = py.check_signals() {
+                            token.cancel();
+                            raised = Some(e);
+                        }
+                    });
+                }
+            }
+            match worker.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    res.map_err(|e| to_py(py, e))
+}
+
 pub(crate) fn parse_codec(py: Python<'_>, name: &str) -> PyResult<Codec> {
     match name {
         "none" => Ok(Codec::None),
@@ -134,6 +199,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<read::EntryRecord>()?;
     m.add_class::<read::EntryValue>()?;
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
+    m.add_function(wrap_pyfunction!(write::is_single_file, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;

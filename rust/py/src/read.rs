@@ -1,7 +1,7 @@
 //! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
 
 use crate::buffers::{alloc_zeroed, arena_align, bytes_of_mut, Arena, Buffer, Store, HUGE_MIN};
-use crate::{nogil, to_py};
+use crate::{nogil, nogil_cancellable, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -10,6 +10,10 @@ use shardpoint_core::index::Entry;
 use shardpoint_core::{Error, Reader};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Reads of at least this many bytes run watched for Ctrl-C ([`nogil_cancellable`]); smaller
+/// ones finish in well under the poll interval and skip the helper thread.
+const WATCH_MIN: u64 = 16 << 20;
 
 /// An open checkpoint.
 #[pyclass(module = "shardpoint._core", frozen)]
@@ -99,7 +103,11 @@ impl CheckpointReader {
             if verify {
                 // crc over the very mapping handed out: the check is the first touch.
                 let view = &map[e.offset as usize..(e.offset + e.stored_len) as usize];
-                nogil(py, || self.inner.verify_view(e, view))?;
+                if e.stored_len >= WATCH_MIN {
+                    nogil_cancellable(py, || self.inner.verify_view(e, view))?;
+                } else {
+                    nogil(py, || self.inner.verify_view(e, view))?;
+                }
             }
             Ok(Store::Mapped {
                 map,
@@ -108,7 +116,11 @@ impl CheckpointReader {
             })
         } else {
             let mut v = alloc_zeroed(e.raw_len)?;
-            nogil(py, || self.inner.read_into(e, &mut v, verify))?;
+            if e.raw_len >= WATCH_MIN {
+                nogil_cancellable(py, || self.inner.read_into(e, &mut v, verify))?;
+            } else {
+                nogil(py, || self.inner.read_into(e, &mut v, verify))?;
+            }
             Ok(Store::Owned(v))
         }
     }
@@ -248,18 +260,25 @@ impl CheckpointReader {
                     (None, None) => None,
                 });
             }
-            nogil(py, || {
+            nogil_cancellable(py, || {
+                let cancel = shardpoint_core::cancel::current();
                 entries
                     .par_iter()
                     .zip(dsts.par_iter_mut())
                     .zip(maps.par_iter())
-                    .try_for_each(|((e, dst), map)| match (dst, map) {
-                        (Some(d), _) => reader.read_into(e, d, verify || e.codec != Codec::None),
-                        (None, Some(m)) if verify => reader.verify_view(
-                            e,
-                            &m[e.offset as usize..(e.offset + e.stored_len) as usize],
-                        ),
-                        _ => Ok(()),
+                    .try_for_each(|((e, dst), map)| {
+                        cancel.check()?;
+                        let _scope = cancel.enter();
+                        match (dst, map) {
+                            (Some(d), _) => {
+                                reader.read_into(e, d, verify || e.codec != Codec::None)
+                            }
+                            (None, Some(m)) if verify => reader.verify_view(
+                                e,
+                                &m[e.offset as usize..(e.offset + e.stored_len) as usize],
+                            ),
+                            _ => Ok(()),
+                        }
                     })
             })?;
         }
@@ -317,11 +336,16 @@ impl CheckpointReader {
         }
         refuse_overlaps(py, &keys, &dsts)?;
         let reader = &self.inner;
-        nogil(py, || {
+        nogil_cancellable(py, || {
+            let cancel = shardpoint_core::cancel::current();
             entries
                 .par_iter()
                 .zip(dsts.par_iter_mut())
-                .try_for_each(|(e, d)| reader.read_into(e, d, verify || e.codec != Codec::None))
+                .try_for_each(|(e, d)| {
+                    cancel.check()?;
+                    let _scope = cancel.enter();
+                    reader.read_into(e, d, verify || e.codec != Codec::None)
+                })
         })
     }
 
@@ -336,18 +360,18 @@ impl CheckpointReader {
     ) -> PyResult<()> {
         let e = self.entry(py, key)?;
         let dst = bytes_of_mut(py, &mut out)?;
-        nogil(py, || self.inner.read_range(&e, lo, hi, dst))
+        nogil_cancellable(py, || self.inner.read_range(&e, lo, hi, dst))
     }
 
     /// Check the crc32c(s) of one key's stored bytes (pread; GIL released).
     fn verify_key(&self, py: Python<'_>, key: &str) -> PyResult<()> {
         let e = self.entry(py, key)?;
-        nogil(py, || self.inner.verify_entry(&e))
+        nogil_cancellable(py, || self.inner.verify_entry(&e))
     }
 
     /// Check every checksum and invariant (parallel, GIL released).
     fn verify(&self, py: Python<'_>) -> PyResult<()> {
-        nogil(py, || self.inner.verify())
+        nogil_cancellable(py, || self.inner.verify())
     }
 
     /// Re-hash every shard against the digest manifest of the index (GIL released). `None`
@@ -392,6 +416,16 @@ impl CheckpointReader {
             .iter()
             .map(|s| (s.path.clone(), s.len()))
             .collect()
+    }
+
+    /// Whether this is a single-file checkpoint (FORMAT.md §10).
+    fn is_single_file(&self) -> bool {
+        self.inner.is_single_file()
+    }
+
+    /// The file holding the index (`P.index`, or the single file).
+    fn index_path(&self) -> PathBuf {
+        self.inner.index_file().to_path_buf()
     }
 
     /// Size of the index file in bytes.

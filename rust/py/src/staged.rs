@@ -2,7 +2,7 @@
 
 use crate::buffers::{bytes_of, bytes_of_mut};
 use crate::write::{to_items, RawItem};
-use crate::{invalid, nogil, parse_codec};
+use crate::{invalid, nogil, nogil_cancellable, parse_codec};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use shardpoint_core::WriterOptions;
@@ -81,7 +81,7 @@ pub(crate) fn save_incremental(
         ..WriterOptions::default()
     };
     let its = to_items(py, &items)?;
-    let r = nogil(py, || {
+    let r = nogil_cancellable(py, || {
         shardpoint_core::save_incremental(
             &prefix,
             &its,

@@ -4,7 +4,7 @@
 
 use crate::buffers::bytes_of;
 use crate::remote::{location, Opts};
-use crate::{nogil, parse_codec, parse_digest, to_py};
+use crate::{invalid, nogil, nogil_cancellable, parse_codec, parse_digest, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use shardpoint_core::format::{DType, Kind};
@@ -29,9 +29,11 @@ pub(crate) fn to_items<'a>(py: Python<'_>, raw: &'a [RawItem]) -> PyResult<Vec<I
 
 /// Save items in one call, `shards` threads writing in parallel with the GIL released.
 /// `progress(nbytes)` (optional) is called after each item is written; it does not change
-/// what is written (one algorithm with or without a progress bar).
+/// what is written (one algorithm with or without a progress bar). `single_file`: write one
+/// file at `prefix` (FORMAT.md §10; `shards` is ignored). Ctrl-C stops the save (nothing is
+/// committed) and raises `KeyboardInterrupt`.
 #[pyfunction]
-#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None))]
+#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None, single_file=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -47,8 +49,15 @@ pub(crate) fn save(
     storage_options: Opts,
     progress: Option<Py<PyAny>>,
     digest: Option<String>,
+    single_file: bool,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
+    if single_file && !matches!(loc, shardpoint_core::Location::Local(_)) {
+        return Err(invalid(
+            py,
+            format!("{prefix}: single-file checkpoints are written to local paths only"),
+        ));
+    }
     let opts = WriterOptions {
         digest: parse_digest(py, digest.as_deref())?,
         codec: parse_codec(py, codec)?,
@@ -72,9 +81,18 @@ pub(crate) fn save(
             });
         }
     };
-    nogil(py, || {
-        shardpoint_core::save_at_with_progress(&loc, &its, opts, &report)
+    nogil_cancellable(py, || match &loc {
+        shardpoint_core::Location::Local(p) if single_file => {
+            shardpoint_core::save_single(p, &its, &opts, &report)
+        }
+        _ => shardpoint_core::save_at_with_progress(&loc, &its, opts, &report),
     })
+}
+
+/// Whether `path` is a single-file checkpoint (by its magic bytes, FORMAT.md §10).
+#[pyfunction]
+pub(crate) fn is_single_file(py: Python<'_>, path: std::path::PathBuf) -> bool {
+    py.detach(|| shardpoint_core::reader::is_single_file(&path))
 }
 
 /// Merge the partial indexes of a multi-writer save and commit `P.index`.
@@ -89,7 +107,7 @@ pub(crate) fn merge(
     storage_options: Opts,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
-    nogil(py, || {
+    nogil_cancellable(py, || {
         shardpoint_core::merge_at(&loc, world_size, durable, token.as_deref())
     })
 }
@@ -163,12 +181,12 @@ impl Writer {
     ) -> PyResult<()> {
         let raw = [(key, dtype, kind, shape, data)];
         let its = to_items(py, &raw)?;
-        nogil(py, || self.inner.add(&its[0]))
+        nogil_cancellable(py, || self.inner.add(&its[0]))
     }
 
     /// Finish: commit `P.index` (one writer) or publish the partial index (several).
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
-        nogil(py, || self.inner.commit())
+        nogil_cancellable(py, || self.inner.commit())
     }
 
     /// Discard everything written.

@@ -1,0 +1,171 @@
+"""torch habits (issue 22): ``sptorch.save(sd, "model.pt")`` leaves one file that
+``sptorch.load("model.pt")`` reads; ``load`` takes ``torch.load``'s arguments with their meaning
+(``map_location`` as str, device, dict or callable; ``weights_only``; ``mmap``;
+``pickle_module``); file objects (``io.BytesIO``, files opened ``"wb"``/``"rb"``) work for save
+and load as with ``torch.save``/``torch.load``."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import shardpoint as sp  # noqa: E402
+import shardpoint.torch as sptorch  # noqa: E402
+from shardpoint.errors import InvalidArgumentError  # noqa: E402
+
+
+def _sd() -> dict[str, object]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    w = lin.weight.detach()
+    return {
+        "model": {"weight": w, "bias": lin.bias.detach(), "tied": w},
+        "big": torch.arange(1 << 16, dtype=torch.float32),
+        "half": torch.randn(100, dtype=torch.bfloat16),
+        "step": 3,
+        "sizes": [1, 2],
+    }
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert torch.equal(got["model"]["weight"], want["model"]["weight"])
+    assert torch.equal(got["model"]["bias"], want["model"]["bias"])
+    assert got["model"]["tied"] is got["model"]["weight"]
+    assert torch.equal(got["big"], want["big"])
+    assert torch.equal(got["half"], want["half"]) and got["half"].dtype == torch.bfloat16
+    assert got["step"] == 3 and got["sizes"] == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["model.pt", "model.pth", "pytorch_model.bin"])
+def test_save_to_a_file_name_leaves_that_one_file(tmp_path, name):
+    sd = _sd()
+    sptorch.save(sd, tmp_path / name)
+    assert os.listdir(tmp_path) == [name]
+    _assert_same(sptorch.load(tmp_path / name), sd)
+    _assert_same(sptorch.load(str(tmp_path / name), map_location="cpu", weights_only=True), sd)
+    # the storage face reads it too (flat keys)
+    assert "model/weight" in sp.load_file(tmp_path / name)
+
+
+def test_weights_only_and_pickle_module_accepted_with_the_same_result(tmp_path):
+    sd = _sd()
+    sptorch.save(sd, tmp_path / "m.pt")
+    for wo in (True, False, None):
+        _assert_same(sptorch.load(tmp_path / "m.pt", weights_only=wo), sd)
+    _assert_same(sptorch.load(tmp_path / "m.pt", None, pickle, encoding="latin1"), sd)
+    with pytest.raises(InvalidArgumentError, match="unpickle"):
+        sptorch.load(tmp_path / "m.pt", pickle_module=object())
+
+
+def test_mmap_true_is_zero_copy_and_false_is_private_memory(tmp_path):
+    sd = {"big": torch.arange(1 << 16, dtype=torch.float32)}
+    sptorch.save(sd, tmp_path / "m.pt", compression="none")
+    mapped = sptorch.load(tmp_path / "m.pt", mmap=True)["big"]
+    private = sptorch.load(tmp_path / "m.pt", mmap=False)["big"]
+    assert torch.equal(mapped, sd["big"]) and torch.equal(private, sd["big"])
+    size = os.path.getsize(tmp_path / "m.pt")
+    maps = open("/proc/self/maps").read()
+    assert str(tmp_path / "m.pt") in maps  # the mmap=True view maps the file
+    del mapped
+    # mmap=False keeps nothing mapped: writes go to private memory, the file is untouched
+    private += 1
+    assert os.path.getsize(tmp_path / "m.pt") == size
+    assert torch.equal(sptorch.load(tmp_path / "m.pt")["big"], sd["big"])
+
+
+def test_map_location_forms_on_cpu(tmp_path):
+    sd = _sd()
+    sptorch.save(sd, tmp_path / "m.pt")
+    for ml in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, {"cuda:0": "cpu"}):
+        got = sptorch.load(tmp_path / "m.pt", map_location=ml)
+        _assert_same(got, sd)
+        assert got["big"].device.type == "cpu"
+    seen: list[tuple[str, int]] = []
+
+    def fn(storage, location):
+        assert isinstance(storage, torch.UntypedStorage) and storage.device.type == "cpu"
+        seen.append((location, storage.nbytes()))
+        return None  # default placement
+
+    _assert_same(sptorch.load(tmp_path / "m.pt", map_location=fn), sd)
+    # once per storage: the tied weight is one storage, so 4 storages for 5 tensors
+    assert len(seen) == 4 and {loc for loc, _ in seen} == {"cpu"}
+
+    def to_fresh(storage, location):
+        return storage.clone()  # a storage returned is used as is
+
+    got = sptorch.load(tmp_path / "m.pt", map_location=to_fresh)
+    _assert_same(got, sd)
+    with pytest.raises(InvalidArgumentError, match="expected a storage"):
+        sptorch.load(tmp_path / "m.pt", map_location=lambda s, loc: 5)
+    # the older keyword still works
+    _assert_same(sptorch.load(tmp_path / "m.pt", device="cpu"), sd)
+
+
+def test_saved_device_recorded_and_unavailable_device_named(tmp_path):
+    """The location tag of a non-CPU tensor is recorded; map_location=None restores it, as
+    torch.load does, and a machine without that device gets an error naming the key and the
+    remedy. (CPU-only here: a 'meta'-free fake location is written by hand.)"""
+    sd = {"w": torch.ones(3)}
+    sptorch.save(sd, tmp_path / "m.pt")
+    with sp.open(tmp_path / "m.pt") as r:
+        meta = r.sections["shardpoint.torch"]
+    assert "devices" not in meta  # CPU tensors record nothing
+    from shardpoint.torch.locations import place
+
+    out = {"w": torch.ones(3)}
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match=r"'w'.*cuda:0.*map_location='cpu'"):
+            place(out, {"w": "cuda:0"}, None)
+    place(out, {"w": "cuda:0"}, {"cuda:0": "cpu"})
+    assert out["w"].device.type == "cpu"
+
+
+def test_file_objects_bytesio_and_real_files(tmp_path):
+    sd = _sd()
+    buf = io.BytesIO()
+    sptorch.save(sd, buf)
+    assert buf.tell() == len(buf.getvalue()) > 0
+    buf.seek(0)
+    _assert_same(sptorch.load(buf), sd)
+    assert buf.tell() == len(buf.getvalue())
+    # a file opened "wb" / "rb"
+    with open(tmp_path / "f.bin", "wb") as f:
+        sptorch.save(sd, f)
+    with open(tmp_path / "f.bin", "rb") as f:
+        _assert_same(sptorch.load(f, map_location="cpu"), sd)
+    # the bytes are a single-file checkpoint: readable by path too
+    _assert_same(sptorch.load(tmp_path / "f.bin"), sd)
+    # a stream with something before the checkpoint (read from its current position)
+    with open(tmp_path / "pre.bin", "wb") as f:
+        f.write(b"HEADER")
+        sptorch.save(sd, f)
+    with open(tmp_path / "pre.bin", "rb") as f:
+        assert f.read(6) == b"HEADER"
+        _assert_same(sptorch.load(f), sd)
+    with pytest.raises(InvalidArgumentError, match="blocking"):
+        sptorch.save(sd, io.BytesIO(), blocking=False)
+    from shardpoint.errors import CorruptCheckpointError
+
+    with pytest.raises(CorruptCheckpointError, match="empty"):
+        sptorch.load(io.BytesIO())
+    with pytest.raises(CorruptCheckpointError):
+        sptorch.load(io.BytesIO(b"not a checkpoint at all" * 400))
+
+
+def test_numpy_values_and_load_into_model(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    sptorch.save(model.state_dict(), tmp_path / "model.pt")
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    fresh.load_state_dict(sptorch.load(tmp_path / "model.pt", map_location="cpu"))
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+    arr = {"a": np.arange(5)}
+    sptorch.save(arr, tmp_path / "np.pt")
+    assert isinstance(sptorch.load(tmp_path / "np.pt")["a"], np.ndarray)
