@@ -169,3 +169,41 @@ def test_numpy_values_and_load_into_model(tmp_path):
     arr = {"a": np.arange(5)}
     sptorch.save(arr, tmp_path / "np.pt")
     assert isinstance(sptorch.load(tmp_path / "np.pt")["a"], np.ndarray)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_map_location_on_a_gpu(tmp_path):
+    """The location tags, map_location=None/str/dict/callable and shared storage on a real
+    GPU (runs where CUDA is present)."""
+    w = torch.randn(16, 8, device="cuda:0")
+    sd = {"w": w, "tied": w, "view": w[1], "cpu": torch.arange(5), "step": 2}
+    sptorch.save(sd, tmp_path / "g.pt")
+    with sp.open(tmp_path / "g.pt") as r:
+        assert r.sections["shardpoint.torch"]["devices"]["w"] == "cuda:0"
+    got = sptorch.load(tmp_path / "g.pt")  # None: back where each was saved from
+    assert got["w"].device == torch.device("cuda:0") and got["cpu"].device.type == "cpu"
+    assert got["tied"] is got["w"] and got["view"].untyped_storage().data_ptr() == (
+        got["w"].untyped_storage().data_ptr()
+    )
+    assert torch.equal(got["w"], w) and torch.equal(got["view"], w[1])
+    on_gpu = sptorch.load(tmp_path / "g.pt", map_location="cuda")
+    assert {v.device.type for v in on_gpu.values() if isinstance(v, torch.Tensor)} == {"cuda"}
+    to_cpu = sptorch.load(tmp_path / "g.pt", map_location={"cuda:0": "cpu"})
+    assert {v.device.type for v in to_cpu.values() if isinstance(v, torch.Tensor)} == {"cpu"}
+    assert torch.equal(to_cpu["w"], w.cpu())
+    up = sptorch.load(tmp_path / "g.pt", map_location={"cpu": "cuda:0"})
+    assert up["cpu"].device.type == "cuda" and up["w"].device.type == "cuda"
+    calls: list[str] = []
+
+    def fn(storage, location):
+        calls.append(location)
+        return storage.cuda() if location == "cpu" else None
+
+    cb = sptorch.load(tmp_path / "g.pt", map_location=fn)
+    assert sorted(calls) == ["cpu", "cuda:0"]  # one call per storage (w, tied, view share one)
+    assert cb["cpu"].device.type == "cuda" and torch.equal(cb["cpu"].cpu(), torch.arange(5))
+    assert cb["w"].device == torch.device("cuda:0")
+    fut = sptorch.save(sd, tmp_path / "async.pt", blocking=False)
+    assert fut is not None
+    fut.result()
+    assert torch.equal(sptorch.load(tmp_path / "async.pt", map_location="cpu")["w"], w.cpu())
