@@ -59,6 +59,14 @@ def program(flavour="keras3"):
     return net, opt, step, sp.Checkpoint(step=step, model=net, optimizer=opt)
 
 
+def on_cpu(variable):
+    value = variable.value
+    if keras.backend.backend() == "jax":
+        return all(d.platform == "cpu" for d in value.devices())
+    device = getattr(value, "device", "cpu")
+    return str(device).startswith("cpu")
+
+
 def numpy(v):
     return keras.ops.convert_to_numpy(v.value if hasattr(v, "value") else v)
 
@@ -82,12 +90,15 @@ def test_tf_checkpoint_restores_and_training_continues(flavour):
         status.assert_consumed()
         assert isinstance(opt.beta_1, float) and abs(opt.beta_1 - 0.9) < 1e-7
     else:
-        # step 4 only reads the restored weights, step 5 the restored moments: bit for bit on
-        # every backend; by step 6 torch's fused Adam rounds differently from TF's (1 ulp-ish),
-        # JAX still matches TF bit for bit
-        assert losses[:2] == fixture["losses"][3:5]
-        if keras.backend.backend() == "jax":
-            assert losses == fixture["losses"][3:]
+        # step 4 only reads the restored weights: bit for bit everywhere (CPU and, measured on
+        # an H100, GPU). On CPU step 5 (the restored moments) is bit for bit too, and JAX stays
+        # so at step 6 while torch's fused Adam rounds differently (~1e-7); on GPU steps 5-6
+        # are ~1e-7 apart (TF32-class matmuls)
+        assert losses[0] == fixture["losses"][3]
+        if on_cpu(net.trainable_variables[0]):
+            assert losses[:2] == fixture["losses"][3:5]
+            if keras.backend.backend() == "jax":
+                assert losses == fixture["losses"][3:]
         np.testing.assert_allclose(losses, fixture["losses"][3:], rtol=1e-6)
         status.assert_consumed()
     assert int(numpy(step)) == 3 and int(numpy(opt.iterations)) == 6
