@@ -307,3 +307,38 @@ def test_keys_match_tensorflow_for_small_models(tmp_path):
         ]
     )
     assert keys(model=emb) == tf_keys["misc"]
+
+
+def test_optimizer_state_restored_on_first_apply_gradients(tmp_path):
+    """The guide's own loop calls optimizer.apply_gradients: an unbuilt optimizer restored from a
+    checkpoint gets its moments and iteration count when apply_gradients builds it, and the next
+    step equals the uninterrupted one bit for bit."""
+
+    def fresh():
+        v = keras.Variable(np.array([1.0, -2.0, 3.0], np.float32), name="w")
+        return v, keras.optimizers.Adam(0.1)
+
+    grads = [
+        keras.ops.convert_to_tensor(np.array(g, np.float32))
+        for g in ([0.5, -1.0, 2.0], [1.5, 0.25, -1.0])
+    ]
+    ref_v, ref_opt = fresh()
+    for g in grads:
+        ref_opt.apply_gradients([(g, ref_v)])
+    v, opt = fresh()
+    opt.apply_gradients([(grads[0], v)])
+    path = sp.Checkpoint(v=v, optimizer=opt).write(tmp_path / "opt")
+    v2, opt2 = fresh()
+    status = sp.Checkpoint(v=v2, optimizer=opt2).read(path)
+    assert not opt2.built
+    with pytest.raises(AssertionError, match=r"optimizer\._variables"):
+        status.assert_consumed()
+    opt2.apply_gradients([(grads[1], v2)])  # builds: moments restored before the update
+    status.assert_consumed()
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(v2.value), keras.ops.convert_to_numpy(ref_v.value)
+    )
+    for a, b in zip(opt2.variables, ref_opt.variables, strict=True):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(a.value), keras.ops.convert_to_numpy(b.value)
+        )
