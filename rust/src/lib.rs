@@ -11,6 +11,7 @@
 //! - [`shard`]: writing one shard file;
 //! - [`writer`]: multi-shard and multi-writer saves (one save path, optional progress);
 //! - [`merge`]: the multi-writer merge of partial indexes and the index metadata JSON;
+//! - [`load`]: the bulk-load engine (read-ahead, ordered work, fused read + crc);
 //! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
 //! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
 //! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
@@ -32,6 +33,7 @@ pub mod error;
 pub mod format;
 pub mod incremental;
 pub mod index;
+pub mod load;
 pub mod merge;
 pub mod naming;
 pub mod reader;

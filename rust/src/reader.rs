@@ -10,7 +10,7 @@ use memmap2::{Mmap, MmapMut, MmapOptions};
 use rayon::prelude::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 thread_local! {
     /// Per-thread buffer for a chunk's stored bytes (pread): reused, so steady-state reads
@@ -612,68 +612,191 @@ impl Reader {
                 e.raw_len
             )));
         }
-        if e.codec == Codec::None {
-            self.read_stored(e, 0, out)?;
-            if verify {
-                self.check_raw_crc(e, out)?;
+        self.read_many_into(std::slice::from_ref(e), vec![out], verify)
+    }
+
+    /// Decode chunk `ci` of a compressed entry into `o` (its raw length); returns the crc of
+    /// the decoded bytes. Every chunk is decoded with the crc of its output computed inside
+    /// the decoder (for codec 3 in the one ungrouping pass, while the data is in cache); the
+    /// output crcs give the entry's raw crc, checked end to end by the caller. In a codec-3
+    /// chunk, damaged stored bytes either fail the decoder or change the output, so their own
+    /// crc is only read afterwards, to name the damaged chunk (one crc pass less per load);
+    /// other codecs check the stored crc too.
+    fn decode_chunk_checked(&self, e: &Entry<'_>, ci: usize, o: &mut [u8]) -> Result<u32> {
+        let path = &self.shards[e.shard as usize].path;
+        self.read_chunk(e, ci, |stored, off, ccrc| {
+            if e.codec == Codec::HuffByteGroup && stored.len() != o.len() {
+                // Every bit of a codec-3 chunk either shapes the output or is checked by the
+                // decoder (lengths, tables, stream ends, zero padding), so the end-to-end check
+                // covers its stored bytes.
+                return decode_chunk_raw_crc(e.codec, e.dtype, stored, o, path, off);
             }
-            return Ok(());
+            // zstd frames have bits that do not shape the output: check the stored crc.
+            let (r, s) = decode_chunk_crc(e.codec, e.dtype, stored, o, path, off)?;
+            if s != ccrc {
+                return Err(Error::Checksum {
+                    path: path.clone(),
+                    offset: off,
+                    what: format!("key {:?} chunk {ci}", e.key),
+                    expected: ccrc,
+                    actual: s,
+                });
+            }
+            Ok(r)
+        })
+    }
+
+    /// Read many entries into caller-owned buffers (each exactly its entry's `raw_len`, none
+    /// overlapping): the bulk-load path (see [`crate::load`]). Work items (pieces of
+    /// uncompressed payloads, chunks of compressed ones) are taken in file order by every
+    /// worker while a helper thread reads ahead of them; an uncompressed piece is read into
+    /// its destination and crc'd in cache-sized blocks (`verify`), a chunk is decoded with its
+    /// crc. Compressed entries are always checked end to end; uncompressed ones when `verify`.
+    /// On an error some buffers may hold new bytes and others not.
+    pub fn read_many_into(
+        &self,
+        entries: &[Entry<'_>],
+        dsts: Vec<&mut [u8]>,
+        verify: bool,
+    ) -> Result<()> {
+        use crate::load::{for_each_ordered, read_crc, with_read_ahead, Span, RAW_PIECE};
+        if entries.len() != dsts.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} entries but {} output buffers",
+                entries.len(),
+                dsts.len()
+            )));
         }
-        self.check_chunk_table(e)?;
         let cb = self.index.chunk_bytes() as usize;
-        // Every chunk is decoded with the crc of its output computed inside the decoder (for
-        // codec 3 in the one ungrouping pass, while the data is in cache); the output crcs give
-        // the entry's raw crc, checked end to end below. In a codec-3 chunk, damaged stored
-        // bytes either fail the decoder or change the output, so their own crc is only read
-        // afterwards, to name the damaged chunk (one crc pass less per load); other codecs
-        // check the stored crc too.
-        let cancel = crate::cancel::current();
-        let decoded: Result<Vec<(u32, usize)>> = out
-            .par_chunks_mut(cb)
-            .enumerate()
-            .map(|(ci, o)| {
-                cancel.check()?;
-                let path = &self.shards[e.shard as usize].path;
-                let raw_c = self.read_chunk(e, ci, |stored, off, ccrc| {
-                    if e.codec == Codec::HuffByteGroup && stored.len() != o.len() {
-                        // Every bit of a codec-3 chunk either shapes the output or is checked
-                        // by the decoder (lengths, tables, stream ends, zero padding), so the
-                        // end-to-end check below covers its stored bytes.
-                        return decode_chunk_raw_crc(e.codec, e.dtype, stored, o, path, off);
-                    }
-                    // zstd frames have bits that do not shape the output: check the stored crc.
-                    let (r, s) = decode_chunk_crc(e.codec, e.dtype, stored, o, path, off)?;
-                    if s != ccrc {
-                        return Err(Error::Checksum {
-                            path: path.clone(),
-                            offset: off,
-                            what: format!("key {:?} chunk {ci}", e.key),
-                            expected: ccrc,
-                            actual: s,
-                        });
-                    }
-                    Ok(r)
-                })?;
-                Ok((raw_c, o.len()))
+        // One work item per piece / chunk: (entry, file offset, stored len, chunk or usize::MAX
+        // for a raw piece, destination).
+        struct Item<'d> {
+            entry: usize,
+            at: (u32, u64),
+            stored: u64,
+            chunk: usize,
+            dst: Mutex<Option<&'d mut [u8]>>,
+        }
+        let mut items: Vec<Item<'_>> = Vec::new();
+        // Per entry: its items, in payload order (their crcs combine in that order).
+        let mut of_entry: Vec<Vec<usize>> = Vec::with_capacity(entries.len());
+        for (i, (e, out)) in entries.iter().zip(dsts).enumerate() {
+            if out.len() as u64 != e.raw_len {
+                return Err(Error::InvalidArgument(format!(
+                    "key {:?}: output buffer has {} bytes, need {}",
+                    e.key,
+                    out.len(),
+                    e.raw_len
+                )));
+            }
+            let mut mine = Vec::new();
+            if e.codec == Codec::None {
+                for (k, piece) in out.chunks_mut(RAW_PIECE).enumerate() {
+                    mine.push(items.len());
+                    items.push(Item {
+                        entry: i,
+                        at: (e.shard, e.offset + (k * RAW_PIECE) as u64),
+                        stored: piece.len() as u64,
+                        chunk: usize::MAX,
+                        dst: Mutex::new(Some(piece)),
+                    });
+                }
+            } else {
+                self.check_chunk_table(e)?;
+                for (ci, o) in out.chunks_mut(cb).enumerate() {
+                    let c = e.chunk(ci);
+                    mine.push(items.len());
+                    items.push(Item {
+                        entry: i,
+                        at: (e.shard, e.offset + c.rel_offset),
+                        stored: c.stored_len as u64,
+                        chunk: ci,
+                        dst: Mutex::new(Some(o)),
+                    });
+                }
+            }
+            of_entry.push(mine);
+        }
+        // File order: the order the read-ahead reads and the workers take.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_unstable_by_key(|&k| items[k].at);
+        let spans: Vec<Span<'_>> = order
+            .iter()
+            .map(|&k| Span {
+                file: &self.shards[items[k].at.0 as usize].file,
+                offset: items[k].at.1,
+                len: items[k].stored,
             })
             .collect();
-        let crcs = match decoded {
-            Ok(c) => c,
-            // A decoder error on damaged bytes: the chunk crcs name the damage better.
-            Err(err @ Error::Corrupt { .. }) => {
-                self.verify_entry(e)?;
-                return Err(err);
+        let crcs: Vec<OnceLock<(u32, usize)>> = (0..items.len()).map(|_| OnceLock::new()).collect();
+        // Ctrl-C (crate::cancel): checked between items, on the workers, against the caller's
+        // token.
+        let cancel = crate::cancel::current();
+        with_read_ahead(&spans, |progress| {
+            for_each_ordered(order.len(), |j| {
+                cancel.check()?;
+                let k = order[j];
+                let it = &items[k];
+                let e = &entries[it.entry];
+                let dst = it
+                    .dst
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .expect("each item is taken once");
+                let shard = &self.shards[e.shard as usize];
+                let c = if it.chunk == usize::MAX {
+                    if verify {
+                        read_crc(it.at.1, dst, |off, b| shard.read_at(off, b))?
+                    } else {
+                        shard.read_at(it.at.1, dst)?;
+                        0
+                    }
+                } else {
+                    match self.decode_chunk_checked(e, it.chunk, dst) {
+                        Ok(c) => c,
+                        // A decoder error on damaged bytes: the chunk crcs name the damage
+                        // better.
+                        Err(err @ Error::Corrupt { .. }) => {
+                            self.verify_entry(e)?;
+                            return Err(err);
+                        }
+                        Err(err) => return Err(err),
+                    }
+                };
+                let _ = crcs[k].set((c, dst.len()));
+                progress.consumed(it.stored);
+                Ok(())
+            })
+        })?;
+        for (i, e) in entries.iter().enumerate() {
+            if e.codec == Codec::None && !verify {
+                continue;
             }
-            Err(err) => return Err(err),
-        };
-        let whole = combine_crcs(crcs);
-        if whole != e.crc {
-            // Name the damaged chunk when its stored crc shows it.
-            self.verify_entry(e)?;
+            let whole = if of_entry[i].is_empty() {
+                crc(&[])
+            } else {
+                combine_crcs(
+                    of_entry[i]
+                        .iter()
+                        .map(|&k| *crcs[k].get().expect("all items ran")),
+                )
+            };
+            if whole == e.crc {
+                continue;
+            }
+            if e.codec != Codec::None {
+                // Name the damaged chunk when its stored crc shows it.
+                self.verify_entry(e)?;
+            }
             return Err(Error::Checksum {
                 path: self.shards[e.shard as usize].path.clone(),
                 offset: e.offset,
-                what: format!("key {:?} (decoded data)", e.key),
+                what: if e.codec == Codec::None {
+                    format!("key {:?}", e.key)
+                } else {
+                    format!("key {:?} (decoded data)", e.key)
+                },
                 expected: e.crc,
                 actual: whole,
             });

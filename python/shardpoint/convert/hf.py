@@ -18,7 +18,7 @@ import glob
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,8 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..files import EntryInfo, Reader
+from ..files import EntryInfo, Reader, read_ranges_into
+from ..io_mode import resolve_io
 from ..progress import progress_bar, wanted
 from ..slicing import TensorSlice
 from ..strong_digest import StrongDigest
@@ -110,9 +111,13 @@ class HFReader(Reader):
     """A Hugging Face safetensors checkpoint (directory, index JSON or single file), read-only
     and lazy. Use ``sp.open(path)``. Keys come from the weight map, in sorted order."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:  # noqa: D107 - class doc above
+    def __init__(  # noqa: D107 - class doc above
+        self, path: str | os.PathLike[str], *, io: str = "auto"
+    ) -> None:
         p = os.fspath(path)
         self._prefix = p
+        # "pread": values are read into fresh arrays (no mapping; network file systems).
+        self._pread = resolve_io(io, p) == "pread"
         self._r = None
         self._meta = None
         self._dir, self._index, single = resolve_hf(p)
@@ -184,11 +189,16 @@ class HFReader(Reader):
         return name
 
     def _view(self, key: str) -> np.ndarray:
-        """Zero-copy view of ``key`` over the copy-on-write mapping of its shard."""
+        """Zero-copy view of ``key`` over the copy-on-write mapping of its shard (with
+        ``io="pread"``: a fresh array read with ``pread``)."""
         sh, rec = self._locate(key)
         dt = numpy_dtype(self._dtype_name(key, rec))
         if rec.end == rec.begin:
             return np.empty(rec.shape, dtype=dt)
+        if self._pread:
+            out = np.empty(rec.shape, dtype=dt)
+            self.load_into({key: out})
+            return out
         assert sh.mm is not None
         n = (rec.end - rec.begin) // dt.itemsize
         arr = np.frombuffer(sh.mm, dtype=dt, count=n, offset=sh.header.data_start + rec.begin)
@@ -262,6 +272,16 @@ class HFReader(Reader):
                 f"load {os.path.basename(os.path.normpath(self._dir))}",
             )
         out: dict[str, Any] = {}
+        if self._pread:  # one parallel bulk read into fresh arrays
+            fresh = {}
+            for k in order:
+                rec = self._record(k)
+                fresh[k] = np.empty(rec.shape, dtype=numpy_dtype(self._dtype_name(k, rec)))
+            self.load_into({k: v for k, v in fresh.items() if v.nbytes})
+            if bar is not None:
+                bar.update(sum(v.nbytes for v in fresh.values()))
+                bar.close()
+            return {k: fresh[k] for k in ks}
         try:
             for k in order:
                 out[k] = self._view(k)
@@ -271,6 +291,28 @@ class HFReader(Reader):
             if bar is not None:
                 bar.close()
         return {k: out[k] for k in ks}
+
+    def load_into(self, targets: Mapping[str, np.ndarray], *, verify: bool | None = None) -> None:
+        """Read tensors straight into existing arrays (``key -> array``; C-contiguous, writable,
+        the stored dtype and shape), as :meth:`shardpoint.Reader.load_into`: parallel ``pread``
+        with read-ahead, no mapping faults and no fresh memory (``verify`` is accepted for
+        compatibility: this format has no checksums). A shard shorter than its header says
+        raises ``CorruptCheckpointError`` naming it, before anything is read."""
+        keys, outs = self._target_buffers(targets)
+        self._read_into(keys, outs, False)
+
+    def _read_into(self, keys: list[str], outs: list[np.ndarray], verify: bool) -> None:
+        """``load_into``'s read, for byte views already checked (no checksums to verify)."""
+        paths: list[str] = []
+        file_no: dict[str, int] = {}
+        ranges: list[tuple[int, int]] = []
+        for key in keys:
+            sh, rec = self._locate(key)
+            no = file_no.setdefault(sh.header.path, len(paths))
+            if no == len(paths):
+                paths.append(sh.header.path)
+            ranges.append((no, sh.header.data_start + rec.begin))
+        read_ranges_into(paths, ranges, outs)
 
     def info(self, key: str) -> EntryInfo:
         """dtype, shape, size and location of ``key`` (``crc32c`` is 0: no checksums)."""

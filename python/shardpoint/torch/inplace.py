@@ -65,7 +65,8 @@ def load_into(
     Args:
         target: a module (its ``state_dict()``: parameters and buffers, which share memory with
             the module) or a mapping ``name -> tensor``.
-        prefix: a checkpoint written by :func:`save` / :func:`save_model` (or any flat one).
+        prefix: a checkpoint written by :func:`save` / :func:`save_model` (or any flat one),
+            or a Hugging Face safetensors directory or file (read in place, no checksums).
         strict: raise ``RuntimeError`` (torch's wording) when names are missing or unexpected.
         verify: check the crc32c of uncompressed values too (compressed ones always are).
         storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL.
@@ -160,7 +161,10 @@ def load_into(
                 direct[src] = tensor_to_numpy(t)
             else:
                 copied.append((t, src))
-        reader.load_into(direct, verify=verify)
+        # Shapes, dtypes (_direct) and contiguity are checked above: hand the byte views over.
+        reader._read_into(
+            list(direct), [a.reshape(-1).view(np.uint8) for a in direct.values()], verify
+        )
         with torch.no_grad():
             for t, src in copied:
                 # A second target of the same stored value copies from the first one's

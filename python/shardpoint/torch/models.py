@@ -106,6 +106,28 @@ def tied_conflict_message(model_name: str, conflicts: list[tuple[str, str]]) -> 
     )
 
 
+def _plain_cpu_module(model: torch.nn.Module) -> bool:
+    """Whether loading ``model`` needs nothing of ``load_state_dict`` beyond writing each state
+    tensor: every tensor on the CPU, no state-dict hooks, no ``_load_from_state_dict``
+    override (quantised or sharded modules customise loading and keep the general path)."""
+    base = torch.nn.Module._load_from_state_dict
+    for m in model.modules():
+        if type(m)._load_from_state_dict is not base:
+            return False
+        for hooks in (
+            "_load_state_dict_pre_hooks",
+            "_load_state_dict_post_hooks",
+            "_state_dict_hooks",
+            "_state_dict_pre_hooks",
+        ):
+            if getattr(m, hooks, None):
+                return False
+    for t in model.state_dict().values():
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return False
+    return True
+
+
 def load_model(
     model: torch.nn.Module,
     prefix: str | os.PathLike[str],
@@ -122,7 +144,12 @@ def load_model(
 
     Returns ``IncompatibleKeys(missing_keys, unexpected_keys)``: model names the checkpoint
     did not provide (names tied to a provided one excepted), and checkpoint names the model
-    does not have. Shape mismatches raise ``RuntimeError`` from ``load_state_dict`` itself.
+    does not have. Shape mismatches raise ``RuntimeError`` (torch's "size mismatch" wording).
+
+    A CPU model whose modules do not customise loading (no state-dict hooks, no
+    ``_load_from_state_dict`` override) is loaded with :func:`load_into`: values are decoded
+    straight into its tensors, checksums checked, in parallel. Other models go through
+    ``load`` + ``load_state_dict``.
 
     Raises:
         TiedWeightsConflictError: (``strict=True``) two names of one tied group hold different
@@ -130,6 +157,12 @@ def load_model(
             name's value is loaded and the others are returned as unexpected.
     """
     dev = torch.device(f"cuda:{device}") if isinstance(device, int) else torch.device(device)
+    if dev.type == "cpu" and _plain_cpu_module(model):
+        # The fast path: decode straight into the parameters (no fresh memory, no second
+        # copy); the same missing/unexpected/size-mismatch rules and messages.
+        from .inplace import load_into
+
+        return load_into(model, prefix, strict=strict)
     loaded = load(prefix, dev)
     own = model.state_dict()
     state = dict(loaded)

@@ -498,6 +498,7 @@ def load(
     keys: list[str] | None = None,
     verify: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    io: str = "auto",
     **pickle_load_args: Any,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save` (or any shardpoint checkpoint) as tensors.
@@ -527,6 +528,9 @@ def load(
         verify: check every value's crc32c (compressed values are always checked).
         storage_options: credentials/endpoint/knobs when ``f`` is an object-store URL.
         pickle_load_args: accepted for torch's signature and ignored (no unpickler runs).
+        io: ``"mmap"`` (zero-copy views on the CPU), ``"pread"`` (private memory, large
+            parallel reads) or ``"auto"`` (``pread`` on network/FUSE file systems); see
+            :mod:`shardpoint.io_mode`.
 
     Returns the nested state dict as saved (flat ``key -> value`` for ``keys=`` or for
     checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy. Ctrl-C stops
@@ -544,9 +548,9 @@ def load(
     copy = mmap is False
     if is_file_object(f):
         with stream_path(f) as path:
-            return _load(path, map_location, keys, verify, copy, storage_options)
+            return _load(path, map_location, keys, verify, copy, storage_options, io)
     return _load(
-        cast("str | os.PathLike[str]", f), map_location, keys, verify, copy, storage_options
+        cast("str | os.PathLike[str]", f), map_location, keys, verify, copy, storage_options, io
     )
 
 
@@ -557,8 +561,9 @@ def _load(
     verify: bool,
     copy: bool,
     storage_options: Mapping[str, Any] | None,
+    io: str = "auto",
 ) -> dict[str, Any]:
-    with files.open(prefix, storage_options=storage_options, copy=copy) as reader:
+    with files.open(prefix, storage_options=storage_options, copy=copy, io=io) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         wanted = reader.keys() if keys is None else list(keys)

@@ -319,7 +319,6 @@ impl CheckpointReader {
         mut outs: Vec<PyBuffer<u8>>,
         verify: bool,
     ) -> PyResult<()> {
-        use rayon::prelude::*;
         if keys.len() != outs.len() {
             return Err(crate::invalid(
                 py,
@@ -336,17 +335,7 @@ impl CheckpointReader {
         }
         refuse_overlaps(py, &keys, &dsts)?;
         let reader = &self.inner;
-        nogil_cancellable(py, || {
-            let cancel = shardpoint_core::cancel::current();
-            entries
-                .par_iter()
-                .zip(dsts.par_iter_mut())
-                .try_for_each(|(e, d)| {
-                    cancel.check()?;
-                    let _scope = cancel.enter();
-                    reader.read_into(e, d, verify || e.codec != Codec::None)
-                })
-        })
+        nogil_cancellable(py, || reader.read_many_into(&entries, dsts, verify))
     }
 
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
@@ -441,6 +430,17 @@ impl CheckpointReader {
 
 /// Writing two overlapping output buffers from two threads would be a data race: refuse.
 pub(crate) fn refuse_overlaps(py: Python<'_>, keys: &[String], dsts: &[&mut [u8]]) -> PyResult<()> {
+    check_disjoint(py, dsts, "keys", |i| format!("{:?}", keys[i]))
+}
+
+/// Refuse buffers that overlap: writing them from two threads would be a data race.
+/// `name(i)` names buffer `i` (one of the `what`) in the error.
+fn check_disjoint(
+    py: Python<'_>,
+    dsts: &[&mut [u8]],
+    what: &str,
+    name: impl Fn(usize) -> String,
+) -> PyResult<()> {
     let mut spans: Vec<(usize, usize, usize)> = dsts
         .iter()
         .enumerate()
@@ -453,11 +453,33 @@ pub(crate) fn refuse_overlaps(py: Python<'_>, keys: &[String], dsts: &[&mut [u8]
             return Err(crate::invalid(
                 py,
                 format!(
-                    "output buffers of keys {:?} and {:?} overlap",
-                    keys[w[0].2], keys[w[1].2]
+                    "output buffers of {what} {} and {} overlap",
+                    name(w[0].2),
+                    name(w[1].2)
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// Read byte ranges of plain files into caller-owned writable buffers with the bulk-load
+/// engine (read-ahead, parallel ordered preads, GIL released): `ranges[i] = (index into
+/// paths, offset)`, `outs[i]` receives exactly its length. Ranges past a file's end raise
+/// `CorruptCheckpointError` naming the file; buffers must not overlap.
+#[pyfunction]
+pub(crate) fn read_file_ranges(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    ranges: Vec<(usize, u64)>,
+    mut outs: Vec<PyBuffer<u8>>,
+) -> PyResult<()> {
+    let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
+    for b in outs.iter_mut() {
+        dsts.push(bytes_of_mut(py, b)?);
+    }
+    check_disjoint(py, &dsts, "ranges", |i| i.to_string())?;
+    nogil_cancellable(py, || {
+        shardpoint_core::load::read_files_into(&paths, &ranges, dsts)
+    })
 }

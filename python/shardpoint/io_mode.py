@@ -1,0 +1,76 @@
+"""How values are read from local files: ``io="mmap" | "pread" | "auto"``.
+
+``mmap`` hands out zero-copy views of a private mapping: the cheapest path on a local disk
+(pages are shared with the page cache, and untouched values cost nothing). On network and
+user-space file systems every page fault of a mapping is a round trip to the server or the
+FUSE daemon, one page at a time (safetensors #562; vLLM's ``--safetensors-load-strategy
+eager`` for the same reason), so there ``pread`` reads each value with a few large parallel
+reads into private memory instead. ``auto`` (the default) picks ``pread`` when the file system
+holding the checkpoint is a network or FUSE one, ``mmap`` otherwise. ``load_into`` always
+reads with ``pread`` (it never maps).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import InvalidArgumentError
+
+__all__ = ["IO_MODES", "NETWORK_FS_TYPES", "fs_type", "resolve_io"]
+
+IO_MODES = ("auto", "mmap", "pread")
+
+# Mount types (as /proc/self/mountinfo names them) whose page faults are remote round trips.
+NETWORK_FS_TYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "lustre",
+        "gpfs",
+        "ceph",
+        "glusterfs",
+        "beegfs",
+        "afs",
+        "virtiofs",
+        "fuse",
+    }
+)
+
+
+def fs_type(path: str | os.PathLike[str]) -> str | None:
+    """The type of the file system holding ``path`` (``ext4``, ``nfs4``, ``fuse.s3fs`` ...),
+    from the mount whose mount point is the longest prefix of its real path; ``None`` when
+    unknown (no ``/proc/self/mountinfo``)."""
+    real = os.path.realpath(os.fspath(path))
+    best, best_type = "", None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, sep, right = line.partition(" - ")
+                fields = left.split()
+                if not sep or len(fields) < 5 or not right:
+                    continue
+                # Mount points escape spaces and a few others as octal (\040).
+                point = fields[4].encode().decode("unicode_escape")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, best_type = point, right.split()[0]
+    except OSError:
+        return None
+    return best_type
+
+
+def resolve_io(io: str, path: str | os.PathLike[str]) -> str:
+    """``mmap`` or ``pread`` for reading checkpoint files at ``path`` (see the module doc)."""
+    if io not in IO_MODES:
+        raise InvalidArgumentError(f"io must be one of {IO_MODES}, not {io!r}")
+    if io != "auto":
+        return io
+    kind = fs_type(os.path.dirname(os.path.abspath(os.fspath(path))) or ".")
+    if kind is None:
+        return "mmap"
+    return "pread" if kind.split(".")[0] in NETWORK_FS_TYPES else "mmap"

@@ -1,0 +1,154 @@
+"""The bulk-load engine (issue 25): large values through ``Reader.load_into`` (pieces, fused
+read + crc, read-ahead), Hugging Face directories loaded into existing arrays, and the
+``io="mmap" | "pread" | "auto"`` choice."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file as st_save
+
+import shardpoint as sp
+from shardpoint.errors import (
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+)
+from shardpoint.io_mode import fs_type, resolve_io
+
+# Above the engine's read-ahead threshold (16 MiB) and many 4 MiB pieces.
+BIG = (5 << 20) + 123
+
+
+def _state() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(25)
+    w = (rng.standard_normal(BIG // 2) * 0.02).astype(ml_dtypes.bfloat16)
+    return {
+        "big": w,
+        "big2": (rng.standard_normal((1200, 1000)) * 0.02).astype(np.float32),
+        "bias": rng.standard_normal(77).astype(np.float32),
+        "empty": np.zeros((0, 3), np.float32),
+    }
+
+
+@pytest.mark.parametrize("compression", ["none", "bytegroup-huffman"])
+def test_large_values_land_whole(tmp_path, compression):
+    st = _state()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression=compression, durable=False)
+    targets = {k: np.full_like(v, 7) for k, v in st.items()}
+    with sp.open(p) as r:
+        r.load_into(targets)
+    for k, v in st.items():
+        np.testing.assert_array_equal(targets[k].view(np.uint8), v.view(np.uint8))
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def test_a_flipped_byte_deep_in_a_large_raw_value_is_caught(tmp_path):
+    st = _state()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression="none", durable=False)
+    with sp.open(p) as r:
+        info = r.info("big2")
+        shard = r._core.shard_files()[info.shard][0]
+    # In the third 4 MiB piece, inside a 256 KiB block that is not the first.
+    _flip(shard, info.offset + (2 << 20) * 2 + 300_000)
+    targets = {k: np.zeros_like(v) for k, v in st.items()}
+    with sp.open(p) as r, pytest.raises(ChecksumMismatchError, match="big2"):
+        r.load_into(targets)
+    with sp.open(p, verify=False) as r:  # opting out reads the damaged bytes as they are
+        r.load_into(targets)
+    assert not np.array_equal(targets["big2"], st["big2"])
+
+
+def test_a_shard_truncated_after_open_is_an_error_not_a_crash(tmp_path):
+    st = _state()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression="none", durable=False)
+    targets = {k: np.zeros_like(v) for k, v in st.items()}
+    with sp.open(p) as r:
+        shard = r._core.shard_files()[0][0]
+        os.truncate(shard, os.path.getsize(shard) // 2)
+        with pytest.raises(CorruptCheckpointError, match="truncated"):
+            r.load_into(targets)
+
+
+# --- Hugging Face directories -----------------------------------------------------------------
+def _hf_dir(tmp_path) -> tuple[str, dict[str, np.ndarray]]:
+    st = {k: v for k, v in _state().items() if v.dtype != ml_dtypes.bfloat16}
+    st["ids"] = np.arange(1000, dtype=np.int64)
+    d = tmp_path / "hf"
+    d.mkdir()
+    st_save(st, str(d / "model.safetensors"))
+    return str(d), st
+
+
+def test_hf_directory_loads_into_existing_arrays(tmp_path):
+    d, st = _hf_dir(tmp_path)
+    targets = {k: np.full_like(v, 9) for k, v in st.items()}
+    ptrs = {k: v.ctypes.data for k, v in targets.items()}
+    with sp.open(d) as r:
+        r.load_into(targets)
+    for k, v in st.items():
+        assert targets[k].ctypes.data == ptrs[k]
+        np.testing.assert_array_equal(targets[k], v)
+
+
+def test_hf_load_into_checks_targets_and_a_short_file(tmp_path):
+    d, st = _hf_dir(tmp_path)
+    with sp.open(d) as r, pytest.raises(InvalidArgumentError, match="big2"):
+        r.load_into({"big2": np.zeros((1000, 1200), np.float32)})
+    f = os.path.join(d, "model.safetensors")
+    with sp.open(d) as r:
+        r.info("big2")  # the header is read and checked while the file is whole
+        os.truncate(f, os.path.getsize(f) - 100)
+        with pytest.raises(CorruptCheckpointError, match="model.safetensors"):
+            r.load_into({"big2": np.zeros_like(st["big2"])})
+
+
+# --- io modes ---------------------------------------------------------------------------------
+def test_io_auto_picks_by_file_system(tmp_path):
+    kind = fs_type(tmp_path)
+    assert kind is not None and kind
+    want = "pread" if kind.split(".")[0] in {"nfs", "nfs4", "fuse", "cifs", "9p"} else "mmap"
+    assert resolve_io("auto", tmp_path / "ck") == want
+    assert resolve_io("pread", tmp_path) == "pread"
+    with pytest.raises(InvalidArgumentError, match="io must be one of"):
+        resolve_io("direct", tmp_path)
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "auto"])
+def test_every_io_mode_reads_the_same_values(tmp_path, io):
+    st = _state()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression="none", durable=False)
+    got = sp.load_file(p, io=io)
+    for k, v in st.items():
+        np.testing.assert_array_equal(got[k].view(np.uint8), v.view(np.uint8))
+    if io == "pread":  # private memory: it outlives a truncation of the file (a view would fault)
+        with sp.open(p) as r:
+            shard = r._core.shard_files()[0][0]
+        os.truncate(shard, 0)
+        np.testing.assert_array_equal(got["big2"], st["big2"])
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_hf_io_modes(tmp_path, io):
+    d, st = _hf_dir(tmp_path)
+    with sp.open(d, io=io) as r:
+        got = r.load()
+        one = r["big2"]
+    for k, v in st.items():
+        np.testing.assert_array_equal(got[k], v)
+    np.testing.assert_array_equal(one, st["big2"])
+    assert one.flags.writeable
