@@ -917,8 +917,10 @@ class Writer:
             self._w = None
 
     def abort(self) -> None:
-        """Discard everything written; the previous checkpoint at the prefix is untouched."""
+        """Discard everything written; the previous checkpoint at the prefix is untouched.
+        ``add`` calls running on other threads stop at their next chunk."""
         if self._w is not None:
+            self._w.cancel()
             self._w.abort()
             self._w = None
 

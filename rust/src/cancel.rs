@@ -16,30 +16,39 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A cancellation flag shared by the caller and the call (none: never cancelled).
+/// Cancellation flags shared by the callers and the call (none: never cancelled). A token
+/// joined from two ([`Token::joined`]) is cancelled when either is.
 #[derive(Clone, Default, Debug)]
-pub struct Token(Option<Arc<AtomicBool>>);
+pub struct Token(Vec<Arc<AtomicBool>>);
 
 thread_local! {
-    static CURRENT: RefCell<Token> = const { RefCell::new(Token(None)) };
+    static CURRENT: RefCell<Token> = const { RefCell::new(Token(Vec::new())) };
 }
 
 impl Token {
     /// A fresh, cancellable token.
     pub fn new() -> Token {
-        Token(Some(Arc::new(AtomicBool::new(false))))
+        Token(vec![Arc::new(AtomicBool::new(false))])
+    }
+
+    /// A token cancelled when this one or `other` is (a call of the caller's, on an object
+    /// that can also be cancelled on its own, e.g. a writer being aborted).
+    pub fn joined(&self, other: &Token) -> Token {
+        let mut flags = self.0.clone();
+        flags.extend(other.0.iter().cloned());
+        Token(flags)
     }
 
     /// Ask every call running under this token to stop at its next check.
     pub fn cancel(&self) {
-        if let Some(f) = &self.0 {
+        for f in &self.0 {
             f.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Whether [`Token::cancel`] was called.
+    /// Whether [`Token::cancel`] was called (on this token or one it was joined from).
     pub fn is_cancelled(&self) -> bool {
-        self.0.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+        self.0.iter().any(|f| f.load(Ordering::Relaxed))
     }
 
     /// `Err(Error::Cancelled)` once cancelled.
@@ -116,5 +125,10 @@ mod tests {
             assert!(check().is_err());
         }
         assert!(check().is_ok());
+        let (a, b) = (Token::new(), Token::new());
+        let j = a.joined(&b);
+        assert!(!j.is_cancelled());
+        b.cancel();
+        assert!(j.is_cancelled() && !a.is_cancelled());
     }
 }

@@ -127,6 +127,9 @@ pub struct CheckpointWriter {
     /// For an object-store prefix: where, and the condition of the index PUT (what `P.index`
     /// was when this save started; FORMAT.md §8.2).
     remote: Option<(RemotePrefix, object_store::PutMode)>,
+    /// Cancelled by [`CheckpointWriter::cancel`]: `add`s running on other threads stop at
+    /// their next chunk (joined with each call's own token).
+    stop: crate::cancel::Token,
 }
 
 impl CheckpointWriter {
@@ -149,6 +152,7 @@ impl CheckpointWriter {
             shards,
             keys: Mutex::new(HashSet::new()),
             remote: None,
+            stop: crate::cancel::Token::new(),
         })
     }
 
@@ -183,6 +187,7 @@ impl CheckpointWriter {
             shards,
             keys: Mutex::new(HashSet::new()),
             remote: Some((rp.clone(), mode)),
+            stop: crate::cancel::Token::new(),
         })
     }
 
@@ -191,8 +196,15 @@ impl CheckpointWriter {
         &self.prefix
     }
 
+    /// Stop the `add`s running on other threads at their next chunk (they fail with
+    /// [`Error::Cancelled`]); call [`CheckpointWriter::abort`] next. Takes no lock.
+    pub fn cancel(&self) {
+        self.stop.cancel();
+    }
+
     /// Write one value now (streaming: it is on disk, or in the page cache, when this returns).
     pub fn add(&self, item: &Item<'_>) -> Result<()> {
+        let _scope = crate::cancel::current().joined(&self.stop).enter();
         item.validate()?;
         if !self
             .keys
@@ -245,6 +257,7 @@ impl CheckpointWriter {
         items: &[Item<'_>],
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<()> {
+        let _scope = crate::cancel::current().joined(&self.stop).enter();
         {
             let mut keys = self.keys.lock().expect("keys lock");
             for it in items {

@@ -79,3 +79,19 @@ def test_ctrl_c_stops_a_load(tmp_path):
     print(f"\nCtrl-C stop latency, load: {latency * 1000:.0f} ms")
     assert latency < LATENCY_LIMIT_S
     assert len(sp.load_file(path)) == 4
+
+
+def test_ctrl_c_stops_a_convert_writing_nothing(tmp_path):
+    """``shardpoint convert`` adds values from a thread pool; Ctrl-C in the main thread cancels
+    the adds running there (they are not on the main thread, so only the writer's own
+    cancellation reaches them) and the queued ones, and nothing is left at the destination."""
+    st_numpy = pytest.importorskip("safetensors.numpy")
+    src = str(tmp_path / "src.safetensors")
+    rng = np.random.default_rng(0)
+    st_numpy.save_file(
+        {f"t{i}": rng.standard_normal(2 << 20, dtype=np.float32) for i in range(12)}, src
+    )
+    latency = _interrupt("convert", src, "prefix", {"SHARDPOINT_TEST_CHECK_PAUSE_US": "200000"})
+    print(f"\nCtrl-C stop latency, convert: {latency * 1000:.0f} ms")
+    assert latency < LATENCY_LIMIT_S
+    assert sorted(os.listdir(tmp_path)) == ["src.safetensors"]

@@ -2,7 +2,7 @@
 then starts a long save of PATH (or loads the checkpoint the test wrote at PATH), and reports
 when Ctrl-C's KeyboardInterrupt arrived.
 
-    python interrupt_child.py save|load PATH single|prefix
+    python interrupt_child.py save|load|convert PATH single|prefix
 
 Prints ``ready <time>`` just before the long call, then ``interrupted <time>`` (the time the
 KeyboardInterrupt reached Python) or ``finished <time>``.
@@ -29,6 +29,13 @@ def main() -> None:
         rng = np.random.default_rng(0)
         big = {f"t{i}": rng.integers(0, 64, size=4 << 20, dtype=np.uint8) for i in range(3)}
         call = lambda: sp.save_file(big, path, single_file=single, chunk_bytes=16 << 10)  # noqa: E731
+    elif mode == "convert":
+        # PATH is a safetensors file the test wrote; the CLI reports Ctrl-C as exit 130
+        from shardpoint.cli import main as cli
+
+        def call() -> None:
+            if cli(["convert", path, path + ".out", "--no-progress"]) == 130:
+                raise KeyboardInterrupt
     else:
         # (the test wrote PATH; the load is slowed by the test's pause hook)
         call = lambda: sp.load_file(path)  # noqa: E731

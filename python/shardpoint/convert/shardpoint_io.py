@@ -85,17 +85,25 @@ def write_shardpoint(
     try:
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sp-convert") as pool:
             pending: deque[Future[None]] = deque()
-            for spec in specs:
-                value = source.read(spec.key)
-                pending.append(pool.submit(writer.add, spec.key, value))
-                del value  # the future holds the only reference; freed once written
-                while len(pending) >= 2 * n:
+            try:
+                for spec in specs:
+                    value = source.read(spec.key)
+                    pending.append(pool.submit(writer.add, spec.key, value))
+                    del value  # the future holds the only reference; freed once written
+                    while len(pending) >= 2 * n:
+                        pending.popleft().result()
+                    result.entries += 1
+                    result.raw_bytes += spec.nbytes
+                    bar.update(spec.nbytes)
+                while pending:
                     pending.popleft().result()
-                result.entries += 1
-                result.raw_bytes += spec.nbytes
-                bar.update(spec.nbytes)
-            while pending:
-                pending.popleft().result()
+            except BaseException:
+                # Ctrl-C (or a failed add): queued adds never start, running ones stop at their
+                # next chunk, so leaving the pool (which waits for its threads) is quick.
+                for f in pending:
+                    f.cancel()
+                writer.abort()
+                raise
         writer.commit()
     except BaseException:
         writer.abort()

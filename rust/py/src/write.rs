@@ -189,6 +189,12 @@ impl Writer {
         nogil_cancellable(py, || self.inner.commit())
     }
 
+    /// Stop `add`s running on other threads at their next chunk (no lock taken); `abort`
+    /// next.
+    fn cancel(&self) {
+        self.inner.cancel()
+    }
+
     /// Discard everything written.
     fn abort(&self, py: Python<'_>) {
         py.detach(|| self.inner.abort())
