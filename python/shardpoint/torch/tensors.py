@@ -546,6 +546,8 @@ def load(
             raise InvalidArgumentError("pass map_location or device, not both")
         map_location = device
     copy = mmap is False
+    if mmap is True and io == "auto":
+        io = "mmap"  # asked for views of the file: never the pread fallback
     if is_file_object(f):
         with stream_path(f) as path:
             return _load(path, map_location, keys, verify, copy, storage_options, io)
