@@ -37,6 +37,8 @@ __all__ = [
     "save",
     "save_incremental",
     "stage_copy",
+    "stats_buffer",
+    "diff_buffers",
 ]
 
 FORMAT_VERSION: int
@@ -97,6 +99,7 @@ class CheckpointReader:
     def get_many(
         self, keys: list[str], verify: bool = False, copy: bool = False
     ) -> list[EntryValue]: ...
+    def stats(self, keys: list[str]) -> list[_StatsTuple]: ...
     def verify_key(self, key: str) -> None: ...
     def read_many_into(
         self, keys: list[str], outs: Sequence[_Buffer], verify: bool = True
@@ -222,6 +225,14 @@ def list_dir(url: str, storage_options: dict[str, str] | None = None) -> list[st
 def gc(
     url: str, older_than: float = 3600.0, storage_options: dict[str, str] | None = None
 ) -> int: ...
+
+# (count, finite, nan, pos_inf, neg_inf, zeros, min, max, mean, std, l2)
+_StatsTuple = tuple[int, int, int, int, int, int, float, float, float, float, float]
+
+def stats_buffer(data: _Buffer, dtype: str) -> _StatsTuple: ...
+def diff_buffers(
+    a: _Buffer, b: _Buffer, dtype: str
+) -> tuple[int, int, int, float, float, float]: ...
 def dtype_names() -> list[str]: ...
 def crc32c(data: _Buffer, crc: int = 0) -> int: ...
 def digest_bytes(algorithm: str, data: _Buffer) -> str: ...

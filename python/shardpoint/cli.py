@@ -35,13 +35,17 @@ EXIT_DAMAGED = 1  # verify found damage, a file is corrupt, or diff found differ
 EXIT_USAGE = 2  # bad arguments or unsupported input (argparse uses 2 as well)
 EXIT_NOT_FOUND = 3  # a checkpoint or file does not exist
 EXIT_IO = 4  # the operating system refused a read or write
+EXIT_NONFINITE = (
+    2  # stats: a tensor holds NaN/Inf (same number as usage errors; see docs/INSPECT.md)
+)
 EXIT_INTERNAL = 70  # a bug in shardpoint (EX_SOFTWARE); prints a traceback
 
 EPILOG = """\
 exit status:
-  0  success (verify: intact; diff: identical)
+  0  success (verify: intact; diff: identical; stats: every value finite)
   1  damaged or corrupt checkpoint; diff: the checkpoints differ
-  2  usage error: bad arguments, unsupported format or dtype, destination exists
+  2  usage error: bad arguments, unsupported format or dtype, destination exists;
+     stats: a tensor holds NaN/Inf (unless --no-fail)
   3  not found: the checkpoint, file or directory does not exist
   4  I/O error: the operating system refused a read or write
   70 internal error (a bug in shardpoint: please report it with the traceback)
@@ -438,6 +442,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     if args.atol < 0:
         raise InvalidArgumentError(f"--atol must be >= 0, got {args.atol}")
+    if args.values:
+        return _diff_values(args)
     with open_source(args.a) as a, open_source(args.b) as b:
         res = diff_sources(a, b, atol=args.atol, progress=args.progress)
     if args.json:
@@ -466,6 +472,102 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"{len(res.differences)} differ; {len(res.only_a)} only in A, {len(res.only_b)} only in B"
         )
     return EXIT_OK if res.identical else EXIT_DAMAGED
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _diff_values(args: argparse.Namespace) -> int:
+    """``diff --values``: how far every common tensor moved, largest relative change first."""
+    from .inspection import value_diff
+
+    res = value_diff(args.a, args.b, keys=args.keys, progress=args.progress)
+    if args.json:
+        doc = {
+            "identical": res.identical,
+            "only_a": res.only_a,
+            "only_b": res.only_b,
+            "mismatched": [dict(zip(("key", "what", "a", "b"), m, strict=True)) for m in res.mismatched],
+            "other_changed": res.other_changed,
+            "tensors": [t.as_json() for t in res.tensors],
+        }  # fmt: skip
+        _emit(json.dumps(doc, indent=1))
+        return EXIT_OK if res.identical else EXIT_DAMAGED
+    for k in res.only_a:
+        _emit(f"only in A:  {k}")
+    for k in res.only_b:
+        _emit(f"only in B:  {k}")
+    for k, what, a, b in res.mismatched:
+        _emit(f"{what} differs:  {k}  {a} vs {b}")
+    for k in res.other_changed:
+        _emit(f"value differs:  {k}")
+    if res.tensors:
+        table = [["KEY", "DTYPE", "SHAPE", "REL L2", "MAX |A-B|", "CHANGED", "SAME"]]
+        for t in res.tensors:
+            same = ("yes (crc)" if t.decided_by == "crc" else "yes") if t.identical else "no"
+            changed = "-" if t.count < 0 else f"{t.changed}/{t.count}"
+            table.append(
+                [t.key, t.dtype, _shape(t.shape), _num(t.rel_l2), _num(t.max_abs), changed, same]
+            )
+        _emit(_table(table, right={3, 4, 5}))
+    moved = sum(1 for t in res.tensors if not t.identical)
+    by_crc = sum(1 for t in res.tensors if t.decided_by == "crc")
+    _emit(
+        f"{len(res.tensors)} common tensors: {moved} changed, {len(res.tensors) - moved} identical "
+        f"({by_crc} by equal crc32c, not read); {len(res.only_a)} only in A, "
+        f"{len(res.only_b)} only in B, {len(res.mismatched)} dtype/shape/kind changes"
+    )
+    return EXIT_OK if res.identical else EXIT_DAMAGED
+
+
+# --- stats -----------------------------------------------------------------------------------
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Per-tensor health; exit 2 when a NaN or Inf is found (unless --no-fail)."""
+    from .convert import resolve_prefix
+    from .inspection import checkpoint_stats, has_nonfinite
+
+    path = args.path if files.is_url(args.path) else resolve_prefix(args.path)
+    stats = checkpoint_stats(path, keys=args.keys, progress=args.progress)
+    bad = has_nonfinite(stats)
+    if args.json:
+        _emit(json.dumps({"checkpoint": path, "tensors": stats, "nonfinite": bad}, indent=1))
+    else:
+        if stats:
+            table = [
+                [
+                    "KEY",
+                    "DTYPE",
+                    "SHAPE",
+                    "MIN",
+                    "MAX",
+                    "MEAN",
+                    "STD",
+                    "L2",
+                    "NAN",
+                    "INF",
+                    "ZEROS",
+                    "",
+                ]
+            ]
+            for k, s in stats.items():
+                table.append(
+                    [
+                        k, s["dtype"], _shape(s["shape"]), _num(s["min"]), _num(s["max"]),
+                        _num(s["mean"]), _num(s["std"]), _num(s["l2"]), str(s["nan"]),
+                        str(s["posinf"] + s["neginf"]), str(s["zeros"]),
+                        "NONFINITE" if k in bad else "",
+                    ]
+                )  # fmt: skip
+            _emit(_table(table, right=set(range(3, 11))))
+        _emit(f"{len(stats)} tensors, {len(bad)} with NaN/Inf")
+    if bad and not args.no_fail:
+        if not args.json:
+            sys.stderr.write(
+                f"shardpoint: {len(bad)} tensor(s) hold NaN/Inf (first: {bad[0]}); exit 2\n"
+            )
+        return EXIT_NONFINITE
+    return EXIT_OK
 
 
 # --- convert ---------------------------------------------------------------------------------
@@ -630,7 +732,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="tensors whose max |a-b| <= ATOL count as equal (default 0: exact)",
     )
     d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.add_argument(
+        "--values",
+        action="store_true",
+        help="per common tensor: relative L2 change, max |a-b|, bit-identical or not (equal "
+        "crc32c: not read), sorted by change",
+    )
+    d.add_argument("--keys", metavar="GLOB", help="--values: only keys matching GLOB")
     d.set_defaults(func=cmd_diff)
+
+    st = sub.add_parser(
+        "stats",
+        parents=[common],
+        help="per-tensor min/max/mean/std, NaN/Inf/zero counts, L2 (exit 2 on NaN/Inf)",
+        description="Numerical health of every tensor, computed in one parallel pass with the decode (values checksum-checked). Exit 2 when a tensor holds NaN or Inf, unless --no-fail.",
+    )
+    st.add_argument("path", metavar="PREFIX", help="checkpoint, HF directory or any readable file")
+    st.add_argument("--keys", metavar="GLOB", help="only keys matching GLOB (fnmatch; * crosses /)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--no-fail", action="store_true", help="exit 0 even when NaN/Inf are found")
+    st.set_defaults(func=cmd_stats)
 
     c = sub.add_parser(
         "convert",

@@ -22,6 +22,8 @@
 //!   writing, recorded as a manifest in the index metadata, and strong verification;
 //! - [`single`]: single-file checkpoints (index and shard in one file, FORMAT.md §10);
 //! - [`cancel`]: cooperative cancellation of long calls (Ctrl-C);
+//! - [`stats`]: numerical health (min/max/mean/std, NaN/Inf/zero counts, L2) and value
+//!   differences of tensors of any dtype, streamed with the decode;
 //! - [`error`]: the crate's one error type.
 
 pub mod cancel;
@@ -40,6 +42,7 @@ pub mod reader;
 pub mod shard;
 pub mod single;
 pub mod staging;
+pub mod stats;
 pub mod store;
 pub mod writer;
 

@@ -13,9 +13,22 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 thread_local! {
+    /// Per-thread buffer for decoded pieces streamed through [`Reader::fold_pieces`].
+    static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Per-thread buffer for a chunk's stored bytes (pread): reused, so steady-state reads
     /// allocate nothing and the buffer stays warm in cache.
     static CHUNK_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on the calling thread's decode buffer, grown to (at least) `len` bytes.
+fn with_decode_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<T>) -> Result<T> {
+    DECODE_SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        f(&mut buf[..len])
+    })
 }
 
 /// Attempts at opening when a concurrent commit replaces the index under us.
@@ -802,6 +815,66 @@ impl Reader {
             });
         }
         Ok(())
+    }
+
+    /// Stream an entry's raw bytes through `f` piece by piece, in parallel, each piece decoded
+    /// (or read) into the calling thread's reusable buffer, never the whole value at once:
+    /// the pass `stats` makes. Pieces are chunks (compressed) or 8 MiB reads (raw), so each is
+    /// a whole number of elements. Every byte is checked end to end against the entry's raw
+    /// crc32c before the results are returned: statistics of damaged data are never reported.
+    pub fn fold_pieces<T: Send>(
+        &self,
+        e: &Entry<'_>,
+        f: impl Fn(&[u8]) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        let shard = &self.shards[e.shard as usize];
+        let (pieces, crcs): (Vec<T>, Vec<(u32, usize)>) = if e.codec == Codec::None {
+            let n = e.stored_len as usize;
+            (0..n.div_ceil(READ_PIECE))
+                .into_par_iter()
+                .map(|i| {
+                    let lo = i * READ_PIECE;
+                    let len = READ_PIECE.min(n - lo);
+                    with_decode_scratch(len, |buf| {
+                        shard.read_at(e.offset + lo as u64, buf)?;
+                        Ok((f(buf)?, (crc(buf), len)))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .unzip()
+        } else {
+            self.check_chunk_table(e)?;
+            let cb = self.index.chunk_bytes() as u64;
+            (0..e.nchunks())
+                .into_par_iter()
+                .map(|ci| {
+                    let len = cb.min(e.raw_len - ci as u64 * cb) as usize;
+                    with_decode_scratch(len, |buf| {
+                        let c = self.decode_chunk_checked(e, ci, buf)?;
+                        Ok((f(buf)?, (c, len)))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .unzip()
+        };
+        let whole = if crcs.is_empty() {
+            crc(&[])
+        } else {
+            combine_crcs(crcs)
+        };
+        if whole != e.crc {
+            self.verify_entry(e)?; // names the damaged chunk when its stored crc shows it
+            return Err(Error::Checksum {
+                path: shard.path.clone(),
+                offset: e.offset,
+                what: format!("key {:?} (decoded data)", e.key),
+                expected: e.crc,
+                actual: whole,
+            });
+        }
+        Ok(pieces)
     }
 
     fn check_raw_crc(&self, e: &Entry<'_>, bytes: &[u8]) -> Result<()> {

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..dtypes import numpy_dtype
 from ..errors import (
     CorruptCheckpointError,
@@ -33,7 +34,7 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..files import EntryInfo, Reader, read_ranges_into
+from ..files import EntryInfo, Reader, read_ranges_into, stats_dict
 from ..io_mode import resolve_io
 from ..progress import progress_bar, wanted
 from ..slicing import TensorSlice
@@ -313,6 +314,24 @@ class HFReader(Reader):
                 paths.append(sh.header.path)
             ranges.append((no, sh.header.data_start + rec.begin))
         read_ranges_into(paths, ranges, outs)
+
+    def stats(
+        self, keys: list[str] | None = None, *, progress: bool | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """``Reader.stats`` over the mapped shards: each tensor's bytes are read in place by
+        the Rust core (GIL released, parallel pieces); no checksums exist to check here."""
+        ks = self.keys() if keys is None else list(keys)
+        infos = [self.info(k) for k in ks]
+        bar = progress_bar(sum(i.raw_bytes for i in infos), "stats", progress=progress)
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            for i in infos:
+                flat = np.ascontiguousarray(self._view(i.key)).reshape(-1).view(np.uint8)
+                out[i.key] = stats_dict(i.dtype, i.shape, _core.stats_buffer(flat, i.dtype))
+                bar.update(i.raw_bytes)
+        finally:
+            bar.close()
+        return out
 
     def info(self, key: str) -> EntryInfo:
         """dtype, shape, size and location of ``key`` (``crc32c`` is 0: no checksums)."""

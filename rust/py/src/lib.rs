@@ -9,6 +9,7 @@ mod checksum;
 mod read;
 mod remote;
 mod staged;
+mod stats;
 mod write;
 
 use pyo3::exceptions::PySystemError;
@@ -207,6 +208,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;
     m.add_function(wrap_pyfunction!(staged::save_incremental, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::stats_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::diff_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_names, m)?)?;
     m.add_function(wrap_pyfunction!(error_class_names, m)?)?;
     m.add("FORMAT_VERSION", shardpoint_core::format::FORMAT_VERSION)?;

@@ -352,6 +352,37 @@ impl CheckpointReader {
         nogil_cancellable(py, || self.inner.read_range(&e, lo, hi, dst))
     }
 
+    /// Statistics of many tensor entries (`shardpoint_core::stats`): entries in parallel and,
+    /// inside each, its chunks, every chunk decoded into a reused per-thread buffer and folded
+    /// there (no copy of a whole value), every value's crc32c checked; GIL released. One
+    /// [`crate::stats::StatsTuple`] per key, in order. Non-tensor entries are refused.
+    fn stats(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<crate::stats::StatsTuple>> {
+        use rayon::prelude::*;
+        use shardpoint_core::format::Kind;
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        if let Some(e) = entries.iter().find(|e| e.kind != Kind::Tensor) {
+            return Err(crate::invalid(
+                py,
+                format!(
+                    "key {:?} holds a {} value, not a tensor",
+                    e.key,
+                    e.kind.name()
+                ),
+            ));
+        }
+        let reader = &self.inner;
+        let all = nogil(py, || {
+            entries
+                .par_iter()
+                .map(|e| shardpoint_core::stats::entry_stats(reader, e))
+                .collect::<shardpoint_core::Result<Vec<_>>>()
+        })?;
+        Ok(all.iter().map(crate::stats::stats_tuple).collect())
+    }
+
     /// Check the crc32c(s) of one key's stored bytes (pread; GIL released).
     fn verify_key(&self, py: Python<'_>, key: &str) -> PyResult<()> {
         let e = self.entry(py, key)?;
