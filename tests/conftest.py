@@ -31,6 +31,8 @@ _REQUIRED_IN_CI = (
     "accelerate",
     "deepspeed",
     "model_signing",
+    # OmegaConf configs in checkpoints (FORMAT.md §6.1)
+    "omegaconf",
 )
 
 

@@ -168,7 +168,7 @@ DTYPES: dict[int, tuple[str, int]] = {
     21: ("float4_e2m1fn_x2", 1),
 }
 CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup", 3: "bytegroup-huffman"}
-KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json"}
+KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json", 6: "object"}
 _ROTATED = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
 _SHARD_NAME_RE = re.compile(rb"\.data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?")
 _INT_RE = re.compile(r"-?([0-9]+|0x[0-9a-f]+)")  # §6: decimal, or 0x + lowercase hex

@@ -28,10 +28,12 @@ from .errors import (
     PickleRefusedError,
     SignatureError,
     SignatureMissingError,
+    UnregisteredTypeError,
     UnsupportedDTypeError,
     UnsupportedFormatError,
 )
 from .files import EntryInfo, Reader, Writer, exists, load_file, merge, open, remove, save_file
+from .objects import add_safe_types, register_type, registered_types, safe_types
 
 __version__ = "0.1.0"
 
@@ -51,6 +53,7 @@ __all__ = [
     "PickleRefusedError",
     "SignatureError",
     "SignatureMissingError",
+    "UnregisteredTypeError",
     "UnsupportedDTypeError",
     "UnsupportedFormatError",
     "EntryInfo",
@@ -62,10 +65,16 @@ __all__ = [
     "open",
     "remove",
     "save_file",
+    "add_safe_types",
+    "register_type",
+    "registered_types",
+    "safe_types",
 ]
 
 # --- object graph API (shardpoint.objgraph) ---
+from .files import declare_framework as _declare_framework
 from .files import declare_in_place_reader as _declare_in_place_reader
+from .objects import declare_tags as _declare_object_tags
 from .objgraph import (
     Checkpoint,
     CheckpointLoadStatus,
@@ -114,6 +123,20 @@ _declare_adapter_module("torch", "shardpoint.torch")
 # Once keras is imported, likewise shardpoint.keras (Keras 3, any backend); declared after torch so
 # that on the torch backend (a Keras layer is also a torch module) the Keras adapters win.
 _declare_adapter_module("keras", "shardpoint.keras")
+
+# sp.open(prefix, framework="pt"|"jax") hands tensors out through converters that live with
+# their framework, imported on first use.
+_declare_framework("pt", "shardpoint.torch.tensors", "reader_tensor")
+_declare_framework("jax", "shardpoint.jax.arrays", "to_jax")
+
+# Python objects in checkpoints (FORMAT.md §6.1): the tags of torch's and OmegaConf's value types
+# have their handlers beside those packages, imported when a value or a file needs them.
+_declare_object_tags(
+    "shardpoint.torch.objects", "torch", ["torch.Size", "torch.dtype", "torch.device"]
+)
+_declare_object_tags(
+    "shardpoint.omegaconf_objects", "omegaconf", ["omegaconf.DictConfig", "omegaconf.ListConfig"]
+)
 
 __all__ += [
     "Checkpoint",

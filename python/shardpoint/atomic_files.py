@@ -13,10 +13,25 @@ import fcntl
 import os
 import secrets
 
-__all__ = ["create_temp", "try_lock_exclusive"]
+__all__ = ["create_temp", "try_lock_exclusive", "make_dirs"]
 
 #: errnos meaning "this file system has no flock" (Lustre noflock, some FUSE/NFS setups)
 _NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
+
+
+def make_dirs(directory: str) -> None:
+    """Create ``directory`` and its missing parents, as every writer does for its destination
+    (TensorFlow's ``Checkpoint.save`` and Orbax do too). Errors name ``directory``."""
+    if not directory or os.path.isdir(directory):
+        return
+    from .errors import CheckpointIOError
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointIOError(
+            f"{directory}: cannot create the destination directory: {e.strerror or e}"
+        ) from e
 
 
 def create_temp(directory: str, prefix: str, suffix: str) -> tuple[int, str]:

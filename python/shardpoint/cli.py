@@ -232,9 +232,11 @@ def _list_directory(directory: str, as_json: bool) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from .convert import is_manager_url
     from .convert.hf import is_hf_path
 
-    if files.is_url(args.path) and args.path.endswith("/"):
+    url = files.is_url(args.path)
+    if url and (args.path.endswith("/") or is_manager_url(args.path)):
         _list_directory(args.path.rstrip("/"), args.json)
         return EXIT_OK
     if os.path.isdir(args.path) and not is_hf_path(args.path):
@@ -249,7 +251,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
             rows = _entry_rows(r, keys)
     else:
         rows, notes = _foreign_rows(path)
-        rows = [r for r in rows if r["key"].startswith(args.prefix or "")]
+        # one order everywhere: sorted keys, as shardpoint checkpoints list them
+        rows = sorted(
+            (r for r in rows if r["key"].startswith(args.prefix or "")),
+            key=lambda r: r["key"].encode("utf-8", "surrogatepass"),
+        )
         for n in notes:
             _note(n)
     _print_entries(rows, args.json, path)

@@ -21,6 +21,7 @@ __all__ = [
     "UnknownDTypeError",
     "SparseTensorError",
     "MetaTensorError",
+    "UnregisteredTypeError",
     "InvalidKeyError",
     "InvalidArgumentError",
     "InvalidSliceError",
@@ -88,6 +89,12 @@ class MetaTensorError(UnsupportedDTypeError, NotImplementedError):
 
     Also a ``NotImplementedError`` (so a ``RuntimeError``): what ``safetensors.torch`` lets
     through from torch ("Cannot copy out of meta tensor") for the same mistake."""
+
+
+class UnregisteredTypeError(UnsupportedDTypeError):
+    """A checkpoint holds an object of a type that is not on the allow-list: it is not built
+    (``shardpoint.register_type`` / ``add_safe_types`` allow it; nothing is ever imported
+    because a file names it)."""
 
 
 class InvalidKeyError(CheckpointError, TypeError):

@@ -1,10 +1,13 @@
 """The file API: ``save_file``, ``load_file``, lazy ``open``, streaming/multi-writer ``Writer``.
 
-Values are numpy arrays (any dtype of FORMAT.md §4) or typed non-tensor values (bytes, str, int,
-float, bool, None, JSON-able dicts/lists), never pickled. What comes back:
+Values are numpy arrays (any dtype of FORMAT.md §4), typed non-tensor values (bytes, str, int,
+float, bool, None, JSON-able dicts/lists) or Python objects stored declaratively (dataclasses,
+Namespace, sets, enums, numpy scalars, datetimes, paths...: FORMAT.md §6.1, built back only
+from allow-listed types, see ``shardpoint.register_type``), never pickled. What comes back:
 
 - arrays are C-contiguous and little-endian, whatever their input layout (non-contiguous and
-  big-endian inputs are converted on save); numpy scalars come back as 0-d arrays;
+  big-endian inputs are converted on save); numpy scalars come back as numpy scalars of their
+  dtype, objects as their types;
 - uncompressed arrays are zero-copy views of a private copy-on-write mapping of the shard: they
   are writable, writes never reach the file, and they stay valid after the reader is closed.
   Hazard (shared by every mmap reader, numpy.memmap and safetensors included): if another
@@ -26,7 +29,7 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -464,6 +467,10 @@ class Reader:
     """A lazily opened checkpoint: the index is searched in place and only the bytes of the
     values you read are touched. Use ``sp.open(prefix)``.
 
+    ``framework`` (safetensors' ``safe_open`` convention) says what tensors come out as:
+    ``"np"`` (default) numpy arrays, ``"pt"`` torch CPU tensors (bfloat16/float8 included,
+    zero-copy where the array is), ``"jax"`` jax arrays. Non-tensor values are unchanged.
+
     Every value handed out has its crc32c checked first (``verify=True``, the default; a raw
     value is checked when it is read, and a slice of one checks the whole value once, on the
     first slice). ``verify=False`` opts out, for callers that verified the checkpoint already.
@@ -478,8 +485,10 @@ class Reader:
         copy: bool = False,
         storage_options: StorageOptions = None,
         io: str = "auto",
+        framework: str = "np",
     ) -> None:
         self._prefix = _prefix(prefix)
+        self._out = framework_converter(framework)
         self._r: _core.CheckpointReader | _core.RemoteReader | None
         if is_url(self._prefix):
             resolve_io(io, ".")  # checks the name; object stores are always read by range
@@ -492,6 +501,15 @@ class Reader:
         self._verify = bool(verify)
         self._copy = bool(copy)
         self._sliced_ok: set[str] = set()  # raw keys whose whole-value crc was checked
+
+    #: numpy array -> the framework's tensor (``framework=``); None: numpy out
+    _out: Callable[[np.ndarray], Any] | None = None
+
+    def _tensor_out(self, value: Any) -> Any:
+        """A value as the reader's framework hands it out."""
+        if self._out is not None and isinstance(value, np.ndarray):
+            return self._out(value)
+        return value
 
     @property
     def _core(self) -> _core.CheckpointReader | _core.RemoteReader:
@@ -534,14 +552,14 @@ class Reader:
         return isinstance(key, str) and key in self._core
 
     def __getitem__(self, key: str) -> Any:
-        return self._value(check_key(key), verify=self._verify)
+        return self._tensor_out(self._value(check_key(key), verify=self._verify))
 
     def get(self, key: str, default: Any = None, *, verify: bool | None = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent. ``verify`` defaults to the
         reader's setting (crc32c checked)."""
         if key not in self:
             return default
-        return self._value(key, verify=self._verify if verify is None else verify)
+        return self._tensor_out(self._value(key, verify=self._verify if verify is None else verify))
 
     @property
     def _remote(self) -> bool:
@@ -605,7 +623,7 @@ class Reader:
             for batch in batches:
                 got = self._core.get_many(batch, verify, self._copy)
                 for k, v in zip(batch, got, strict=True):
-                    out[k] = decode(k, v.dtype, tuple(v.shape), v.kind, v.buffer)
+                    out[k] = self._tensor_out(decode(k, v.dtype, tuple(v.shape), v.kind, v.buffer))
                     if bar is not None:
                         bar.update(len(v.buffer))
         finally:
@@ -688,7 +706,7 @@ class Reader:
         :mod:`shardpoint.slicing` for the index rules."""
         return TensorSlice(self, check_key(key))
 
-    def slice(self, key: str, start: int, stop: int) -> np.ndarray:
+    def slice(self, key: str, start: int, stop: int) -> Any:
         """Rows ``start:stop`` along the first axis, reading only the chunks that hold them.
         Compressed chunks are crc-checked as they are decoded; an uncompressed value has one
         crc for all its bytes, so (with ``verify``) its first slice checks it whole, once
@@ -710,7 +728,7 @@ class Reader:
             core.read_range(key, start * row, stop * row, flat, self._verify)
         else:
             core.read_range(key, start * row, stop * row, flat)
-        return out
+        return self._tensor_out(out)
 
     def _blob(self) -> dict[str, Any]:
         text = self._core.metadata_json()  # checksum errors propagate with their own class
@@ -867,6 +885,48 @@ def _batches(infos: list[EntryInfo], limit: int) -> Iterator[list[EntryInfo]]:
         yield cur
 
 
+# Tensor converters of ``open(..., framework=)``, as ``name -> (module, function)``: declared by
+# ``shardpoint/__init__`` (``shardpoint.torch`` and ``shardpoint.jax`` provide them), imported
+# on first use, so this layer imports no framework.
+_FRAMEWORKS: dict[str, tuple[str, str]] = {}
+_FRAMEWORK_NAMES = {
+    "np": "np",
+    "numpy": "np",
+    "pt": "pt",
+    "torch": "pt",
+    "jax": "jax",
+    "flax": "jax",
+}
+
+
+def declare_framework(name: str, module: str, function: str) -> None:
+    """Let ``open(..., framework=name)`` convert tensors with ``module.function(array)``."""
+    _FRAMEWORKS[name] = (module, function)
+
+
+def framework_converter(framework: str) -> Callable[[np.ndarray], Any] | None:
+    """The tensor converter of a ``framework=`` name (``None`` for numpy)."""
+    name = _FRAMEWORK_NAMES.get(framework) if isinstance(framework, str) else None
+    if name is None:
+        raise InvalidArgumentError(
+            f"framework must be 'np' (or 'numpy'), 'pt' (or 'torch') or 'jax' (or 'flax'), "
+            f"got {framework!r}"
+        )
+    if name == "np":
+        return None
+    if name not in _FRAMEWORKS:
+        raise InvalidArgumentError(f"framework={framework!r}: no converter is declared")
+    module_name, function = _FRAMEWORKS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InvalidArgumentError(
+            f"framework={framework!r} needs {'PyTorch' if name == 'pt' else 'jax'} installed: {e}"
+        ) from e
+    converter: Callable[[np.ndarray], Any] = getattr(module, function)
+    return converter
+
+
 # Foreign formats that :func:`open` reads in place when ``P.index`` is absent, as
 # ``(module, predicate, reader class)`` names. Declared by the package that knows both layers
 # (``shardpoint/__init__`` declares the Hugging Face reader of ``shardpoint.convert.hf``): the
@@ -887,10 +947,13 @@ def open(  # noqa: A001 - the public name is a contract
     copy: bool = False,
     storage_options: StorageOptions = None,
     io: str = "auto",
+    framework: str = "np",
 ) -> Reader:
     """Open checkpoint ``prefix`` lazily (reads the index header only; O(1) in the key count).
     ``verify``: check each value's crc32c when it is read (default; ``False`` opts out);
-    ``copy``: read values into private memory instead of handing out mapped views.
+    ``copy``: read values into private memory instead of handing out mapped views;
+    ``framework``: what tensors come out as, as safetensors' ``safe_open`` takes it:
+    ``"np"`` (numpy, default), ``"pt"`` (torch CPU tensors, bfloat16 included), ``"jax"``.
     From an object store (``s3://bucket/run/ckpt``): one GET of the index; each value is then
     fetched on access.
 
@@ -916,8 +979,17 @@ def open(  # noqa: A001 - the public name is a contract
         for module_name, predicate, reader in _IN_PLACE_READERS:
             module = importlib.import_module(module_name)
             if getattr(module, predicate)(p):
-                return getattr(module, reader)(p, io="pread" if copy else io)
-    return Reader(prefix, verify=verify, copy=copy, storage_options=storage_options, io=io)
+                in_place: Reader = getattr(module, reader)(p, io="pread" if copy else io)
+                in_place._out = framework_converter(framework)
+                return in_place
+    return Reader(
+        prefix,
+        verify=verify,
+        copy=copy,
+        storage_options=storage_options,
+        io=io,
+        framework=framework,
+    )
 
 
 class Writer:

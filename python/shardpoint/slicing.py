@@ -67,7 +67,7 @@ class LazySlice(Protocol):
 
     def get_dtype(self) -> str: ...
 
-    def __getitem__(self, index: Any) -> np.ndarray: ...
+    def __getitem__(self, index: Any) -> Any: ...
 
 
 class _Axis:
@@ -225,7 +225,14 @@ class TensorSlice:
     # reading
     # ---------------------------------------------------------------------------------------
 
-    def __getitem__(self, index: Any) -> np.ndarray:
+    def __getitem__(self, index: Any) -> Any:
+        """The selected elements, as the reader's framework hands tensors out (numpy by
+        default)."""
+        out = self._select(index)
+        convert = getattr(self._reader, "_tensor_out", None)
+        return out if convert is None else convert(out)
+
+    def _select(self, index: Any) -> np.ndarray:
         idx = index if isinstance(index, tuple) else (index,)
         axes = self._axes(idx)
         if axes is None:

@@ -1,9 +1,11 @@
 """Encoding one value to the bytes of an entry and back (FORMAT.md §6): arrays as tensors
-(little-endian, C order), and typed non-tensor values (bytes, str, int, float, JSON). Never
-pickle. Also the key rules shared by every writer and reader."""
+(little-endian, C order), typed non-tensor values (bytes, str, int, float, JSON), and other
+Python objects as declarative object entries (``objects``, FORMAT.md §6.1). Never pickle.
+Also the key rules shared by every writer and reader."""
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from typing import Any
@@ -17,6 +19,7 @@ from .errors import (
     InvalidKeyError,
     UnsupportedDTypeError,
 )
+from .objects import decode_object, encode_object, is_plain_json
 
 __all__ = ["check_key", "encode", "decode", "json_depth"]
 
@@ -61,8 +64,6 @@ def json_depth(v: Any, depth: int = 0) -> int:
 
 def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.ndarray]:
     """(key, dtype name, kind, shape, 1-d uint8 array of the bytes) for one value."""
-    if isinstance(value, np.generic):
-        value = np.asarray(value)
     if isinstance(value, np.ndarray):
         arr = value
         try:
@@ -75,7 +76,10 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
-    if isinstance(value, (bytes, bytearray, memoryview)):
+    if isinstance(value, (np.generic, enum.Enum)):
+        # numpy scalars come back as numpy scalars of their dtype, enum members as members
+        kind, raw = "object", encode_object(key, value)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
         kind, raw = "bytes", bytes(value)
     elif isinstance(value, str):
         try:
@@ -90,6 +94,8 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
         kind, raw = "int", _int_text(value).encode()
     elif isinstance(value, float):
         kind, raw = "float", repr(value).encode()
+    elif isinstance(value, (dict, list, tuple)) and not is_plain_json(value):
+        kind, raw = "object", encode_object(key, value)
     elif isinstance(value, (dict, list, tuple)):
         json_depth(value)
         try:
@@ -98,11 +104,8 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
             raise InvalidArgumentError(f"value of key {key!r} is not JSON-serialisable: {e}") from e
     elif hasattr(value, "__array__") and not callable(getattr(value, "state_dict", None)):
         return encode(key, np.asarray(value))
-    else:
-        raise UnsupportedDTypeError(
-            f"value of key {key!r} has type {type(value).__name__}, which cannot be stored "
-            "(arrays, bytes, str, int, float, bool, None and JSON-able dict/list only; never pickle)"
-        )
+    else:  # dataclasses, sets, datetimes, paths... or UnsupportedDTypeError naming the path
+        kind, raw = "object", encode_object(key, value)
     return key, "uint8", kind, (len(raw),), np.frombuffer(raw, dtype=np.uint8)
 
 
@@ -110,6 +113,8 @@ def decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) ->
     if kind == "tensor":
         return np.frombuffer(buf, dtype=numpy_dtype(dtype)).reshape(shape)
     raw = bytes(memoryview(buf))
+    if kind == "object":
+        return decode_object(key, raw)
     try:
         if kind == "bytes":
             return raw

@@ -134,6 +134,37 @@ pub fn parent_dir(prefix: &Path) -> PathBuf {
     }
 }
 
+/// Create the directory that will hold checkpoint `prefix` and its missing parents, as
+/// TensorFlow's `Checkpoint.save` and Orbax do. With `durable`, the parent of each directory
+/// created is fsynced, so the new directories survive a power loss with the checkpoint.
+/// Errors name the directory (the user's path, never a temp file).
+pub fn ensure_parent_dir(prefix: &Path, durable: bool) -> Result<()> {
+    let dir = parent_dir(prefix);
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut cur = dir.as_path();
+    while !cur.as_os_str().is_empty() && !cur.exists() {
+        missing.push(cur.to_path_buf());
+        match cur.parent() {
+            Some(p) => cur = p,
+            None => break,
+        }
+    }
+    fs::create_dir_all(&dir).map_err(|e| Error::Io {
+        path: dir.clone(),
+        op: "create the checkpoint's directory",
+        source: e,
+    })?;
+    if durable {
+        for created in missing.iter().rev() {
+            sync_dir_after_commit(&parent_dir(created))?;
+        }
+    }
+    Ok(())
+}
+
 /// fsync a directory so renames and links in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     let d = File::open(dir).map_err(|e| Error::io(dir, "open directory for fsync", e))?;
@@ -169,12 +200,13 @@ pub fn sync_dir_after_commit(dir: &Path) -> Result<()> {
 pub fn replace_file(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let tmp = temp_path(dest, random_token());
     let res = (|| {
-        let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        // errors name `dest`, the user's file, not the temp name beside it
+        let mut f = File::create(&tmp).map_err(|e| Error::io(dest, "create", e))?;
         lock_temp(&f, &tmp)?; // see `cleanup`
         f.write_all(bytes)
-            .map_err(|e| Error::io(&tmp, "write", e))?;
+            .map_err(|e| Error::io(dest, "write", e))?;
         if durable {
-            f.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
+            f.sync_all().map_err(|e| Error::io(dest, "fsync", e))?;
         }
         drop(f);
         fs::rename(&tmp, dest).map_err(|e| Error::io(dest, "rename into place", e))

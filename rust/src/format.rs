@@ -254,6 +254,8 @@ pub enum Kind {
     Int = 3,
     Float = 4,
     Json = 5,
+    /// A declarative Python object tree (§6.1), built back from an allow-list of types.
+    Object = 6,
 }
 
 impl Kind {
@@ -266,6 +268,7 @@ impl Kind {
             3 => Some(Kind::Int),
             4 => Some(Kind::Float),
             5 => Some(Kind::Json),
+            6 => Some(Kind::Object),
             _ => None,
         }
     }
@@ -279,6 +282,7 @@ impl Kind {
             Kind::Int => "int",
             Kind::Float => "float",
             Kind::Json => "json",
+            Kind::Object => "object",
         }
     }
 
@@ -291,6 +295,7 @@ impl Kind {
             Kind::Int,
             Kind::Float,
             Kind::Json,
+            Kind::Object,
         ]
         .into_iter()
         .find(|k| k.name() == name)

@@ -70,6 +70,7 @@ pub fn save_incremental(
             });
         }
     }
+    crate::commit::ensure_parent_dir(prefix, opts.durable)?;
     let crcs: Vec<u32> = match crcs {
         Some(c) if c.len() == items.len() => c.to_vec(),
         Some(c) => {
@@ -546,7 +547,7 @@ fn copy_shard(src: &Path, dest: &Path, token: u64) -> Result<()> {
         fs::copy(src, &tmp).map_err(|e| Error::io(src, "copy base shard", e))?;
         File::open(&tmp)
             .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(&tmp, "fsync copied shard", e))?;
+            .map_err(|e| Error::io(dest, "fsync copied shard", e))?;
         fs::hard_link(&tmp, dest)
             .or_else(|_| fs::rename(&tmp, dest))
             .map_err(|e| Error::io(dest, "publish copied shard", e))

@@ -52,6 +52,16 @@ pub fn temp_path(dest: &Path, token: u64) -> PathBuf {
     with_suffix(dest, &format!("{TEMP_MARK}{token:016x}"))
 }
 
+/// The final name of temp file `tmp` (what [`temp_path`] appended removed), for messages:
+/// errors name the user's file, not the temp name beside it.
+pub fn final_of_temp(tmp: &Path) -> PathBuf {
+    let s = tmp.as_os_str().to_string_lossy();
+    match s.rfind(TEMP_MARK) {
+        Some(at) => PathBuf::from(&s[..at]),
+        None => tmp.to_path_buf(),
+    }
+}
+
 /// The shard name suffix for shard `s` of `n`, with an optional save token.
 pub fn shard_name(s: u32, n: u32, token: Option<u64>) -> String {
     match token {

@@ -9,7 +9,7 @@ use crate::digest::{DigestAlgo, FileHasher};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{ChunkRec, EntryMeta, ShardRec};
-use crate::naming::{temp_path, with_suffix};
+use crate::naming::{final_of_temp, temp_path, with_suffix};
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::Write;
@@ -173,8 +173,10 @@ const WRITE_PIECE: usize = 64 << 20;
 impl ShardWriter {
     /// Create the temp file of shard `index` of `count` and write its header.
     pub fn create(prefix: &Path, index: u32, count: u32, token: u64) -> Result<Self> {
-        let tmp = temp_path(&with_suffix(prefix, &shard_name(index, count, None)), token);
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create shard", e))?;
+        let dest = with_suffix(prefix, &shard_name(index, count, None));
+        let tmp = temp_path(&dest, token);
+        // errors name the shard's final name (the user's prefix), not the temp name
+        let file = File::create(&tmp).map_err(|e| Error::io(&dest, "create shard", e))?;
         // Held until the file is closed: tells a concurrent commit's cleanup that this temp
         // file is in use (a crashed writer's lock dies with it). Without flock support it is
         // skipped, and cleanup leaves temp files alone.
@@ -271,7 +273,7 @@ impl ShardWriter {
             }
             let f = self.file.as_mut().expect("open until finish");
             f.write_all(piece)
-                .map_err(|e| Error::io(&self.tmp, "write shard", e))?;
+                .map_err(|e| Error::io(&final_of_temp(&self.tmp), "write shard", e))?;
         }
         Ok(())
     }
@@ -552,7 +554,7 @@ impl ShardWriter {
             // (a completed upload is durable: nothing to sync for a sink)
             let f = self.file.as_ref().expect("open until publish");
             f.sync_all()
-                .map_err(|e| Error::io(&self.tmp, "fsync shard", e))?;
+                .map_err(|e| Error::io(&final_of_temp(&self.tmp), "fsync shard", e))?;
         }
         self.sealed = true;
         Ok(())

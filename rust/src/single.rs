@@ -102,20 +102,22 @@ pub fn save_single(
             path.display()
         )));
     }
+    crate::commit::ensure_parent_dir(path, opts.durable)?;
     let token = random_token();
     let tmp = temp_path(path, token);
+    // errors below name `path`, the user's file, not the temp name beside it
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .map_err(|e| Error::io(&tmp, "create", e))?;
+        .map_err(|e| Error::io(path, "create", e))?;
     let mut guard = TempGuard(&tmp, false);
     lock_temp(&file, &tmp)?; // a concurrent save's cleanup leaves a locked temp alone
     file.write_all(&[0u8; SINGLE_SHARD_OFF as usize])
-        .map_err(|e| Error::io(&tmp, "write", e))?;
+        .map_err(|e| Error::io(path, "write", e))?;
     let sink = RegionSink {
-        file: file.try_clone().map_err(|e| Error::io(&tmp, "dup", e))?,
-        path: tmp.clone(),
+        file: file.try_clone().map_err(|e| Error::io(path, "dup", e))?,
+        path: path.to_path_buf(), // for messages: the user's file
     };
     let mut w = ShardWriter::with_sink(Box::new(sink), 0, 1, token);
     let refs: Vec<&Item<'_>> = items.iter().collect();
@@ -150,15 +152,15 @@ pub fn save_single(
     tail.extend_from_slice(&index);
     tail.extend_from_slice(&SingleHeader::trailer(hcrc));
     file.write_all(&tail)
-        .map_err(|e| Error::io(&tmp, "write index", e))?;
+        .map_err(|e| Error::io(path, "write index", e))?;
     {
         use std::os::unix::fs::FileExt;
         file.write_all_at(&hdr, 0)
-            .map_err(|e| Error::io(&tmp, "write header", e))?;
+            .map_err(|e| Error::io(path, "write header", e))?;
     }
     cancel::check()?;
     if opts.durable {
-        file.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
+        file.sync_all().map_err(|e| Error::io(path, "fsync", e))?;
     }
     // The last point where an interrupt still leaves `path` as it was.
     cancel::check()?;

@@ -136,6 +136,7 @@ impl CheckpointWriter {
     /// Start a save at `prefix`. Nothing at `prefix` changes until `commit`.
     pub fn new(prefix: &Path, opts: WriterOptions) -> Result<Self> {
         opts.validate()?;
+        crate::commit::ensure_parent_dir(prefix, opts.durable)?;
         let token = random_token();
         let global = opts.world_size * opts.shards;
         let mut shards = Vec::with_capacity(opts.shards as usize);

@@ -149,7 +149,11 @@ def test_info_metadata_and_directory(ckpt, tmp_path):
     doc = json.loads(run("info", ckpt, "--json").stdout)
     assert doc["metadata"] == {"run": "abc", "epoch": 2} and doc["object_graph"] is None
     assert doc["entries"] == 5 and doc["tensors"] == 3
-    assert_error(run("info", str(tmp_path)), EXIT_NOT_FOUND, "no checkpoint state file")
+    # a directory without a state file: its only checkpoint, as `ls` lists it
+    assert json.loads(run("info", str(tmp_path), "--json").stdout)["checkpoint"] == ckpt
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_error(run("info", str(empty)), EXIT_NOT_FOUND, "holds no checkpoint")
 
 
 def test_verify_intact(ckpt):

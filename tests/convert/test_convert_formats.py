@@ -190,8 +190,8 @@ def test_destination_rules(tmp_path):
     sp.save_file({"x": np.zeros(3)}, a)
     convert(a, b, overwrite=True)
     assert sp.load_file(b)["x"].tolist() == [0, 0, 0]
-    with pytest.raises(sp.NotFoundError):
-        convert(a, str(tmp_path / "no" / "dir" / "c"))
+    convert(a, str(tmp_path / "no" / "dir" / "c"))  # missing parents are created
+    assert sp.exists(str(tmp_path / "no" / "dir" / "c"))
     with pytest.raises(sp.InvalidArgumentError, match="cannot write"):
         convert(a, str(tmp_path / "c"), to="tensorflow")
     with pytest.raises(sp.NotFoundError):

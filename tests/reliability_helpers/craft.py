@@ -48,7 +48,7 @@ DTYPE_TAGS = {
     "complex128": (15, 16),
 }
 CODEC_TAGS = {"none": 0, "zstd": 1, "zstd-bytegroup": 2}
-KIND_TAGS = {"tensor": 0, "bytes": 1, "str": 2, "int": 3, "float": 4, "json": 5}
+KIND_TAGS = {"tensor": 0, "bytes": 1, "str": 2, "int": 3, "float": 4, "json": 5, "object": 6}
 
 HEADER_FIELDS = {
     # name: (offset, struct format) of the index header (§3)

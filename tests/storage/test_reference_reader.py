@@ -290,12 +290,13 @@ def test_non_contiguous_big_endian_inputs(tmp_path) -> None:
 
 
 def test_zero_dim_entries_have_ndim_0(tmp_path) -> None:
-    """0-d arrays and numpy scalars are stored with ndim 0 (no dims in aux) and come back 0-d."""
+    """0-d arrays are stored with ndim 0 (no dims in aux) and come back 0-d (numpy scalars are
+    object entries, FORMAT.md §6.1)."""
     saved = {
         "f64": np.array(2.5),
-        "i8": np.int8(-3),
-        "bool": np.bool_(True),
-        "c64": np.complex64(1j),
+        "i8": np.array(np.int8(-3)),
+        "bool": np.array(np.bool_(True)),
+        "c64": np.array(np.complex64(1j)),
     }
     p = str(tmp_path / "ck")
     sp.save_file(saved, p, durable=False)

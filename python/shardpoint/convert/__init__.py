@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 
 from .. import files
+from ..atomic_files import make_dirs
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
 from .base import ConvertResult, Source, Spec
@@ -59,17 +60,41 @@ def resolve_prefix(path: str) -> str:
             if latest is None:
                 raise NotFoundError(f"{path}: no checkpoint state object naming a checkpoint")
             return latest
-        return path[: -len(".index")] if path.endswith(".index") else path
+        if path.endswith(".index"):
+            return path[: -len(".index")]
+        if is_manager_url(path):  # the directory as given to CheckpointManager, no slash
+            return latest_checkpoint(path) or path
+        return path
     if os.path.isdir(path) and not is_hf_path(path):
         latest = latest_checkpoint(path)
         if latest is None:
-            raise NotFoundError(
-                f"{path}: directory has no checkpoint state file naming a checkpoint"
-            )
+            return _only_checkpoint(path)
         return latest
     if path.endswith(".index") and os.path.isfile(path) and not os.path.exists(path + ".index"):
         return path[: -len(".index")]
     return path
+
+
+def is_manager_url(url: str) -> bool:
+    """Whether object-store ``url`` (no trailing slash) names a checkpoint directory (its state
+    object names a checkpoint) rather than a checkpoint prefix (``url.index`` exists)."""
+    return not files.exists(url) and latest_checkpoint(url) is not None
+
+
+def _only_checkpoint(directory: str) -> str:
+    """The checkpoint of a directory without a state file, when it holds exactly one (as
+    ``shardpoint ls`` lists them: its ``*.index`` files); otherwise a clear error."""
+    found = sorted(f[: -len(".index")] for f in os.listdir(directory) if f.endswith(".index"))
+    if len(found) == 1:
+        return os.path.join(directory, found[0])
+    if not found:
+        raise NotFoundError(
+            f"{directory}: directory holds no checkpoint (no state file, no *.index)"
+        )
+    raise InvalidArgumentError(
+        f"{directory}: directory has no checkpoint state file and {len(found)} checkpoints "
+        f"({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); name one"
+    )
 
 
 def detect_format(path: str) -> tuple[str, str]:
@@ -190,9 +215,8 @@ def convert(
             raise InvalidArgumentError(f"source and destination are the same: {dst}")
         if not overwrite and _exists(dst, fmt):
             raise InvalidArgumentError(f"destination {dst} exists (pass overwrite / --force)")
-        parent = "" if remote else os.path.dirname(dst)
-        if parent and not os.path.isdir(parent):
-            raise NotFoundError(f"destination directory {parent} does not exist")
+        if not remote:  # missing parents are created, as for every writer
+            make_dirs(os.path.dirname(dst))
         if fmt == "hf":
             return write_hf(
                 source,

@@ -40,6 +40,7 @@ from ..progress import progress_bar, wanted
 from ..slicing import TensorSlice
 from ..strong_digest import StrongDigest
 from .base import Source, Spec
+from .hf_files import SECTION, collect_files
 from .hf_format import ShardHeader, TensorRecord, read_index, read_shard_header
 from .safetensors_io import ST_TO_FORMAT
 
@@ -245,15 +246,15 @@ class HFReader(Reader):
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and key in self._weight_map
 
-    def __getitem__(self, key: str) -> np.ndarray:
-        return self._view(key)
+    def __getitem__(self, key: str) -> Any:
+        return self._tensor_out(self._view(key))
 
     def get(self, key: str, default: Any = None, *, verify: bool | None = None) -> Any:
         """The tensor ``key`` (a zero-copy view), or ``default`` when absent. ``verify`` is
         accepted for compatibility: this format has no checksums to check."""
         if key not in self:
             return default
-        return self._view(key)
+        return self._tensor_out(self._view(key))
 
     def load(
         self,
@@ -291,7 +292,7 @@ class HFReader(Reader):
         finally:
             if bar is not None:
                 bar.close()
-        return {k: out[k] for k in ks}
+        return {k: self._tensor_out(out[k]) for k in ks}
 
     def load_into(self, targets: Mapping[str, np.ndarray], *, verify: bool | None = None) -> None:
         """Read tensors straight into existing arrays (``key -> array``; C-contiguous, writable,
@@ -341,12 +342,12 @@ class HFReader(Reader):
         off = sh.header.data_start + rec.begin
         return EntryInfo(key, dtype, rec.shape, "tensor", "none", n, n, sh.number, off, 0, 1)
 
-    def slice(self, key: str, start: int, stop: int) -> np.ndarray:
+    def slice(self, key: str, start: int, stop: int) -> Any:
         """Rows ``start:stop`` along the first axis (a fresh array; only those pages read)."""
         v = self._view(key)
         if not v.shape:
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
-        return np.array(v[start:stop])
+        return self._tensor_out(np.array(v[start:stop]))
 
     # TensorSlice's hooks: this format has no crc to check before a partial read.
     _verify = False
@@ -428,6 +429,10 @@ class HFSource(Source):
         meta = self.reader._index_meta if self.reader._single is None else self.reader.metadata
         # total_size describes the HF files, not the converted checkpoint.
         self.metadata = {k: v for k, v in meta.items() if k not in ("total_size", "format")}
+        # config.json, tokenizer files...: kept with the checkpoint, so export_hf gives back a
+        # directory from_pretrained loads (hf_files)
+        kept = collect_files(self.reader.directory, self.notes)
+        self.sections: dict[str, Any] = {} if kept is None else {SECTION: kept}
         self._specs: list[Spec] = []
         self._last: str | None = None
         for fname, keys in self.reader.keys_by_shard().items():

@@ -22,11 +22,13 @@ import shutil
 import tempfile
 from typing import Any
 
-from ..errors import InvalidArgumentError, NotFoundError
+from ..atomic_files import make_dirs
+from ..errors import InvalidArgumentError
 from ..files import Reader
 from ..progress import progress_bar
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
+from .hf_files import SECTION, collect_files, write_files
 from .safetensors_io import FORMAT_TO_ST, write_safetensors
 from .shardpoint_io import ShardpointSource
 
@@ -125,8 +127,7 @@ def write_hf(
     limit = parse_size(max_shard_size)
     out_dir = os.path.abspath(os.fspath(out_dir))
     parent = os.path.dirname(out_dir)
-    if not os.path.isdir(parent):
-        raise NotFoundError(f"destination directory {parent} does not exist")
+    make_dirs(parent)  # missing parents are created, as for every writer
     if os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise InvalidArgumentError(f"destination {out_dir} exists and is not a directory")
@@ -179,6 +180,19 @@ def write_hf(
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
+        taken = set(names) | {FILENAME_PATTERN.format(suffix="") + ".index.json"}
+        kept = write_files(
+            (getattr(source, "sections", None) or {}).get(SECTION),
+            tmp,
+            taken=taken,
+            where=source.path,
+            durable=durable,
+            notes=result.notes,
+        )
+        if kept:
+            result.notes.append(
+                f"wrote {kept} kept files (config, tokenizer...) beside the weights"
+            )
         os.chmod(tmp, 0o777 & ~_umask())
         if durable:
             _fsync_dir(tmp)
@@ -277,6 +291,11 @@ class _ReaderSource(Source):
         meta = reader.metadata if isinstance(reader.metadata, dict) else {}
         drop = ("total_size", "format") if self.format == "hf" else ()
         self.metadata = {k: v for k, v in meta.items() if k not in drop}
+        if self.format == "hf":  # the directory's own config and tokenizer files
+            kept = collect_files(reader.directory, self.notes)
+            self.sections: dict[str, Any] = {} if kept is None else {SECTION: kept}
+        else:
+            self.sections = dict(reader.sections)
 
     def specs(self) -> list[Spec]:
         out = []

@@ -23,6 +23,7 @@ referenced, such as tuple wrappers, are held strongly).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import weakref
@@ -34,6 +35,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..dtypes import format_name
 from ..errors import CorruptCheckpointError
 from .errors import DTypeMismatchError, LoadStatusError, ShapeMismatchError
 from .naming import ATTRIBUTES, OBJECT_GRAPH_KEY, _escape_attribute, attribute_key, walk
@@ -281,6 +283,9 @@ class RestoreCoordinator:
     def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
         """Check shape/dtype against the index (cheap), then read the value (lazy)."""
         info = self._info(key)
+        scalar = _numpy_scalar_entry(self.reader, key, info)
+        if scalar is not None:  # a numpy scalar saved by save_file: a 0-d tensor here
+            info = scalar[0]
         if dtype is not None:
             kind = getattr(info, "kind", "tensor")
             if kind != "tensor":
@@ -301,7 +306,7 @@ class RestoreCoordinator:
                     f"({_short(obj)}) has dtype {dtype}; values are never cast implicitly on "
                     "restore."
                 )
-        return self.reader[key]
+        return self.reader[key] if scalar is None else scalar[1]
 
     def _restore_values(self, node: int, obj: Trackable) -> None:
         attributes = self.nodes[node].get("attributes", [])
@@ -624,6 +629,9 @@ def restore_by_name(reader: Any, root: Trackable) -> NameBasedLoadStatus:
                 missing.append(key)
                 continue
             info = reader.info(key)
+            scalar = _numpy_scalar_entry(reader, key, info)
+            if scalar is not None:  # a numpy scalar saved by save_file: a 0-d tensor here
+                info = scalar[0]
             if spec is not None and tuple(info.shape) != tuple(spec.shape):
                 raise ShapeMismatchError(
                     f"Received incompatible tensor with shape {tuple(info.shape)} when attempting "
@@ -635,10 +643,23 @@ def restore_by_name(reader: Any, root: Trackable) -> NameBasedLoadStatus:
                     f"Checkpoint key {key!r} has dtype {info.dtype} but "
                     f"{graph.display_path(node)} has dtype {spec.dtype}; no implicit cast."
                 )
-            values[name] = reader[key]
+            values[name] = reader[key] if scalar is None else scalar[1]
             used.add(key)
         if values:
             obj._sp_restore_values(values)
             restored += 1
     unused = sorted(available - used - {OBJECT_GRAPH_KEY})
     return NameBasedLoadStatus(missing, unused, restored)
+
+
+def _numpy_scalar_entry(reader: Any, key: str, info: Any) -> tuple[Any, np.ndarray] | None:
+    """For an object entry holding a numpy scalar (how ``save_file`` stores ``np.float32(x)``,
+    FORMAT.md §6.1): the entry described as the 0-d tensor a variable restores from, and that
+    0-d array; ``None`` for every other entry."""
+    if getattr(info, "kind", "tensor") != "object":
+        return None
+    value = reader[key]
+    if not isinstance(value, np.generic):
+        return None
+    arr = np.asarray(value)
+    return dataclasses.replace(info, kind="tensor", dtype=format_name(arr.dtype), shape=()), arr

@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from . import adapters as _adapters
+from . import objects as _objects
 from .adapters import (
     ModuleAdapter,
     TensorAdapter,
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 _adapters.register()
+_objects.register()
 
 _LAZY = {
     "StorageWriter": "dcp",

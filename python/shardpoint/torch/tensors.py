@@ -13,7 +13,9 @@ numpy side uses the ``ml_dtypes`` type of the same name: still no copy.
   tied weights are stored once; other overlapping views are rebuilt inside one fresh storage);
 * other non-contiguous tensors are stored by value and come back contiguous;
 * nesting (dicts with str/int/bool keys, lists, tuples, ``torch.Size``) and non-tensor leaves
-  (int, float, str, bytes, bool, None, numpy arrays, ``torch.dtype``) are restored exactly.
+  (int, float, str, bytes, bool, None, numpy arrays and scalars, ``torch.dtype``, and the
+  Python objects of FORMAT.md §6.1: dataclasses, Namespace, sets, enums, datetimes, paths,
+  OmegaConf configs...) are restored exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..errors import (
 from ..nested_keys import decode_key, key_tag, put_leaf
 from .file_objects import is_file_object, save_to_stream, stream_path
 from .locations import MapLocation, is_plain_device, place, saved_locations
+from ..objects import has_handler
 
 if TYPE_CHECKING:
     from ..async_save import SaveFuture
@@ -165,6 +168,15 @@ def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def reader_tensor(array: np.ndarray) -> torch.Tensor:
+    """The converter of ``sp.open(prefix, framework="pt")``: a CPU tensor sharing memory with a
+    value read from a checkpoint (bfloat16/float8 included). Read-only arrays (views of a file
+    mapped read-only) are copied: torch has no read-only tensors, and a write would fault."""
+    if not array.flags.writeable:
+        array = array.copy()
+    return numpy_to_tensor(array)
+
+
 # --------------------------------------------------------------------------------------------
 # Nested state dicts <-> flat keys
 # --------------------------------------------------------------------------------------------
@@ -189,12 +201,16 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     def visit(value: Any, path: list[str]) -> dict[str, Any]:
         if isinstance(value, torch.Tensor):
             return {"v": put(path, value)}
-        if isinstance(value, np.ndarray | np.generic):
-            return {"n": put(path, np.asarray(value))}
+        if isinstance(value, np.ndarray):
+            return {"n": put(path, value)}
         if isinstance(value, torch.dtype):
             return {"dt": format_dtype(value) if value in _TO_FORMAT else str(value)}
         if isinstance(value, torch.Size):
             return {"S": list(value)}
+        if has_handler(value):
+            # numpy scalars, dataclasses, Namespace, sets, enums, OmegaConf configs...: one
+            # object entry each (FORMAT.md §6.1), not structure to flatten
+            return {"p": put(path, value)}
         if isinstance(value, Mapping):
             items = []
             for k, sub in value.items():
@@ -203,13 +219,9 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         if isinstance(value, list | tuple):
             tag = "l" if isinstance(value, list) else "t"
             return {tag: [visit(sub, [*path, str(i)]) for i, sub in enumerate(value)]}
-        if isinstance(value, _SCALARS):
-            return {"p": put(path, value)}
-        raise UnsupportedDTypeError(
-            f"state dict entry {'/'.join(path)!r} has type {type(value).__name__}, which cannot "
-            "be stored (tensors, numpy arrays, str, bytes, int, float, bool, None and "
-            "dict/list/tuple nesting only; shardpoint never pickles)"
-        )
+        # scalars, and anything else: the storage layer stores it as an object entry or
+        # raises (before anything is written) naming the key and how to register its type
+        return {"p": put(path, value)}
 
     if not isinstance(obj, Mapping):
         raise InvalidArgumentError(f"expected a mapping (state dict), got {type(obj).__name__}")

@@ -1,0 +1,869 @@
+"""Python objects as declarative entries, never pickled (FORMAT.md §6.1).
+
+An ``object`` entry holds a UTF-8 JSON document ``{"v": 1, "value": NODE}`` describing a tree
+of values. JSON scalars (``null``, ``true``, numbers, strings) and arrays (lists) stand for
+themselves; every other value is a JSON object with exactly one member, ``{TAG: PAYLOAD}``.
+A tag names a *handler*, never an importable path:
+
+- built-in tags for the standard library and numpy (``tuple``, ``dict``, ``set``,
+  ``datetime.datetime``, ``argparse.Namespace``, ``numpy.scalar``...), always allowed;
+- tags of shardpoint's own layers (``torch.Size``, ``torch.dtype``, ``torch.device`` from
+  ``shardpoint.torch``; ``omegaconf.DictConfig``/``ListConfig`` when omegaconf is installed),
+  whose handlers live with their framework and register themselves: this module never
+  imports a framework (the package declares which of its modules provides which tags);
+- four generic tags for user types, ``dataclass``, ``enum``, ``namedtuple`` and ``object``,
+  whose payload starts with the name the type is registered under.
+
+Saving describes any dataclass, ``Enum`` member or named tuple without help; other classes
+need :func:`register_type` with ``encode``/``decode``. Loading builds a user type only when it
+is registered (the allow-list, as ``torch.serialization.add_safe_globals`` keeps one): a type
+name read from a file is looked up in the registry, never imported. Hostile payloads are
+bounded: at most :data:`MAX_OBJECT_BYTES` bytes of JSON, :data:`MAX_DEPTH` levels of nesting,
+and every malformed node is a ``CorruptCheckpointError`` naming the key and the node's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import importlib
+import json
+import math
+import pathlib
+import threading
+import types
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from .dtypes import format_name, numpy_dtype
+from .errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    UnregisteredTypeError,
+    UnsupportedDTypeError,
+)
+
+__all__ = [
+    "register_type",
+    "add_safe_types",
+    "safe_types",
+    "registered_types",
+    "encode_object",
+    "decode_object",
+    "has_handler",
+    "is_plain_json",
+    "register_tag",
+    "declare_tags",
+    "MAX_DEPTH",
+    "MAX_OBJECT_BYTES",
+]
+
+#: Version of the object document (the ``"v"`` member); readers refuse newer ones.
+OBJECT_VERSION = 1
+#: Deepest nesting of nodes, on save and on load (as for JSON entries).
+MAX_DEPTH = 128
+#: Largest object document, on save and on load: parsing JSON costs memory proportional to
+#: its size (tens of bytes per node), so a hostile entry must not be able to ask for more.
+MAX_OBJECT_BYTES = 64 << 20
+
+_USER_TAGS = ("dataclass", "enum", "namedtuple", "object")
+_REGISTER_HINT = (
+    "register it with shardpoint.register_type({cls}) (dataclasses, Enum and named tuples "
+    "need nothing else; other classes also give encode=/decode= functions to and from "
+    "storable values); shardpoint never pickles"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The registry: user types (the allow-list) and the handlers of built-in tags
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _UserType:
+    cls: type
+    name: str
+    tag: str  # one of _USER_TAGS
+    encode: Callable[[Any], Any] | None = None
+    decode: Callable[[Any], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Handler:
+    """A built-in tag: ``encode(value, child)`` gives the payload (``child`` encodes a nested
+    value), ``decode(payload, child)`` builds the value (``child`` decodes a nested node)."""
+
+    tag: str
+    encode: Callable[[Any, Callable[[Any, str], Any]], Any]
+    decode: Callable[[Any, Callable[[Any, str], Any]], Any]
+
+
+_LOCK = threading.Lock()
+_USER_BY_NAME: dict[str, _UserType] = {}
+_USER_BY_CLASS: dict[type, _UserType] = {}
+_HANDLERS: dict[str, _Handler] = {}  # tag -> handler
+_HANDLER_OF_TYPE: dict[type, _Handler] = {}  # exact type -> handler
+# Tags and types whose handlers live in another of shardpoint's modules, imported on first
+# need: (module, top-level package of the types, tags).
+_DECLARED: list[tuple[str, str, tuple[str, ...]]] = []
+
+
+def _default_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_namedtuple_class(cls: type) -> bool:
+    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
+
+
+def register_type(
+    cls: type,
+    *,
+    name: str | None = None,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
+) -> type:
+    """Allow ``cls`` in checkpoints: saves describe its instances, loads build them.
+
+    Dataclasses, ``Enum`` subclasses and named tuples are described by their fields (members)
+    and need no functions. Any other class gives ``encode(obj) -> state`` (a storable value:
+    JSON-like data, other registered objects, numpy scalars...) and ``decode(state) -> obj``.
+    ``name`` is what the file records (default ``"module.QualName"``); give a stable one if
+    the class may move. Registering the same class again is a no-op; another class under a
+    name already taken raises ``InvalidArgumentError``. Returns ``cls`` (usable as a class
+    decorator). Registration is process-wide; see :func:`safe_types` for a scoped one.
+    """
+    if not isinstance(cls, type):
+        raise InvalidArgumentError(f"register_type expects a class, got {cls!r}")
+    if (encode is None) != (decode is None):
+        raise InvalidArgumentError(f"{cls.__qualname__}: give both encode= and decode=, or neither")
+    if encode is not None:
+        tag = "object"
+    elif dataclasses.is_dataclass(cls):
+        tag = "dataclass"
+    elif issubclass(cls, enum.Enum):
+        tag = "enum"
+    elif _is_namedtuple_class(cls):
+        tag = "namedtuple"
+    else:
+        raise InvalidArgumentError(
+            f"{cls.__qualname__} is not a dataclass, Enum or named tuple: give "
+            "encode=(obj -> storable state) and decode=(state -> obj)"
+        )
+    key = _default_name(cls) if name is None else str(name)
+    if not key:
+        raise InvalidArgumentError("a registered type name must not be empty")
+    entry = _UserType(cls, key, tag, encode, decode)
+    with _LOCK:
+        old = _USER_BY_NAME.get(key)
+        if old is not None and old.cls is not cls:
+            raise InvalidArgumentError(
+                f"type name {key!r} is already registered for {_default_name(old.cls)}; "
+                "pass name= to register this class under another one"
+            )
+        prev = _USER_BY_CLASS.get(cls)
+        if prev is not None and prev.name != key:
+            _USER_BY_NAME.pop(prev.name, None)
+        _USER_BY_NAME[key] = entry
+        _USER_BY_CLASS[cls] = entry
+    return cls
+
+
+def add_safe_types(types_: Iterable[type]) -> None:
+    """Register several dataclasses / Enum / named tuple classes at once (the counterpart of
+    ``torch.serialization.add_safe_globals``)."""
+    for cls in types_:
+        register_type(cls)
+
+
+def _unregister(cls: type) -> None:
+    with _LOCK:
+        entry = _USER_BY_CLASS.pop(cls, None)
+        if entry is not None and _USER_BY_NAME.get(entry.name) is entry:
+            del _USER_BY_NAME[entry.name]
+
+
+@contextmanager
+def safe_types(types_: Iterable[type]) -> Iterator[None]:
+    """Within the ``with`` block, also allow these classes (as :func:`add_safe_types`); the
+    ones not registered before are forgotten again afterwards (``torch.serialization.
+    safe_globals``'s counterpart)."""
+    added = []
+    for cls in types_:
+        if cls not in _USER_BY_CLASS:
+            register_type(cls)
+            added.append(cls)
+    try:
+        yield
+    finally:
+        for cls in added:
+            _unregister(cls)
+
+
+def registered_types() -> dict[str, type]:
+    """The allow-list: registered name -> class."""
+    with _LOCK:
+        return {name: e.cls for name, e in _USER_BY_NAME.items()}
+
+
+def register_tag(
+    tag: str,
+    classes: Iterable[type],
+    encode: Callable[[Any, Callable[[Any, str], Any]], Any],
+    decode: Callable[[Any, Callable[[Any, str], Any]], Any],
+) -> None:
+    """For shardpoint's own layers: handle instances of exactly ``classes`` under ``tag``
+    (e.g. ``shardpoint.torch`` registers ``torch.Size``). ``encode(value, child)`` returns
+    the JSON payload, calling ``child(nested_value, path_suffix)`` for nested values;
+    ``decode(payload, child)`` builds the value, ``child(nested_node, path_suffix)``
+    decoding nested nodes; raise ``ValueError``/``TypeError`` on a malformed payload."""
+    h = _Handler(tag, encode, decode)
+    with _LOCK:
+        _HANDLERS[tag] = h
+        for cls in classes:
+            _HANDLER_OF_TYPE[cls] = h
+
+
+def declare_tags(module: str, package: str, tags: Iterable[str]) -> None:
+    """Say that ``module`` (one of shardpoint's own) registers ``tags`` for types of the
+    top-level package ``package``: it is imported when a value of such a type is saved or a
+    file holds one of the tags. Declared by ``shardpoint/__init__`` so that this layer
+    imports no framework."""
+    _DECLARED.append((module, package, tuple(tags)))
+
+
+def _import_declared(*, tag: str | None = None, package: str | None = None) -> bool:
+    """Import the module declared for ``tag`` or for types of ``package``; whether one was."""
+    for module, pkg, tags in _DECLARED:
+        if (tag is not None and tag in tags) or (package is not None and package == pkg):
+            importlib.import_module(module)
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+
+def _path_text(where: str, path: str) -> str:
+    return f"key {where!r}" + (f" at {path}" if path else "")
+
+
+def is_plain_json(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` round-trips through a plain JSON entry: dicts with str keys, lists,
+    tuples (they come back as lists), str, int, float, bool, None, and nothing else (no
+    numpy scalars, enums or other subclasses that JSON would silently turn into base types)."""
+    if depth > MAX_DEPTH:
+        return False
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return True
+    if t in (list, tuple):
+        return all(is_plain_json(v, depth + 1) for v in value)
+    if t is dict:
+        return all(type(k) is str and is_plain_json(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def has_handler(value: Any) -> bool:
+    """Whether ``value`` is an object this module describes by a type of its own (rather than
+    as structure a caller may flatten): anything but plain dicts, lists, tuples and scalars."""
+    t = type(value)
+    if t in (dict, list, tuple, str, int, float, bool, type(None), bytes):
+        return False
+    if t in _HANDLER_OF_TYPE or t in _USER_BY_CLASS:
+        return True
+    if isinstance(value, (np.generic, enum.Enum)) or _is_namedtuple_class(t):
+        return True
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return True
+    pkg = t.__module__.split(".")[0]
+    return any(p == pkg for _, p, _ in _DECLARED) and pkg not in ("torch",)
+
+
+class _Encoder:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.nodes = 0
+        self.active: set[int] = set()  # ids of the containers on the current path (cycles)
+
+    def fail(self, path: str, msg: str, cls: type[CheckpointError] = InvalidArgumentError) -> Any:
+        raise cls(f"{_path_text(self.where, path)}: {msg}")
+
+    def node(self, value: Any, path: str, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            self.fail(path, f"value nested deeper than {MAX_DEPTH} levels")
+        t = type(value)
+        if value is None or t is str or t is bool:
+            return value
+        if t is int:
+            return value if -(1 << 63) <= value < (1 << 64) else {"int": _int_text(value)}
+        if t is float:
+            return value
+        if t is list:
+            return self.container(value, path, depth, lambda: self.items(value, path, depth))
+        if t is dict:
+            return self.container(value, path, depth, lambda: self.mapping(value, path, depth))
+        handler = _HANDLER_OF_TYPE.get(t)
+        if handler is None and t not in _USER_BY_CLASS:
+            handler = self.fallback_handler(value, t, path)
+        if handler is _LIST:
+            return self.container(value, path, depth, lambda: self.items(value, path, depth))
+        if handler is _MAPPING:
+            return self.container(value, path, depth, lambda: self.mapping(value, path, depth))
+        if handler is _BASE_VALUE:
+            base = next(b for b in (str, int, float) if isinstance(value, b))
+            return self.node(base(value), path, depth)
+        if handler is not None:
+            return self.container(
+                value, path, depth, lambda: {handler.tag: self.payload(handler, value, path, depth)}
+            )
+        return self.container(value, path, depth, lambda: self.user(value, t, path, depth))
+
+    def fallback_handler(self, value: Any, t: type, path: str) -> _Handler | None:
+        """The handler of a type without an exact one; ``None`` for user types."""
+        if isinstance(value, np.generic):
+            return _HANDLERS["numpy.scalar"]
+        if isinstance(value, np.ndarray):
+            return _HANDLERS["numpy.ndarray"]
+        if isinstance(value, enum.Enum) or _is_namedtuple_class(t):
+            return None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return None
+        pkg = t.__module__.split(".")[0]
+        if _import_declared(package=pkg) and t in _HANDLER_OF_TYPE:
+            return _HANDLER_OF_TYPE[t]
+        # subclasses of the structural built-ins keep their content, as in JSON entries
+        for base in (tuple, bytes, bytearray, set, frozenset):
+            if isinstance(value, base):
+                return _HANDLER_OF_TYPE[base]
+        if isinstance(value, list):
+            return _LIST
+        if isinstance(value, Mapping):
+            return _MAPPING
+        if isinstance(value, (str, int, float)):  # str/int/float subclasses: their base value
+            return _BASE_VALUE
+        what = "tensors" if hasattr(value, "__array__") else None
+        hint = (
+            "store arrays and tensors as entries of their own, not inside an object"
+            if what
+            else _REGISTER_HINT.format(cls=t.__qualname__)
+        )
+        return self.fail(
+            path,
+            f"value of type {t.__module__}.{t.__qualname__} cannot be stored; {hint}",
+            UnsupportedDTypeError,
+        )
+
+    def container(self, value: Any, path: str, depth: int, build: Callable[[], Any]) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_OBJECT_BYTES // 2:
+            self.fail(path, "object has too many nodes to store")
+        vid = id(value)
+        if vid in self.active:
+            self.fail(
+                path, "the value contains itself (a reference cycle); cycles cannot be stored"
+            )
+        self.active.add(vid)
+        try:
+            return build()
+        finally:
+            self.active.discard(vid)
+
+    def mapping(self, value: Mapping[Any, Any], path: str, depth: int) -> Any:
+        """``{"dict": {...}}`` when every key is a str, else ``{"map": [[k, v], ...]}``."""
+        if all(type(k) is str for k in value):
+            return {
+                "dict": {k: self.node(v, f"{path}[{k!r}]", depth + 1) for k, v in value.items()}
+            }
+        return {
+            "map": [
+                [
+                    self.node(k, f"{path}<key {i}>", depth + 1),
+                    self.node(v, f"{path}[{k!r}]", depth + 1),
+                ]
+                for i, (k, v) in enumerate(value.items())
+            ]
+        }
+
+    def items(self, seq: Iterable[Any], path: str, depth: int) -> list[Any]:
+        return [self.node(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(seq)]
+
+    def payload(self, handler: _Handler, value: Any, path: str, depth: int) -> Any:
+        def child(v: Any, suffix: str) -> Any:
+            return self.node(v, path + suffix, depth + 1)
+
+        try:
+            return handler.encode(value, child)
+        except UnsupportedDTypeError as e:
+            if self.where in str(e):
+                raise
+            return self.fail(path, str(e), UnsupportedDTypeError)
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:
+            return self.fail(path, f"cannot store {handler.tag} value: {e}")
+
+    def user(self, value: Any, t: type, path: str, depth: int) -> Any:
+        entry = _USER_BY_CLASS.get(t)
+        name = entry.name if entry is not None else _default_name(t)
+
+        def child(v: Any, suffix: str) -> Any:
+            return self.node(v, path + suffix, depth + 1)
+
+        if entry is not None and entry.encode is not None:
+            try:
+                state = entry.encode(value)
+            except CheckpointError:
+                raise
+            except Exception as e:
+                return self.fail(path, f"encode function of {name} failed: {e!r}")
+            return {"object": [name, child(state, "")]}
+        if isinstance(value, enum.Enum):
+            members = type(value).__members__
+            member = value.name if value.name and members.get(value.name) is value else None
+            ref: Any = member if member is not None else {"value": child(value.value, ".value")}
+            return {"enum": [name, ref]}
+        if _is_namedtuple_class(t):
+            fields = {f: child(getattr(value, f), f".{f}") for f in t._fields}  # type: ignore[attr-defined]
+            return {"namedtuple": [name, fields]}
+        fields = {
+            f.name: child(getattr(value, f.name), f".{f.name}")
+            for f in dataclasses.fields(value)
+            if hasattr(value, f.name)
+        }
+        return {"dataclass": [name, fields]}
+
+
+def _int_text(v: int) -> str:
+    return ("-" if v < 0 else "") + hex(abs(v))
+
+
+def encode_object(where: str, value: Any) -> bytes:
+    """The UTF-8 JSON document of an ``object`` entry for ``value`` (``where``: the key, for
+    messages). Raises before anything is written: ``UnsupportedDTypeError`` naming the path
+    of a value nothing can describe (and how to register its type), ``InvalidArgumentError``
+    for cycles, too deep or too large trees."""
+    node = _Encoder(where).node(value, "", 0)
+    text = json.dumps(
+        {"v": OBJECT_VERSION, "value": node},
+        allow_nan=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"key {where!r}: a string is not valid Unicode: {e}") from e
+    if len(raw) > MAX_OBJECT_BYTES:
+        raise InvalidArgumentError(
+            f"key {where!r}: object is {len(raw)} bytes as JSON, over the {MAX_OBJECT_BYTES} "
+            "bytes allowed; store large data as arrays"
+        )
+    return raw
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding (hostile input)
+# --------------------------------------------------------------------------------------------
+
+
+class _Members(list[tuple[str, Any]]):
+    """A JSON object as parsed: its members in order (duplicates kept, so they are seen)."""
+
+
+class _Decoder:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def corrupt(self, path: str, msg: str) -> Any:
+        raise CorruptCheckpointError(f"{_path_text(self.where, path)}: stored object {msg}")
+
+    def node(self, x: Any, path: str, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            self.corrupt(path, f"is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(x, _Members):
+            if len(x) != 1:
+                self.corrupt(path, f"node has {len(x)} members, expected one {{tag: payload}}")
+            tag, payload = x[0]
+            return self.tagged(tag, payload, path, depth)
+        if isinstance(x, list):
+            return [self.node(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x)]
+        return x  # JSON scalar
+
+    def tagged(self, tag: str, payload: Any, path: str, depth: int) -> Any:
+        def child(v: Any, suffix: str) -> Any:
+            return self.node(v, path + suffix, depth + 1)
+
+        if tag in _USER_TAGS:
+            return self.user(tag, payload, path, child)
+        handler = _HANDLERS.get(tag)
+        if handler is None and _import_declared(tag=tag):
+            handler = _HANDLERS.get(tag)
+        if handler is None:
+            self.corrupt(path, f"has unknown type tag {tag[:80]!r}")
+        try:
+            return handler.decode(payload, child)  # type: ignore[union-attr]
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError, KeyError, OverflowError, IndexError, AttributeError) as e:
+            return self.corrupt(path, f"of tag {tag!r} is malformed: {e}")
+
+    def user(self, tag: str, payload: Any, path: str, child: Callable[[Any, str], Any]) -> Any:
+        if not (isinstance(payload, list) and len(payload) == 2 and isinstance(payload[0], str)):
+            self.corrupt(path, f"of tag {tag!r} must be [type name, state]")
+        name, state = payload
+        entry = _USER_BY_NAME.get(name)
+        if entry is None:
+            raise UnregisteredTypeError(
+                f"{_path_text(self.where, path)}: type {name[:200]!r} is not registered, so it "
+                "is not built (shardpoint builds only allow-listed types and never imports a "
+                "name a file gives); call shardpoint.register_type(<that class>) or "
+                "shardpoint.add_safe_types([...]) before loading"
+            )
+        if entry.tag != tag:
+            self.corrupt(path, f"says {tag} but {name!r} is registered as a {entry.tag}")
+        cls = entry.cls
+        try:
+            if tag == "object":
+                assert entry.decode is not None
+                return entry.decode(child(state, ""))
+            if tag == "enum":
+                if isinstance(state, str):
+                    return cls[state]  # type: ignore[index]
+                if isinstance(state, _Members) and len(state) == 1 and state[0][0] == "value":
+                    return cls(child(state[0][1], ".value"))
+                return self.corrupt(path, "enum member must be a name or {'value': node}")
+            if not isinstance(state, _Members):
+                return self.corrupt(path, f"{tag} fields must be a JSON object")
+            values = self.fields(state, path, child)
+            if tag == "namedtuple":
+                return cls(**values)
+            return self.dataclass(cls, values, path)
+        except CheckpointError:
+            raise
+        except Exception as e:  # the user's own code (decode, __init__, __post_init__)
+            return self.corrupt(path, f"could not be rebuilt as {name!r}: {e!r}")
+
+    def fields(self, members: _Members, path: str, child: Callable[[Any, str], Any]) -> dict:
+        out: dict[str, Any] = {}
+        for k, v in members:
+            if k in out:
+                self.corrupt(path, f"repeats field {k!r}")
+            out[k] = child(v, f".{k}")
+        return out
+
+    def dataclass(self, cls: type, values: dict[str, Any], path: str) -> Any:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            self.corrupt(path, f"has fields {unknown} that {cls.__qualname__} does not declare")
+        init = {k: v for k, v in values.items() if fields[k].init}
+        obj = cls(**init)
+        for k, v in values.items():
+            if not fields[k].init:
+                object.__setattr__(obj, k, v)  # frozen dataclasses too
+        return obj
+
+
+def decode_object(where: str, raw: bytes) -> Any:
+    """Build the value of an ``object`` entry (``where``: the key, for messages)."""
+    if len(raw) > MAX_OBJECT_BYTES:
+        raise CorruptCheckpointError(
+            f"key {where!r}: stored object is {len(raw)} bytes, over the {MAX_OBJECT_BYTES} "
+            "bytes a reader accepts"
+        )
+    try:
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_Members)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"key {where!r}: stored object is not valid JSON: {e}") from e
+    if not isinstance(doc, _Members):
+        raise CorruptCheckpointError(f"key {where!r}: stored object is not a JSON object")
+    top = dict(doc)
+    version = top.get("v")
+    if type(version) is not int or "value" not in top:
+        raise CorruptCheckpointError(f"key {where!r}: stored object lacks its version or value")
+    if version > OBJECT_VERSION:
+        raise CorruptCheckpointError(
+            f"key {where!r}: stored object has version {version}; this shardpoint reads "
+            f"version {OBJECT_VERSION} (upgrade shardpoint)"
+        )
+    return _Decoder(where).node(top["value"], "", 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Built-in tags
+# --------------------------------------------------------------------------------------------
+
+
+def _builtin(tag: str, classes: tuple[type, ...], encode: Any, decode: Any) -> _Handler:
+    h = _Handler(tag, encode, decode)
+    _HANDLERS[tag] = h
+    for cls in classes:
+        _HANDLER_OF_TYPE[cls] = h
+    return h
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(what)
+
+
+def _seq(payload: Any, child: Callable[[Any, str], Any]) -> list[Any]:
+    _expect(isinstance(payload, list) and not isinstance(payload, _Members), "expected a list")
+    return [child(v, f"[{i}]") for i, v in enumerate(payload)]
+
+
+def _sorted_if_possible(values: Iterable[Any]) -> list[Any]:
+    """Set elements in a stable order (sorted when comparable), so equal sets give equal
+    files whatever the hash seed."""
+    items = list(values)
+    try:
+        return sorted(items)
+    except TypeError:
+        return sorted(items, key=lambda v: (type(v).__qualname__, repr(v)))
+
+
+def _str_payload(payload: Any) -> str:
+    _expect(isinstance(payload, str), "expected a string")
+    return str(payload)
+
+
+def _decode_str_dict(payload: Any, child: Callable[[Any, str], Any]) -> dict[str, Any]:
+    _expect(isinstance(payload, _Members), "expected a JSON object")
+    out: dict[str, Any] = {}
+    for k, v in payload:
+        _expect(k not in out, f"repeated key {k!r}")
+        out[k] = child(v, f"[{k!r}]")
+    return out
+
+
+def _decode_map(payload: Any, child: Callable[[Any, str], Any]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for i, pair in enumerate(_raw_list(payload)):
+        _expect(
+            isinstance(pair, list) and not isinstance(pair, _Members) and len(pair) == 2,
+            "map items must be [key, value] pairs",
+        )
+        out[child(pair[0], f"<key {i}>")] = child(pair[1], f"[{i}]")
+    return out
+
+
+def _raw_list(payload: Any) -> list[Any]:
+    _expect(isinstance(payload, list) and not isinstance(payload, _Members), "expected a list")
+    return list(payload)
+
+
+def _register_builtins() -> None:
+    _builtin("dict", (), None, _decode_str_dict)  # encoded by _Encoder.mapping
+    _builtin("map", (), None, _decode_map)
+    _builtin(
+        "tuple",
+        (tuple,),
+        lambda v, c: [c(x, f"[{i}]") for i, x in enumerate(v)],
+        lambda p, c: tuple(_seq(p, c)),
+    )
+    _builtin(
+        "set",
+        (set,),
+        lambda v, c: [c(x, f"<{i}>") for i, x in enumerate(_sorted_if_possible(v))],
+        lambda p, c: set(_seq(p, c)),
+    )
+    _builtin(
+        "frozenset",
+        (frozenset,),
+        lambda v, c: [c(x, f"<{i}>") for i, x in enumerate(_sorted_if_possible(v))],
+        lambda p, c: frozenset(_seq(p, c)),
+    )
+    _builtin(
+        "bytes",
+        (bytes,),
+        lambda v, c: base64.b64encode(v).decode(),
+        lambda p, c: base64.b64decode(_str_payload(p), validate=True),
+    )
+    _builtin(
+        "bytearray",
+        (bytearray,),
+        lambda v, c: base64.b64encode(v).decode(),
+        lambda p, c: bytearray(base64.b64decode(_str_payload(p), validate=True)),
+    )
+    _builtin("int", (), None, lambda p, c: _parse_int(_str_payload(p)))
+    _builtin("complex", (complex,), lambda v, c: [v.real, v.imag], _decode_complex)
+    _builtin(
+        "datetime.datetime",
+        (dt.datetime,),
+        lambda v, c: v.isoformat(),
+        lambda p, c: dt.datetime.fromisoformat(_str_payload(p)),
+    )
+    _builtin(
+        "datetime.date",
+        (dt.date,),
+        lambda v, c: v.isoformat(),
+        lambda p, c: dt.date.fromisoformat(_str_payload(p)),
+    )
+    _builtin(
+        "datetime.time",
+        (dt.time,),
+        lambda v, c: v.isoformat(),
+        lambda p, c: dt.time.fromisoformat(_str_payload(p)),
+    )
+    _builtin(
+        "datetime.timedelta",
+        (dt.timedelta,),
+        lambda v, c: [v.days, v.seconds, v.microseconds],
+        _decode_timedelta,
+    )
+    _builtin("datetime.timezone", (dt.timezone,), _encode_timezone, _decode_timezone)
+    _builtin(
+        "pathlib.Path",
+        (pathlib.PosixPath, pathlib.WindowsPath),
+        lambda v, c: str(v),
+        lambda p, c: pathlib.Path(_str_payload(p)),
+    )
+    _builtin(
+        "pathlib.PurePosixPath",
+        (pathlib.PurePosixPath,),
+        lambda v, c: str(v),
+        lambda p, c: pathlib.PurePosixPath(_str_payload(p)),
+    )
+    _builtin(
+        "pathlib.PureWindowsPath",
+        (pathlib.PureWindowsPath,),
+        lambda v, c: str(v),
+        lambda p, c: pathlib.PureWindowsPath(_str_payload(p)),
+    )
+    _builtin(
+        "argparse.Namespace",
+        (argparse.Namespace,),
+        lambda v, c: {k: c(x, f".{k}") for k, x in vars(v).items()},
+        lambda p, c: argparse.Namespace(**_decode_str_dict(p, c)),
+    )
+    _builtin(
+        "types.SimpleNamespace",
+        (types.SimpleNamespace,),
+        lambda v, c: {k: c(x, f".{k}") for k, x in vars(v).items()},
+        lambda p, c: types.SimpleNamespace(**_decode_str_dict(p, c)),
+    )
+    _builtin(
+        "decimal.Decimal",
+        (decimal.Decimal,),
+        lambda v, c: str(v),
+        lambda p, c: decimal.Decimal(_str_payload(p)),
+    )
+    _builtin(
+        "uuid.UUID", (uuid.UUID,), lambda v, c: str(v), lambda p, c: uuid.UUID(_str_payload(p))
+    )
+    _builtin("numpy.scalar", (), _encode_np_scalar, _decode_np_scalar)
+    _builtin("numpy.ndarray", (), _encode_np_array, _decode_np_array)
+
+
+def _parse_int(text: str) -> int:
+    neg = text.startswith("-")
+    body = text[1:] if neg else text
+    _expect(body.startswith("0x") and len(body) > 2, "big integers are written as 0x hex")
+    v = int(body[2:], 16)
+    return -v if neg else v
+
+
+def _decode_complex(p: Any, c: Any) -> complex:
+    _expect(isinstance(p, list) and len(p) == 2, "expected [real, imag]")
+    re_, im = p
+    _expect(all(type(x) in (int, float) for x in (re_, im)), "expected numbers")
+    return complex(re_, im)
+
+
+def _decode_timedelta(p: Any, c: Any) -> dt.timedelta:
+    _expect(
+        isinstance(p, list) and len(p) == 3 and all(type(x) is int for x in p),
+        "expected [days, seconds, microseconds]",
+    )
+    return dt.timedelta(days=p[0], seconds=p[1], microseconds=p[2])
+
+
+def _encode_timezone(v: dt.timezone, c: Any) -> Any:
+    off = v.utcoffset(None)
+    return [off.days * 86400 + off.seconds, off.microseconds]
+
+
+def _decode_timezone(p: Any, c: Any) -> dt.timezone:
+    _expect(
+        isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p),
+        "expected [seconds, microseconds]",
+    )
+    return dt.timezone(dt.timedelta(seconds=p[0], microseconds=p[1]))
+
+
+def _le(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def _encode_np_scalar(v: np.generic, c: Any) -> Any:
+    arr = np.asarray(v)
+    name = format_name(arr.dtype)
+    return [name, arr.astype(_le(arr.dtype)).tobytes().hex()]
+
+
+def _decode_np_scalar(p: Any, c: Any) -> Any:
+    _expect(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p),
+        "expected [dtype, hex bytes]",
+    )
+    dtype = _dtype(p[0])
+    raw = bytes.fromhex(p[1])
+    _expect(len(raw) == dtype.itemsize, f"{len(raw)} bytes for a {p[0]} scalar")
+    return np.frombuffer(raw, dtype=dtype)[0]
+
+
+def _encode_np_array(v: np.ndarray, c: Any) -> Any:
+    name = format_name(v.dtype)
+    data = np.ascontiguousarray(v.astype(_le(v.dtype), copy=False)).tobytes()
+    return [name, list(v.shape), base64.b64encode(data).decode()]
+
+
+def _decode_np_array(p: Any, c: Any) -> np.ndarray:
+    _expect(isinstance(p, list) and len(p) == 3, "expected [dtype, shape, base64 bytes]")
+    name, shape, text = p
+    _expect(isinstance(name, str) and isinstance(text, str), "expected [dtype, shape, bytes]")
+    _expect(
+        isinstance(shape, list)
+        and len(shape) <= 64
+        and all(type(n) is int and n >= 0 for n in shape),
+        "bad shape",
+    )
+    dtype = _dtype(name)
+    raw = base64.b64decode(text, validate=True)  # bounded by the entry's own size
+    _expect(
+        len(raw) == math.prod(shape) * dtype.itemsize,
+        f"{len(raw)} bytes for a {name} array of shape {shape}",
+    )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def _dtype(name: str) -> np.dtype:
+    try:
+        return numpy_dtype(name)
+    except UnsupportedDTypeError as e:
+        raise ValueError(str(e)) from None
+
+
+def _no_payload(value: Any, child: Any) -> Any:
+    raise AssertionError("a marker handler is never asked for a payload")  # pragma: no cover
+
+
+# markers of _Encoder.fallback_handler: a Mapping or list subclass (stored as a dict or list)
+# and a str/int/float subclass (stored as its base value), as JSON entries store them
+_MAPPING = _Handler("dict", _no_payload, _no_payload)
+_LIST = _Handler("list", _no_payload, _no_payload)
+_BASE_VALUE = _Handler("", _no_payload, _no_payload)
+
+_register_builtins()
