@@ -355,3 +355,25 @@ def test_hostile_deep_and_wide_documents(
     huge = b'{"v":1,"value":"' + b"a" * 1000 + b'"}'
     with pytest.raises(sp.CorruptCheckpointError, match="bytes a reader accepts"):
         sp.load_file(_hostile(tmp_path, huge))
+
+
+def test_state_dict_adapter_stores_objects(tmp_path: pathlib.Path) -> None:
+    """A trackable's state_dict() holding a set, a dataclass and a numpy scalar saves and
+    restores them (no longer refused as object arrays)."""
+
+    class Loader:
+        def __init__(self, state: dict[str, Any]) -> None:
+            self.state = state
+
+        def state_dict(self) -> dict[str, Any]:
+            return self.state
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.state = state
+
+    saved = {"seen": {"a", "b"}, "cfg": Optim(lr=0.5), "count": np.int32(3), "pos": 4}
+    path = sp.Checkpoint(loader=Loader(saved)).write(str(tmp_path / "c"))
+    back = Loader({})
+    with sp.safe_types([Optim]):
+        sp.Checkpoint(loader=back).read(path).assert_consumed()
+    assert back.state == saved and type(back.state["count"]) is np.int32

@@ -283,8 +283,9 @@ class RestoreCoordinator:
     def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
         """Check shape/dtype against the index (cheap), then read the value (lazy)."""
         info = self._info(key)
-        scalar = _numpy_scalar_entry(self.reader, key, info)
-        if scalar is not None:  # a numpy scalar saved by save_file: a 0-d tensor here
+        # a numpy scalar saved by save_file, restored into a variable: a 0-d tensor here
+        scalar = None if dtype is None else _numpy_scalar_entry(self.reader, key, info)
+        if scalar is not None:
             info = scalar[0]
         if dtype is not None:
             kind = getattr(info, "kind", "tensor")
@@ -629,8 +630,9 @@ def restore_by_name(reader: Any, root: Trackable) -> NameBasedLoadStatus:
                 missing.append(key)
                 continue
             info = reader.info(key)
-            scalar = _numpy_scalar_entry(reader, key, info)
-            if scalar is not None:  # a numpy scalar saved by save_file: a 0-d tensor here
+            # a numpy scalar saved by save_file, restored into a variable: a 0-d tensor here
+            scalar = None if spec is None else _numpy_scalar_entry(reader, key, info)
+            if scalar is not None:
                 info = scalar[0]
             if spec is not None and tuple(info.shape) != tuple(spec.shape):
                 raise ShapeMismatchError(

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import format_name
-from ..errors import UnsupportedDTypeError
+from ..errors import InvalidArgumentError, UnsupportedDTypeError
 from ..nested_keys import decode_key, flat_key, key_tag, put_leaf
+from ..objects import encode_object, has_handler
 from .errors import UnsaveableObjectError
 from .trackable import Trackable, ValueSpec, register_fallback_adapter
 
@@ -31,8 +32,8 @@ _SCALARS = (str, bytes, int, float, bool, type(None))
 def _default_to_numpy(leaf: Any) -> Any:
     if isinstance(leaf, _SCALARS):
         return leaf
-    if isinstance(leaf, np.generic):
-        return leaf
+    if isinstance(leaf, np.generic) or has_handler(leaf):
+        return leaf  # numpy scalars, sets, dataclasses...: object entries (FORMAT.md §6.1)
     return np.asarray(leaf)
 
 
@@ -141,6 +142,11 @@ def _storable(key: str, leaf: Any, to_numpy: Callable[[Any], Any]) -> Any:
             format_name(converted.dtype)
         except UnsupportedDTypeError as exc:
             raise UnsaveableObjectError(_leaf_message(key, leaf, str(exc))) from exc
+    elif has_handler(converted):
+        try:  # described completely, or refused now (naming the entry), before any write
+            encode_object(key, converted)
+        except (UnsupportedDTypeError, InvalidArgumentError) as exc:
+            raise UnsaveableObjectError(_leaf_message(key, leaf, str(exc))) from exc
     elif not isinstance(converted, _SCALARS):
         raise UnsaveableObjectError(
             _leaf_message(key, leaf, f"the adapter made a {type(converted).__name__} of it")
@@ -152,8 +158,9 @@ def _leaf_message(key: str, leaf: Any, why: str) -> str:
     return (
         f"state_dict() entry {key!r} is a {type(leaf).__module__}.{type(leaf).__qualname__}, "
         f"which the state-dict adapter cannot store ({why}). Only arrays of the format's "
-        "dtypes, numpy scalars, str, bytes, int, float, bool, None and dicts/lists/tuples of "
-        "them are stored; convert the entry in state_dict() or register an adapter for the "
+        "dtypes, numpy scalars, str, bytes, int, float, bool, None, dicts/lists/tuples of "
+        "them and the objects of FORMAT.md §6.1 (sets, dataclasses, enums...; other classes "
+        "after shardpoint.register_type) are stored; convert the entry in state_dict() or register an adapter for the "
         "object (register_trackable_adapter). Nothing was written."
     )
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.nn.parameter import is_lazy
 
+from ..objects import has_handler
 from ..objgraph.errors import UnsaveableObjectError
 from ..objgraph.state_dict_adapter import STRUCTURE_ATTRIBUTE, StateDictTrackable
 from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_builtin_adapter
@@ -254,6 +255,8 @@ class TorchStateDictTrackable(StateDictTrackable):
         if is_tensor:
             return tensor_to_numpy(leaf)
         if isinstance(leaf, str | bytes | int | float | bool | type(None) | np.generic):
+            return leaf
+        if has_handler(leaf):  # sets, dataclasses, enums...: object entries (FORMAT.md §6.1)
             return leaf
         return np.asarray(leaf)
 
