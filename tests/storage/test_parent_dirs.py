@@ -125,3 +125,17 @@ def test_errors_name_the_users_directory_not_a_temp_file(tmp_path: pathlib.Path)
         sp.export_hf(src, str(blocker / "sub" / "hf"))
     assert str(blocker / "sub") in str(e.value)
     assert sorted(os.listdir(tmp_path)) == ["file", "src.data-00000-of-00001", "src.index"]
+
+
+def test_single_file_save_creates_parents(tmp_path: pathlib.Path) -> None:
+    torch = pytest.importorskip("torch")
+    import shardpoint.torch as sptorch
+
+    f = tmp_path / "a" / "b" / "model.pt"  # the single-file form (FORMAT.md §10)
+    sptorch.save({"w": torch.ones(2)}, str(f))
+    assert f.is_file() and torch.equal(sptorch.load(str(f))["w"], torch.ones(2))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(sp.CheckpointIOError) as e:
+        sptorch.save({"w": torch.ones(2)}, str(blocker / "model.pt"))
+    assert str(blocker) in str(e.value) and ".tmp-" not in str(e.value)

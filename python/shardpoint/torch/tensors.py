@@ -38,9 +38,9 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..nested_keys import decode_key, key_tag, put_leaf
+from ..objects import has_handler
 from .file_objects import is_file_object, save_to_stream, stream_path
 from .locations import MapLocation, is_plain_device, place, saved_locations
-from ..objects import has_handler
 
 if TYPE_CHECKING:
     from ..async_save import SaveFuture
