@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 EXT_STAMP := $(VENV)/.ext-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+BROWSER_STAMP := $(VENV)/.browser-stamp
 RUST_SRC := $(shell find rust -name '*.rs') Cargo.toml rust/py/Cargo.toml
 
 .PHONY: bench-deps all venv develop demo test test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
@@ -68,7 +69,15 @@ fuzz-smoke:
 		rm -rf $$tmp $$tmp.log; \
 	done
 
-test-python: develop
+# The headless browser of the `shardpoint view` page test: Debian's chromium + chromedriver,
+# installed (as root, apt) when missing.
+$(BROWSER_STAMP):
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
+	touch $@
+
+test-python: develop $(BROWSER_STAMP)
 	SHARDPOINT_REQUIRE_OPTIONAL=1 $(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package

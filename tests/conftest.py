@@ -33,6 +33,8 @@ _REQUIRED_IN_CI = (
     "model_signing",
     # OmegaConf configs in checkpoints (FORMAT.md §6.1)
     "omegaconf",
+    # the view page's browser test
+    "selenium",
 )
 
 

@@ -576,6 +576,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- view ------------------------------------------------------------------------------------
+def cmd_view(args: argparse.Namespace) -> int:
+    """Write the self-contained HTML page of a checkpoint (and its change against B)."""
+    from .inspection.page import write_page
+
+    out = write_page(
+        args.path, args.output, other=args.other, stats=args.stats, progress=args.progress
+    )
+    _emit(f"wrote {out}")
+    if args.open:
+        import webbrowser
+
+        webbrowser.open("file://" + os.path.abspath(out))
+    return EXIT_OK
+
+
 # --- convert ---------------------------------------------------------------------------------
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
@@ -758,6 +774,24 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--no-fail", action="store_true", help="exit 0 even when NaN/Inf are found")
     st.set_defaults(func=cmd_stats)
+
+    vw = sub.add_parser(
+        "view",
+        parents=[common],
+        help="write a self-contained HTML page to browse a checkpoint (and its change vs B)",
+        description="Write one self-contained, offline HTML file: the key tree with shapes, dtypes, sizes and ratios, parameters per dtype, a treemap of bytes, health statistics (NaN/Inf flagged) and, with B, the change per layer. Nothing is served.",
+    )
+    vw.add_argument("path", metavar="PREFIX")
+    vw.add_argument("other", metavar="B", nargs="?", help="a second checkpoint to compare with")
+    vw.add_argument("-o", "--output", metavar="HTML", help="output file (default ./NAME.view.html)")
+    vw.add_argument(
+        "--stats",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compute health statistics into the page (default: when the checkpoint is under 4 GiB)",
+    )
+    vw.add_argument("--open", action="store_true", help="open the page in a browser")
+    vw.set_defaults(func=cmd_view)
 
     c = sub.add_parser(
         "convert",

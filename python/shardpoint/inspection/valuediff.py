@@ -45,6 +45,10 @@ class TensorChange:
     max_abs: float
     changed: int
     count: int
+    #: ||a|| and ||a - b|| over positions finite on both sides (0 when decided by crc), so
+    #: changes can be pooled per layer: sqrt(sum diff^2) / sqrt(sum a^2)
+    norm_a: float = 0.0
+    norm_diff: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         """JSON-able dict (infinities as the strings "inf")."""
@@ -102,8 +106,9 @@ def _compare(a: Source, b: Source, sa: Spec, sb: Spec) -> TensorChange:
     else:
         rel = math.sqrt(diff_sq) / math.sqrt(a_sq) if a_sq > 0 else math.inf
     return TensorChange(
-        sa.key, sa.dtype, sa.shape, changed == 0, "values", rel, max_abs, changed, count
-    )
+        sa.key, sa.dtype, sa.shape, changed == 0, "values", rel, max_abs, changed, count,
+        math.sqrt(a_sq), math.sqrt(diff_sq),
+    )  # fmt: skip
 
 
 def value_diff(
