@@ -64,7 +64,8 @@ def record(
     ROWS.append(row)
     print(
         f"  {framework:12s} {variant:28s} blocked {row['blocked']:7.2f} s  total "
-        f"{row['total']:7.2f} s  resume {resume:7.2f} s  {nbytes / 1e9:6.3f} GB",
+        f"{row['total']:7.2f} s  resume {resume:7.2f} s  {nbytes / 1e9:6.3f} GB  (blocked per "
+        f"save: {', '.join(f'{b:.2f}' for b in blocked)}; the first one also allocates buffers)",
         flush=True,
     )
 
