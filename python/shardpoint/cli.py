@@ -77,8 +77,15 @@ def human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+#: Widest a column is padded to: a longer cell (a long key) overflows its own line only,
+#: instead of padding every line of the table to its width.
+_MAX_COLUMN = 120
+#: Characters of a key shown in the ``ls`` table (``--json`` lists keys whole).
+_MAX_KEY_SHOWN = 1000
+
+
 def _table(rows: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [min(max(len(r[i]) for r in rows), _MAX_COLUMN) for i in range(len(rows[0]))]
     lines = []
     for r in rows:
         cells = [
@@ -133,9 +140,12 @@ def _print_entries(rows: list[dict[str, Any]], as_json: bool, what: str) -> None
         for r in rows:
             shape = _shape(r["shape"]) if r["shape"] is not None else "-"
             st = human(r["stored_bytes"]) if r["stored_bytes"] is not None else "-"
+            key = r["key"]
+            if len(key) > _MAX_KEY_SHOWN:  # a table line per 64 KiB key helps no reader
+                key = f"{key[:_MAX_KEY_SHOWN]}... ({len(key)} characters; --json shows all)"
             table.append(
                 [
-                    r["key"],
+                    key,
                     r["dtype"],
                     shape,
                     st,

@@ -17,7 +17,19 @@ import numpy as np
 
 from .errors import UnsupportedDTypeError
 
-__all__ = ["FORMAT_DTYPES", "PACKED_FP4", "numpy_dtype", "format_name", "safetensors_name"]
+__all__ = [
+    "FORMAT_DTYPES",
+    "PACKED_FP4",
+    "MAX_SHAPE_BYTES",
+    "numpy_dtype",
+    "format_name",
+    "safetensors_name",
+    "shape_problem",
+]
+
+#: Largest dimension, and largest byte size of a shape's non-zero dimensions, that numpy (and
+#: the Rust core, whose index check is the same) can represent: ``2^63 - 1`` (``npy_intp``).
+MAX_SHAPE_BYTES = 2**63 - 1
 
 _NUMPY_NAMES = {
     "bool": np.bool_,
@@ -150,3 +162,22 @@ def safetensors_name(name: str) -> str:
         return _SAFETENSORS[name]
     except KeyError:
         raise UnsupportedDTypeError(f"unknown dtype {name!r}") from None
+
+
+def shape_problem(shape: Any, bits: int) -> str | None:
+    """Why no array can have ``shape`` with elements of ``bits`` bits, or ``None`` if it can.
+
+    numpy refuses a dimension above ``2^63 - 1`` and non-zero dimensions whose byte size is
+    above it, *even when another dimension is 0* (``[0, 2^64 - 1]`` holds no bytes, yet
+    ``np.empty`` raises ``ValueError``), so a file declaring such a shape is damaged or hostile.
+    The product is capped as it grows: a hostile shape cannot make a huge number.
+    """
+    nbytes_bits = bits
+    for d in shape:
+        if d > MAX_SHAPE_BYTES:
+            return f"dimension {d} exceeds 2^63 - 1"
+        if d:
+            nbytes_bits *= d
+            if nbytes_bits > 8 * MAX_SHAPE_BYTES:
+                return "its non-zero dimensions hold more than 2^63 - 1 bytes"
+    return None

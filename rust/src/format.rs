@@ -358,10 +358,66 @@ pub fn slice_at<'a>(
     Ok(&base[off as usize..end as usize])
 }
 
-/// Product of dims times itemsize, `None` on overflow.
+/// Largest dimension and byte size a shape may have: `isize::MAX` on 64-bit targets, the limit
+/// of Rust slices and of numpy (`npy_intp`), which refuses larger dims even beside a zero.
+pub const MAX_SHAPE_BYTES: u64 = i64::MAX as u64;
+
+/// Product of dims times itemsize, or `None` when the shape cannot be represented: a dimension
+/// above [`MAX_SHAPE_BYTES`], or the product of the *non-zero* dims times itemsize above it.
+/// The product skips zeros on purpose: `[0, 2^64 - 1]` holds no bytes, yet no array library
+/// can build it (numpy raises "array is too big"), so it is refused like an overflow.
 pub fn raw_len(dims: &[u64], itemsize: usize) -> Option<u64> {
-    dims.iter()
-        .try_fold(itemsize as u64, |acc, &d| acc.checked_mul(d))
+    let mut nonzero = itemsize as u64;
+    let mut empty = false;
+    for &d in dims {
+        if d > MAX_SHAPE_BYTES {
+            return None;
+        }
+        if d == 0 {
+            empty = true;
+        } else {
+            nonzero = nonzero.checked_mul(d).filter(|&n| n <= MAX_SHAPE_BYTES)?;
+        }
+    }
+    Some(if empty { 0 } else { nonzero })
+}
+
+/// The bytes of each shard that no payload uses and the header does not hold: the padding
+/// after the header, the alignment gaps between payloads and anything after the last payload
+/// (FORMAT.md §2: all zero). `payloads` are `(shard, lo, hi)` sorted and non-overlapping;
+/// `shard_lens[s]` is shard `s`'s length. Returns `(shard, lo, hi)` ranges, in order.
+pub fn shard_gaps(payloads: &[(u32, u64, u64)], shard_lens: &[u64]) -> Vec<(u32, u64, u64)> {
+    let mut cur = vec![SHARD_HEADER_LEN as u64; shard_lens.len()];
+    let mut gaps = Vec::new();
+    let mut i = 0;
+    for (s, &len) in shard_lens.iter().enumerate() {
+        while i < payloads.len() && payloads[i].0 as usize == s {
+            let (_, lo, hi) = payloads[i];
+            if lo > cur[s] {
+                gaps.push((s as u32, cur[s], lo));
+            }
+            cur[s] = cur[s].max(hi);
+            i += 1;
+        }
+        if len > cur[s] {
+            gaps.push((s as u32, cur[s], len));
+        }
+    }
+    gaps
+}
+
+/// Offset of the first non-zero byte of `b`, if any (64 bytes at a time, an OR the compiler
+/// vectorizes: gaps are checked at memory speed).
+pub fn first_nonzero(b: &[u8]) -> Option<usize> {
+    let mut blocks = b.chunks_exact(64);
+    for (i, c) in (&mut blocks).enumerate() {
+        if c.iter().fold(0u8, |a, &x| a | x) != 0 {
+            return c.iter().position(|&x| x != 0).map(|p| 64 * i + p);
+        }
+    }
+    let rest = blocks.remainder();
+    let at = b.len() - rest.len();
+    rest.iter().position(|&x| x != 0).map(|p| at + p)
 }
 
 /// Number of chunks of a raw payload.
@@ -460,6 +516,20 @@ pub use crate::naming::{shard_name, valid_shard_name};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_len_refuses_shapes_no_array_can_hold() {
+        let max = i64::MAX as u64;
+        assert_eq!(raw_len(&[3, 4], 4), Some(48));
+        assert_eq!(raw_len(&[0, max], 1), Some(0));
+        assert_eq!(raw_len(&[max], 1), Some(max));
+        // empty, but numpy raises building them (a dim or the non-zero dims' bytes > 2^63-1)
+        assert_eq!(raw_len(&[0, u64::MAX], 1), None);
+        assert_eq!(raw_len(&[0, 1 << 63], 1), None);
+        assert_eq!(raw_len(&[1 << 61, 0, 2], 4), None);
+        assert_eq!(raw_len(&[0, max], 2), None);
+        assert_eq!(raw_len(&[1 << 32, 1 << 32], 1), None);
+    }
 
     #[test]
     fn dtype_tags_round_trip() {

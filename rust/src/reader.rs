@@ -182,6 +182,9 @@ pub struct Reader {
     index_file: PathBuf,
     index: IndexView<IndexBytes>,
     shards: Vec<ShardMap>,
+    /// A single-file checkpoint's own padding, `[lo, hi)` in the file (FORMAT.md §10: after
+    /// its header, between the shard and the index regions), checked to be zero by `verify`.
+    container_gaps: Vec<(u64, u64)>,
 }
 
 /// What a path given to [`Reader::open`] names.
@@ -352,6 +355,7 @@ impl Reader {
             index_file: ipath,
             index,
             shards,
+            container_gaps: Vec::new(),
         })
     }
 
@@ -423,6 +427,10 @@ impl Reader {
             index_file: path.to_path_buf(),
             index,
             shards: vec![shard],
+            container_gaps: vec![
+                (SINGLE_HEADER_LEN as u64, h.shard_off),
+                (h.shard_off + h.shard_len, h.index_off),
+            ],
         })
     }
 
@@ -1011,6 +1019,7 @@ impl Reader {
                 ));
             }
         }
+        self.verify_gaps(&ranges)?;
         // Entries in parallel; inside, large raw payloads and chunk lists are split again
         // (rayon nests), so one huge tensor still uses every core.
         let cancel = crate::cancel::current();
@@ -1023,5 +1032,58 @@ impl Reader {
             }
             self.verify_entry(&e)
         })
+    }
+
+    /// Check that every shard byte outside the header and the payloads is zero (FORMAT.md §2),
+    /// so that every byte of a shard is either checked by a crc or checked to be zero.
+    /// `ranges` are the payloads `(shard, lo, hi, entry)`, sorted and non-overlapping.
+    fn verify_gaps(&self, ranges: &[(u32, u64, u64, usize)]) -> Result<()> {
+        let payloads: Vec<(u32, u64, u64)> = ranges.iter().map(|r| (r.0, r.1, r.2)).collect();
+        let lens: Vec<u64> = self.shards.iter().map(|s| s.len()).collect();
+        let mut pieces = Vec::new();
+        for (s, lo, hi) in shard_gaps(&payloads, &lens) {
+            let mut a = lo;
+            while a < hi {
+                let b = hi.min(a + READ_PIECE as u64);
+                pieces.push((s, a, b));
+                a = b;
+            }
+        }
+        pieces.into_par_iter().try_for_each(|(s, a, b)| {
+            let shard = &self.shards[s as usize];
+            let mut buf = vec![0u8; (b - a) as usize];
+            shard.read_at(a, &mut buf)?;
+            match first_nonzero(&buf) {
+                None => Ok(()),
+                Some(p) => Err(Error::corrupt(
+                    &shard.path,
+                    shard.base + a + p as u64,
+                    "non-zero byte in the padding between payloads (FORMAT.md §2: gaps are zero)",
+                )),
+            }
+        })?;
+        // A single-file checkpoint's own padding (offsets in the file, not in its shard),
+        // read in bounded pieces (a hostile file may declare a huge gap).
+        for &(lo, hi) in &self.container_gaps {
+            use std::os::unix::fs::FileExt;
+            let shard = &self.shards[0];
+            let mut a = lo;
+            while a < hi {
+                let mut buf = vec![0u8; (hi - a).min(READ_PIECE as u64) as usize];
+                shard
+                    .file
+                    .read_exact_at(&mut buf, a)
+                    .map_err(|e| Error::io(&shard.path, "read single-file checkpoint", e))?;
+                if let Some(p) = first_nonzero(&buf) {
+                    return Err(Error::corrupt(
+                        &shard.path,
+                        a + p as u64,
+                        "non-zero byte in the single-file checkpoint's padding (FORMAT.md §10)",
+                    ));
+                }
+                a += buf.len() as u64;
+            }
+        }
+        Ok(())
     }
 }

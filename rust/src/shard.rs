@@ -99,7 +99,10 @@ impl Item<'_> {
             )));
         }
         let want = raw_len(&self.dims, self.dtype.itemsize()).ok_or_else(|| {
-            Error::InvalidArgument(format!("{:?}: shape {:?} overflows", self.key, self.dims))
+            Error::InvalidArgument(format!(
+                "{:?}: shape {:?} overflows (a dimension or the byte size exceeds 2^63 - 1)",
+                self.key, self.dims
+            ))
         })?;
         if want != self.data.len() as u64 {
             return Err(Error::InvalidArgument(format!(

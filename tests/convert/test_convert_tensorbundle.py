@@ -349,7 +349,8 @@ def test_truncated_index_is_corrupt_not_a_crash(tmp_path, cut):
         ("size", 7, "does not match shape"),
         ("shard", 5, "shard_id 5 out of range"),
         ("offset", 1 << 40, "run past the end"),
-        ("shape", (2**62, 2**62), "does not match shape"),
+        ("shape", (2**62, 2**62), "cannot be represented"),
+        ("shape", (0, 2**62, 2), "cannot be represented"),
         ("offset", -1, "negative"),
     ],
 )

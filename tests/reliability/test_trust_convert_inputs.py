@@ -39,9 +39,12 @@ def _framed(out: bytearray, block: bytes) -> bytes:
 
 
 def _hostile_index(first_key_len: int, entries: int) -> bytes:
-    """One data block: a long key, then ``entries`` keys each sharing all of the previous key
-    and adding one byte (4-6 bytes of input each, a key one byte longer each time)."""
-    blk = bytearray(_varint(0) + _varint(first_key_len) + _varint(0) + b"k" * first_key_len)
+    """One data block: the header entry, a long key, then ``entries`` keys each sharing all of
+    the previous key and adding one byte (4-6 bytes of input each, a key one byte longer each
+    time)."""
+    header = b"\x08\x01"  # BundleHeaderProto {num_shards: 1}
+    blk = bytearray(_varint(0) + _varint(0) + _varint(len(header)) + header)
+    blk += _varint(0) + _varint(first_key_len) + _varint(0) + b"k" * first_key_len
     for i in range(entries):
         blk += _varint(first_key_len + i) + _varint(1) + _varint(0) + b"z"
     blk += (0).to_bytes(4, "little") + (1).to_bytes(4, "little")  # one restart at 0

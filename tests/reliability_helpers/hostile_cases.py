@@ -258,6 +258,11 @@ CASES: dict[str, Case] = {
     "payloads_overlap": (_overlap, CORRUPT, "verify"),
     "shape_overflows": (_with(_overflow_dims), CORRUPT),
     "shape_mismatch": (_with(_set(0, dims=[3000, 2], inline_dims=False)), CORRUPT),
+    # empty shapes no array can hold: the product is 0, but numpy refuses a dimension above
+    # 2^63 - 1, or non-zero dims whose byte size is (it would raise ValueError, not ours)
+    "shape_zero_by_u64_max": (_with(_set(0, dims=[0, 2**64 - 1], payload=b"")), CORRUPT),
+    "shape_zero_by_2_63": (_with(_set(0, dims=[0, 2**63], payload=b"")), CORRUPT),
+    "shape_zero_bytes_past_isize": (_with(_set(0, dims=[2**61, 0, 2], payload=b"")), CORRUPT),
     "ndim_65": (_with(_set(1, dims=[1] * 64 + [3000 * 4 // 4], ndim=65)), CORRUPT),
     "dtype_tag_unknown": (_with(_set(0, dtype=99)), CORRUPT),
     "codec_tag_unknown": (_with(_set(0, codec=7)), CORRUPT),

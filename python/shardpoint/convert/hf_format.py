@@ -8,7 +8,9 @@ fault) instead of a crash:
 - the file holds at least the 8-byte little-endian header length; the header is at most 100 MB
   and fits in the file; it is UTF-8 JSON starting with ``{``, an object, with no duplicate key;
 - ``__metadata__``, when present, maps str to str;
-- every tensor names a known dtype, a shape of non-negative ints, and ``data_offsets``
+- every tensor names a known dtype, a shape of non-negative ints that numpy can represent (no
+  dimension, and no byte size of the non-zero dimensions, above ``2^63 - 1``: a stricter check
+  than the library's, which accepts ``[0, 2^64 - 1]``), and ``data_offsets``
   ``[begin, end]`` with ``begin <= end``; ``end - begin`` equals the shape's element count times
   the dtype size;
 - sorted by offset, the tensors tile the data area exactly: the first begins at 0, each begins
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import PureWindowsPath
 from typing import Any
 
+from ..dtypes import shape_problem
 from ..errors import CorruptCheckpointError, NotFoundError
 
 __all__ = [
@@ -116,6 +119,9 @@ def _record(path: str, key: str, raw: object, data_len: int) -> TensorRecord:
         raise _corrupt(path, f"unknown safetensors dtype {tag!r}", key)
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise _corrupt(path, f"shape {shape!r} is not a list of non-negative ints", key)
+    problem = shape_problem(shape, ST_BITS[tag])
+    if problem is not None:
+        raise _corrupt(path, f"shape {shape} of {tag} cannot be represented: {problem}", key)
     if (
         not isinstance(offs, list)
         or len(offs) != 2

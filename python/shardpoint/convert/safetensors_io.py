@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic_files import create_temp
-from ..dtypes import numpy_dtype
+from ..dtypes import numpy_dtype, shape_problem
 from ..errors import CorruptCheckpointError, NotFoundError
 from ..progress import progress_bar
 from .base import ConvertResult, Source, Spec
@@ -99,6 +99,12 @@ class SafetensorsSource(Source):
             if name is None:
                 self.notes.append(f"skipped {key!r}: safetensors dtype {tag} not supported")
                 continue
+            problem = shape_problem(shape, 8 * numpy_dtype(name).itemsize)
+            if problem is not None:
+                raise CorruptCheckpointError(
+                    f"{path}: key {key!r}: shape {list(shape)} of {tag} cannot be represented: "
+                    f"{problem}"
+                )
             nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(name).itemsize
             self._specs.append(Spec(key, name, shape, nbytes))
         self._by_key = {s.key: s for s in self._specs}

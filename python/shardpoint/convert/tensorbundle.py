@@ -33,12 +33,14 @@ from __future__ import annotations
 import math
 import mmap
 import os
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import _core
-from ..dtypes import numpy_dtype
+from ..dtypes import numpy_dtype, shape_problem
 from ..errors import (
     ChecksumMismatchError,
     CorruptCheckpointError,
@@ -69,11 +71,17 @@ _MAX_SHARDS = 1 << 20
 #: Longest key accepted (a shardpoint key holds at most 65535 bytes; TensorFlow's are short).
 _MAX_KEY_BYTES = 65535
 #: Keys are prefix-compressed, so a small hostile index can describe huge keys ("share all of
-#: the previous key, add one byte" over and over). The bytes of all keys materialised while
-#: parsing are bounded by this plus a multiple of the index size (real checkpoints stay far
-#: below: even 100k keys sharing long scopes expand by well under 10x).
+#: the previous key, add one byte" over and over). The bytes of all keys built while parsing
+#: (each key as it is expanded, and again the in-memory size of each key kept as a ``str``)
+#: are bounded by this plus a multiple of the index size (real checkpoints stay far below:
+#: even 100k keys sharing long scopes expand by well under 10x). Keys are streamed: only the
+#: keys of convertible entries stay in memory.
 _KEY_BYTES_BASE = 64 << 20
 _KEY_BYTES_PER_INDEX_BYTE = 32
+#: Skipped entries listed one by one in ``notes`` (the rest are counted in one last note), and
+#: characters of a key shown in a note or error (a hostile key may be 64 KiB long).
+_MAX_NOTES = 64
+_SHOWN_KEY_CHARS = 100
 
 #: TensorFlow DataType enum value -> shardpoint format dtype name (types.proto).
 TF_DTYPES: dict[int, str] = {
@@ -126,6 +134,14 @@ def unmask_crc(masked: int) -> int:
     """Inverse of :func:`mask_crc`."""
     rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+def _shown(key: str | bytes) -> str:
+    """``repr`` of a key for notes and errors, cut after :data:`_SHOWN_KEY_CHARS` characters."""
+    if len(key) <= _SHOWN_KEY_CHARS:
+        return repr(key)
+    unit = "characters" if isinstance(key, str) else "bytes"
+    return f"{key[:_SHOWN_KEY_CHARS]!r}... ({len(key)} {unit})"
 
 
 # --- bounds-checked primitive decoding ---------------------------------------------------------
@@ -197,7 +213,7 @@ def _fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int | bytes,
 
 
 # --- the bundle's messages ---------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BundleEntry:
     """One BundleEntryProto: where a tensor's bytes are and what they are."""
 
@@ -280,15 +296,27 @@ def is_tensorbundle_index(path: str | os.PathLike[str]) -> bool:
 
 @dataclass
 class _Table:
-    """Parsed SSTable: every (key, value) pair in order."""
+    """An SSTable being parsed: :meth:`items` yields every (key, value) pair in order, checked
+    as it goes, so that nothing but the current and previous key is held while parsing."""
 
     path: str
     buf: bytes
-    items: list[tuple[bytes, bytes]] = field(default_factory=list)
     #: key bytes that may still be materialised (see _KEY_BYTES_BASE)
     key_budget: int = 0
 
-    def parse(self) -> None:
+    def charge(self, nbytes: int, pos: int) -> None:
+        """Spend ``nbytes`` of the key budget (refusing the index when it runs out)."""
+        self.key_budget -= nbytes
+        if self.key_budget < 0:
+            raise _Corrupt(
+                "keys expand to more than "
+                f"{_KEY_BYTES_BASE + _KEY_BYTES_PER_INDEX_BYTE * len(self.buf)} bytes "
+                "(prefix compression abused: a hostile or corrupt index)",
+                pos,
+            )
+
+    def items(self) -> Iterator[tuple[bytes, bytes, int]]:
+        """(key, value, offset of its block) of every entry of the data blocks, in order."""
         n = len(self.buf)
         self.key_budget = _KEY_BYTES_BASE + _KEY_BYTES_PER_INDEX_BYTE * n
         if n < _FOOTER_LEN:
@@ -302,20 +330,22 @@ class _Table:
         idx_off, pos = _varint(self.buf, pos, n - 8)
         idx_size, pos = _varint(self.buf, pos, n - 8)
         index = self._block(idx_off, idx_size, foot)
+        handles = [handle for _sep, handle in self._block_entries(index, idx_off)]
+        del index
         prev_end = 0
-        for _sep, handle in self._block_entries(index, idx_off):
+        prev: bytes | None = None
+        for handle in handles:
             off, hp = _varint(handle, 0, len(handle))
             size, hp = _varint(handle, hp, len(handle))
             if off < prev_end:
                 raise _Corrupt("data blocks overlap or are out of order", idx_off)
             prev_end = off + size + _TRAILER_LEN
             block = self._block(off, size, idx_off)
-            prev = self.items[-1][0] if self.items else None
             for k, v in self._block_entries(block, off):
                 # checked entry by entry, so a bad table stops before it grows
                 if prev is not None and not prev < k:
-                    raise _Corrupt(f"keys out of order: {k[:60]!r} after {prev[:60]!r}", off)
-                self.items.append((k, v))
+                    raise _Corrupt(f"keys out of order: {_shown(k)} after {_shown(prev)}", off)
+                yield k, v, off
                 prev = k
 
     def _block(self, off: int, size: int, limit: int) -> bytes:
@@ -338,7 +368,7 @@ class _Table:
             )
         return block
 
-    def _block_entries(self, block: bytes, base: int) -> list[tuple[bytes, bytes]]:
+    def _block_entries(self, block: bytes, base: int) -> Iterator[tuple[bytes, bytes]]:
         n = len(block)
         if n < 4:
             raise _Corrupt("block shorter than its restart count", base)
@@ -346,7 +376,6 @@ class _Table:
         if restarts > (n - 4) // 4:
             raise _Corrupt(f"restart count {restarts} does not fit the block", base + n - 4)
         end = n - 4 - 4 * restarts
-        out: list[tuple[bytes, bytes]] = []
         key = b""
         pos = 0
         while pos < end:
@@ -362,26 +391,25 @@ class _Table:
             klen = shared + non_shared
             if klen > _MAX_KEY_BYTES:
                 raise _Corrupt(f"key of {klen} bytes (at most {_MAX_KEY_BYTES})", base + at)
-            self.key_budget -= klen
-            if self.key_budget < 0:
-                raise _Corrupt(
-                    "keys expand to more than "
-                    f"{_KEY_BYTES_BASE + _KEY_BYTES_PER_INDEX_BYTE * len(self.buf)} bytes "
-                    "(prefix compression abused: a hostile or corrupt index)",
-                    base + at,
-                )
+            self.charge(klen, base + at)
             key = key[:shared] + block[pos : pos + non_shared]
             pos += non_shared
-            out.append((key, block[pos : pos + vlen]))
+            yield key, block[pos : pos + vlen]
             pos += vlen
-        return out
 
 
 class TensorBundleReader:
     """The entries of a TensorFlow checkpoint and their bytes, read without TensorFlow.
 
     ``entries`` holds the tensors in key order; ``notes`` says what was left out and why
-    (string tensors such as the object graph, partitioned-variable slices, exotic dtypes).
+    (string tensors such as the object graph, partitioned-variable slices, exotic dtypes): one
+    note for each of the first 64 skipped entries (keys cut to 100 characters), then one note
+    counting the rest. ``skipped`` holds those first entries, ``skipped_count`` counts all.
+
+    Memory is bounded by the index size ``n`` whatever the index holds: the keys built while
+    parsing (expanded bytes, then the kept ``str`` keys) by ``64 MiB + 32 n`` (beyond it the
+    index is refused), and everything else the parser keeps (one small record per convertible
+    entry, at least 12 index bytes each) by a small multiple of ``n`` (docs/RELIABILITY.md).
     """
 
     def __init__(self, prefix: str | os.PathLike[str]) -> None:
@@ -390,6 +418,7 @@ class TensorBundleReader:
         self.notes: list[str] = []
         self.entries: dict[str, BundleEntry] = {}
         self.skipped: dict[str, BundleEntry] = {}
+        self.skipped_count = 0
         self._maps: dict[int, tuple[mmap.mmap | None, int]] = {}
         try:
             size = os.path.getsize(self.index_path)
@@ -403,18 +432,19 @@ class TensorBundleReader:
             raise NotFoundError(f"{self.index_path}: not found") from e
         table = _Table(self.index_path, buf)
         try:
-            table.parse()
-            self._load(table.items)
+            self._load(table)
         except _Corrupt as e:
             raise CorruptCheckpointError(
                 f"{self.index_path}: corrupt TensorBundle index at offset {e.pos}: {e}"
             ) from None
 
-    def _load(self, items: list[tuple[bytes, bytes]]) -> None:
-        if not items or items[0][0] != b"":
+    def _load(self, table: _Table) -> None:
+        items = table.items()
+        first = next(items, None)
+        if first is None or first[0] != b"":
             raise _Corrupt("missing BundleHeaderProto (the entry under key '')", 0)
         self.num_shards, endianness = 0, 0
-        for num, wire, value, _ in _fields(items[0][1], 0, len(items[0][1])):
+        for num, wire, value, _ in _fields(first[1], 0, len(first[1])):
             if num == 1 and wire == 0 and isinstance(value, int):
                 self.num_shards = _signed64(value)
             elif num == 2 and wire == 0 and isinstance(value, int):
@@ -425,22 +455,58 @@ class TensorBundleReader:
             raise UnsupportedFormatError(
                 f"{self.index_path}: big-endian TensorBundle checkpoints are not supported"
             )
-        for raw_key, value in items[1:]:
+        for raw_key, value, block_off in items:
             try:
                 key = raw_key.decode("utf-8")
             except UnicodeDecodeError:
                 key = ""
             if not key or "\0" in key:
                 # Partitioned variables store each slice under an OrderedCode-encoded binary key.
-                self.notes.append(f"skipped slice entry {raw_key[:40]!r} (partitioned variable)")
+                self._skip(f"skipped slice entry {_shown(raw_key)} (partitioned variable)")
                 continue
             entry = _parse_entry(key, value)
             reason = self._unsupported(entry)
             if reason:
-                self.skipped[key] = entry
-                self.notes.append(f"skipped {key!r}: {reason}")
+                if self._skip(f"skipped {_shown(key)}: {reason}"):
+                    table.charge(sys.getsizeof(key), block_off)
+                    self.skipped[key] = entry
             else:
+                # the kept key, as Python holds it (up to 4 bytes per character)
+                table.charge(sys.getsizeof(key), block_off)
                 self.entries[key] = entry
+        if self.skipped_count > _MAX_NOTES:
+            self.notes.append(
+                f"... and {self.skipped_count - _MAX_NOTES} more skipped entries (not listed)"
+            )
+
+    def find_entry(self, key: str) -> BundleEntry | None:
+        """The index entry of ``key`` whether converted or skipped, or ``None``. ``skipped``
+        keeps only the first skipped entries, so a later one is found by reading the index
+        again (streamed, under the same key budget)."""
+        if key in self.entries:
+            return self.entries[key]
+        if key in self.skipped:
+            return self.skipped[key]
+        wanted = key.encode("utf-8")
+        with open(self.index_path, "rb") as f:
+            table = _Table(self.index_path, f.read(_MAX_INDEX_BYTES + 1))
+        try:
+            for raw_key, value, _ in table.items():
+                if raw_key == wanted:
+                    return _parse_entry(key, value)
+        except _Corrupt as e:
+            raise CorruptCheckpointError(
+                f"{self.index_path}: corrupt TensorBundle index at offset {e.pos}: {e}"
+            ) from None
+        return None
+
+    def _skip(self, note: str) -> bool:
+        """Count a skipped entry; note it while fewer than :data:`_MAX_NOTES` were (True)."""
+        self.skipped_count += 1
+        if self.skipped_count > _MAX_NOTES:
+            return False
+        self.notes.append(note)
+        return True
 
     def _unsupported(self, e: BundleEntry) -> str | None:
         if e.dtype == DT_STRING:
@@ -459,13 +525,20 @@ class TensorBundleReader:
             return "tensor of unknown rank"
         if not 0 <= e.shard_id < self.num_shards:
             raise CorruptCheckpointError(
-                f"{self.index_path}: key {e.key!r}: shard_id {e.shard_id} out of range "
+                f"{self.index_path}: key {_shown(e.key)}: shard_id {e.shard_id} out of range "
                 f"(num_shards {self.num_shards})"
             )
-        want = math.prod(e.shape) * numpy_dtype(TF_DTYPES[e.dtype]).itemsize
+        itemsize = numpy_dtype(TF_DTYPES[e.dtype]).itemsize
+        problem = shape_problem(e.shape, 8 * itemsize)
+        if problem is not None:
+            raise CorruptCheckpointError(
+                f"{self.index_path}: key {_shown(e.key)}: shape {list(e.shape)} cannot be "
+                f"represented: {problem}"
+            )
+        want = math.prod(e.shape) * itemsize
         if want != e.size:
             raise CorruptCheckpointError(
-                f"{self.index_path}: key {e.key!r}: size {e.size} does not match shape "
+                f"{self.index_path}: key {_shown(e.key)}: size {e.size} does not match shape "
                 f"{list(e.shape)} of {TF_DTYPES[e.dtype]} ({want} bytes)"
             )
         return None
@@ -500,7 +573,7 @@ class TensorBundleReader:
         m, size = self._map(e.shard_id)
         if e.offset + e.size > size:
             raise CorruptCheckpointError(
-                f"{self.shard_path(e.shard_id)}: key {key!r}: bytes [{e.offset}, "
+                f"{self.shard_path(e.shard_id)}: key {_shown(key)}: bytes [{e.offset}, "
                 f"{e.offset + e.size}) run past the end of the file ({size} bytes)"
             )
         dt = numpy_dtype(TF_DTYPES[e.dtype])
@@ -508,12 +581,14 @@ class TensorBundleReader:
         if verify and crc32c(raw) != self.expected_crc32c(key):
             raise ChecksumMismatchError(
                 f"{self.shard_path(e.shard_id)}: checksum mismatch at offset {e.offset} "
-                f"(key {key!r}): stored 0x{self.expected_crc32c(key):08x}, "
+                f"(key {_shown(key)}): stored 0x{self.expected_crc32c(key):08x}, "
                 f"computed 0x{crc32c(raw):08x}"
             )
         arr = np.frombuffer(raw, dtype=dt).reshape(e.shape)
         if e.dtype == 10 and arr.size and int(arr.view(np.uint8).max()) > 1:
-            raise CorruptCheckpointError(f"{self.index_path}: key {key!r}: bool bytes not 0/1")
+            raise CorruptCheckpointError(
+                f"{self.index_path}: key {_shown(key)}: bool bytes not 0/1"
+            )
         return arr
 
     def close(self) -> None:

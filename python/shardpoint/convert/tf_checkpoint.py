@@ -31,16 +31,7 @@ from ..objgraph.checkpoint_state import latest_checkpoint
 from ..objgraph.errors import DTypeMismatchError
 from ..objgraph.restore import CheckpointLoadStatus, RestoreCoordinator
 from ..objgraph.trackable import Trackable
-from .tensorbundle import (
-    TF_DTYPES,
-    BundleEntry,
-    TensorBundleReader,
-    _Corrupt,
-    _parse_entry,
-    _Table,
-    crc32c,
-    unmask_crc,
-)
+from .tensorbundle import TF_DTYPES, BundleEntry, TensorBundleReader, crc32c, unmask_crc
 from .tf_object_graph import MAX_GRAPH_BYTES, parse_object_graph_proto
 
 __all__ = [
@@ -77,19 +68,7 @@ def _skipped_entry(reader: TensorBundleReader, key: str) -> BundleEntry | None:
     entry = reader.skipped.get(key)
     if entry is not None or key in reader.entries:
         return entry
-    try:
-        with open(reader.index_path, "rb") as f:
-            table = _Table(reader.index_path, f.read())
-        table.parse()
-        wanted = key.encode("utf-8")
-        for raw_key, value in table.items:
-            if raw_key == wanted:
-                return _parse_entry(key, value)
-    except _Corrupt as e:
-        raise CorruptCheckpointError(
-            f"{reader.index_path}: corrupt TensorBundle index at offset {e.pos}: {e}"
-        ) from None
-    return None
+    return reader.find_entry(key)
 
 
 def _read_string_scalar(reader: TensorBundleReader, key: str) -> bytes:

@@ -524,8 +524,12 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             a += 8 * ndim as u64;
             d.chunks_exact(8).map(|c| le_u64(c, 0)).collect()
         };
-        let raw_len =
-            raw_len(&dims, itemsize).ok_or_else(|| bad(format!("shape {dims:?} overflows")))?;
+        let raw_len = raw_len(&dims, itemsize).ok_or_else(|| {
+            bad(format!(
+                "shape {dims:?} of {itemsize}-byte items overflows (a dimension or the byte \
+                     size of its non-zero dimensions exceeds 2^63 - 1)"
+            ))
+        })?;
         if kind != Kind::Tensor && (dtype != DType::U8 || ndim != 1) {
             return Err(bad("typed entries must be 1-d uint8".into()));
         }
@@ -607,6 +611,43 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             }
         }
         self.metadata_bytes()?;
+        self.verify_section_gaps()
+    }
+
+    /// Check that the bytes between the index's sections (alignment padding, unused space
+    /// after the shard records) are zero: every byte of the index is then either covered by a
+    /// crc, checked field by field, or checked to be zero.
+    fn verify_section_gaps(&self) -> Result<()> {
+        let h = &self.h;
+        let b = self.b();
+        let nblocks = h.entry_count.div_ceil(BLOCK_ENTRIES as u64);
+        // (start, end) of every section, in file order (checked in order at open)
+        let secs = [
+            (
+                h.shards_off,
+                h.shards_off + h.shard_count as u64 * SHARD_REC as u64,
+            ),
+            (h.blocks_off, h.blocks_off + nblocks * BLOCK_REC as u64),
+            (
+                h.entries_off,
+                h.entries_off + h.entry_count * ENTRY_REC as u64,
+            ),
+            (h.keys_off, h.keys_off + h.keys_len),
+            (h.aux_off, h.aux_off + h.aux_len),
+            (h.meta_off, h.meta_off + h.meta_len),
+        ];
+        let mut pos = INDEX_HEADER_LEN as u64;
+        let footer = b.len() as u64 - INDEX_FOOTER_LEN as u64;
+        for (lo, hi) in secs.into_iter().chain([(footer, footer)]) {
+            if let Some(p) = first_nonzero(&b[pos as usize..lo as usize]) {
+                return Err(Error::corrupt(
+                    &self.path,
+                    pos + p as u64,
+                    "non-zero byte between index sections (padding must be zero)",
+                ));
+            }
+            pos = hi;
+        }
         Ok(())
     }
 }

@@ -544,6 +544,7 @@ impl RemoteReader {
                 ));
             }
         }
+        self.verify_gaps(&ranges)?;
         // Batches of ~1 GiB stored bytes keep memory bounded on huge checkpoints.
         let mut i = 0;
         while i < n {
@@ -556,6 +557,45 @@ impl RemoteReader {
                 i += 1;
             }
             self.read_many(&es)?;
+        }
+        Ok(())
+    }
+}
+
+impl RemoteReader {
+    /// Check that every shard byte outside the header and the payloads is zero (FORMAT.md §2),
+    /// fetching the gaps (coalesced, in batches of bounded size).
+    fn verify_gaps(&self, ranges: &[(u32, u64, u64, usize)]) -> Result<()> {
+        let payloads: Vec<Span> = ranges.iter().map(|r| (r.0, r.1, r.2)).collect();
+        let lens: Vec<u64> = self.shards.iter().map(|s| s.file_len).collect();
+        let mut pieces = Vec::new();
+        for (s, lo, hi) in crate::format::shard_gaps(&payloads, &lens) {
+            let mut a = lo;
+            while a < hi {
+                let b = hi.min(a + VERIFY_BATCH);
+                pieces.push((s, a, b));
+                a = b;
+            }
+        }
+        let mut i = 0;
+        while i < pieces.len() {
+            let mut n = 0;
+            let mut total = 0u64;
+            while i + n < pieces.len() && (n == 0 || total < VERIFY_BATCH) {
+                total += pieces[i + n].2 - pieces[i + n].1;
+                n += 1;
+            }
+            let batch = &pieces[i..i + n];
+            for ((s, a, _), got) in batch.iter().zip(self.fetch(batch)?) {
+                if let Some(p) = crate::format::first_nonzero(&got) {
+                    return Err(Error::corrupt(
+                        &self.shards[*s as usize].url,
+                        a + p as u64,
+                        "non-zero byte in the padding between payloads (FORMAT.md §2: gaps are zero)",
+                    ));
+                }
+            }
+            i += n;
         }
         Ok(())
     }
