@@ -404,7 +404,8 @@ class TensorBundleReader:
     ``entries`` holds the tensors in key order; ``notes`` says what was left out and why
     (string tensors such as the object graph, partitioned-variable slices, exotic dtypes): one
     note for each of the first 64 skipped entries (keys cut to 100 characters), then one note
-    counting the rest. ``skipped`` holds those first entries, ``skipped_count`` counts all.
+    counting the rest. ``skipped`` holds every skipped entry (string tensors are read from
+    there), ``skipped_count`` counts them with the partitioned-variable slices.
 
     Memory is bounded by the index size ``n`` whatever the index holds: the keys built while
     parsing (expanded bytes, then the kept ``str`` keys) by ``64 MiB + 32 n`` (beyond it the
@@ -467,9 +468,9 @@ class TensorBundleReader:
             entry = _parse_entry(key, value)
             reason = self._unsupported(entry)
             if reason:
-                if self._skip(f"skipped {_shown(key)}: {reason}"):
-                    table.charge(sys.getsizeof(key), block_off)
-                    self.skipped[key] = entry
+                self._skip(f"skipped {_shown(key)}: {reason}")
+                table.charge(sys.getsizeof(key), block_off)
+                self.skipped[key] = entry
             else:
                 # the kept key, as Python holds it (up to 4 bytes per character)
                 table.charge(sys.getsizeof(key), block_off)
@@ -480,9 +481,9 @@ class TensorBundleReader:
             )
 
     def find_entry(self, key: str) -> BundleEntry | None:
-        """The index entry of ``key`` whether converted or skipped, or ``None``. ``skipped``
-        keeps only the first skipped entries, so a later one is found by reading the index
-        again (streamed, under the same key budget)."""
+        """The index entry of ``key`` whether converted or skipped, or ``None`` (a slice
+        entry's binary key, or a key not in the index: then the index is read again,
+        streamed, under the same key budget)."""
         if key in self.entries:
             return self.entries[key]
         if key in self.skipped:
@@ -500,13 +501,11 @@ class TensorBundleReader:
             ) from None
         return None
 
-    def _skip(self, note: str) -> bool:
-        """Count a skipped entry; note it while fewer than :data:`_MAX_NOTES` were (True)."""
+    def _skip(self, note: str) -> None:
+        """Count a skipped entry; note it while fewer than :data:`_MAX_NOTES` were."""
         self.skipped_count += 1
-        if self.skipped_count > _MAX_NOTES:
-            return False
-        self.notes.append(note)
-        return True
+        if self.skipped_count <= _MAX_NOTES:
+            self.notes.append(note)
 
     def _unsupported(self, e: BundleEntry) -> str | None:
         if e.dtype == DT_STRING:
