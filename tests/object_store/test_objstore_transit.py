@@ -232,10 +232,12 @@ def test_transit_bit_flips_never_return_wrong_values(moto, bucket: str, proxy: P
                     got = api(url, opts)
                 except CorruptCheckpointError as e:
                     flipped = list(proxy.flipped)
-                    # a payload's damage is a checksum mismatch; a shard header's (verify)
-                    # may fail its magic or version check before its crc is compared
-                    in_header = _checked_byte(headers, flipped[0])
-                    assert isinstance(e, ChecksumMismatchError) or in_header, (name, e)
+                    # a payload's damage is a checksum mismatch; damage that verify finds in
+                    # a shard header (magic, version) or in padding (not zero) is structural
+                    in_payload = _checked_byte(payloads, flipped[0]) and not _checked_byte(
+                        headers, flipped[0]
+                    )
+                    assert isinstance(e, ChecksumMismatchError) or not in_payload, (name, e)
                     tally["raised"] += 1
                     continue
                 finally:
@@ -243,7 +245,9 @@ def test_transit_bit_flips_never_return_wrong_values(moto, bucket: str, proxy: P
                     proxy.flip_ranged_get(None)
                 assert len(flipped) == 1, f"{name}: GET {nth} was not damaged ({flipped})"
                 assert _equal(got, want), f"{name}: WRONG VALUES after transit damage {flipped}"
-                assert not _checked_byte(payloads, flipped[0]), (
+                # (verify's GETs of the padding are coalesced across the payloads between,
+                # whose bytes there it ignores: it checks them in their own GETs)
+                assert name == "verify" or not _checked_byte(payloads, flipped[0]), (
                     f"{name}: a damaged payload byte went unnoticed ({flipped[0]})"
                 )
                 tally["harmless"] += 1
