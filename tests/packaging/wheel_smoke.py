@@ -101,6 +101,17 @@ def cli(prefix: Path) -> None:
         )
     ls = subprocess.run([str(exe), "ls", str(prefix)], capture_output=True, text=True, timeout=120)
     assert "w" in ls.stdout, ls.stdout
+    # The page is a packaged data file (inspection/view.html), not a module: check it shipped.
+    page = prefix.parent / "view.html"
+    out = subprocess.run(
+        [str(exe), "view", str(prefix), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, f"shardpoint view exited {out.returncode}: {out.stderr}"
+    html = page.read_text()
+    assert "<html" in html.lower() and '"w"' in html, html[:500]
 
 
 def demo() -> None:
@@ -244,7 +255,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         step("save/load round trip")
         prefix = roundtrip(Path(d))
-        step("console script: ls, info, verify")
+        step("console script: ls, info, verify, view")
         cli(prefix)
     step("python -m shardpoint.demo --scale 0.01")
     demo()
