@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
@@ -55,3 +57,14 @@ def pytest_sessionstart(session: object) -> None:
             "SHARDPOINT_REQUIRE_OPTIONAL=1 but these test dependencies do not import: "
             + ", ".join(missing)
         )
+
+
+@pytest.fixture(autouse=True)
+def _torch_deterministic_mode_reset():
+    """Lightning's ``Trainer(deterministic=True)`` (in-process runs in tests/integrations) turns
+    on torch's deterministic algorithms for the whole process, and then ``torch.empty`` of
+    float4 dtypes raises in every later test. Give each test torch's default back."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(False)

@@ -13,6 +13,7 @@ reads with ``pread`` (it never maps).
 from __future__ import annotations
 
 import os
+import re
 
 from .errors import InvalidArgumentError
 
@@ -41,24 +42,34 @@ NETWORK_FS_TYPES = frozenset(
 )
 
 
+# Mount points escape space, tab, newline and backslash as 3-digit octal (\040).
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path field as a str comparable with os.path.realpath's (bytes unescaped,
+    then decoded as the OS decodes file names; no codec module is looked up lazily, which an
+    unprivileged process may be unable to import)."""
+    return os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field))
+
+
 def fs_type(path: str | os.PathLike[str]) -> str | None:
     """The type of the file system holding ``path`` (``ext4``, ``nfs4``, ``fuse.s3fs`` ...),
     from the mount whose mount point is the longest prefix of its real path; ``None`` when
-    unknown (no ``/proc/self/mountinfo``)."""
+    unknown (no readable ``/proc/self/mountinfo``)."""
     real = os.path.realpath(os.fspath(path))
     best, best_type = "", None
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        with open("/proc/self/mountinfo", "rb") as f:
             for line in f:
-                left, sep, right = line.partition(" - ")
+                left, sep, right = line.partition(b" - ")
                 fields = left.split()
-                if not sep or len(fields) < 5 or not right:
+                if not sep or len(fields) < 5 or not right.split():
                     continue
-                # Mount points escape spaces and a few others as octal (\040).
-                point = fields[4].encode().decode("unicode_escape")
+                point = _unescape(fields[4])
                 inside = real == point or real.startswith(point.rstrip("/") + "/")
                 if inside and len(point) >= len(best):
-                    best, best_type = point, right.split()[0]
+                    best, best_type = point, os.fsdecode(right.split()[0])
     except OSError:
         return None
     return best_type

@@ -196,17 +196,23 @@ def test_read_only_directory(tmp_path) -> None:
 
 
 def test_missing_directory(tmp_path) -> None:
+    """Reads under a directory that does not exist raise NotFoundError naming the path; saves
+    create the missing parents (issue 22, as TensorFlow's Checkpoint.save and Orbax do)."""
     missing = str(tmp_path / "no" / "such" / "dir" / "ck")
     with pytest.raises(sp.NotFoundError) as ei:
-        sp.save_file({"x": np.arange(3)}, missing)
+        sp.open(missing)
     assert isinstance(ei.value, FileNotFoundError) and str(tmp_path) in str(ei.value)
     with pytest.raises(sp.NotFoundError):
-        sp.open(missing)
-    with pytest.raises(sp.NotFoundError):
-        sp.Writer(missing)
+        sp.load_file(missing)
     with pytest.raises(sp.NotFoundError):
         sp.merge(missing, 2)
     assert sp.latest_checkpoint(os.path.dirname(missing)) is None
+    sp.save_file({"x": np.arange(3)}, missing)
+    assert np.array_equal(sp.load_file(missing)["x"], np.arange(3))
+    other = str(tmp_path / "other" / "dir" / "ck")
+    with sp.Writer(other) as w:
+        w.add("y", np.ones(2))
+    assert np.array_equal(sp.load_file(other)["y"], np.ones(2))
     _count("missing_dir")
 
 
