@@ -45,6 +45,9 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations._deepspeed_engine": "deepspeed",
     "shardpoint.signing": "signing",
 }
+# Modules imported only when a value of their package is saved or read (shardpoint/__init__
+# declares them lazily): the user already has that package, so no extra installs it.
+ACTIVATED_BY_VALUES: dict[str, str] = {"shardpoint.omegaconf_objects": "omegaconf"}
 # The extras the docs name (README, docs/*.md): each must exist in the wheel's metadata.
 DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes")
 # Frameworks an extra must make importable (checked after installing every extra).
@@ -226,6 +229,8 @@ def check_extras(pkg: Path) -> None:
         extra = extra_of(module)
         allowed = base | (closure("shardpoint", (extra,)) if extra else set())
         for top in sorted(third_party_imports(path)):
+            if ACTIVATED_BY_VALUES.get(module) == top:
+                continue
             dists = prov.get(top)
             if not dists:
                 problems.append(
