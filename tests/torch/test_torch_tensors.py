@@ -232,3 +232,22 @@ def test_import_shardpoint_does_not_import_torch():
         "    assert 'shardpoint[torch]' in str(e), e\nelse:\n    raise SystemExit('no error')"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shared_storage_loads_under_deterministic_algorithms(tmp_path):
+    """torch.use_deterministic_algorithms(True) (Lightning's deterministic=True) makes
+    torch.empty fill new memory, which float4 does not implement: rebuilding views that share
+    one storage must not depend on it."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for dt in (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.bfloat16, torch.float32):
+            base = torch.arange(32, dtype=torch.uint8).view(dt)
+            p = str(tmp_path / f"{str(dt).split('.')[-1]}.pt")
+            spt.save({"a": base, "b": base[1:3]}, p)
+            out = spt.load(p)
+            assert torch.equal(out["a"].view(torch.uint8), base.view(torch.uint8)), dt
+            assert torch.equal(out["b"].view(torch.uint8), base[1:3].view(torch.uint8)), dt
+            assert out["b"].untyped_storage().data_ptr() == out["a"].untyped_storage().data_ptr()
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -329,7 +329,9 @@ def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.
         if key not in out:
             continue
         src = out[key]
-        view = torch.empty(0, dtype=src.dtype, device=device)
+        # Not torch.empty: with torch.use_deterministic_algorithms(True) (Lightning's
+        # deterministic=True) it fills new memory, which float4 dtypes do not implement.
+        view = torch.tensor([], dtype=torch.uint8, device=device).view(src.dtype)
         offset = int(rec["byte_offset"])
         if offset % src.element_size():
             raise InvalidArgumentError(f"key {key!r}: stored view offset is not element-aligned")
