@@ -128,7 +128,9 @@ class _ChildHolder(Trackable):
         self._held: dict[str, Trackable] = {}
 
     def _items(self) -> Iterator[tuple[str, Any]]:
-        raise NotImplementedError
+        """(name, value) pairs of the wrapped object: each subclass says where they live
+        (a Keras object's attributes, a list's indices, a dict's keys)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _items()")
 
     def _owner(self) -> KerasObjectAdapter | None:
         return self._owner_ref() if self._owner_ref is not None else None
