@@ -435,6 +435,48 @@ pub struct ShardHeader {
     pub shard_count: u32,
 }
 
+/// The checks every fixed header starts with, in this order (FORMAT.md §2): its magic (bytes
+/// 0..8), the crc32c of everything before `crc_at` (stored at `crc_at`), then the format
+/// version (bytes 8..12). The version is read only once the crc vouches for it, so a damaged
+/// header is reported as damage, not as an unknown version. `b` is the whole header; returns
+/// its stored (and checked) crc.
+fn check_preamble(
+    b: &[u8],
+    path: &Path,
+    magic: &[u8; 8],
+    crc_at: usize,
+    file_kind: &str,
+    header_name: &str,
+) -> Result<u32> {
+    if &b[0..8] != magic {
+        return Err(Error::corrupt(
+            path,
+            0,
+            format!("not a shardpoint {file_kind} (bad magic)"),
+        ));
+    }
+    let stored = le_u32(b, crc_at);
+    let actual = crc(&b[..crc_at]);
+    if stored != actual {
+        return Err(Error::Checksum {
+            path: path.to_path_buf(),
+            offset: 0,
+            what: header_name.into(),
+            expected: stored,
+            actual,
+        });
+    }
+    let version = le_u32(b, 8);
+    if version != FORMAT_VERSION {
+        return Err(Error::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(stored)
+}
+
 impl ShardHeader {
     /// Encode into the 64-byte header; returns the bytes and their crc.
     pub fn encode(&self) -> ([u8; SHARD_HEADER_LEN], u32) {
@@ -463,32 +505,14 @@ impl ShardHeader {
             ));
         }
         let b = &bytes[..SHARD_HEADER_LEN];
-        if &b[0..8] != SHARD_MAGIC {
-            return Err(Error::corrupt(
-                path,
-                0,
-                "not a shardpoint shard file (bad magic)",
-            ));
-        }
-        let stored = le_u32(b, SHARD_HEADER_CRC_AT);
-        let actual = crc(&b[..SHARD_HEADER_CRC_AT]);
-        if stored != actual {
-            return Err(Error::Checksum {
-                path: path.to_path_buf(),
-                offset: 0,
-                what: "shard header".into(),
-                expected: stored,
-                actual,
-            });
-        }
-        let version = le_u32(b, 8);
-        if version != FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion {
-                path: path.to_path_buf(),
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
+        let stored = check_preamble(
+            b,
+            path,
+            SHARD_MAGIC,
+            SHARD_HEADER_CRC_AT,
+            "shard file",
+            "shard header",
+        )?;
         if le_u32(b, 12) as usize != SHARD_HEADER_LEN {
             return Err(Error::corrupt(path, 12, "shard header_len is not 64"));
         }
@@ -641,32 +665,14 @@ impl SingleHeader {
             ));
         }
         let b = &bytes[..SINGLE_HEADER_LEN];
-        if &b[0..8] != SINGLE_MAGIC {
-            return Err(Error::corrupt(
-                path,
-                0,
-                "not a shardpoint single-file checkpoint (bad magic)",
-            ));
-        }
-        let stored = le_u32(b, SINGLE_HEADER_CRC_AT);
-        let actual = crc(&b[..SINGLE_HEADER_CRC_AT]);
-        if stored != actual {
-            return Err(Error::Checksum {
-                path: path.to_path_buf(),
-                offset: 0,
-                what: "single-file header".into(),
-                expected: stored,
-                actual,
-            });
-        }
-        let version = le_u32(b, 8);
-        if version != FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion {
-                path: path.to_path_buf(),
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
+        let stored = check_preamble(
+            b,
+            path,
+            SINGLE_MAGIC,
+            SINGLE_HEADER_CRC_AT,
+            "single-file checkpoint",
+            "single-file header",
+        )?;
         if le_u32(b, 12) as usize != SINGLE_HEADER_LEN || b[56..60].iter().any(|&x| x != 0) {
             return Err(Error::corrupt(
                 path,
