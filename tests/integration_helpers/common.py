@@ -159,3 +159,39 @@ def damage_value(prefix: str, key: str) -> Path:
     raw[info.offset + info.stored_bytes // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))
     return shard
+
+
+class ParameterCopies:
+    """Context manager recording, through a real ``TorchFunctionMode``, every ``copy_`` into
+    one of ``params`` (same memory and shape) whose source is other memory: what a restore
+    that loads values into fresh tensors and then copies them into the model does, and a
+    restore that decodes into the parameters does not (its ``load_state_dict`` copy is then
+    a copy of the parameter onto itself)."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = {p.data_ptr(): tuple(p.shape) for p in params}
+        self.into_params = 0  # copy_ calls writing a parameter at all
+        self.from_elsewhere: list[tuple[int, ...]] = []
+
+    def __enter__(self) -> ParameterCopies:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        spy = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                if func is torch.Tensor.copy_:
+                    dst, src = args[0], args[1]
+                    if spy.params.get(dst.data_ptr()) == tuple(dst.shape):
+                        spy.into_params += 1
+                        if src.data_ptr() != dst.data_ptr():
+                            spy.from_elsewhere.append(tuple(dst.shape))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)

@@ -78,6 +78,35 @@ def run(eng: Any, directory: str, start: int, steps: int) -> dict[str, Any]:
     return {"losses": hexes(losses), "digest": digest(params)}
 
 
+def in_place(kind: str, directory: str, stage: int) -> dict[str, Any]:
+    """Train one step, save, build a new engine and load the checkpoint into it: whether the
+    module's parameters and the ZeRO optimizer's fp32 partitions are the same tensors after
+    the load, hold the saved bytes, and whether any parameter was copied from other memory."""
+    from integration_helpers.common import ParameterCopies, bits
+
+    eng = engine(kind, stage)
+    run(eng, directory, 0, 1)
+    eng.save_checkpoint(directory, tag="one")
+    saved = {k: bits(v) for k, v in eng.module.state_dict().items()}
+    saved_parts = [bits(t) for t in eng.optimizer.single_partition_of_fp32_groups]
+    fresh = engine(kind, stage)
+    before = {k: v.data_ptr() for k, v in fresh.module.state_dict().items()}
+    parts = fresh.optimizer.single_partition_of_fp32_groups
+    parts_before = [t.data_ptr() for t in parts]
+    with ParameterCopies(fresh.module.parameters()) as spy:
+        fresh.load_checkpoint(directory, tag="one")
+    after = fresh.module.state_dict()
+    return {
+        "same_tensors": {k: v.data_ptr() for k, v in after.items()} == before,
+        "same_bytes": {k: bits(v) for k, v in after.items()} == saved,
+        "same_partitions": [t.data_ptr() for t in parts] == parts_before
+        and parts is fresh.optimizer.single_partition_of_fp32_groups,
+        "partitions_saved_bytes": [bits(t) for t in parts] == saved_parts,
+        "copies_into_params": spy.into_params,
+        "from_elsewhere": len(spy.from_elsewhere),
+    }
+
+
 def job(args: list[str]) -> dict[str, Any]:
     what, kind, directory = args[0], args[1], args[2]
     if what == "train":
@@ -87,6 +116,8 @@ def job(args: list[str]) -> dict[str, Any]:
         tag = None if args[5] == "latest" else args[5]
         _, client = eng.load_checkpoint(directory, tag)
         return run(eng, directory + "-resumed", eng.global_steps, int(args[3]))
+    if what == "inplace":
+        return in_place(kind, directory, int(args[3]))
     eng = engine(kind, int(args[3]))
     try:
         eng.load_checkpoint(directory, args[4])

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import weakref
 from typing import Any
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from ._state import PendingSaves, load_tree, part_prefix, save_tree
+from ._state import PendingSaves, load_tree, module_targets, part_prefix, save_tree
 from .deepspeed import decode_objects, encode_objects
 
 __all__ = ["ShardpointCheckpointEngine"]
@@ -43,6 +46,8 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         self.compression = compression
         self.level = level
         self._pending = PendingSaves()
+        self._engine: weakref.ref[Any] | None = None
+        self._load_args: dict[str, Any] | None = None
 
     def create(self, info: Any) -> None:
         """Start of a checkpoint (DeepSpeed's ``CheckpointCommitInfo``): nothing to prepare."""
@@ -62,11 +67,70 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         if fut is not None:
             self._pending.add(directory, fut)
 
+    def attach(self, engine: Any) -> None:
+        """Learn which engine loads through us (``use_shardpoint`` calls this): its
+        ``load_checkpoint`` is wrapped to record its arguments for the duration of each call,
+        so :meth:`load` knows which existing tensors will receive which values."""
+        self._engine = weakref.ref(engine)
+        load = engine.__dict__.get("_sp_load_checkpoint") or engine.load_checkpoint
+        signature = inspect.signature(load)
+        me = weakref.ref(self)
+
+        @functools.wraps(load)
+        def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            ckpt = me()
+            if ckpt is not None:
+                ckpt._load_args = dict(bound.arguments)
+            try:
+                return load(*args, **kwargs)
+            finally:
+                if ckpt is not None:
+                    ckpt._load_args = None
+
+        engine._sp_load_checkpoint = load
+        engine.load_checkpoint = load_checkpoint
+
+    def _targets(self, name: str) -> dict[str, Any] | None:
+        """The engine's live tensors that the file ``name`` is about to restore, nested as
+        DeepSpeed saved it (``load_tree``'s ``into``), or None outside ``load_checkpoint``.
+
+        Only where DeepSpeed writes the stored value into that very tensor whatever it does
+        in between: the module's parameters unless a ``custom_load_fn`` decides; the
+        optimizer's state and fp32 partitions unless ``load_optimizer_states=False`` or
+        ``load_module_only=True`` keep the current ones."""
+        engine = self._engine() if self._engine is not None else None
+        args = self._load_args
+        if engine is None or args is None:
+            return None
+        into: dict[str, Any] = {}
+        model_file = name.endswith("model_states.pt")
+        universal = bool(getattr(engine, "load_universal_checkpoint", lambda: False)())
+        if model_file and args.get("custom_load_fn") is None and not universal:
+            into["module"] = module_targets(engine.module)
+        opt = engine.optimizer
+        if (
+            opt is not None
+            and args.get("load_optimizer_states", True)
+            and not args.get("load_module_only", False)
+        ):
+            zero = bool(engine.zero_optimization())
+            if zero and "optim_states" in name:
+                into["optimizer_state_dict"] = encode_objects(opt.state_dict())
+            elif model_file and not zero:
+                into["optimizer"] = encode_objects(opt.state_dict())
+        return into
+
     def load(self, path: str, map_location: Any = None) -> Any:
-        """The state saved as ``path`` (tensors on the CPU, where DeepSpeed maps them too)."""
+        """The state saved as ``path`` (tensors on the CPU, where DeepSpeed maps them too);
+        inside ``engine.load_checkpoint``, values go straight into the tensors that DeepSpeed
+        restores from them (:meth:`attach`)."""
         directory = os.fspath(path)
         self._pending.wait(directory)
-        return decode_objects(load_tree(part_prefix(directory, _PART), integration=_NAME))
+        into = self._targets(os.path.basename(directory.rstrip(os.sep)))
+        tree = load_tree(part_prefix(directory, _PART), integration=_NAME, into=into)
+        return decode_objects(tree)
 
     def commit(self, info: Any) -> bool:
         """Wait until every file of the checkpoint is committed (re-raises a failed write)."""

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from argparse import Namespace
+from types import FrameType
 from typing import Any
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.strategies import Strategy
 except ImportError:  # the standalone pytorch_lightning distribution
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from pytorch_lightning import LightningModule
+    from pytorch_lightning.strategies import Strategy
 
-from ._state import PendingSaves, part_prefix, save_tree
+from ._state import PendingSaves, module_targets, part_prefix, save_tree
 from .lightning import _NAME, _PART, load_checkpoint
 
 __all__ = ["ShardpointCheckpointIO"]
@@ -87,7 +93,43 @@ class ShardpointCheckpointIO(CheckpointIO):
         """The checkpoint dict saved at ``path``. ``weights_only`` (torch.load's unpickling
         restriction) has nothing to restrict: nothing is unpickled."""
         self._pending.wait(os.fspath(path))
-        return load_checkpoint(path, map_location)
+        module = self._restoring_module(sys._getframe(1))
+        into = None
+        if module is not None:
+            targets = module_targets(module)
+            into = {"state_dict": targets} if targets is not None else None
+        return load_checkpoint(path, map_location, into=into)
+
+    def _restoring_module(self, frame: FrameType | None) -> Any:
+        """The ``LightningModule`` whose weights the checkpoint being loaded restores, when
+        Lightning is sure to write every stored weight into it unchanged, else None.
+
+        A ``CheckpointIO`` is never told which trainer it serves; the strategy that calls
+        ``load_checkpoint`` is (``Strategy.load_checkpoint``, directly or through a wrapping
+        IO such as ``AsyncCheckpointIO``): looked up on the few frames above this call. It
+        then restores with ``Strategy.load_model_state_dict`` (``module.load_state_dict``),
+        after the module's ``on_load_checkpoint`` hook, which may edit the checkpoint: only
+        a strategy that keeps both base methods and a module without that hook qualify.
+        Anything else (another caller, strategy or version) loads fresh tensors as before."""
+        for _ in range(3):
+            if frame is None:
+                return None
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, Strategy):
+                io = owner._checkpoint_io
+                if io is not self and getattr(io, "checkpoint_io", None) is not self:
+                    return None
+                cls = type(owner)
+                module = owner.lightning_module
+                plain = (
+                    cls.load_checkpoint is Strategy.load_checkpoint
+                    and cls.load_model_state_dict is Strategy.load_model_state_dict
+                    and isinstance(module, LightningModule)
+                    and type(module).on_load_checkpoint is LightningModule.on_load_checkpoint
+                )
+                return module if plain else None
+            frame = frame.f_back
+        return None
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete checkpoint directory ``path`` (``ModelCheckpoint``'s ``save_top_k`` rotation)."""

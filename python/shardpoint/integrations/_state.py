@@ -78,10 +78,20 @@ def save_tree(
         raise UnsupportedDTypeError(f"{integration} checkpoint {prefix!r}: {e}") from e
 
 
-def load_tree(prefix: str, *, integration: str, device: Any = "cpu") -> Any:
+def load_tree(prefix: str, *, integration: str, device: Any = "cpu", into: Any = None) -> Any:
     """Load a state saved by :func:`save_tree`; a missing part raises :class:`NotFoundError`
-    saying which file is missing and which integration expected it."""
-    from .. import torch as sptorch
+    saying which file is missing and which integration expected it.
+
+    ``into``: the live state the checkpoint restores, nested as it was saved (e.g.
+    ``{"models": [model.state_dict()], "optimizers": [opt.state_dict()]}``), or a function of
+    the checkpoint's skeleton (its nesting, leaves ``None``) returning it (it may raise to
+    refuse the checkpoint before anything is read). Values whose tensor there is plain CPU
+    memory of the stored dtype and shape are decoded straight into it (one batched parallel
+    read, checksums checked) and that tensor is returned in the tree: the framework's own
+    ``load_state_dict`` then finds the value already in place. The other values come back as
+    fresh tensors, as without ``into``. A checksum error may leave some of those tensors
+    holding new values."""
+    from ..torch.tensors import _load
 
     if not files.exists(prefix):
         where = Path(prefix).parent
@@ -92,7 +102,22 @@ def load_tree(prefix: str, *, integration: str, device: Any = "cpu") -> Any:
             + ". A save killed before its commit leaves no index: resume from an earlier "
             "checkpoint."
         )
-    return sptorch.load(prefix, device=device)
+    return _load(prefix, device, None, True, False, None, into=into)
+
+
+def module_targets(module: Any) -> Any:
+    """``module.state_dict()`` as ``into`` targets of :func:`load_tree`, or ``None`` (values
+    come back fresh) when the module customises loading: state-dict hooks, a
+    ``_load_from_state_dict`` override (the rule ``sptorch.load_model`` uses) or a
+    ``load_state_dict`` override may rename, transform or skip values, so only their own
+    code may write the parameters. Modules with tensors off the CPU load fresh CPU tensors
+    too (``load_state_dict`` copies them over, as before)."""
+    import torch
+
+    from ..torch.models import _plain_cpu_module
+
+    plain = type(module).load_state_dict is torch.nn.Module.load_state_dict
+    return module.state_dict() if plain and _plain_cpu_module(module) else None
 
 
 # ---------------------------------------------------------------------------------------------

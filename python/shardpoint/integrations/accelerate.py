@@ -31,6 +31,7 @@ from ._state import (
     capture_rng,
     has_part,
     load_tree,
+    module_targets,
     part_prefix,
     restore_rng,
     save_tree,
@@ -198,11 +199,27 @@ class ShardpointAcceleratorMixin:
         models = list(a._models)
         for hook in a._load_model_state_pre_hook.values():
             hook(models, input_dir)
-        tree = load_checkpoint(input_dir)
+        ours = [any(model is m for m in models) for model in a._models]  # hooks take some over
+
+        def targets(skeleton: Any) -> dict[str, Any]:
+            # counts first: a mismatch is refused before any parameter is written
+            if skeleton is not None:
+                _check_counts(skeleton, a, input_dir)
+            return {
+                "models": [
+                    module_targets(a.unwrap_model(m)) if mine else None
+                    for m, mine in zip(a._models, ours, strict=True)
+                ],
+                # every optimizer's state is loaded below: the tensors it already holds
+                # (after a step) receive the stored values in place
+                "optimizers": [o.state_dict() for o in a._optimizers],
+            }
+
+        tree = dict(load_tree(part_prefix(input_dir, _PART), integration=_NAME, into=targets))
         strict = kw.get("strict", True)
         _check_counts(tree, a, input_dir)
         for i, model in enumerate(a._models):
-            if any(model is m for m in models):  # a hook may have taken it over
+            if ours[i]:
                 a.unwrap_model(model).load_state_dict(tree["models"][i], strict=strict)
         for opt, state in zip(a._optimizers, tree["optimizers"], strict=True):
             opt.load_state_dict(state)

@@ -113,13 +113,18 @@ def decode_objects(tree: Any, path: str = "") -> Any:
 def use_shardpoint(engine: Any, **options: Any) -> Any:
     """Make ``engine`` (a ``DeepSpeedEngine``) save and load checkpoints through shardpoint;
     ``options`` go to :class:`ShardpointCheckpointEngine` (``blocking``, ``compression``,
-    ``level``). Returns the engine."""
+    ``level``). Returns the engine.
+
+    ``engine.load_checkpoint`` then also tells the checkpoint engine what it restores (the
+    engine's module and optimizer, and the call's ``load_optimizer_states``,
+    ``load_module_only`` and ``custom_load_fn``), so values are decoded straight into the
+    parameters and optimizer state tensors that will receive them."""
     _deepspeed()
     from ._deepspeed_engine import ShardpointCheckpointEngine
 
-    engine.checkpoint_engine = ShardpointCheckpointEngine(
-        getattr(engine, "_config", None), **options
-    )
+    ours = ShardpointCheckpointEngine(getattr(engine, "_config", None), **options)
+    ours.attach(engine)
+    engine.checkpoint_engine = ours
     return engine
 
 

@@ -32,7 +32,15 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
-from ._state import PendingSaves, capture_rng, load_tree, part_prefix, restore_rng, save_tree
+from ._state import (
+    PendingSaves,
+    capture_rng,
+    load_tree,
+    module_targets,
+    part_prefix,
+    restore_rng,
+    save_tree,
+)
 
 __all__ = [
     "ShardpointTrainer",
@@ -102,8 +110,14 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     return max(found)[1] if found else None
 
 
-def _model_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    tree = load_checkpoint(checkpoint_dir)
+def _model_state(checkpoint_dir: str | os.PathLike[str], model: Any = None) -> dict[str, Any]:
+    """The model part of a checkpoint; with ``model`` (the module it restores) decoded into
+    the module's parameters where they are plain CPU tensors."""
+    tree = load_tree(
+        part_prefix(checkpoint_dir, _PART),
+        integration=_NAME,
+        into={"model": module_targets(model)} if model is not None else None,
+    )
     if "model" not in tree:
         raise CheckpointError(f"hf_trainer: checkpoint {os.fspath(checkpoint_dir)!r} has no model")
     return dict(tree["model"])
@@ -271,11 +285,23 @@ class ShardpointTrainerMixin:
             )
         )
 
-    def _sp_part(self, checkpoint: str, name: str) -> Any:
+    def _sp_part(self, checkpoint: str, name: str, model: Any = None) -> Any:
+        """Part ``name`` of the checkpoint, all parts read once (cached). ``model``: the module
+        the model part restores; its parameters (and the optimizer's existing state tensors)
+        receive their stored values in place as the checkpoint is read."""
         self._sp_pending.wait()
         key = os.path.abspath(checkpoint)
         if key not in self._sp_loaded:
-            self._sp_loaded = {key: load_checkpoint(checkpoint)}  # one checkpoint cached
+            t: Any = self
+            opt = getattr(t, "optimizer", None)
+            into = {
+                "model": module_targets(model) if model is not None else None,
+                # state tensors exist only when this trainer trained before: then they
+                # receive the values in place (the optimizer loads this part next)
+                "optimizer": opt.state_dict() if opt is not None and opt.state else None,
+            }
+            tree = load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into)
+            self._sp_loaded = {key: dict(tree)}  # one checkpoint cached
         return self._sp_loaded[key].get(name)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
@@ -297,10 +323,11 @@ class ShardpointTrainerMixin:
         if not self._sp_has(resume_from_checkpoint):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
         t: Any = self
-        state = self._sp_part(resume_from_checkpoint, "model")
+        target = model if model is not None else t.model
+        state = self._sp_part(resume_from_checkpoint, "model", target)
         if state is None:
             raise CheckpointError(f"hf_trainer: {resume_from_checkpoint!r} holds no model")
-        (model if model is not None else t.model).load_state_dict(state, strict=True)
+        target.load_state_dict(state, strict=True)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if not self._sp_has(checkpoint):
@@ -337,7 +364,7 @@ class ShardpointTrainerMixin:
         if not self._sp_has(best):
             return super()._load_best_model()  # type: ignore[misc]
         self._sp_pending.wait()
-        t.model.load_state_dict(_model_state(best), strict=True)
+        t.model.load_state_dict(_model_state(best, t.model), strict=True)
 
 
 def with_shardpoint(trainer_cls: type) -> type:

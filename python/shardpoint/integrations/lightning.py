@@ -77,9 +77,13 @@ def _device(map_location: Any) -> Any:
     return "cpu"
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: Any = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: Any = None, *, into: Any = None
+) -> dict[str, Any]:
     """The checkpoint dict Lightning saved at ``path`` (a directory written by
-    :class:`ShardpointCheckpointIO`), as ``torch.load`` of a native ``.ckpt`` returns it."""
+    :class:`ShardpointCheckpointIO`), as ``torch.load`` of a native ``.ckpt`` returns it.
+    ``into``: live tensors nested as the checkpoint (``{"state_dict": module.state_dict()}``)
+    that receive their stored values in place and stand in the result for them."""
     p = Path(path)
     if p.is_file():
         raise InvalidArgumentError(
@@ -89,7 +93,9 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any = None) -> d
         )
     if not p.exists():
         raise NotFoundError(f"lightning: no checkpoint at {str(p)!r}")
-    tree = load_tree(part_prefix(p, _PART), integration=_NAME, device=_device(map_location))
+    tree = load_tree(
+        part_prefix(p, _PART), integration=_NAME, device=_device(map_location), into=into
+    )
     return dict(tree)
 
 

@@ -32,7 +32,7 @@ from .models import (
 )
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_section
 
-__all__ = ["load_into"]
+__all__ = ["load_into", "decode_into_existing"]
 
 
 def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
@@ -50,6 +50,55 @@ def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
         and not (t.is_conj() or t.is_neg())
         and same_dtype
     )
+
+
+def _read_arrays(reader: files.Reader, arrays: Mapping[str, np.ndarray], verify: bool) -> None:
+    """One batched read of stored ``key -> array`` (arrays checked against their entries:
+    contiguous, stored dtype and shape), decoded in parallel straight into the arrays."""
+    if arrays:
+        reader._read_into(
+            list(arrays), [a.reshape(-1).view(np.uint8) for a in arrays.values()], verify
+        )
+
+
+def _overlapping(tensors: Mapping[str, torch.Tensor]) -> set[str]:
+    """Keys whose (contiguous, CPU) tensors share any byte with another one's."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), k) for k, t in tensors.items()
+    )
+    out: set[str] = set()
+    end, last = -1, ""
+    for start, stop, key in spans:
+        if start < end:
+            out.update((key, last))
+        if stop > end:
+            end, last = stop, key
+    return out
+
+
+def decode_into_existing(
+    reader: files.Reader, targets: Mapping[str, torch.Tensor], verify: bool
+) -> dict[str, torch.Tensor]:
+    """Decode stored values straight into existing tensors where that is exactly a load +
+    copy: ``targets`` maps stored keys to tensors (a model's parameters, an optimizer's
+    state); those that are plain CPU memory in the stored dtype, shape and layout and share no
+    byte with another target are filled by one batched read (parallel, checksums checked),
+    and returned as ``key -> tensor``. The others are left alone: the caller reads them into
+    fresh tensors as before (other dtypes, devices, layouts, tensor subclasses: the framework's
+    own ``load_state_dict`` then casts/copies as it always did). Overlapping targets (two keys,
+    one memory) are left to the caller too, so which value lands stays the framework's rule.
+    """
+    chosen: dict[str, torch.Tensor] = {}
+    for key, t in targets.items():
+        if not isinstance(t, torch.Tensor) or key not in reader:
+            continue
+        info = reader.info(key)
+        if info.kind == "tensor" and tuple(info.shape) == tuple(t.shape) and _direct(t, info.dtype):
+            chosen[key] = t
+    for key in _overlapping(chosen):
+        del chosen[key]
+    _read_arrays(reader, {k: tensor_to_numpy(t) for k, t in chosen.items()}, verify)
+    return chosen
 
 
 def load_into(
@@ -162,9 +211,7 @@ def load_into(
             else:
                 copied.append((t, src))
         # Shapes, dtypes (_direct) and contiguity are checked above: hand the byte views over.
-        reader._read_into(
-            list(direct), [a.reshape(-1).view(np.uint8) for a in direct.values()], verify
-        )
+        _read_arrays(reader, direct, verify)
         with torch.no_grad():
             for t, src in copied:
                 # A second target of the same stored value copies from the first one's

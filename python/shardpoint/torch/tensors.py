@@ -570,6 +570,11 @@ def load(
     )
 
 
+#: ``into`` of :func:`_load`: existing tensors nested as the checkpoint's state (or a function
+#: of the checkpoint's skeleton, its nesting with ``None`` leaves, returning them)
+Into = Mapping[str, Any] | Callable[[Any], Mapping[str, Any] | None]
+
+
 def _load(
     prefix: str | os.PathLike[str],
     map_location: MapLocation,
@@ -578,23 +583,34 @@ def _load(
     copy: bool,
     storage_options: Mapping[str, Any] | None,
     io: str = "auto",
+    into: Into | None = None,
 ) -> dict[str, Any]:
     with files.open(prefix, storage_options=storage_options, copy=copy, io=io) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
+        locations: Mapping[str, str] = meta.get("devices", {}) if meta else {}
+        numpy_keys = _numpy_leaves(meta["structure"]) if meta else set()
         wanted = reader.keys() if keys is None else list(keys)
         stored = [k for k in wanted if k not in aliases]
         stored += [
             aliases[k]["of"] for k in wanted if k in aliases and aliases[k]["of"] not in stored
         ]
-        raw = reader.load(stored, verify=verify)
-    numpy_keys = _numpy_leaves(meta["structure"]) if meta else set()
+        existing: dict[str, torch.Tensor] = {}
+        if into is not None:
+            existing = _into_existing(
+                reader, meta, stored, numpy_keys, locations, into, map_location, verify
+            )
+        raw = reader.load([k for k in stored if k not in existing], verify=verify)
     out: dict[str, Any] = {k: (v if k in numpy_keys else _to_torch(v)) for k, v in raw.items()}
-    locations: Mapping[str, str] = meta.get("devices", {}) if meta else {}
+    out.update(existing)
     # One device for all: build shared-storage groups there directly (no CPU detour).
     dev = torch.device(map_location) if is_plain_device(map_location) else torch.device("cpu")
     for group in meta.get("groups", []) if meta else []:
-        _rebuild_group(group, out, dev)
+        # members decoded into existing tensors stay those tensors (they share memory as the
+        # live state does); the others share one fresh storage as saved
+        members = {k: r for k, r in group["members"].items() if k not in existing}
+        if members:
+            _rebuild_group({**group, "members": members}, out, dev)
     if map_location is not None and is_plain_device(map_location):
         if dev.type != "cpu":
             place(out, {}, dev)
@@ -608,6 +624,50 @@ def _load(
     if keys is not None or meta is None:
         return {k: out[k] for k in wanted}
     return unflatten(meta["structure"], out)
+
+
+def _into_existing(
+    reader: files.Reader,
+    meta: Mapping[str, Any] | None,
+    stored: list[str],
+    numpy_keys: set[str],
+    locations: Mapping[str, str],
+    into: Into,
+    map_location: MapLocation,
+    verify: bool,
+) -> dict[str, torch.Tensor]:
+    """The stored values of ``_load`` decoded straight into existing tensors (``into``), as
+    ``key -> that tensor``: only values that would come back as CPU tensors (not numpy leaves,
+    not moved to another device)."""
+    to_cpu = map_location is not None and is_plain_device(map_location)
+    if to_cpu and torch.device(map_location).type != "cpu" or not (to_cpu or map_location is None):
+        return {}
+    if callable(into):
+        skeleton = unflatten(meta["structure"], _NoLeaves()) if meta else None
+        tree = into(skeleton)
+    else:
+        tree = into
+    if not tree:
+        return {}
+    wanted = set(stored)
+    targets = {
+        k: t
+        for k, t in flatten(tree)[0].items()
+        if isinstance(t, torch.Tensor)
+        and k in wanted
+        and k not in numpy_keys
+        and (to_cpu or locations.get(k, "cpu") == "cpu")
+    }
+    from .inplace import decode_into_existing
+
+    return decode_into_existing(reader, targets, verify)
+
+
+class _NoLeaves(dict[str, Any]):
+    """Values for :func:`unflatten` that build a checkpoint's skeleton (every leaf ``None``)."""
+
+    def __missing__(self, key: str) -> None:
+        return None
 
 
 def _numpy_leaves(structure: Mapping[str, Any]) -> set[str]:
