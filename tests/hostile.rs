@@ -401,3 +401,89 @@ fn damaged_bytegroup_huffman_chunk_is_named() {
         other => panic!("damaged chunk not named: {other:?}"),
     }
 }
+
+/// `n` one-byte entries `k00000`, `k00001`, ...: above ~1,700 keys the index passes 64 KiB and
+/// the reader reads it page by page on demand instead of whole at open.
+fn many_keys(dir: &Path, n: u32) -> PathBuf {
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    for i in 0..n {
+        v.insert(
+            format!("k{i:05}"),
+            (DType::U8, Kind::Tensor, vec![1], vec![i as u8]),
+        );
+    }
+    let p = dir.join("many");
+    save(&p, &items(&v), opts(Codec::None, 1)).unwrap();
+    assert!(std::fs::metadata(idx(&p)).unwrap().len() > 64 << 10);
+    p
+}
+
+#[test]
+fn unsorted_keys_across_blocks_of_a_large_index_never_answer_wrongly() {
+    // as above, on an index read on demand: a hit may be answered from the blocks the search
+    // read, but "absent" only after the whole table was proven sorted
+    let d = tempfile::tempdir().unwrap();
+    let p = many_keys(d.path(), 3000);
+    let mut b = std::fs::read(idx(&p)).unwrap();
+    let k = u64_at(&b, 64);
+    let (blk0, blk1) = (k..k + 384, k + 384..k + 768);
+    let tmp = b[blk0.clone()].to_vec();
+    b.copy_within(blk1, blk0.start);
+    b[k + 384..k + 768].copy_from_slice(&tmp);
+    reseal_index(&mut b);
+    std::fs::write(idx(&p), &b).unwrap();
+    let r = Reader::open(&p).unwrap();
+    // k00000 now sits in block 1: the search (which expects it in block 0) misses, and the
+    // miss proves the table unsorted instead of answering "absent"
+    let e = r.index().find("k00000").unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("not sorted across blocks"), "{e}");
+    assert_corrupt(&p, "keys unsorted across blocks of a large index");
+}
+
+#[test]
+fn a_large_index_opens_without_reading_its_entries() {
+    let d = tempfile::tempdir().unwrap();
+    let p = many_keys(d.path(), 20_000);
+    // damage an entry record of the last block, leave every crc as it was: open cannot see it
+    // (it reads no entries), a lookup of a key elsewhere does not either, verify() does
+    let mut b = std::fs::read(idx(&p)).unwrap();
+    let at = rec(&b, 19_990) + 16;
+    b[at] ^= 0xff;
+    std::fs::write(idx(&p), &b).unwrap();
+    let r = Reader::open(&p).unwrap();
+    assert_eq!(r.index().len(), 20_000);
+    let e = r.entry("k00100").unwrap();
+    let mut out = [0u8; 1];
+    r.read_into(&e, &mut out, true).unwrap();
+    assert_eq!(out[0], 100);
+    let err = r.entry("k19990").unwrap_err();
+    assert!(matches!(err, Error::Checksum { .. }), "{err}");
+    assert!(r.verify().is_err());
+}
+
+#[test]
+fn truncating_a_large_index_under_a_reader_is_an_error() {
+    let d = tempfile::tempdir().unwrap();
+    let p = many_keys(d.path(), 20_000);
+    let r = Reader::open(&p).unwrap();
+    assert!(r.entry("k00001").is_ok());
+    let len = std::fs::metadata(idx(&p)).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(idx(&p))
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    // the last blocks' pages were never read: reading them now fails cleanly (a mapped index
+    // would raise SIGBUS here)
+    let e = r.entry("k19999").unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&idx(&p).display().to_string()) && msg.contains("truncated"),
+        "{msg}"
+    );
+    // what was read before the truncation still answers
+    assert!(r.entry("k00001").is_ok());
+}

@@ -212,7 +212,7 @@ pub struct StrongReport {
 /// What strong verification reads: an open checkpoint, local or in an object store.
 pub trait ShardBytes: Sync {
     /// The index file's bytes as read at open, its path, metadata (crc-checked), shard table.
-    fn index_bytes(&self) -> &[u8];
+    fn index_bytes(&self) -> Result<&[u8]>;
     fn index_path(&self) -> &Path;
     fn metadata(&self) -> Result<&[u8]>;
     fn shard_recs(&self) -> &[ShardRec];
@@ -229,7 +229,7 @@ pub trait ShardBytes: Sync {
 }
 
 impl ShardBytes for Reader {
-    fn index_bytes(&self) -> &[u8] {
+    fn index_bytes(&self) -> Result<&[u8]> {
         self.index().bytes()
     }
     fn index_path(&self) -> &Path {
@@ -256,7 +256,7 @@ impl ShardBytes for Reader {
 }
 
 impl ShardBytes for RemoteReader {
-    fn index_bytes(&self) -> &[u8] {
+    fn index_bytes(&self) -> Result<&[u8]> {
         self.index().bytes()
     }
     fn index_path(&self) -> &Path {
@@ -374,7 +374,7 @@ pub fn verify_strong<R: ShardBytes>(r: &R) -> Result<Option<StrongReport>> {
     }
     Ok(Some(StrongReport {
         algorithm: algo,
-        index_digest: digest_bytes(algo, r.index_bytes()),
+        index_digest: digest_bytes(algo, r.index_bytes()?),
         files: recs.len(),
         bytes: recs.iter().map(|s| s.file_len).sum(),
         mismatches,

@@ -5,8 +5,8 @@ use crate::codec::{decode_chunk, decode_chunk_crc, decode_chunk_raw_crc};
 use crate::commit::{index_path, with_suffix};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::index::{Entry, IndexView};
-use memmap2::{Mmap, MmapMut, MmapOptions};
+use crate::index::{Entry, IndexSource, IndexView, LazyIndex};
+use memmap2::{MmapMut, MmapOptions};
 use rayon::prelude::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -33,9 +33,11 @@ fn with_decode_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<T>) ->
 
 /// Attempts at opening when a concurrent commit replaces the index under us.
 const OPEN_RETRIES: usize = 5;
-/// Indexes up to this size are read into memory at open (a file truncated under the reader
-/// then cannot fault a lookup); larger ones are mapped, keeping open O(1) in the key count.
-const INDEX_IN_MEMORY_MAX: u64 = 64 << 20;
+/// Indexes up to this size (about 1,000 keys) are read whole at open: one read is cheaper
+/// than several. Larger ones are read page by page as lookups touch them ([`LazyIndex`]),
+/// which keeps open O(1) in the key count; neither is mapped, so a file truncated under the
+/// reader gives an error, never a SIGBUS.
+const INDEX_IN_MEMORY_MAX: u64 = 64 << 10;
 /// Piece size of parallel preads of large uncompressed payloads.
 const READ_PIECE: usize = 8 << 20;
 
@@ -160,18 +162,51 @@ impl ShardMap {
     }
 }
 
-/// The bytes of an index: read into memory (small) or mapped (large).
+/// The bytes of an index: read into memory (small) or read on demand (large).
 pub enum IndexBytes {
     Mem(Vec<u8>),
-    Map(Mmap),
+    Lazy(LazyIndex),
 }
 
-impl AsRef<[u8]> for IndexBytes {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            IndexBytes::Mem(v) => v,
-            IndexBytes::Map(m) => m,
+impl IndexBytes {
+    /// Index bytes `[base, base + len)` of `file`: read whole when small, else on demand
+    /// (then `file` is kept open for the reads).
+    fn of(file: File, path: &Path, base: u64, len: u64) -> Result<IndexBytes> {
+        use std::os::unix::fs::FileExt;
+        if len <= INDEX_IN_MEMORY_MAX {
+            let mut v = vec![0u8; len as usize];
+            file.read_exact_at(&mut v, base)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => Error::corrupt(
+                        path,
+                        base,
+                        format!("index [{base}, +{len}) is shorter than the file's size said"),
+                    ),
+                    _ => Error::io(path, "read index", e),
+                })?;
+            return Ok(IndexBytes::Mem(v));
         }
+        Ok(IndexBytes::Lazy(LazyIndex::new(file, path, base, len)?))
+    }
+}
+
+impl IndexSource for IndexBytes {
+    fn size(&self) -> u64 {
+        match self {
+            IndexBytes::Mem(v) => v.size(),
+            IndexBytes::Lazy(l) => l.size(),
+        }
+    }
+
+    fn at(&self, off: u64, len: u64) -> Result<&[u8]> {
+        match self {
+            IndexBytes::Mem(v) => v.at(off, len),
+            IndexBytes::Lazy(l) => l.at(off, len),
+        }
+    }
+
+    fn resident(&self) -> bool {
+        matches!(self, IndexBytes::Mem(_))
     }
 }
 
@@ -251,21 +286,11 @@ fn open_file(path: &Path, what: &'static str) -> Result<(File, u64)> {
     Ok((f, len))
 }
 
-fn read_index(path: &Path) -> Result<(File, IndexBytes)> {
-    use std::io::Read;
-    let (mut f, len) = open_file(path, "open checkpoint index")?;
-    if len <= INDEX_IN_MEMORY_MAX {
-        let mut v = Vec::with_capacity(len as usize);
-        (&mut f)
-            .take(INDEX_IN_MEMORY_MAX + 1)
-            .read_to_end(&mut v)
-            .map_err(|e| Error::io(path, "read index", e))?;
-        return Ok((f, IndexBytes::Mem(v)));
-    }
-    // SAFETY: indexes are only ever replaced by rename, never rewritten; a huge index truncated
-    // by another tool while open is the one remaining mapped read (docs/RELIABILITY.md).
-    let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))?;
-    Ok((f, IndexBytes::Map(m)))
+/// Open `P.index`: its bytes, and its (device, inode) as opened.
+fn read_index(path: &Path) -> Result<(Option<(u64, u64)>, IndexBytes)> {
+    let (f, len) = open_file(path, "open checkpoint index")?;
+    let id = f.metadata().ok().map(|m| file_id(&m));
+    Ok((id, IndexBytes::of(f, path, 0, len)?))
 }
 
 /// (device, inode) of a file: tells whether `P.index` was replaced between two looks.
@@ -323,8 +348,8 @@ impl Reader {
 
     fn open_once(prefix: &Path, opened: &mut Option<(u64, u64)>) -> Result<Reader> {
         let ipath = index_path(prefix);
-        let (f, ibytes) = read_index(&ipath)?;
-        *opened = f.metadata().ok().map(|m| file_id(&m));
+        let (id, ibytes) = read_index(&ipath)?;
+        *opened = id;
         let index = IndexView::open(ibytes, &ipath)?;
         let mut shards = Vec::with_capacity(index.shards().len());
         for (i, rec) in index.shards().iter().enumerate() {
@@ -377,21 +402,10 @@ impl Reader {
             read(len - SINGLE_TRAILER_LEN as u64, &mut trailer)?;
         }
         let h = SingleHeader::decode(&hdr[..n], &trailer, len, path)?;
-        let ibytes = if h.index_len <= INDEX_IN_MEMORY_MAX {
-            let mut v = vec![0u8; h.index_len as usize];
-            read(h.index_off, &mut v)?;
-            IndexBytes::Mem(v)
-        } else {
-            // SAFETY: as for a large `P.index`: the file is replaced by rename, never rewritten.
-            let m = unsafe {
-                MmapOptions::new()
-                    .offset(h.index_off)
-                    .len(h.index_len as usize)
-                    .map(&file)
-            }
-            .map_err(|e| Error::io(path, "mmap index region", e))?;
-            IndexBytes::Map(m)
-        };
+        let ifile = file
+            .try_clone()
+            .map_err(|e| Error::io(path, "duplicate descriptor", e))?;
+        let ibytes = IndexBytes::of(ifile, path, h.index_off, h.index_len)?;
         let index = IndexView::open(ibytes, path)?;
         if index.shards().len() != 1 {
             return Err(Error::corrupt(

@@ -74,3 +74,28 @@ def test_real_mounts_of_this_process():
     assert fs_type("/dev/shm", mountinfo=MOUNTINFO) == "tmpfs"
     assert resolve_io("auto", "/dev/shm/ck") == "mmap"
     assert fs_type("/proc/self") == "proc"
+
+
+def test_auto_choice_is_cached_per_device_and_dropped_when_mounts_change(tmp_path):
+    # resolve_io remembers its choice per device (parsing mountinfo costs more than an open);
+    # a change to the mount table (here: a real tmpfs mounted and unmounted) drops the cache,
+    # since device numbers are reused by later mounts
+    import subprocess
+
+    from shardpoint import io_mode
+
+    first = resolve_io("auto", tmp_path / "ck")
+    dev = os.stat(tmp_path).st_dev
+    assert io_mode._AUTO_BY_DEV[dev] == first
+    # a stale entry stands in for a reused device number of another file-system type
+    stale = "pread" if first == "mmap" else "mmap"
+    io_mode._AUTO_BY_DEV[dev] = stale
+    assert resolve_io("auto", tmp_path / "ck") == stale  # answered from the cache
+    point = tmp_path / "mnt"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "none", str(point)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this test needs to mount a tmpfs (root): {mounted.stderr!r}")
+    subprocess.run(["umount", str(point)], check=True)
+    assert resolve_io("auto", tmp_path / "ck") == first  # re-read after the change
+    assert io_mode._AUTO_BY_DEV == {dev: first}

@@ -127,6 +127,20 @@ def test_io_auto_picks_by_file_system(tmp_path):
         resolve_io("direct", tmp_path)
 
 
+def test_io_auto_remembers_the_choice_per_file_system(tmp_path):
+    # mountinfo is parsed once per file system (device), not on every open
+    from shardpoint import io_mode
+
+    (tmp_path / "a").mkdir()
+    first = resolve_io("auto", tmp_path / "a" / "ck")
+    dev = os.stat(tmp_path / "a").st_dev
+    assert io_mode._AUTO_BY_DEV[dev] == first
+    # another directory of the same file system answers from the cache, the same
+    assert resolve_io("auto", tmp_path / "ck") == first
+    # a path that does not exist yet still resolves (its open reports the real problem)
+    assert resolve_io("auto", tmp_path / "missing" / "ck") in ("mmap", "pread")
+
+
 @pytest.mark.parametrize("io", ["mmap", "pread", "auto"])
 def test_every_io_mode_reads_the_same_values(tmp_path, io):
     st = _state()

@@ -1,8 +1,11 @@
-//! The index file (FORMAT.md §3): [`build`] serializes it, [`view`] reads it in place.
+//! The index file (FORMAT.md §3): [`build`] serializes it, [`view`] reads it in place from an
+//! [`IndexSource`] ([`source`]: in memory, or page by page from the file on demand).
 
 mod build;
 mod layout;
+mod source;
 mod view;
 
 pub use build::{build_index, check_key, ChunkRec, EntryMeta, ShardRec};
+pub use source::{IndexSource, LazyIndex};
 pub use view::{Entry, IndexView};

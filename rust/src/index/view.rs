@@ -1,9 +1,12 @@
 //! A zero-parse view over an index file's bytes (FORMAT.md §3): open checks header, footer,
-//! sections, shard and block tables; lookups binary-search the entry table in place and verify
-//! each block of 64 entries the first time it is touched.
+//! sections and the shard table; lookups binary-search the entry table in place and verify
+//! each block of 64 entries the first time it is touched. The bytes come from an
+//! [`IndexSource`]: in memory, or read from the file page by page as lookups touch them, so
+//! open costs the same whatever the key count.
 
 use super::build::{ChunkRec, EntryMeta, ShardRec};
 use super::layout::{BlockRecord, ChunkRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
+use super::source::{zeroed_flags, IndexSource};
 use crate::error::{Error, Result};
 use crate::format::*;
 use std::path::{Path, PathBuf};
@@ -62,30 +65,35 @@ impl Entry<'_> {
 }
 
 /// A validated view over the bytes of an index file.
-pub struct IndexView<B: AsRef<[u8]>> {
+pub struct IndexView<B: IndexSource> {
     path: PathBuf,
     bytes: B,
     h: IndexHeader,
     shards: Vec<ShardRec>,
     /// Per block: 0 = not yet verified, 1 = verified.
     verified: Vec<AtomicU8>,
+    /// 1 once the block table's crc was checked (at open for an in-memory index, at the
+    /// first lookup for one read on demand).
+    blocks_checked: AtomicU8,
     /// 1 once the boundary keys of all adjacent blocks were found in order.
     order_checked: AtomicU8,
 }
 
-impl<B: AsRef<[u8]>> IndexView<B> {
-    /// Validate header, footer, section bounds, the shard table and the block table. Cost is
-    /// O(shards + entries/64), never O(entries).
+impl<B: IndexSource> IndexView<B> {
+    /// Validate header, footer, section bounds and the shard table (and, for an index already
+    /// in memory, the block table). Reads O(shards) bytes, never O(entries): the block table
+    /// of an index read on demand is checked by the first lookup.
     pub fn open(bytes: B, path: &Path) -> Result<Self> {
-        let b = bytes.as_ref();
         let p = path;
-        if b.len() < INDEX_HEADER_LEN + INDEX_FOOTER_LEN {
+        let size = bytes.size();
+        if size < (INDEX_HEADER_LEN + INDEX_FOOTER_LEN) as u64 {
             return Err(Error::corrupt(
                 p,
                 0,
-                format!("index is {} bytes, too short", b.len()),
+                format!("index is {size} bytes, too short"),
             ));
         }
+        let b = bytes.at(0, INDEX_HEADER_LEN as u64)?;
         if &b[IndexHeader::MAGIC..IndexHeader::MAGIC + 8] != INDEX_MAGIC {
             return Err(Error::corrupt(p, 0, "not a shardpoint index (bad magic)"));
         }
@@ -115,25 +123,25 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 "index header_len is not 128",
             ));
         }
-        if h.file_len != b.len() as u64 {
+        if h.file_len != size {
             return Err(Error::corrupt(
                 p,
                 IndexHeader::FILE_LEN as u64,
                 format!(
-                    "index records {} bytes but the file has {} (truncated or extended)",
+                    "index records {} bytes but the file has {size} (truncated or extended)",
                     h.file_len,
-                    b.len()
                 ),
             ));
         }
-        let f = b.len() - INDEX_FOOTER_LEN;
-        if &b[f + Footer::MAGIC..f + Footer::MAGIC + 8] != INDEX_FOOTER_MAGIC
-            || le_u32(b, f + Footer::HEADER_CRC) != stored
-            || le_u32(b, f + Footer::RESERVED) != 0
+        let f = size - INDEX_FOOTER_LEN as u64;
+        let fb = bytes.at(f, INDEX_FOOTER_LEN as u64)?;
+        if &fb[Footer::MAGIC..Footer::MAGIC + 8] != INDEX_FOOTER_MAGIC
+            || le_u32(fb, Footer::HEADER_CRC) != stored
+            || le_u32(fb, Footer::RESERVED) != 0
         {
             return Err(Error::corrupt(
                 p,
-                f as u64,
+                f,
                 "index footer does not match its header",
             ));
         }
@@ -170,7 +178,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             ("metadata", h.meta_off, Some(h.meta_len)),
         ];
         let mut pos = INDEX_HEADER_LEN as u64;
-        let limit = f as u64;
+        let limit = f;
         for (what, off, len) in sec {
             let len =
                 len.ok_or_else(|| Error::corrupt(p, off, format!("{what}: size overflows")))?;
@@ -201,9 +209,8 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 ));
             }
         }
-        let shard_bytes = &b[h.shards_off as usize..h.blocks_off as usize];
-        let sc = crc(&b[h.shards_off as usize
-            ..(h.shards_off + h.shard_count as u64 * SHARD_REC as u64) as usize]);
+        let shard_bytes = bytes.at(h.shards_off, h.shard_count as u64 * SHARD_REC as u64)?;
+        let sc = crc(shard_bytes);
         if sc != h.shards_crc {
             return Err(Error::Checksum {
                 path: p.to_path_buf(),
@@ -211,18 +218,6 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 what: "shard table".into(),
                 expected: h.shards_crc,
                 actual: sc,
-            });
-        }
-        let block_bytes =
-            &b[h.blocks_off as usize..(h.blocks_off + nblocks * BLOCK_REC as u64) as usize];
-        let bc = crc(block_bytes);
-        if bc != h.blocks_crc {
-            return Err(Error::Checksum {
-                path: p.to_path_buf(),
-                offset: h.blocks_off,
-                what: "block table".into(),
-                expected: h.blocks_crc,
-                actual: bc,
             });
         }
         let mut shards = Vec::with_capacity(h.shard_count as usize);
@@ -259,24 +254,50 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 name: String::from_utf8(name.to_vec()).expect("validated ASCII"),
             });
         }
-        let verified = (0..nblocks).map(|_| AtomicU8::new(0)).collect();
-        Ok(IndexView {
+        let view = IndexView {
             path: p.to_path_buf(),
             bytes,
             h,
             shards,
-            verified,
+            verified: zeroed_flags(nblocks as usize),
+            blocks_checked: AtomicU8::new(0),
             order_checked: AtomicU8::new(0),
-        })
+        };
+        if view.bytes.resident() {
+            view.ensure_block_table()?;
+        }
+        Ok(view)
     }
 
-    fn b(&self) -> &[u8] {
-        self.bytes.as_ref()
+    /// Bytes `[off, off + len)` of the index (inside a section checked at open).
+    fn at(&self, off: u64, len: u64) -> Result<&[u8]> {
+        self.bytes.at(off, len)
     }
 
-    /// The index file's bytes, as read at open (what a strong digest of the index covers).
-    pub fn bytes(&self) -> &[u8] {
-        self.b()
+    /// The index file's bytes, whole (what a strong digest of the index covers).
+    pub fn bytes(&self) -> Result<&[u8]> {
+        self.at(0, self.h.file_len)
+    }
+
+    /// Check the block table's crc, once, before any block record is used.
+    fn ensure_block_table(&self) -> Result<()> {
+        if self.blocks_checked.load(Ordering::Acquire) == 1 {
+            return Ok(());
+        }
+        let h = &self.h;
+        let len = self.nblocks() as u64 * BLOCK_REC as u64;
+        let bc = crc(self.at(h.blocks_off, len)?);
+        if bc != h.blocks_crc {
+            return Err(Error::Checksum {
+                path: self.path.clone(),
+                offset: h.blocks_off,
+                what: "block table".into(),
+                expected: h.blocks_crc,
+                actual: bc,
+            });
+        }
+        self.blocks_checked.store(1, Ordering::Release);
+        Ok(())
     }
 
     /// Path of the index file (for error messages).
@@ -315,12 +336,14 @@ impl<B: AsRef<[u8]>> IndexView<B> {
 
     /// (key range, aux range) of block `blk`, in blob-relative offsets, checked.
     fn block_ranges(&self, blk: usize) -> Result<((u64, u64), (u64, u64))> {
-        let b = self.b();
-        let at = self.h.blocks_off as usize + blk * BLOCK_REC;
-        let rec = BlockRecord::decode(&b[at..at + BLOCK_REC]);
+        self.ensure_block_table()?;
+        let at = self.h.blocks_off + (blk * BLOCK_REC) as u64;
+        let two = blk + 1 < self.nblocks();
+        let recs = self.at(at, (BLOCK_REC * if two { 2 } else { 1 }) as u64)?;
+        let rec = BlockRecord::decode(&recs[..BLOCK_REC]);
         let (klo, alo) = (rec.key_lo, rec.aux_lo);
-        let (khi, ahi) = if blk + 1 < self.nblocks() {
-            let next = BlockRecord::decode(&b[at + BLOCK_REC..at + 2 * BLOCK_REC]);
+        let (khi, ahi) = if two {
+            let next = BlockRecord::decode(&recs[BLOCK_REC..]);
             (next.key_lo, next.aux_lo)
         } else {
             (self.h.keys_len, self.h.aux_len)
@@ -334,7 +357,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         {
             return Err(Error::corrupt(
                 &self.path,
-                at as u64,
+                at,
                 format!("block {blk}: bad key/aux ranges"),
             ));
         }
@@ -346,21 +369,20 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         if self.verified[blk].load(Ordering::Acquire) == 1 {
             return Ok(());
         }
-        let b = self.b();
         let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
         let lo = blk * BLOCK_ENTRIES;
         let hi = (lo + BLOCK_ENTRIES).min(self.len());
-        let e0 = self.h.entries_off as usize;
-        let ent = &b[e0 + lo * ENTRY_REC..e0 + hi * ENTRY_REC];
-        let keys = &b[(self.h.keys_off + klo) as usize..(self.h.keys_off + khi) as usize];
-        let aux = &b[(self.h.aux_off + alo) as usize..(self.h.aux_off + ahi) as usize];
+        let e0 = self.h.entries_off;
+        let ent = self.at(e0 + (lo * ENTRY_REC) as u64, ((hi - lo) * ENTRY_REC) as u64)?;
+        let keys = self.at(self.h.keys_off + klo, khi - klo)?;
+        let aux = self.at(self.h.aux_off + alo, ahi - alo)?;
         let c = crc32c::crc32c_append(crc32c::crc32c_append(crc(ent), keys), aux);
-        let at = self.h.blocks_off as usize + blk * BLOCK_REC;
-        let stored = BlockRecord::decode(&b[at..at + BLOCK_REC]).crc;
+        let at = self.h.blocks_off + (blk * BLOCK_REC) as u64;
+        let stored = BlockRecord::decode(self.at(at, BLOCK_REC as u64)?).crc;
         if c != stored {
             return Err(Error::Checksum {
                 path: self.path.clone(),
-                offset: (e0 + lo * ENTRY_REC) as u64,
+                offset: e0 + (lo * ENTRY_REC) as u64,
                 what: format!("index block {blk} (entries {lo}..{hi})"),
                 expected: stored,
                 actual: c,
@@ -372,7 +394,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             if prev.is_some_and(|p| p >= k) {
                 return Err(Error::corrupt(
                     &self.path,
-                    (e0 + i * ENTRY_REC) as u64,
+                    e0 + (i * ENTRY_REC) as u64,
                     format!("entry {i}: keys are not strictly sorted"),
                 ));
             }
@@ -383,9 +405,10 @@ impl<B: AsRef<[u8]>> IndexView<B> {
     }
 
     fn key_bytes_unchecked(&self, i: usize, klo: u64, khi: u64) -> Result<&[u8]> {
-        let b = self.b();
-        let rec =
-            EntryRecord::decode(&b[self.h.entries_off as usize + i * ENTRY_REC..][..ENTRY_REC]);
+        let rec = EntryRecord::decode(self.at(
+            self.h.entries_off + (i * ENTRY_REC) as u64,
+            ENTRY_REC as u64,
+        )?);
         let start = klo + rec.key_rel as u64;
         let len = rec.key_len as u64;
         if len == 0 || start + len > khi {
@@ -395,7 +418,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
                 format!("entry {i}: key outside its block's key range"),
             ));
         }
-        Ok(&b[(self.h.keys_off + start) as usize..(self.h.keys_off + start + len) as usize])
+        self.at(self.h.keys_off + start, len)
     }
 
     /// The key bytes of entry `i` (verifying its block first).
@@ -415,6 +438,10 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         if self.order_checked.load(Ordering::Acquire) == 1 {
             return Ok(());
         }
+        // Every block's first and last key are read: bring the entry table and key blob in
+        // with one read each rather than page by page.
+        self.at(self.h.entries_off, self.h.entry_count * ENTRY_REC as u64)?;
+        self.at(self.h.keys_off, self.h.keys_len)?;
         let mut prev_last: Option<&[u8]> = None;
         for blk in 0..self.nblocks() {
             let ((klo, khi), _) = self.block_ranges(blk)?;
@@ -437,9 +464,15 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         Ok(())
     }
 
-    /// First entry index whose key is `>= key`.
+    /// First entry index whose key is `>= key`. Proves the whole table sorted first (once):
+    /// callers walk on from the answer (prefix listings), which is only right in a sorted table.
     pub fn lower_bound(&self, key: &[u8]) -> Result<usize> {
         self.ensure_order()?;
+        self.search(key)
+    }
+
+    /// Binary search, verifying each block it touches (O(log n) blocks read).
+    fn search(&self, key: &[u8]) -> Result<usize> {
         let (mut lo, mut hi) = (0usize, self.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
@@ -453,13 +486,18 @@ impl<B: AsRef<[u8]>> IndexView<B> {
     }
 
     /// Entry index of `key`, if present.
+    ///
+    /// A hit is answered from the O(log n) blocks the search read (each verified). "Absent" is
+    /// only answered once the whole table is proven sorted (checked once, by the first miss):
+    /// a crc-consistent but unsorted hostile index cannot hide a key that is there, and a
+    /// lookup that finds its key never pays for reading the whole index.
     pub fn find(&self, key: &str) -> Result<Option<usize>> {
-        let i = self.lower_bound(key.as_bytes())?;
+        let i = self.search(key.as_bytes())?;
         if i < self.len() && self.key_bytes(i)? == key.as_bytes() {
-            Ok(Some(i))
-        } else {
-            Ok(None)
+            return Ok(Some(i));
         }
+        self.ensure_order()?;
+        Ok(None)
     }
 
     /// Parse and validate entry `i`.
@@ -470,9 +508,8 @@ impl<B: AsRef<[u8]>> IndexView<B> {
         let blk = i / BLOCK_ENTRIES;
         self.ensure_block(blk)?;
         let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
-        let b = self.b();
         let rec_off = self.h.entries_off + (i * ENTRY_REC) as u64;
-        let r = EntryRecord::decode(&b[rec_off as usize..rec_off as usize + ENTRY_REC]);
+        let r = EntryRecord::decode(self.at(rec_off, ENTRY_REC as u64)?);
         let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i}: {what}"));
         let key_b = self.key_bytes_unchecked(i, klo, khi)?;
         let key = std::str::from_utf8(key_b).map_err(|_| bad("key is not valid UTF-8".into()))?;
@@ -510,7 +547,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             if a.checked_add(len).is_none_or(|e| e > ahi) {
                 return Err(bad(format!("aux data [{a}, +{len}) outside its block")));
             }
-            Ok(&b[(self.h.aux_off + a) as usize..(self.h.aux_off + a + len) as usize])
+            self.at(self.h.aux_off + a, len)
         };
         let dims: Vec<u64> = if codec == Codec::None && ndim == 1 {
             if stored_len % itemsize as u64 != 0 {
@@ -581,7 +618,7 @@ impl<B: AsRef<[u8]>> IndexView<B> {
 
     /// The metadata JSON bytes, crc-checked.
     pub fn metadata_bytes(&self) -> Result<&[u8]> {
-        let m = &self.b()[self.h.meta_off as usize..(self.h.meta_off + self.h.meta_len) as usize];
+        let m = self.at(self.h.meta_off, self.h.meta_len)?;
         let c = crc(m);
         if c != self.h.meta_crc {
             return Err(Error::Checksum {
@@ -597,6 +634,9 @@ impl<B: AsRef<[u8]>> IndexView<B> {
 
     /// Verify every block and the global key order.
     pub fn verify_all(&self) -> Result<()> {
+        // One read of the whole index instead of page-by-page reads (index read on demand).
+        self.bytes()?;
+        self.ensure_block_table()?;
         for blk in 0..self.nblocks() {
             self.ensure_block(blk)?;
         }
@@ -619,7 +659,6 @@ impl<B: AsRef<[u8]>> IndexView<B> {
     /// crc, checked field by field, or checked to be zero.
     fn verify_section_gaps(&self) -> Result<()> {
         let h = &self.h;
-        let b = self.b();
         let nblocks = h.entry_count.div_ceil(BLOCK_ENTRIES as u64);
         // (start, end) of every section, in file order (checked in order at open)
         let secs = [
@@ -637,9 +676,9 @@ impl<B: AsRef<[u8]>> IndexView<B> {
             (h.meta_off, h.meta_off + h.meta_len),
         ];
         let mut pos = INDEX_HEADER_LEN as u64;
-        let footer = b.len() as u64 - INDEX_FOOTER_LEN as u64;
+        let footer = h.file_len - INDEX_FOOTER_LEN as u64;
         for (lo, hi) in secs.into_iter().chain([(footer, footer)]) {
-            if let Some(p) = first_nonzero(&b[pos as usize..lo as usize]) {
+            if let Some(p) = first_nonzero(self.at(pos, lo - pos)?) {
                 return Err(Error::corrupt(
                     &self.path,
                     pos + p as u64,
