@@ -48,6 +48,7 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         self._pending = PendingSaves()
         self._engine: weakref.ref[Any] | None = None
         self._load_args: dict[str, Any] | None = None
+        self._loaded: dict[str, Any] | None = None  # path -> state, during load_checkpoint
 
     def create(self, info: Any) -> None:
         """Start of a checkpoint (DeepSpeed's ``CheckpointCommitInfo``): nothing to prepare."""
@@ -83,11 +84,12 @@ class ShardpointCheckpointEngine(CheckpointEngine):
             ckpt = me()
             if ckpt is not None:
                 ckpt._load_args = dict(bound.arguments)
+                ckpt._loaded = {}
             try:
                 return load(*args, **kwargs)
             finally:
                 if ckpt is not None:
-                    ckpt._load_args = None
+                    ckpt._load_args = ckpt._loaded = None
 
         engine._sp_load_checkpoint = load
         engine.load_checkpoint = load_checkpoint
@@ -128,9 +130,19 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         restores from them (:meth:`attach`)."""
         directory = os.fspath(path)
         self._pending.wait(directory)
+        cache = self._loaded
+        if cache is not None and directory in cache:
+            # DeepSpeed reads mp_rank_*_model_states twice per load_checkpoint (once to check
+            # mp_world_size, then to restore): decoded once, every reader gets its own dicts
+            return _fresh_containers(cache[directory])
         into = self._targets(os.path.basename(directory.rstrip(os.sep)))
-        tree = load_tree(part_prefix(directory, _PART), integration=_NAME, into=into)
-        return decode_objects(tree)
+        tree = decode_objects(
+            load_tree(part_prefix(directory, _PART), integration=_NAME, into=into)
+        )
+        if cache is not None:
+            cache[directory] = tree
+            return _fresh_containers(tree)
+        return tree
 
     def commit(self, info: Any) -> bool:
         """Wait until every file of the checkpoint is committed (re-raises a failed write)."""
@@ -147,3 +159,15 @@ class ShardpointCheckpointEngine(CheckpointEngine):
     def preserves_storage_sharing(self) -> bool:
         # tensors that share storage are stored once and come back sharing it
         return True
+
+
+def _fresh_containers(tree: Any) -> Any:
+    """``tree`` with new dicts, lists and tuples (leaves shared): a caller editing its state
+    (DeepSpeed replaces entries) does not edit another caller's."""
+    if isinstance(tree, dict):
+        return {k: _fresh_containers(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_fresh_containers(v) for v in tree]
+    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+        return tuple(_fresh_containers(v) for v in tree)
+    return tree
