@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import shardpoint.torch as spt
+from integration_helpers.common import bits
 from shardpoint.integrations._state import load_tree, module_targets
 
 
@@ -125,3 +126,25 @@ def test_a_damaged_value_still_fails_naming_its_key(tmp_path):
     damage_value(p, "w")
     with pytest.raises(ChecksumMismatchError, match="w"):
         load_tree(p, integration="test", into={"w": torch.zeros(256, 256)})
+
+
+@pytest.mark.parametrize("compression", ["zstd", None])
+def test_values_without_a_live_tensor_come_back_exact_in_the_same_read(tmp_path, compression):
+    g = torch.Generator().manual_seed(3)
+    saved = {
+        "f32": torch.randn(300, 7, generator=g),
+        "bf16": torch.randn(9, generator=g).to(torch.bfloat16),
+        "f8": torch.randn(33, generator=g).to(torch.float8_e4m3fn),
+        "step": torch.tensor(12),
+        "mask": torch.rand(5, generator=g) > 0.5,
+        "none": torch.zeros(0, 3),
+        "live": torch.randn(4, generator=g),
+    }
+    p = str(tmp_path / "c")
+    spt.save(saved, p, durable=False, compression=compression)
+    live = torch.zeros(4)
+    out = load_tree(p, integration="test", into={"live": live})
+    assert out["live"] is live
+    for k, v in saved.items():
+        assert out[k].dtype == v.dtype and out[k].shape == v.shape, k
+        assert bits(out[k]) == bits(v), k

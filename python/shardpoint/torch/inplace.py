@@ -15,7 +15,7 @@ customise loading.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from .models import (
     same_values,
     tied_conflict_message,
 )
-from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_section
+from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_dtype, torch_section
 
 __all__ = ["load_into", "decode_into_existing"]
 
@@ -77,7 +77,10 @@ def _overlapping(tensors: Mapping[str, torch.Tensor]) -> set[str]:
 
 
 def decode_into_existing(
-    reader: files.Reader, targets: Mapping[str, torch.Tensor], verify: bool
+    reader: files.Reader,
+    targets: Mapping[str, torch.Tensor],
+    verify: bool,
+    fresh: Iterable[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Decode stored values straight into existing tensors where that is exactly a load +
     copy: ``targets`` maps stored keys to tensors (a model's parameters, an optimizer's
@@ -87,6 +90,12 @@ def decode_into_existing(
     fresh tensors as before (other dtypes, devices, layouts, tensor subclasses: the framework's
     own ``load_state_dict`` then casts/copies as it always did). Overlapping targets (two keys,
     one memory) are left to the caller too, so which value lands stays the framework's rule.
+
+    ``fresh``: other keys to read in the same call, each compressed tensor among them into a
+    new ``torch.empty`` (returned too). Why: new memory that the decoding threads first touch
+    page by page is, on the reference VM, ~2.7x faster than the storage face's fresh outputs
+    (800 MB of zstd fp32: 0.7 s vs 1.9 s); uncompressed ones stay zero-copy views, which the
+    caller reads.
     """
     chosen: dict[str, torch.Tensor] = {}
     for key, t in targets.items():
@@ -97,8 +106,21 @@ def decode_into_existing(
             chosen[key] = t
     for key in _overlapping(chosen):
         del chosen[key]
-    _read_arrays(reader, {k: tensor_to_numpy(t) for k, t in chosen.items()}, verify)
-    return chosen
+    new: dict[str, torch.Tensor] = {}
+    for key in fresh:
+        info = reader.info(key)
+        if key in chosen or info.kind != "tensor" or info.codec == "none" or not info.raw_bytes:
+            continue
+        try:
+            dtype = torch_dtype(info.dtype)
+        except UnsupportedDTypeError:
+            continue
+        # not torch.empty(shape, dtype): deterministic mode would fill it (float4 cannot)
+        new[key] = torch.empty(info.raw_bytes, dtype=torch.uint8).view(dtype).view(info.shape)
+    arrays = {k: tensor_to_numpy(t) for k, t in chosen.items()}
+    arrays.update((k, tensor_to_numpy(t)) for k, t in new.items())
+    _read_arrays(reader, arrays, verify)
+    return {**chosen, **new}
 
 
 def load_into(

@@ -638,7 +638,8 @@ def _into_existing(
 ) -> dict[str, torch.Tensor]:
     """The stored values of ``_load`` decoded straight into existing tensors (``into``), as
     ``key -> that tensor``: only values that would come back as CPU tensors (not numpy leaves,
-    not moved to another device)."""
+    not moved to another device). The other compressed tensors of such a load are decoded in
+    the same batched read, into new tensors (``decode_into_existing``'s ``fresh``)."""
     to_cpu = map_location is not None and is_plain_device(map_location)
     if to_cpu and torch.device(map_location).type != "cpu" or not (to_cpu or map_location is None):
         return {}
@@ -660,7 +661,12 @@ def _into_existing(
     }
     from .inplace import decode_into_existing
 
-    return decode_into_existing(reader, targets, verify)
+    fresh = [
+        k
+        for k in stored
+        if k not in targets and k not in numpy_keys and (to_cpu or locations.get(k, "cpu") == "cpu")
+    ]
+    return decode_into_existing(reader, targets, verify, fresh)
 
 
 class _NoLeaves(dict[str, Any]):
