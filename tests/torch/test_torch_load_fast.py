@@ -65,3 +65,22 @@ def test_load_into_a_model_from_a_hugging_face_directory(tmp_path):
     for n, t in dst.state_dict().items():
         assert t.data_ptr() == ptrs[n], n
         assert torch.equal(t, src.state_dict()[n]), n
+
+
+class Renaming(Net):
+    """Maps a legacy name while loading, in ``load_state_dict`` itself."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):  # type: ignore[no-untyped-def, override]
+        state_dict = {k.replace("old_body", "body"): v for k, v in state_dict.items()}
+        return super().load_state_dict(state_dict, strict, assign)
+
+
+def test_load_model_keeps_a_load_state_dict_override(tmp_path):
+    torch.manual_seed(4)
+    src = Net()
+    p = str(tmp_path / "m")
+    state = {k.replace("body", "old_body"): v for k, v in src.state_dict().items()}
+    spt.save(state, p, durable=False)
+    dst = Renaming()
+    spt.load_model(dst, p)
+    assert torch.equal(dst.body.weight, src.body.weight)

@@ -112,12 +112,9 @@ def module_targets(module: Any) -> Any:
     ``load_state_dict`` override may rename, transform or skip values, so only their own
     code may write the parameters. Modules with tensors off the CPU load fresh CPU tensors
     too (``load_state_dict`` copies them over, as before)."""
-    import torch
-
     from ..torch.models import _plain_cpu_module
 
-    plain = type(module).load_state_dict is torch.nn.Module.load_state_dict
-    return module.state_dict() if plain and _plain_cpu_module(module) else None
+    return module.state_dict() if _plain_cpu_module(module) else None
 
 
 # ---------------------------------------------------------------------------------------------

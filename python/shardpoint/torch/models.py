@@ -109,7 +109,10 @@ def tied_conflict_message(model_name: str, conflicts: list[tuple[str, str]]) -> 
 def _plain_cpu_module(model: torch.nn.Module) -> bool:
     """Whether loading ``model`` needs nothing of ``load_state_dict`` beyond writing each state
     tensor: every tensor on the CPU, no state-dict hooks, no ``_load_from_state_dict``
-    override (quantised or sharded modules customise loading and keep the general path)."""
+    override (quantised or sharded modules customise loading and keep the general path), no
+    ``load_state_dict`` override on the module itself (it may rename or skip entries)."""
+    if type(model).load_state_dict is not torch.nn.Module.load_state_dict:
+        return False
     base = torch.nn.Module._load_from_state_dict
     for m in model.modules():
         if type(m)._load_from_state_dict is not base:
@@ -147,7 +150,8 @@ def load_model(
     does not have. Shape mismatches raise ``RuntimeError`` (torch's "size mismatch" wording).
 
     A CPU model whose modules do not customise loading (no state-dict hooks, no
-    ``_load_from_state_dict`` override) is loaded with :func:`load_into`: values are decoded
+    ``_load_from_state_dict`` override, no ``load_state_dict`` override on the model itself)
+    is loaded with :func:`load_into`: values are decoded
     straight into its tensors, checksums checked, in parallel. Other models go through
     ``load`` + ``load_state_dict``.
 
