@@ -599,9 +599,8 @@ class Reader:
         ``verify`` defaults to the reader's setting; ``progress`` shows a bar (``None``: only
         when stderr is a terminal).
 
-        Memory: decoded values under 8 MiB share one allocation per call (backed by huge pages,
-        which makes loading models of many small tensors much faster); it is freed when the
-        last of those arrays is. Keep a copy of a small value (``a.copy()``) if you keep it
+        Memory: decoded values under 8 MiB share one allocation per call (one allocation, not
+        one per value); it is freed when the last of those arrays is. Keep a copy of a small value (``a.copy()``) if you keep it
         alone for long. Uncompressed values are copy-on-write views of the mapped shards."""
         verify = self._verify if verify is None else bool(verify)
         ks = self.keys() if keys is None else [check_key(k) for k in keys]

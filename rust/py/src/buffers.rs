@@ -24,9 +24,8 @@ pub(crate) enum Store {
 }
 
 /// One allocation holding the decoded small values of a batch load, each at a 64-byte aligned
-/// offset. Why: values below [`HUGE_MIN`] each got their own allocation, backed by 4 KiB pages
-/// that fault in one by one while decoding (for a model of small tensors that cost more than
-/// the decoding itself); one arena gets transparent huge pages like a big value does.
+/// offset. Why: values below [`ARENA_MAX`] each got their own allocation (one allocator call
+/// and one mapping per value, for a model of many small tensors); one arena is one call.
 /// The arena is freed when the last array viewing it is; keeping one small value alive keeps
 /// the batch's small values' memory (documented on `Reader.load`).
 pub(crate) struct Arena {
@@ -133,22 +132,16 @@ pub(crate) fn bytes_of_mut<'b>(
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut u8, buf.len_bytes()) })
 }
 
-/// Outputs at least this large ask for transparent huge pages (see [`advise_huge`]).
-pub(crate) const HUGE_MIN: usize = 8 << 20;
-
-/// Ask the kernel to back the 2 MiB-aligned interior of a fresh allocation with transparent
-/// huge pages: decoding into fresh memory is otherwise dominated by one page fault per 4 KiB.
-/// Only a hint (THP may be off); failure is ignored.
-fn advise_huge(ptr: *mut u8, n: usize) {
-    const HUGE: usize = 2 << 20;
-    let start = (ptr as usize).div_ceil(HUGE) * HUGE;
-    let end = (ptr as usize + n) / HUGE * HUGE;
-    if end > start {
-        // SAFETY: the range lies inside the allocation we own; madvise does not change its
-        // contents (fresh zero pages stay zero).
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    }
-}
+/// Decoded values below this size share one arena per batch load; larger ones get their own
+/// allocation.
+///
+/// No `MADV_HUGEPAGE` hint on fresh outputs (there was one, for outputs >= 8 MiB): a huge
+/// page's first touch clears 2 MiB inside the decoding thread's page fault, and on the
+/// reference VM (THP "madvise") that made `load_file` of 800 MB of zstd fp32 (50 values of
+/// 16 MiB) take 1.24-3.10 s instead of 0.81-0.92 s with 4 KiB pages, and 1.73-2.85 s instead
+/// of 0.91-0.95 s with torch imported (fresh process each, side by side; issue 25's notes).
+/// Systems with THP "always" still get huge pages from the kernel.
+pub(crate) const ARENA_MAX: usize = 8 << 20;
 
 /// A zeroed buffer of `n` bytes, or `MemoryError`: `n` comes from the file (a hostile index can
 /// declare a 1 TiB tensor), so an allocation failure must not abort the interpreter. Large
@@ -169,9 +162,6 @@ pub(crate) fn alloc_zeroed(n: u64) -> PyResult<Vec<u8>> {
             return Err(PyMemoryError::new_err(format!(
                 "cannot allocate {n} bytes for a checkpoint entry"
             )));
-        }
-        if n >= HUGE_MIN {
-            advise_huge(ptr, n);
         }
         Ok(Vec::from_raw_parts(ptr, n, n))
     }

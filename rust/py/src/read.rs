@@ -1,6 +1,6 @@
 //! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
 
-use crate::buffers::{alloc_zeroed, arena_align, bytes_of_mut, Arena, Buffer, Store, HUGE_MIN};
+use crate::buffers::{alloc_zeroed, arena_align, bytes_of_mut, Arena, Buffer, Store, ARENA_MAX};
 use crate::{nogil, nogil_cancellable, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -205,13 +205,13 @@ impl CheckpointReader {
             .collect::<PyResult<_>>()?;
         let reader = &self.inner;
         // Allocate first (fallibly, with the GIL: MemoryError on absurd sizes), then decode
-        // every compressed entry in parallel with the GIL released. Values below HUGE_MIN share
-        // one arena (huge pages instead of a page fault per 4 KiB); bigger ones get their own.
+        // every compressed entry in parallel with the GIL released. Values below ARENA_MAX share
+        // one arena (one allocation instead of one per value); bigger ones get their own.
         let owned = |e: &Entry<'_>| e.codec != Codec::None || copy;
         let mut slots: Vec<Option<(usize, usize)>> = Vec::with_capacity(entries.len());
         let mut arena_len = 0usize;
         for e in &entries {
-            let small = owned(e) && e.raw_len > 0 && e.raw_len < HUGE_MIN as u64;
+            let small = owned(e) && e.raw_len > 0 && e.raw_len < ARENA_MAX as u64;
             slots.push(small.then(|| {
                 let at = arena_align(arena_len);
                 arena_len = at + e.raw_len as usize;
