@@ -134,6 +134,8 @@ class RestoreCoordinator:
         self._waiting_nodes = len(self.unresolved_nodes())
         # key -> crc32c when first seen: a reopened checkpoint must still hold those bytes
         self._crcs: dict[str, int] = {}
+        # (key, array) values checked and waiting for the batched read of this restore call
+        self._queued: list[tuple[str, Any]] = []
 
     # -- the reader: open only inside a restore call ------------------------------------------
     @property
@@ -263,6 +265,35 @@ class RestoreCoordinator:
         self.release_if_done()
 
     def _bind_and_restore(self, node: int, obj: Trackable) -> None:
+        # nested calls (slot restorations inside the walk) leave their values queued: the
+        # outermost call reads everything queued in one batch
+        outermost = self._depth == 1
+        try:
+            self._bind_and_restore_walk(node, obj)
+        except BaseException:
+            # values queued before the error land, as they did when each was read at once
+            if outermost:
+                self._read_queued(raise_errors=False)
+            raise
+        if outermost:
+            self._read_queued()
+
+    def _read_queued(self, raise_errors: bool = True) -> None:
+        """Decode every queued value into its object's memory: one batched parallel read."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        try:
+            self.reader._read_into(
+                [k for k, _ in queued],
+                [a.reshape(-1).view(np.uint8) for _, a in queued],
+                self.reader._verify,
+            )
+        except Exception:
+            if raise_errors:
+                raise
+
+    def _bind_and_restore_walk(self, node: int, obj: Trackable) -> None:
         queue = deque([(node, obj)])
         while queue:
             nid, live = queue.popleft()
@@ -282,6 +313,14 @@ class RestoreCoordinator:
 
     def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
         """Check shape/dtype against the index (cheap), then read the value (lazy)."""
+        _, scalar = self._check(key, shape, dtype, obj, node)
+        return self.reader[key] if scalar is None else scalar[1]
+
+    def _check(
+        self, key: str, shape: Any, dtype: str | None, obj: Any, node: int
+    ) -> tuple[Any, Any]:
+        """The entry of ``key`` checked against the object's shape/dtype: ``(info, scalar)``,
+        ``scalar`` being ``(info, value)`` for a numpy scalar entry restored as a 0-d value."""
         info = self._info(key)
         # a numpy scalar saved by save_file, restored into a variable: a 0-d tensor here
         scalar = None if dtype is None else _numpy_scalar_entry(self.reader, key, info)
@@ -307,7 +346,7 @@ class RestoreCoordinator:
                     f"({_short(obj)}) has dtype {dtype}; values are never cast implicitly on "
                     "restore."
                 )
-        return self.reader[key] if scalar is None else scalar[1]
+        return info, scalar
 
     def _restore_values(self, node: int, obj: Trackable) -> None:
         attributes = self.nodes[node].get("attributes", [])
@@ -316,14 +355,25 @@ class RestoreCoordinator:
         if not may_write(obj, self.uid):
             return  # a restore() called later already wrote this object
         specs = obj._sp_value_specs()
+        # the object's own memory, filled by the batched read at the end of this restore call
+        # (files readers only: other readers hand values out one by one)
+        targets = obj._sp_value_targets() if hasattr(self.reader, "_read_into") else {}
         values: dict[str, Any] = {}
         unused: list[str] = []
+        queued = False
         for attribute in attributes:
             name = attribute["name"]
             if name in specs:
                 spec = specs[name]
                 shape, dtype = (None, None) if spec is None else (spec.shape, spec.dtype)
-                values[name] = self._read_checked(attribute["key"], shape, dtype, obj, node)
+                key = attribute["key"]
+                if name in targets and spec is not None:
+                    info, scalar = self._check(key, shape, dtype, obj, node)
+                    if scalar is None and getattr(info, "kind", None) == "tensor":
+                        self._queued.append((key, targets[name]))
+                        queued = True
+                        continue
+                values[name] = self._read_checked(key, shape, dtype, obj, node)
             elif obj._sp_open_attributes:
                 values[name] = self._read_checked(attribute["key"], None, None, obj, node)
             else:
@@ -332,6 +382,7 @@ class RestoreCoordinator:
             self.unused[node] = (_ref(obj), unused)
         if values:
             obj._sp_restore_values(values)
+        if values or queued:
             wrote(obj, self.uid)
 
     # -- slots -------------------------------------------------------------------------------------

@@ -120,6 +120,12 @@ class Trackable:
     def _sp_restore_values(self, values: Mapping[str, Any]) -> None:
         """Write restored, already checked values into this object."""
 
+    def _sp_value_targets(self) -> Mapping[str, Any]:
+        """``attribute -> numpy array`` that a restore may decode the checked value straight
+        into (C-contiguous, writable, the value's dtype and shape: the object's own memory);
+        such values are not passed to :meth:`_sp_restore_values`. Empty by default."""
+        return {}
+
     def _sp_check_saveable(self) -> None:
         """Raise UnsaveableObjectError if the object cannot be saved now (called at save)."""
 

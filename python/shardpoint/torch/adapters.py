@@ -87,6 +87,16 @@ class TensorAdapter(Trackable):
     def _sp_restore_values(self, values: Mapping[str, Any]) -> None:
         copy_into(self.tensor, values[VARIABLE_VALUE])
 
+    def _sp_value_targets(self) -> Mapping[str, Any]:
+        # plain CPU memory in the stored layout: decoded into directly (load_into's rule);
+        # other devices, layouts and subclasses keep copy_into
+        from .inplace import _direct
+
+        t = self.tensor
+        if is_lazy(t) or not _direct(t, format_dtype(t.dtype)):
+            return {}
+        return {VARIABLE_VALUE: tensor_to_numpy(t)}
+
 
 class ModuleAdapter(Trackable):
     """An ``nn.Module``: parameters, persistent buffers, then child modules, by attribute name.
