@@ -4,7 +4,8 @@ system (FUSE sshfs) beside the same loads from local disk, cold and warm.
 Not a test: it prints every measurement and one table per case, with ratios, from one run.
 
     .venv/bin/python benches/bench_io_modes.py [--mount DIR --backing DIR] [--rounds 3]
-        [--scale 0.5] [--small 10000] [--latency-ms 0] [--sshfs-opts kernel_cache]
+        [--scale 0.5] [--small 10000] [--fuse sshfs|rclone-http] [--latency-ms 0]
+        [--sshfs-opts kernel_cache]
         [--only a,b] [--modes cold,warm]
 
 File systems: ``local`` (a directory on the local disk) and ``fuse`` (a FUSE mount). Without
@@ -15,7 +16,10 @@ same device and differ only by the file-system path (every FUSE read, and every 
 a mapping, is an SFTP round trip through ssh). ``--latency-ms X`` puts a relay in front of
 sshd that delays every chunk by X ms each way (the kernel has no ``netem`` here), as a network
 would; ``--sshfs-opts kernel_cache`` keeps the client's page cache across opens, as an NFS
-client does (sshfs' default drops it at every open). It unmounts and stops sshd at the end.
+client does (sshfs' default drops it at every open). ``--fuse rclone-http`` mounts an
+object-store-like file system instead: ``rclone serve http`` of the directory and ``rclone
+mount`` of that (every read an HTTP range GET, no cache). It unmounts and stops its servers at
+the end.
 
 Cases: ``big`` (the MiniLM-valued bf16 transformer state dict of benches/bench_load.py at
 ``--scale``, 313 tensors) and ``small`` (``--small`` float32 tensors of 0.25-16 KiB cut from
@@ -23,8 +27,9 @@ the same weights). Each is saved as shardpoint (``compression="none"``: the zero
 io mode is about) and safetensors (the anchor), once on each file system.
 
 Loaders (each run a fresh process; the clock covers open + read until every byte is in memory,
-every page of every value touched): ``sp.load_file``, ``sp.open(...)[key]`` for every key and
-``sptorch.load`` with each io mode, ``sptorch.load_into`` (always ``pread``) into existing,
+every page of every value touched): ``sp.load_file``, ``sp.open(...)[key]`` for every key (in
+file order, and shuffled: a model whose parameter order is not the file's) and ``sptorch.load``
+with each io mode, ``sptorch.load_into`` (always ``pread``) into existing,
 pre-faulted tensors, and ``safetensors.torch.load_file``. Rounds interleave everything.
 "cold": ``echo 3 > /proc/sys/vm/drop_caches`` just before the process (the server side, here
 the same kernel, is cold too); without root, ``posix_fadvise(DONTNEED)`` of the files.
@@ -220,6 +225,39 @@ class SshfsMount:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class RcloneHttpMount:
+    """``rclone serve http`` of ``backing`` on 127.0.0.1 and ``rclone mount`` of it at
+    ``mount``: an object-store-like FUSE file system (every read is an HTTP range GET; no
+    local cache, ``--vfs-cache-mode off``)."""
+
+    def __init__(self, backing: Path, mount: Path) -> None:
+        self.mount = mount
+        port = _free_port()
+        self.server = subprocess.Popen(
+            ["rclone", "serve", "http", str(backing), "--addr", f"127.0.0.1:{port}", "-q"]
+        )
+        time.sleep(1.0)
+        mount.mkdir(parents=True, exist_ok=True)
+        self.client = subprocess.Popen(
+            ["rclone", "mount", ":http:", str(mount), "--http-url", f"http://127.0.0.1:{port}/"]
+            + ["--read-only", "--vfs-cache-mode", "off", "-q"]
+        )
+        for _ in range(100):
+            if os.path.ismount(mount):
+                break
+            time.sleep(0.1)
+        else:
+            self.close()
+            raise SystemExit("rclone mount did not come up")
+
+    def close(self) -> None:
+        """Unmount, then stop the mount and the server (by their pids)."""
+        subprocess.run(["fusermount", "-u", str(self.mount)], check=False)
+        for p in (self.client, self.server):
+            p.send_signal(signal.SIGTERM)
+            p.wait(10)
+
+
 # --- page cache -------------------------------------------------------------------------------
 def evict(files: list[str]) -> str:
     """Drop caches before a cold run: the whole page cache when root can, else the files."""
@@ -290,6 +328,16 @@ def loader(name: str, d: Path) -> Callable[[], None]:
                 touch(r[k] for k in r.keys())
 
         return each
+    if kind == "open_shuffled":
+        import random
+
+        def shuffled() -> None:
+            with sp.open(prefix, io=io) as r:
+                keys = list(r.keys())
+                random.Random(25).shuffle(keys)
+                touch(r[k] for k in keys)
+
+        return shuffled
     if kind == "torch_load":
         return lambda: touch(spt.load(prefix, io=io).values())
     if kind == "load_into":
@@ -310,7 +358,11 @@ def loader(name: str, d: Path) -> Callable[[], None]:
 
 
 def child(name: str, d: Path) -> None:
-    """Run one timed load; print seconds, major faults and CPU seconds (JSON, last line)."""
+    """Run one timed load; print seconds, major faults, CPU seconds and what ``io="auto"``
+    picks for these files now (JSON, last line)."""
+    from shardpoint.io_mode import resolve_io
+
+    picked = resolve_io("auto", d / "sp", files=sorted(d.glob("sp.data-*")))
     body = loader(name, d)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -318,7 +370,8 @@ def child(name: str, d: Path) -> None:
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
-    print(json.dumps({"seconds": dt, "majflt": r1.ru_majflt - r0.ru_majflt, "cpu": cpu}))
+    out = {"seconds": dt, "majflt": r1.ru_majflt - r0.ru_majflt, "cpu": cpu, "auto": picked}
+    print(json.dumps(out))
 
 
 def run_child(name: str, d: Path) -> dict[str, Any]:
@@ -336,6 +389,7 @@ def run_child(name: str, d: Path) -> dict[str, Any]:
 LOADERS = (
     [f"load_file:{m}" for m in MODES]
     + [f"open_getitem:{m}" for m in MODES]
+    + [f"open_shuffled:{m}" for m in MODES]
     + [f"torch_load:{m}" for m in MODES]
     + ["load_into", "safetensors"]
 )
@@ -355,6 +409,12 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated loaders (default: all)")
     ap.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay on the link")
     ap.add_argument(
+        "--fuse",
+        default="sshfs",
+        choices=["sshfs", "rclone-http"],
+        help="the FUSE file system to mount when --mount is not given",
+    )
+    ap.add_argument(
         "--sshfs-opts",
         default="",
         help="more sshfs -o options, comma-separated (kernel_cache: keep the client page cache)",
@@ -371,7 +431,7 @@ def main() -> None:
         return
     args.cases = args.cases.split(",")
     fss = args.fs.split(",")
-    mount: SshfsMount | None = None
+    mount: SshfsMount | RcloneHttpMount | None = None
     if args.mount is None:
         args.backing = args.out / "remote"
         args.mount = args.out / "mnt"
@@ -379,10 +439,15 @@ def main() -> None:
         ap.error("--mount needs --backing: the directory the mount shows (to write the files)")
     sizes = setup(args)
     if "fuse" in fss and not os.path.ismount(args.mount):
-        if os.geteuid() != 0 or not (shutil.which("sshfs") and Path("/usr/sbin/sshd").exists()):
-            raise SystemExit("no FUSE mount: pass --mount/--backing, or run as root with sshfs")
-        extra = [o for o in args.sshfs_opts.split(",") if o]
-        mount = SshfsMount(args.backing, args.mount, args.latency_ms, extra)
+        if args.fuse == "rclone-http":
+            if not shutil.which("rclone"):
+                raise SystemExit("--fuse rclone-http needs rclone (apt-get install rclone)")
+            mount = RcloneHttpMount(args.backing, args.mount)
+        else:
+            if os.geteuid() != 0 or not (shutil.which("sshfs") and Path("/usr/sbin/sshd").exists()):
+                raise SystemExit("no FUSE mount: pass --mount/--backing, or run as root with sshfs")
+            extra = [o for o in args.sshfs_opts.split(",") if o]
+            mount = SshfsMount(args.backing, args.mount, args.latency_ms, extra)
     try:
         bench(args, fss, sizes)
     finally:
@@ -399,13 +464,18 @@ def bench(args: argparse.Namespace, fss: list[str], sizes: dict[str, int]) -> No
     modes = args.modes.split(",")
     print(
         f"shardpoint io-mode benchmark; cpus={os.cpu_count()} load average={os.getloadavg()} "
-        f"latency={args.latency_ms} ms each way; sshfs options={args.sshfs_opts or 'default'}"
+        f"fuse={args.fuse}; latency={args.latency_ms} ms each way (sshfs); "
+        f"sshfs options={args.sshfs_opts or 'default'}"
     )
+    from bench_load import first_touch_rate
+
+    print(f"  fresh-memory first touch: {first_touch_rate():.2f} GB/s (what pread's output costs)")
     for fs in fss:
         kind = fs_type(roots[fs])
         picked = resolve_io("auto", roots[fs] / args.cases[0] / "sp")
         print(f"  {fs}: {roots[fs]} is {kind}; io='auto' picks {picked}")
         if fs == "fuse":
+            # with no files to look at (or files not cached), a FUSE mount means pread
             assert kind is not None and kind.startswith("fuse"), kind
             assert picked == "pread", f"auto picked {picked} on {kind}"
     for case in args.cases:
@@ -447,7 +517,7 @@ def bench(args: argparse.Namespace, fss: list[str], sizes: dict[str, int]) -> No
                         print(
                             f"  {case} {mode} {fs} {n}: {res['rate']:.3f} GB/s "
                             f"({res['seconds'] * 1e3:.0f} ms, {res['majflt']} major faults, "
-                            f"{res['cpu']:.2f} CPU-s)",
+                            f"{res['cpu']:.2f} CPU-s; auto would pick {res['auto']})",
                             flush=True,
                         )
         print(
@@ -476,7 +546,7 @@ def bench(args: argparse.Namespace, fss: list[str], sizes: dict[str, int]) -> No
         print("ratios (best of rounds):")
         for m in modes:
             for fs in fss:
-                for kind in ("load_file", "open_getitem", "torch_load"):
+                for kind in ("load_file", "open_getitem", "open_shuffled", "torch_load"):
                     a, b = (
                         best(case, m, fs, f"{kind}:pread"),
                         best(case, m, fs, f"{kind}:mmap"),

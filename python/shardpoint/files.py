@@ -42,7 +42,7 @@ from .errors import (
     InvalidArgumentError,
     InvalidKeyError,
 )
-from .io_mode import resolve_io
+from .io_mode import check_io, resolve_io
 from .progress import progress_bar, wanted
 from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
@@ -491,11 +491,14 @@ class Reader:
         self._out = framework_converter(framework)
         self._r: _core.CheckpointReader | _core.RemoteReader | None
         if is_url(self._prefix):
-            resolve_io(io, ".")  # checks the name; object stores are always read by range
+            check_io(io)  # object stores are always read by range
             self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
         else:
-            copy = copy or resolve_io(io, self._prefix) == "pread"
+            check_io(io)
             self._r = _core.CheckpointReader(self._prefix)
+            if not copy and io != "mmap":
+                shards = [f for f, _ in self._r.shard_files()]
+                copy = resolve_io(io, self._prefix, files=shards) == "pread"
         self._meta: dict[str, Any] | None = None
         self._sections: dict[str, Any] | None = None
         self._verify = bool(verify)

@@ -6,24 +6,44 @@ user-space file systems every page fault of a mapping is a round trip to the ser
 FUSE daemon, one page at a time (safetensors #562; vLLM's ``--safetensors-load-strategy
 eager`` for the same reason), so there ``pread`` reads each value with a few large parallel
 reads into private memory instead. ``auto`` (the default) picks ``pread`` when the file system
-holding the checkpoint is a network or FUSE one, ``mmap`` otherwise. ``load_into`` always
-reads with ``pread`` (it never maps).
+holding the checkpoint is a network or FUSE one, ``mmap`` otherwise; on a network or FUSE one
+whose client keeps the files' pages cached (an NFS client, ``sshfs -o kernel_cache``), files
+that are already wholly in the page cache are mapped after all: there a mapping costs no
+round trip, and ``pread`` would only add a copy into fresh memory (docs/TORCH.md "Loading
+fast" has the figures). ``load_into`` always reads with ``pread`` (it never maps).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import os
 import re
 import select
+from collections.abc import Iterable
 
 from .errors import InvalidArgumentError
 
-__all__ = ["IO_MODES", "MOUNTINFO", "NETWORK_FS_TYPES", "fs_type", "resolve_io"]
+__all__ = [
+    "CACHED_ENOUGH",
+    "IO_MODES",
+    "MOUNTINFO",
+    "NETWORK_FS_TYPES",
+    "cached_fraction",
+    "check_io",
+    "fs_type",
+    "resolve_io",
+]
 
 IO_MODES = ("auto", "mmap", "pread")
 
 #: The kernel's table of this process's mounts (``auto`` reads it; tests may pass another).
 MOUNTINFO = "/proc/self/mountinfo"
+
+#: ``auto`` maps files on a network file system when at least this fraction of their pages
+#: is cached: the few faults left cost less than copying every byte into fresh memory.
+CACHED_ENOUGH = 0.95
 
 # Mount types (as /proc/self/mountinfo names them) whose page faults are remote round trips.
 NETWORK_FS_TYPES = frozenset(
@@ -114,13 +134,81 @@ def _mounts_unchanged() -> bool:
     return False
 
 
-def resolve_io(
-    io: str, path: str | os.PathLike[str], *, mountinfo: str | os.PathLike[str] = MOUNTINFO
-) -> str:
-    """``mmap`` or ``pread`` for reading checkpoint files at ``path`` (see the module doc);
-    ``mountinfo``: the mount table ``auto`` reads (default: this process's)."""
+def check_io(io: str) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``io`` is one of :data:`IO_MODES`."""
     if io not in IO_MODES:
         raise InvalidArgumentError(f"io must be one of {IO_MODES}, not {io!r}")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def cached_fraction(path: str | os.PathLike[str]) -> float:
+    """The fraction of ``path``'s pages that sit in this machine's page cache (``mincore`` on
+    a mapping that is never touched, so nothing is read; files over 1024 pages are sampled in
+    64 evenly spaced windows of 16 pages, so a large file costs microseconds, not a walk of
+    its whole cache); 0.0 when it cannot be told."""
+    libc = _libc()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return 0.0
+    try:
+        size = os.fstat(fd).st_size
+        if libc is None or size == 0:
+            return 0.0
+        page = mmap.PAGESIZE
+        pages = (size + page - 1) // page
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return 0.0
+        try:
+            win = pages if pages <= 1024 else 16
+            starts = [0] if win == pages else [i * (pages - win) // 63 for i in range(64)]
+            vec = (ctypes.c_ubyte * win)()
+            resident = 0
+            for first in starts:
+                if libc.mincore(addr + first * page, win * page, vec) != 0:
+                    return 0.0
+                # bit 0 of each byte: resident; the other bits are reserved (zero)
+                resident += win - bytes(vec).count(0)
+            return resident / (win * len(starts))
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def resolve_io(
+    io: str,
+    path: str | os.PathLike[str],
+    *,
+    files: Iterable[str | os.PathLike[str]] = (),
+    mountinfo: str | os.PathLike[str] = MOUNTINFO,
+) -> str:
+    """``mmap`` or ``pread`` for reading checkpoint files at ``path`` (see the module doc).
+
+    ``files``: the data files the reads will touch; on a network or FUSE file system ``auto``
+    maps them when every one is (almost) wholly in the page cache already. ``mountinfo``: the
+    mount table ``auto`` reads (default: this process's)."""
+    check_io(io)
     if io != "auto":
         return io
     where = os.path.dirname(os.path.abspath(os.fspath(path))) or "."
@@ -133,9 +221,14 @@ def resolve_io(
         except OSError:
             pass  # the open itself will say what is wrong with the path
     if dev is not None and dev in _AUTO_BY_DEV:
-        return _AUTO_BY_DEV[dev]
-    kind = fs_type(where, mountinfo=mountinfo)
-    mode = "pread" if kind is not None and kind.split(".")[0] in NETWORK_FS_TYPES else "mmap"
-    if dev is not None and kind is not None:
-        _AUTO_BY_DEV[dev] = mode
+        mode = _AUTO_BY_DEV[dev]
+    else:
+        kind = fs_type(where, mountinfo=mountinfo)
+        mode = "pread" if kind is not None and kind.split(".")[0] in NETWORK_FS_TYPES else "mmap"
+        if dev is not None and kind is not None:
+            _AUTO_BY_DEV[dev] = mode
+    # the file system's answer is cached; the page cache's is asked each time
+    files = list(files)
+    if mode == "pread" and files and all(cached_fraction(f) >= CACHED_ENOUGH for f in files):
+        return "mmap"
     return mode

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from shardpoint.io_mode import MOUNTINFO, fs_type, resolve_io
+from shardpoint.io_mode import CACHED_ENOUGH, MOUNTINFO, cached_fraction, fs_type, resolve_io
 
 # (mount point under the test's directory, the line's tail after " - ", expected io)
 MOUNTS = [
@@ -99,3 +99,83 @@ def test_auto_choice_is_cached_per_device_and_dropped_when_mounts_change(tmp_pat
     subprocess.run(["umount", str(point)], check=True)
     assert resolve_io("auto", tmp_path / "ck") == first  # re-read after the change
     assert io_mode._AUTO_BY_DEV == {dev: first}
+
+
+# --- page-cache residency: a network mount whose client keeps pages cached ---------------------
+def _sshfs_table(tmp_path, point):
+    """A mountinfo file with an sshfs mount (the kernel's text) at ``point``."""
+    f = tmp_path / "mountinfo-sshfs"
+    f.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n"
+        f"42 27 0:39 / {_escape(point)} rw,nosuid,nodev,relatime - fuse.sshfs "
+        "root@127.0.0.1:/srv rw,user_id=0,group_id=0\n"
+    )
+    return f
+
+
+def test_cached_files_on_a_network_mount_are_mapped(tmp_path):
+    root = os.path.realpath(tmp_path)
+    data = tmp_path / "ck.data"
+    data.write_bytes(os.urandom(1 << 20))
+    data.read_bytes()  # in the page cache now
+    table = _sshfs_table(tmp_path, root)
+    assert cached_fraction(data) == 1.0
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "mmap"
+    # without the files to look at, a network mount still means pread
+    assert resolve_io("auto", tmp_path / "ck", mountinfo=table) == "pread"
+    # a local mount is mapped whatever the cache holds
+    local = tmp_path / "mountinfo-local"
+    local.write_text("27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n")
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=local) == "mmap"
+
+
+def test_evicted_files_on_a_network_mount_are_read(tmp_path):
+    if fs_type(tmp_path) == "tmpfs":
+        pytest.skip("tmpfs pages cannot leave memory: nothing to evict")
+    root = os.path.realpath(tmp_path)
+    data = tmp_path / "ck.data"
+    data.write_bytes(os.urandom(1 << 20))
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    table = _sshfs_table(tmp_path, root)
+    assert cached_fraction(data) < CACHED_ENOUGH
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "pread"
+    local = tmp_path / "mountinfo-local"
+    local.write_text("27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n")
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=local) == "mmap"
+    # one cached file is not enough: every file the load reads must be cached
+    other = tmp_path / "other.data"
+    other.write_bytes(b"x" * 4096)
+    other.read_bytes()
+    assert resolve_io("auto", tmp_path / "ck", files=[other, data], mountinfo=table) == "pread"
+
+
+def test_cached_fraction_of_nothing(tmp_path):
+    assert cached_fraction(tmp_path / "missing") == 0.0
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert cached_fraction(empty) == 0.0
+
+
+def test_partly_cached_large_file_is_read(tmp_path):
+    if fs_type(tmp_path) == "tmpfs":
+        pytest.skip("tmpfs pages cannot leave memory: nothing to evict")
+    data = tmp_path / "big.data"
+    data.write_bytes(os.urandom(8 << 20))  # 2048 pages: sampled in windows
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.pread(fd, 4 << 20, 0)  # the first half back in the cache
+    finally:
+        os.close(fd)
+    assert 0.3 < cached_fraction(data) < 0.7
+    table = _sshfs_table(tmp_path, os.path.realpath(tmp_path))
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "pread"
+    data.read_bytes()
+    assert cached_fraction(data) == 1.0
+    assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "mmap"

@@ -35,7 +35,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..files import EntryInfo, Reader, read_ranges_into, stats_dict
-from ..io_mode import resolve_io
+from ..io_mode import check_io, resolve_io
 from ..progress import progress_bar, wanted
 from ..slicing import TensorSlice
 from ..strong_digest import StrongDigest
@@ -118,8 +118,7 @@ class HFReader(Reader):
     ) -> None:
         p = os.fspath(path)
         self._prefix = p
-        # "pread": values are read into fresh arrays (no mapping; network file systems).
-        self._pread = resolve_io(io, p) == "pread"
+        check_io(io)
         self._r = None
         self._meta = None
         self._dir, self._index, single = resolve_hf(p)
@@ -138,6 +137,10 @@ class HFReader(Reader):
         self._keys = sorted(self._weight_map)
         self._files = sorted(set(self._weight_map.values()))
         self._file_no = {f: i for i, f in enumerate(self._files)}
+        # "pread": values are read into fresh arrays (no mapping; network file systems whose
+        # files are not already cached).
+        files = [os.path.join(self._dir, f) for f in self._files]
+        self._pread = io != "mmap" and resolve_io(io, p, files=files) == "pread"
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()
         self._closed = False
