@@ -169,8 +169,8 @@ def test_partly_cached_large_file_is_read(tmp_path):
     fd = os.open(data, os.O_RDONLY)
     try:
         os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.pread(fd, 4 << 20, 0)  # the first half back in the cache
+        os.pread(fd, 8 << 20, 0)
+        os.posix_fadvise(fd, 4 << 20, 4 << 20, os.POSIX_FADV_DONTNEED)  # the second half out
     finally:
         os.close(fd)
     assert 0.3 < cached_fraction(data) < 0.7
