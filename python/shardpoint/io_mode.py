@@ -21,6 +21,7 @@ import mmap
 import os
 import re
 import select
+import threading
 from collections.abc import Iterable
 
 from .errors import InvalidArgumentError
@@ -108,6 +109,9 @@ def fs_type(
 # readers polling /proc/self/mountinfo (POLLPRI), a ~1 µs check per call.
 _AUTO_BY_DEV: dict[int, str] = {}
 _watch: tuple[int, int, select.poll] | None = None  # (pid, fd, poller) of the mount watch
+# A poll object refuses concurrent poll() calls (RuntimeError), and one thread's poll consumes
+# the change it reports: the check and the cache clear it leads to happen under this lock.
+_watch_lock = threading.Lock()
 
 
 def _mounts_unchanged() -> bool:
@@ -214,8 +218,9 @@ def resolve_io(
     where = os.path.dirname(os.path.abspath(os.fspath(path))) or "."
     dev: int | None = None
     if os.fspath(mountinfo) == MOUNTINFO:
-        if not _mounts_unchanged():
-            _AUTO_BY_DEV.clear()
+        with _watch_lock:
+            if not _mounts_unchanged():
+                _AUTO_BY_DEV.clear()
         try:
             dev = os.stat(where).st_dev
         except OSError:

@@ -179,3 +179,28 @@ def test_partly_cached_large_file_is_read(tmp_path):
     data.read_bytes()
     assert cached_fraction(data) == 1.0
     assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "mmap"
+
+
+def test_auto_from_many_threads_at_once(tmp_path):
+    # the mount-table watch is shared: threads resolving at once must not collide in it (a
+    # poll object raises "concurrent poll() invocation" when two threads poll it together)
+    import threading
+
+    want = resolve_io("auto", tmp_path / "ck")
+    errors: list[BaseException] = []
+    got: set[str] = set()
+
+    def work() -> None:
+        try:
+            for _ in range(1500):
+                got.add(resolve_io("auto", tmp_path / "ck"))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert got == {want}
