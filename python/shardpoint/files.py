@@ -496,9 +496,10 @@ class Reader:
         else:
             check_io(io)
             self._r = _core.CheckpointReader(self._prefix)
-            if not copy and io != "mmap":
+            # the shard list is only looked at on network mounts (local opens stay ~50 us)
+            if not copy and resolve_io(io, self._prefix) == "pread":
                 shards = [f for f, _ in self._r.shard_files()]
-                copy = resolve_io(io, self._prefix, files=shards) == "pread"
+                copy = io == "pread" or resolve_io(io, self._prefix, files=shards) == "pread"
         self._meta: dict[str, Any] | None = None
         self._sections: dict[str, Any] | None = None
         self._verify = bool(verify)
