@@ -101,8 +101,6 @@ def case_files(d: Path) -> list[str]:
 def setup(args: argparse.Namespace) -> dict[str, int]:
     """Write each case once into ``<out>/local`` and copy it to the FUSE backing directory
     (unless present); returns each case's bytes of values."""
-    import torch
-
     from bench_load import make_state
 
     sizes = {}
@@ -124,7 +122,6 @@ def setup(args: argparse.Namespace) -> dict[str, int]:
             shutil.rmtree(dst, ignore_errors=True)
             shutil.copytree(src, dst)
     os.sync()
-    del torch
     return sizes
 
 
