@@ -27,6 +27,11 @@ HELPER = os.path.join(os.path.dirname(__file__), "..", "reliability_helpers", "i
 LATENCY_LIMIT_S = 0.5 + 0.5
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _interrupt(mode: str, path: str, form: str, env_extra: dict[str, str]) -> float:
     env = dict(os.environ, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -38,6 +43,11 @@ def _interrupt(mode: str, path: str, form: str, env_extra: dict[str, str]) -> fl
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # A test run started in the background by a non-interactive shell (`make test &`,
+        # nohup) ignores SIGINT, and an ignored signal stays ignored across exec: the child
+        # would never see the Ctrl-C this test sends. Give it the default disposition, so
+        # that its Python installs the KeyboardInterrupt handler as in a terminal.
+        preexec_fn=_default_sigint,
     )
     try:
         assert child.stdout is not None
