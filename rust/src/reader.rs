@@ -267,7 +267,7 @@ pub fn is_single_file(path: &Path) -> bool {
 }
 
 /// Open a regular, non-empty file for reading; returns it and its length.
-fn open_file(path: &Path, what: &'static str) -> Result<(File, u64)> {
+fn open_file(path: &Path, what: &'static str) -> Result<(File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
     // O_NONBLOCK: a FIFO (or device) planted under a checkpoint name must not hang the open.
     let f = std::fs::OpenOptions::new()
@@ -279,18 +279,16 @@ fn open_file(path: &Path, what: &'static str) -> Result<(File, u64)> {
     if !meta.file_type().is_file() {
         return Err(Error::corrupt(path, 0, "not a regular file"));
     }
-    let len = meta.len();
-    if len == 0 {
+    if meta.len() == 0 {
         return Err(Error::corrupt(path, 0, "file is empty"));
     }
-    Ok((f, len))
+    Ok((f, meta))
 }
 
 /// Open `P.index`: its bytes, and its (device, inode) as opened.
-fn read_index(path: &Path) -> Result<(Option<(u64, u64)>, IndexBytes)> {
-    let (f, len) = open_file(path, "open checkpoint index")?;
-    let id = f.metadata().ok().map(|m| file_id(&m));
-    Ok((id, IndexBytes::of(f, path, 0, len)?))
+fn read_index(path: &Path) -> Result<((u64, u64), IndexBytes)> {
+    let (f, meta) = open_file(path, "open checkpoint index")?;
+    Ok((file_id(&meta), IndexBytes::of(f, path, 0, meta.len())?))
 }
 
 /// (device, inode) of a file: tells whether `P.index` was replaced between two looks.
@@ -349,12 +347,13 @@ impl Reader {
     fn open_once(prefix: &Path, opened: &mut Option<(u64, u64)>) -> Result<Reader> {
         let ipath = index_path(prefix);
         let (id, ibytes) = read_index(&ipath)?;
-        *opened = id;
+        *opened = Some(id);
         let index = IndexView::open(ibytes, &ipath)?;
         let mut shards = Vec::with_capacity(index.shards().len());
         for (i, rec) in index.shards().iter().enumerate() {
             let path = with_suffix(prefix, &rec.name);
-            let (file, len) = open_file(&path, "open shard")?;
+            let (file, meta) = open_file(&path, "open shard")?;
+            let len = meta.len();
             if len != rec.file_len {
                 return Err(Error::corrupt(
                     &path,
@@ -389,7 +388,8 @@ impl Reader {
     /// in the key count, like a prefix open.
     fn open_single(path: &Path) -> Result<Reader> {
         use std::os::unix::fs::FileExt;
-        let (file, len) = open_file(path, "open single-file checkpoint")?;
+        let (file, meta) = open_file(path, "open single-file checkpoint")?;
+        let len = meta.len();
         let read = |off: u64, buf: &mut [u8]| {
             file.read_exact_at(buf, off)
                 .map_err(|e| Error::io(path, "read single-file checkpoint", e))
