@@ -293,6 +293,8 @@ def _wait_at_exit() -> None:
 
 
 def _after_fork() -> None:
+    global _DEFAULT_LOCK
+    _DEFAULT_LOCK = threading.Lock()  # another thread may have held it at the fork
     for s in list(_SAVERS):
         s._reset_after_fork()
 

@@ -114,6 +114,17 @@ _watch: tuple[int, int, select.poll] | None = None  # (pid, fd, poller) of the m
 _watch_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    # A lock another thread held at a fork stays held in the child (ARCHITECTURE.md, "Threads
+    # and fork"); the watch itself is renewed by the pid check in _mounts_unchanged.
+    global _watch_lock
+    _watch_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def _mounts_unchanged() -> bool:
     """Whether the mount table is known unchanged since the last call (False the first time
     in a process, and whenever it cannot be watched)."""

@@ -33,6 +33,7 @@ import enum
 import importlib
 import json
 import math
+import os
 import pathlib
 import threading
 import types
@@ -108,6 +109,17 @@ class _Handler:
 
 
 _LOCK = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # A forked child has only the forking thread: a lock another thread held at the fork
+    # would stay held forever (ARCHITECTURE.md, "Threads and fork").
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 _USER_BY_NAME: dict[str, _UserType] = {}
 _USER_BY_CLASS: dict[type, _UserType] = {}
 _HANDLERS: dict[str, _Handler] = {}  # tag -> handler

@@ -335,38 +335,39 @@ pub fn verify_strong<R: ShardBytes>(r: &R) -> Result<Option<StrongReport>> {
         }
         plan.push((i, fd));
     }
-    let found: Vec<Result<Option<DigestMismatch>>> = plan
-        .par_iter()
-        .map(|&(i, fd)| {
-            let len = recs[i].file_len;
-            let piece = r.piece() as u64;
-            let mut h = algo.hasher();
-            let mut buf = vec![0u8; piece.min(len) as usize];
-            let mut off = 0u64;
-            while off < len {
-                let n = (len - off).min(piece) as usize;
-                r.read_shard(i, off, &mut buf[..n])?;
-                h.update(&buf[..n]);
-                off += n as u64;
-            }
-            // Bytes appended after the recorded end are a change too.
-            if r.grew(i) {
-                return Ok(Some(DigestMismatch {
+    let found: Vec<Result<Option<DigestMismatch>>> = crate::threads::install(|| {
+        plan.par_iter()
+            .map(|&(i, fd)| {
+                let len = recs[i].file_len;
+                let piece = r.piece() as u64;
+                let mut h = algo.hasher();
+                let mut buf = vec![0u8; piece.min(len) as usize];
+                let mut off = 0u64;
+                while off < len {
+                    let n = (len - off).min(piece) as usize;
+                    r.read_shard(i, off, &mut buf[..n])?;
+                    h.update(&buf[..n]);
+                    off += n as u64;
+                }
+                // Bytes appended after the recorded end are a change too.
+                if r.grew(i) {
+                    return Ok(Some(DigestMismatch {
+                        path: r.shard_path(i),
+                        what: format!("file is longer than the {len} bytes recorded"),
+                    }));
+                }
+                let got = h.finish_hex();
+                Ok((got != fd.digest).then(|| DigestMismatch {
                     path: r.shard_path(i),
-                    what: format!("file is longer than the {len} bytes recorded"),
-                }));
-            }
-            let got = h.finish_hex();
-            Ok((got != fd.digest).then(|| DigestMismatch {
-                path: r.shard_path(i),
-                what: format!(
-                    "{} of the file is {got}, the manifest records {}",
-                    algo.name(),
-                    fd.digest
-                ),
-            }))
-        })
-        .collect();
+                    what: format!(
+                        "{} of the file is {got}, the manifest records {}",
+                        algo.name(),
+                        fd.digest
+                    ),
+                }))
+            })
+            .collect()
+    });
     for f in found {
         if let Some(m) = f? {
             mismatches.push(m);

@@ -80,7 +80,7 @@ pub fn save_incremental(
                 items.len()
             )))
         }
-        None => items.par_iter().map(|it| par_crc(it.data)).collect(),
+        None => crate::threads::install(|| items.par_iter().map(|it| par_crc(it.data)).collect()),
     };
     let mut report = IncrementalReport::default();
     let plan = match base {

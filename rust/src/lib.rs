@@ -24,6 +24,8 @@
 //! - [`cancel`]: cooperative cancellation of long calls (Ctrl-C);
 //! - [`stats`]: numerical health (min/max/mean/std, NaN/Inf/zero counts, L2) and value
 //!   differences of tensors of any dtype, streamed with the decode;
+//! - [`threads`]: the thread pool every parallel pass runs on, and per-process state, so a
+//!   forked child works as a fresh process does;
 //! - [`error`]: the crate's one error type.
 
 pub mod cancel;
@@ -44,6 +46,7 @@ pub mod single;
 pub mod staging;
 pub mod stats;
 pub mod store;
+pub mod threads;
 pub mod writer;
 
 pub use digest::DigestAlgo;

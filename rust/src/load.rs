@@ -166,23 +166,25 @@ pub fn for_each_ordered(n: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Res
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
-    let workers = rayon::current_num_threads().min(n).max(1);
-    (0..workers).into_par_iter().for_each(|_| loop {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= n {
-            return;
-        }
-        if let Err(e) = f(i) {
-            stop.store(true, Ordering::Relaxed);
-            let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                *slot = Some(e);
+    crate::threads::install(|| {
+        let workers = rayon::current_num_threads().min(n).max(1);
+        (0..workers).into_par_iter().for_each(|_| loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
             }
-            return;
-        }
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                return;
+            }
+            if let Err(e) = f(i) {
+                stop.store(true, Ordering::Relaxed);
+                let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+                return;
+            }
+        })
     });
     match first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),

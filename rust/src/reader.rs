@@ -501,12 +501,14 @@ impl Reader {
             return shard.read_at(base, out);
         }
         let cancel = crate::cancel::current();
-        out.par_chunks_mut(READ_PIECE)
-            .enumerate()
-            .try_for_each(|(i, piece)| {
-                cancel.check()?;
-                shard.read_at(base + (i * READ_PIECE) as u64, piece)
-            })
+        crate::threads::install(|| {
+            out.par_chunks_mut(READ_PIECE)
+                .enumerate()
+                .try_for_each(|(i, piece)| {
+                    cancel.check()?;
+                    shard.read_at(base + (i * READ_PIECE) as u64, piece)
+                })
+        })
     }
 
     fn chunk_err(&self, e: &Entry<'_>, ci: usize, off: u64, what: String) -> Error {
@@ -850,37 +852,37 @@ impl Reader {
         f: impl Fn(&[u8]) -> Result<T> + Sync,
     ) -> Result<Vec<T>> {
         let shard = &self.shards[e.shard as usize];
-        let (pieces, crcs): (Vec<T>, Vec<(u32, usize)>) = if e.codec == Codec::None {
-            let n = e.stored_len as usize;
-            (0..n.div_ceil(READ_PIECE))
-                .into_par_iter()
-                .map(|i| {
-                    let lo = i * READ_PIECE;
-                    let len = READ_PIECE.min(n - lo);
-                    with_decode_scratch(len, |buf| {
-                        shard.read_at(e.offset + lo as u64, buf)?;
-                        Ok((f(buf)?, (crc(buf), len)))
+        let (pieces, crcs): (Vec<T>, Vec<(u32, usize)>) = crate::threads::install(|| {
+            if e.codec == Codec::None {
+                let n = e.stored_len as usize;
+                (0..n.div_ceil(READ_PIECE))
+                    .into_par_iter()
+                    .map(|i| {
+                        let lo = i * READ_PIECE;
+                        let len = READ_PIECE.min(n - lo);
+                        with_decode_scratch(len, |buf| {
+                            shard.read_at(e.offset + lo as u64, buf)?;
+                            Ok((f(buf)?, (crc(buf), len)))
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .unzip()
-        } else {
-            self.check_chunk_table(e)?;
-            let cb = self.index.chunk_bytes() as u64;
-            (0..e.nchunks())
-                .into_par_iter()
-                .map(|ci| {
-                    let len = cb.min(e.raw_len - ci as u64 * cb) as usize;
-                    with_decode_scratch(len, |buf| {
-                        let c = self.decode_chunk_checked(e, ci, buf)?;
-                        Ok((f(buf)?, (c, len)))
+                    .collect::<Result<Vec<_>>>()
+                    .map(|v| v.into_iter().unzip())
+            } else {
+                self.check_chunk_table(e)?;
+                let cb = self.index.chunk_bytes() as u64;
+                (0..e.nchunks())
+                    .into_par_iter()
+                    .map(|ci| {
+                        let len = cb.min(e.raw_len - ci as u64 * cb) as usize;
+                        with_decode_scratch(len, |buf| {
+                            let c = self.decode_chunk_checked(e, ci, buf)?;
+                            Ok((f(buf)?, (c, len)))
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .unzip()
-        };
+                    .collect::<Result<Vec<_>>>()
+                    .map(|v| v.into_iter().unzip())
+            }
+        })?;
         let whole = if crcs.is_empty() {
             crc(&[])
         } else {
@@ -931,6 +933,10 @@ impl Reader {
     /// Check an entry's stored crcs, reading it with pread in pieces (parallel for large
     /// payloads). Used by `verify`.
     pub fn verify_entry(&self, e: &Entry<'_>) -> Result<()> {
+        crate::threads::install(|| self.verify_entry_in_pool(e))
+    }
+
+    fn verify_entry_in_pool(&self, e: &Entry<'_>) -> Result<()> {
         if e.codec == Codec::None {
             let shard = &self.shards[e.shard as usize];
             let n = e.stored_len as usize;
@@ -998,18 +1004,20 @@ impl Reader {
             rest = tail;
         }
         let cancel = crate::cancel::current();
-        pieces
-            .into_par_iter()
-            .try_for_each(|(ci, dst)| -> Result<()> {
-                cancel.check()?;
-                let raw_lo = ci * cb;
-                let raw_n = cb.min(e.raw_len - raw_lo) as usize;
-                let mut tmp = vec![0u8; raw_n];
-                self.decode_one(e, ci as usize, &mut tmp)?;
-                let from = (lo.max(raw_lo) - raw_lo) as usize;
-                dst.copy_from_slice(&tmp[from..from + dst.len()]);
-                Ok(())
-            })
+        crate::threads::install(|| {
+            pieces
+                .into_par_iter()
+                .try_for_each(|(ci, dst)| -> Result<()> {
+                    cancel.check()?;
+                    let raw_lo = ci * cb;
+                    let raw_n = cb.min(e.raw_len - raw_lo) as usize;
+                    let mut tmp = vec![0u8; raw_n];
+                    self.decode_one(e, ci as usize, &mut tmp)?;
+                    let from = (lo.max(raw_lo) - raw_lo) as usize;
+                    dst.copy_from_slice(&tmp[from..from + dst.len()]);
+                    Ok(())
+                })
+        })
     }
 
     /// Check everything: every index block, global key order, metadata, every payload and chunk
@@ -1037,14 +1045,16 @@ impl Reader {
         // Entries in parallel; inside, large raw payloads and chunk lists are split again
         // (rayon nests), so one huge tensor still uses every core.
         let cancel = crate::cancel::current();
-        (0..n).into_par_iter().try_for_each(|i| -> Result<()> {
-            cancel.check()?;
-            let _scope = cancel.enter();
-            let e = self.index.entry(i)?;
-            if e.codec != Codec::None {
-                self.check_chunk_table(&e)?;
-            }
-            self.verify_entry(&e)
+        crate::threads::install(|| {
+            (0..n).into_par_iter().try_for_each(|i| -> Result<()> {
+                cancel.check()?;
+                let _scope = cancel.enter();
+                let e = self.index.entry(i)?;
+                if e.codec != Codec::None {
+                    self.check_chunk_table(&e)?;
+                }
+                self.verify_entry(&e)
+            })
         })
     }
 
@@ -1063,11 +1073,12 @@ impl Reader {
                 a = b;
             }
         }
-        pieces.into_par_iter().try_for_each(|(s, a, b)| {
-            let shard = &self.shards[s as usize];
-            let mut buf = vec![0u8; (b - a) as usize];
-            shard.read_at(a, &mut buf)?;
-            match first_nonzero(&buf) {
+        crate::threads::install(|| {
+            pieces.into_par_iter().try_for_each(|(s, a, b)| {
+                let shard = &self.shards[s as usize];
+                let mut buf = vec![0u8; (b - a) as usize];
+                shard.read_at(a, &mut buf)?;
+                match first_nonzero(&buf) {
                 None => Ok(()),
                 Some(p) => Err(Error::corrupt(
                     &shard.path,
@@ -1075,6 +1086,7 @@ impl Reader {
                     "non-zero byte in the padding between payloads (FORMAT.md §2: gaps are zero)",
                 )),
             }
+            })
         })?;
         // A single-file checkpoint's own padding (offsets in the file, not in its shard),
         // read in bounded pieces (a hostile file may declare a huge gap).

@@ -129,7 +129,8 @@ pub fn par_crc(data: &[u8]) -> u32 {
         return crc(data);
     }
     const PIECE: usize = 4 << 20;
-    let pieces: Vec<(u32, usize)> = data.par_chunks(PIECE).map(|p| (crc(p), p.len())).collect();
+    let pieces: Vec<(u32, usize)> =
+        crate::threads::install(|| data.par_chunks(PIECE).map(|p| (crc(p), p.len())).collect());
     combine_crcs(pieces)
 }
 
@@ -420,19 +421,21 @@ impl ShardWriter {
             progress,
         };
         self.cancel.check()?;
-        let mut pending = batches.first().map(|b| encode(b));
-        for (k, batch) in batches.iter().enumerate() {
-            self.cancel.check()?;
-            let done = pending.take().expect("encoded ahead");
-            let next = batches.get(k + 1);
-            let (written, next_done) = rayon::join(
-                || self.write_batch(batch, done, &mut states, &ctx),
-                || next.map(|b| encode(b)),
-            );
-            written?;
-            pending = next_done;
-        }
-        Ok(())
+        crate::threads::install(|| {
+            let mut pending = batches.first().map(|b| encode(b));
+            for (k, batch) in batches.iter().enumerate() {
+                self.cancel.check()?;
+                let done = pending.take().expect("encoded ahead");
+                let next = batches.get(k + 1);
+                let (written, next_done) = rayon::join(
+                    || self.write_batch(batch, done, &mut states, &ctx),
+                    || next.map(|b| encode(b)),
+                );
+                written?;
+                pending = next_done;
+            }
+            Ok(())
+        })
     }
 
     /// Write one encoded batch in order: padding and entry records at value boundaries.

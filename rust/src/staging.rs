@@ -38,14 +38,16 @@ pub fn copy_with_crc(srcs: &[&[u8]], dsts: &mut [&mut [u8]], with_crc: bool) -> 
             pieces.push((i, sp, dp));
         }
     }
-    let crcs: Vec<(usize, u32, usize)> = pieces
-        .par_iter_mut()
-        .map(|(i, s, d)| {
-            d.copy_from_slice(s);
-            let c = if with_crc { crc(d) } else { 0 };
-            (*i, c, d.len())
-        })
-        .collect();
+    let crcs: Vec<(usize, u32, usize)> = crate::threads::install(|| {
+        pieces
+            .par_iter_mut()
+            .map(|(i, s, d)| {
+                d.copy_from_slice(s);
+                let c = if with_crc { crc(d) } else { 0 };
+                (*i, c, d.len())
+            })
+            .collect()
+    });
     if !with_crc {
         return Ok(Vec::new());
     }

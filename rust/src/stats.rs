@@ -345,10 +345,12 @@ pub fn stats_of(dt: DType, bytes: &[u8]) -> Result<TensorStats> {
 /// [`stats_of`] split over the rayon pool in pieces of ~1 MiB.
 pub fn par_stats_of(dt: DType, bytes: &[u8]) -> Result<TensorStats> {
     check_len(dt, bytes.len(), "stats")?;
-    bytes
-        .par_chunks(PIECE)
-        .map(|p| stats_of(dt, p))
-        .try_reduce(TensorStats::default, |a, b| Ok(a.merge(b)))
+    crate::threads::install(|| {
+        bytes
+            .par_chunks(PIECE)
+            .map(|p| stats_of(dt, p))
+            .try_reduce(TensorStats::default, |a, b| Ok(a.merge(b)))
+    })
 }
 
 /// Statistics of a stored tensor in one parallel pass: each chunk is decoded into a reused
@@ -437,10 +439,12 @@ pub fn par_diff_of(dt: DType, a: &[u8], b: &[u8]) -> Result<DiffStats> {
             b.len()
         )));
     }
-    Ok(a.par_chunks(PIECE)
-        .zip(b.par_chunks(PIECE))
-        .map(|(x, y)| diff_piece(dt, x, y))
-        .reduce(DiffStats::default, DiffStats::merge))
+    Ok(crate::threads::install(|| {
+        a.par_chunks(PIECE)
+            .zip(b.par_chunks(PIECE))
+            .map(|(x, y)| diff_piece(dt, x, y))
+            .reduce(DiffStats::default, DiffStats::merge)
+    }))
 }
 
 #[cfg(test)]

@@ -212,6 +212,16 @@ _DISKS: dict[int, DiskFigures] = {}
 _CODECS: dict[tuple[str, str], CodecFigures] = {}
 
 
+def _new_lock_in_child() -> None:
+    # another thread may have held it at a fork (ARCHITECTURE.md, "Threads and fork")
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def clear_measurements() -> None:
     """Forget the cached figures (the next ``"auto"`` decision measures again)."""
     with _LOCK:

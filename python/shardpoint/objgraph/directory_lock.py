@@ -32,6 +32,16 @@ logger = logging.getLogger("shardpoint")
 #: "no usable flock here" (EBADF: NFS emulates flock with write locks, refused on a directory)
 _NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF}
 _mutex = threading.Lock()
+
+
+def _new_mutex_in_child() -> None:
+    # another thread may have held it at a fork (ARCHITECTURE.md, "Threads and fork")
+    global _mutex
+    _mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_mutex_in_child)
 #: (device, inode) of a locked directory -> [fd, number of live leases]
 _held: dict[tuple[int, int], list[int]] = {}
 

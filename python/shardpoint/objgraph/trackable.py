@@ -34,6 +34,7 @@ and no other adapter get the generic fallback adapter.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import threading
 import weakref
@@ -418,5 +419,17 @@ def _refuse_without_adapters(value: Any) -> None:
 
 _IMPORT_LOCK = threading.RLock()
 _IMPORTING: set[str] = set()
+
+
+def _reset_in_child() -> None:
+    # A forked child has only the forking thread: an import another thread was running (and
+    # its lock) never finishes there (ARCHITECTURE.md, "Threads and fork").
+    global _IMPORT_LOCK
+    _IMPORT_LOCK = threading.RLock()
+    _IMPORTING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
 # package -> (adapter module, the error its import raised)
 _FAILED: dict[str, tuple[str, BaseException]] = {}

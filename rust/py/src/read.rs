@@ -262,24 +262,26 @@ impl CheckpointReader {
             }
             nogil_cancellable(py, || {
                 let cancel = shardpoint_core::cancel::current();
-                entries
-                    .par_iter()
-                    .zip(dsts.par_iter_mut())
-                    .zip(maps.par_iter())
-                    .try_for_each(|((e, dst), map)| {
-                        cancel.check()?;
-                        let _scope = cancel.enter();
-                        match (dst, map) {
-                            (Some(d), _) => {
-                                reader.read_into(e, d, verify || e.codec != Codec::None)
+                shardpoint_core::threads::install(|| {
+                    entries
+                        .par_iter()
+                        .zip(dsts.par_iter_mut())
+                        .zip(maps.par_iter())
+                        .try_for_each(|((e, dst), map)| {
+                            cancel.check()?;
+                            let _scope = cancel.enter();
+                            match (dst, map) {
+                                (Some(d), _) => {
+                                    reader.read_into(e, d, verify || e.codec != Codec::None)
+                                }
+                                (None, Some(m)) if verify => reader.verify_view(
+                                    e,
+                                    &m[e.offset as usize..(e.offset + e.stored_len) as usize],
+                                ),
+                                _ => Ok(()),
                             }
-                            (None, Some(m)) if verify => reader.verify_view(
-                                e,
-                                &m[e.offset as usize..(e.offset + e.stored_len) as usize],
-                            ),
-                            _ => Ok(()),
-                        }
-                    })
+                        })
+                })
             })?;
         }
         let arena = Arc::new(Arena::new(arena));
@@ -382,10 +384,12 @@ impl CheckpointReader {
         }
         let reader = &self.inner;
         let all = nogil(py, || {
-            entries
-                .par_iter()
-                .map(|e| shardpoint_core::stats::entry_stats(reader, e))
-                .collect::<shardpoint_core::Result<Vec<_>>>()
+            shardpoint_core::threads::install(|| {
+                entries
+                    .par_iter()
+                    .map(|e| shardpoint_core::stats::entry_stats(reader, e))
+                    .collect::<shardpoint_core::Result<Vec<_>>>()
+            })
         })?;
         Ok(all.iter().map(crate::stats::stats_tuple).collect())
     }

@@ -20,6 +20,7 @@ pub mod remote_reader;
 pub mod upload;
 
 use crate::error::{Error, Result};
+use crate::threads::PerProcess;
 use futures::future::BoxFuture;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjPath;
@@ -28,7 +29,7 @@ use object_store::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Default bytes per multipart part / per ranged GET piece (see benches/bench_object_store.py).
@@ -41,9 +42,10 @@ pub const COALESCE_GAP: u64 = 1 << 20;
 const MIN_PART_SIZE: usize = 5 << 20;
 
 /// The tokio runtime that drives every object-store request. Few threads: the work is I/O;
-/// decoding and checksums run on rayon.
+/// decoding and checksums run on rayon. One per process: a forked child builds its own (its
+/// parent's threads are not there, [`crate::threads`]).
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    static RT: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -149,14 +151,28 @@ impl StoreConfig {
     }
 }
 
+/// The clients of one store.
+#[derive(Clone)]
+pub(crate) struct Clients {
+    pub inner: Arc<dyn ObjectStore>,
+    /// The low-level multipart API (S3, GCS, Azure): lets us record upload ids so that uploads
+    /// of a killed writer can be aborted later. `None` for memory://.
+    pub multipart: Option<Arc<dyn MultipartStore>>,
+}
+
+/// Builds a store's [`Clients`].
+type Connect = Box<dyn Fn() -> Result<Clients> + Send + Sync>;
+
 /// One configured object-store client.
 pub struct Store {
     /// `scheme://authority` (no credentials: those never appear in URLs we accept).
     base: String,
-    inner: Arc<dyn ObjectStore>,
-    /// The low-level multipart API (S3, GCS, Azure): lets us record upload ids so that uploads
-    /// of a killed writer can be aborted later. `None` for memory://.
-    multipart: Option<Arc<dyn MultipartStore>>,
+    /// The clients of this process. An HTTP client keeps pooled connections whose driver
+    /// tasks live on the runtime of the process that opened them, so a forked child that
+    /// inherits a `Store` connects anew ([`crate::threads`]); a `memory://` store hands the
+    /// child its (copied) objects.
+    clients: PerProcess<Clients>,
+    connect: Connect,
     pub config: StoreConfig,
     /// Secret-looking values (from options and the environment) scrubbed from error text.
     secrets: Vec<String>,
@@ -194,8 +210,10 @@ pub fn is_remote_url(s: &str) -> bool {
     .any(|p| s.starts_with(p))
 }
 
+/// The stores of this process (a forked child starts with none, as a fresh process does: its
+/// `memory://` namespace is empty, and the lock cannot be one a parent's thread held).
 fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
-    static R: OnceLock<Mutex<HashMap<String, Arc<Store>>>> = OnceLock::new();
+    static R: PerProcess<Mutex<HashMap<String, Arc<Store>>>> = PerProcess::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -273,65 +291,98 @@ impl Store {
                 theirs.insert(0, (k.to_string(), v.to_string()));
             }
         }
-        let build_err = |e: object_store::Error| {
-            let mut msg = e.to_string();
-            for s in &secrets {
-                msg = msg.replace(s.as_str(), "<redacted>");
+        let build_err = {
+            let (base, secrets) = (base.clone(), secrets.clone());
+            move |e: object_store::Error| {
+                let mut msg = e.to_string();
+                for s in &secrets {
+                    msg = msg.replace(s.as_str(), "<redacted>");
+                }
+                Error::InvalidArgument(format!("{base}: cannot configure the object store: {msg}"))
             }
-            Error::InvalidArgument(format!("{base}: cannot configure the object store: {msg}"))
         };
         let url = format!("{base}/");
-        let (inner, multipart): (Arc<dyn ObjectStore>, Option<Arc<dyn MultipartStore>>) =
-            match scheme {
-                "memory" => (Arc::new(object_store::memory::InMemory::new()), None),
-                "s3" | "s3a" => {
-                    let mut b = object_store::aws::AmazonS3Builder::from_env()
-                        .with_url(url.clone())
-                        .with_retry(retry.clone());
-                    for (k, v) in &theirs {
-                        let key = k.parse().map_err(build_err)?;
-                        b = b.with_config(key, v.as_str());
-                    }
-                    let s = Arc::new(b.build().map_err(build_err)?);
-                    (s.clone(), Some(s))
+        // Each builder is configured here (bad options fail now) and kept: `connect` builds
+        // the clients from it, now and again in a forked child.
+        let connect: Connect = match scheme {
+            "memory" => {
+                let m: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+                Box::new(move || {
+                    Ok(Clients {
+                        inner: m.clone(),
+                        multipart: None,
+                    })
+                })
+            }
+            "s3" | "s3a" => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url.clone())
+                    .with_retry(retry.clone());
+                for (k, v) in &theirs {
+                    let key = k.parse().map_err(&build_err)?;
+                    b = b.with_config(key, v.as_str());
                 }
-                "gs" | "gcs" => {
-                    let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                        .with_url(url.clone())
-                        .with_retry(retry.clone());
-                    for (k, v) in &theirs {
-                        let key = k.parse().map_err(build_err)?;
-                        b = b.with_config(key, v.as_str());
-                    }
-                    let s = Arc::new(b.build().map_err(build_err)?);
-                    (s.clone(), Some(s))
+                Box::new(move || {
+                    let s = Arc::new(b.clone().build().map_err(&build_err)?);
+                    Ok(Clients {
+                        inner: s.clone(),
+                        multipart: Some(s),
+                    })
+                })
+            }
+            "gs" | "gcs" => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url.clone())
+                    .with_retry(retry.clone());
+                for (k, v) in &theirs {
+                    let key = k.parse().map_err(&build_err)?;
+                    b = b.with_config(key, v.as_str());
                 }
-                "az" | "abfs" | "abfss" | "azure" => {
-                    let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                        .with_url(url.clone())
-                        .with_retry(retry.clone());
-                    for (k, v) in &theirs {
-                        let key = k.parse().map_err(build_err)?;
-                        b = b.with_config(key, v.as_str());
-                    }
-                    let s = Arc::new(b.build().map_err(build_err)?);
-                    (s.clone(), Some(s))
+                Box::new(move || {
+                    let s = Arc::new(b.clone().build().map_err(&build_err)?);
+                    Ok(Clients {
+                        inner: s.clone(),
+                        multipart: Some(s),
+                    })
+                })
+            }
+            "az" | "abfs" | "abfss" | "azure" => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url.clone())
+                    .with_retry(retry.clone());
+                for (k, v) in &theirs {
+                    let key = k.parse().map_err(&build_err)?;
+                    b = b.with_config(key, v.as_str());
                 }
-                other => {
-                    return Err(Error::InvalidArgument(format!(
-                        "unsupported URL scheme {other:?}"
-                    )))
-                }
-            };
+                Box::new(move || {
+                    let s = Arc::new(b.clone().build().map_err(&build_err)?);
+                    Ok(Clients {
+                        inner: s.clone(),
+                        multipart: Some(s),
+                    })
+                })
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unsupported URL scheme {other:?}"
+                )))
+            }
+        };
         let s = Arc::new(Store {
             base,
-            inner,
-            multipart,
+            clients: PerProcess::new(),
+            connect,
             config,
             secrets,
         });
+        s.clients()?; // a store that cannot be built fails here, not at its first request
         reg.insert(reg_key, s.clone());
         Ok(s)
+    }
+
+    /// This process's clients (built on first use in a forked child).
+    pub(crate) fn clients(&self) -> Result<&Clients> {
+        self.clients.get_or_try_init(|| (self.connect)())
     }
 
     /// `scheme://authority/key`, for messages.
@@ -382,8 +433,9 @@ impl Store {
     /// Whole object.
     pub fn get(&self, key: &str) -> Result<(Vec<u8>, ObjectMeta)> {
         let p = self.obj(key)?;
+        let inner = &self.clients()?.inner;
         block_on(async {
-            let r = self.inner.get(&p).await?;
+            let r = inner.get(&p).await?;
             let meta = r.meta.clone();
             let b = r.bytes().await?;
             Ok((b.to_vec(), meta))
@@ -394,7 +446,7 @@ impl Store {
     /// Metadata of an object, `None` if it does not exist.
     pub fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         let p = self.obj(key)?;
-        match block_on(self.inner.head(&p)) {
+        match block_on(self.clients()?.inner.head(&p)) {
             Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(key, "head", e)),
@@ -413,12 +465,13 @@ impl Store {
         let key = key.to_string();
         Box::pin(async move {
             let p = me.obj(&key)?;
+            let inner = me.clients()?.inner.clone();
             let opts = GetOptions {
                 range: Some(GetRange::Bounded(lo..hi)),
                 ..Default::default()
             };
             let res = async {
-                let r = me.inner.get_opts(&p, opts).await?;
+                let r = inner.get_opts(&p, opts).await?;
                 let size = r.meta.size;
                 let b = r.bytes().await?;
                 Ok::<_, object_store::Error>((b, size))
@@ -444,7 +497,11 @@ impl Store {
             mode,
             ..Default::default()
         };
-        match block_on(self.inner.put_opts(&p, PutPayload::from(data), opts)) {
+        match block_on(
+            self.clients()?
+                .inner
+                .put_opts(&p, PutPayload::from(data), opts),
+        ) {
             Ok(r) => Ok(r.e_tag),
             Err(e @ object_store::Error::AlreadyExists { .. })
             | Err(e @ object_store::Error::Precondition { .. }) => Err(Error::Io {
@@ -462,7 +519,7 @@ impl Store {
     /// Delete an object (a missing one is not an error).
     pub fn delete(&self, key: &str) -> Result<()> {
         let p = self.obj(key)?;
-        match block_on(self.inner.delete(&p)) {
+        match block_on(self.clients()?.inner.delete(&p)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(key, "delete", e)),
         }
@@ -477,8 +534,13 @@ impl Store {
         } else {
             Some(self.obj(dir)?)
         };
-        block_on(self.inner.list(p.as_ref()).try_collect::<Vec<_>>())
-            .map_err(|e| self.err(dir, "list", e))
+        block_on(
+            self.clients()?
+                .inner
+                .list(p.as_ref())
+                .try_collect::<Vec<_>>(),
+        )
+        .map_err(|e| self.err(dir, "list", e))
     }
 
     /// Objects directly inside `dir` (one level) and the sub-"directories".
@@ -488,7 +550,7 @@ impl Store {
         } else {
             Some(self.obj(dir)?)
         };
-        let r = block_on(self.inner.list_with_delimiter(p.as_ref()))
+        let r = block_on(self.clients()?.inner.list_with_delimiter(p.as_ref()))
             .map_err(|e| self.err(dir, "list", e))?;
         Ok((
             r.objects,

@@ -133,7 +133,7 @@ pub fn abort_stale_uploads<'a>(
     store: &Store,
     objects: impl Iterator<Item = &'a ObjectMeta>,
 ) -> usize {
-    let Some(mp) = &store.multipart else {
+    let Ok(Some(mp)) = store.clients().map(|c| &c.multipart) else {
         return 0;
     };
     let mut n = 0;

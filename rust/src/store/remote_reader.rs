@@ -304,14 +304,15 @@ impl RemoteReader {
     fn decode_into(&self, e: &Entry<'_>, stored: &[u8], out: &mut [u8]) -> Result<()> {
         check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
         let cb = self.index.chunk_bytes() as usize;
-        let crcs: Vec<(u32, usize)> = out
-            .par_chunks_mut(cb)
-            .enumerate()
-            .map(|(ci, o)| {
-                self.decode_one(e, ci, stored, 0, o)?;
-                Ok((crc(o), o.len()))
-            })
-            .collect::<Result<_>>()?;
+        let crcs: Vec<(u32, usize)> = crate::threads::install(|| {
+            out.par_chunks_mut(cb)
+                .enumerate()
+                .map(|(ci, o)| {
+                    self.decode_one(e, ci, stored, 0, o)?;
+                    Ok((crc(o), o.len()))
+                })
+                .collect::<Result<_>>()
+        })?;
         let whole = combine_crcs(crcs);
         if whole != e.crc {
             return Err(Error::Checksum {
@@ -328,19 +329,20 @@ impl RemoteReader {
     /// Decode whole entries: `stored[i]` holds entry `i`'s payload. Returns raw bytes, all
     /// checked against their crcs.
     fn decode_whole(&self, es: &[Entry<'_>], stored: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        let r = es
-            .par_iter()
-            .zip(stored.into_par_iter())
-            .map(|(e, s)| {
-                if e.codec == Codec::None {
-                    self.check_raw(e, &s)?;
-                    return Ok(s);
-                }
-                let mut out = vec![0u8; e.raw_len as usize];
-                self.decode_into(e, &s, &mut out)?;
-                Ok(out)
-            })
-            .collect();
+        let r = crate::threads::install(|| {
+            es.par_iter()
+                .zip(stored.into_par_iter())
+                .map(|(e, s)| {
+                    if e.codec == Codec::None {
+                        self.check_raw(e, &s)?;
+                        return Ok(s);
+                    }
+                    let mut out = vec![0u8; e.raw_len as usize];
+                    self.decode_into(e, &s, &mut out)?;
+                    Ok(out)
+                })
+                .collect()
+        });
         self.checked(r)
     }
 
@@ -415,9 +417,9 @@ impl RemoteReader {
         }
         let spans: Vec<Span> = raw.iter().map(|(e, _)| self.span_of(e, None)).collect();
         let mut dsts: Vec<&mut [u8]> = raw.iter_mut().map(|(_, o)| &mut **o).collect();
-        let r = self
-            .fetch_into(&spans, &mut dsts)
-            .and_then(|()| raw.par_iter().try_for_each(|(e, o)| self.check_raw(e, o)));
+        let r = self.fetch_into(&spans, &mut dsts).and_then(|()| {
+            crate::threads::install(|| raw.par_iter().try_for_each(|(e, o)| self.check_raw(e, o)))
+        });
         self.checked(r)?;
         // Compressed: stored bytes are temporary, so fetch them ~1 GiB at a time.
         let mut rest = packed.as_mut_slice();
@@ -432,10 +434,12 @@ impl RemoteReader {
             rest = tail;
             let spans: Vec<Span> = batch.iter().map(|(e, _)| self.span_of(e, None)).collect();
             let r = self.fetch(&spans).and_then(|stored| {
-                batch
-                    .par_iter_mut()
-                    .zip(stored.par_iter())
-                    .try_for_each(|((e, o), s)| self.decode_into(e, s, o))
+                crate::threads::install(|| {
+                    batch
+                        .par_iter_mut()
+                        .zip(stored.par_iter())
+                        .try_for_each(|((e, o), s)| self.decode_into(e, s, o))
+                })
             });
             self.checked(r)?;
         }
@@ -488,16 +492,18 @@ impl RemoteReader {
             .pop()
             .expect("one");
         let base = e.chunk(c0).rel_offset;
-        let parts: Vec<(u64, Vec<u8>)> = (c0..=c1)
-            .into_par_iter()
-            .map(|ci| {
-                let raw_lo = ci as u64 * cb;
-                let raw_n = cb.min(e.raw_len - raw_lo) as usize;
-                let mut tmp = vec![0u8; raw_n];
-                self.decode_one(e, ci, &stored, base, &mut tmp)?;
-                Ok((raw_lo, tmp))
-            })
-            .collect::<Result<_>>()?;
+        let parts: Vec<(u64, Vec<u8>)> = crate::threads::install(|| {
+            (c0..=c1)
+                .into_par_iter()
+                .map(|ci| {
+                    let raw_lo = ci as u64 * cb;
+                    let raw_n = cb.min(e.raw_len - raw_lo) as usize;
+                    let mut tmp = vec![0u8; raw_n];
+                    self.decode_one(e, ci, &stored, base, &mut tmp)?;
+                    Ok((raw_lo, tmp))
+                })
+                .collect::<Result<_>>()
+        })?;
         for (raw_lo, tmp) in parts {
             let a = lo.max(raw_lo);
             let b = hi.min(raw_lo + tmp.len() as u64);

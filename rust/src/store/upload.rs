@@ -71,7 +71,7 @@ impl RemoteSink {
 
     fn begin(&mut self) -> Result<()> {
         let store = &self.store;
-        self.upload = Some(match &store.multipart {
+        self.upload = Some(match &store.clients()?.multipart {
             Some(mp) => {
                 let id = block_on(mp.create_multipart(&self.obj))
                     .map_err(|e| store.err(&self.key, "start multipart upload", e))?;
@@ -92,7 +92,7 @@ impl RemoteSink {
                 up
             }
             None => Upload::High(
-                block_on(store.inner.put_multipart(&self.obj))
+                block_on(store.clients()?.inner.put_multipart(&self.obj))
                     .map_err(|e| store.err(&self.key, "start multipart upload", e))?,
             ),
         });
@@ -129,7 +129,12 @@ impl RemoteSink {
         let payload = PutPayload::from(data);
         let h = match self.upload.as_mut().expect("begun") {
             Upload::Low { id, .. } => {
-                let mp = self.store.multipart.clone().expect("low-level store");
+                let mp = self
+                    .store
+                    .clients()?
+                    .multipart
+                    .clone()
+                    .expect("low-level store");
                 let (obj, id, store, key) = (
                     self.obj.clone(),
                     id.clone(),
@@ -164,7 +169,7 @@ impl RemoteSink {
         }
         match self.upload.take() {
             Some(Upload::Low { id, .. }) => {
-                if let Some(mp) = &self.store.multipart {
+                if let Ok(Some(mp)) = self.store.clients().map(|c| &c.multipart) {
                     if block_on(mp.abort_multipart(&self.obj, &id)).is_ok() {
                         let _ = self.store.delete(&self.marker_key());
                     }
@@ -226,7 +231,12 @@ impl ShardSink for RemoteSink {
                             op: "complete multipart upload",
                             source: std::io::Error::other("a part id is missing"),
                         })?;
-                    let mp = self.store.multipart.clone().expect("low-level store");
+                    let mp = self
+                        .store
+                        .clients()?
+                        .multipart
+                        .clone()
+                        .expect("low-level store");
                     block_on(mp.complete_multipart(&self.obj, id, parts))
                         .map_err(|e| self.store.err(&self.key, "complete multipart upload", e))?;
                 }
