@@ -487,3 +487,82 @@ fn truncating_a_large_index_under_a_reader_is_an_error() {
     // what was read before the truncation still answers
     assert!(r.entry("k00001").is_ok());
 }
+
+/// Issue 36: a header that understates the entry count (every crc recomputed) would list the
+/// first entries only, so that the others vanish with no error. Open refuses it: the entries
+/// hidden would sit in bytes no section explains, or the key blob would not fit the count.
+#[test]
+fn a_header_that_hides_entries_is_refused_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    let small = sample(d.path());
+    // (index, forged entry count): none left; the last block dropped (3000 = 46 blocks of 64
+    // and one of 56), on an index read on demand; one entry less
+    let large = many_keys(d.path(), 3000);
+    for (p, n) in [(&small, 0u64), (&large, 0), (&large, 2944), (&large, 2999)] {
+        let mut b = std::fs::read(idx(p)).unwrap();
+        let orig = b.clone();
+        b[24..32].copy_from_slice(&n.to_le_bytes());
+        reseal_index(&mut b);
+        std::fs::write(idx(p), &b).unwrap();
+        match Reader::open(p) {
+            Err(e @ Error::Corrupt { .. }) => {
+                assert!(e.to_string().contains(&idx(p).display().to_string()), "{e}")
+            }
+            Err(e) => panic!("entry count {n}: expected Corrupt, got {e}"),
+            Ok(r) => panic!("entry count {n}: opened, listing {} keys", r.index().len()),
+        }
+        std::fs::write(idx(p), &orig).unwrap();
+        assert!(Reader::open(p).is_ok());
+    }
+}
+
+#[test]
+fn bytes_between_index_sections_beyond_alignment_are_refused_at_open() {
+    // 8 zero bytes spliced in before the metadata (offsets fixed up, crcs recomputed): more
+    // room than alignment needs, so open refuses it; 7 bytes is padding (verify checks zeros)
+    for (gap, ok) in [(7usize, true), (8, false), (64, false)] {
+        let d = tempfile::tempdir().unwrap();
+        let p = sample(d.path());
+        patch(&p, |b| {
+            let meta_off = u64_at(b, 96);
+            b.splice(meta_off..meta_off, std::iter::repeat_n(0u8, gap));
+            let file_len = b.len() as u64;
+            b[96..104].copy_from_slice(&((meta_off + gap) as u64).to_le_bytes());
+            b[16..24].copy_from_slice(&file_len.to_le_bytes());
+        });
+        match exercise(&p) {
+            None => assert!(ok, "a gap of {gap} bytes was accepted"),
+            Some(e) => {
+                assert!(!ok, "a gap of {gap} bytes: {e}");
+                assert!(e.to_string().contains("unexplained bytes"), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn listing_keys_of_blocks_out_of_order_is_an_error() {
+    // the 130-key index of `unsorted_keys_across_blocks_never_answer_wrongly`: each block
+    // sorted, the table not; a listing raises as a lookup does
+    let d = tempfile::tempdir().unwrap();
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    for i in 0..130u32 {
+        v.insert(
+            format!("k{i:04}"),
+            (DType::U8, Kind::Tensor, vec![1], vec![i as u8]),
+        );
+    }
+    let p = d.path().join("ck");
+    save(&p, &items(&v), opts(Codec::None, 1)).unwrap();
+    assert_eq!(Reader::open(&p).unwrap().index().keys().unwrap().len(), 130);
+    patch(&p, |b| {
+        let k = u64_at(b, 64);
+        let tmp = b[k..k + 320].to_vec();
+        b.copy_within(k + 320..k + 640, k);
+        b[k + 320..k + 640].copy_from_slice(&tmp);
+    });
+    let r = Reader::open(&p).unwrap();
+    let e = r.index().keys().unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("not sorted across blocks"), "{e}");
+}

@@ -140,12 +140,8 @@ impl CheckpointReader {
 
     /// All keys in order.
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let idx = self.inner.index();
-        let mut out = Vec::with_capacity(idx.len());
-        for i in 0..idx.len() {
-            out.push(idx.entry(i).map_err(|e| to_py(py, e))?.key);
-        }
-        PyList::new(py, out)
+        let keys = self.inner.index().keys().map_err(|e| to_py(py, e))?;
+        PyList::new(py, keys)
     }
 
     /// Keys starting with `prefix`, in order (binary search, then a walk).

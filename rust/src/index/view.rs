@@ -12,6 +12,11 @@ use crate::format::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+/// Room allowed before a section (and before the footer): alignment padding only, so less
+/// than 8 bytes (FORMAT.md §3). Too little to hide an entry record (40 bytes) or a block
+/// record (24).
+const MAX_SECTION_GAP: u64 = 8;
+
 /// A parsed, validated entry, borrowing the index bytes.
 #[derive(Clone, Debug)]
 pub struct Entry<'a> {
@@ -154,7 +159,10 @@ impl<B: IndexSource> IndexView<B> {
                 format!("chunk_bytes {} out of range", h.chunk_bytes),
             ));
         }
-        // Sections in order, inside [header, footer), each length computed with checks.
+        // Sections in order, inside [header, footer), each length computed with checks, with
+        // no room between them for anything but alignment padding: a header that
+        // understates the entry count (crcs recomputed) would leave the entries it hides in
+        // such room, so it is refused here rather than read as a smaller checkpoint.
         let n = h.entry_count;
         let nblocks = n.div_ceil(BLOCK_ENTRIES as u64);
         let sec = [
@@ -184,17 +192,42 @@ impl<B: IndexSource> IndexView<B> {
                 len.ok_or_else(|| Error::corrupt(p, off, format!("{what}: size overflows")))?;
             let end = off.checked_add(len);
             match end {
-                Some(end) if off >= pos && end <= limit => pos = end,
+                Some(end) if off >= pos && off - pos < MAX_SECTION_GAP && end <= limit => pos = end,
                 _ => {
                     return Err(Error::corrupt(
                         p,
                         off,
                         format!(
-                            "{what} [{off}, +{len}) overlaps another section or leaves the file"
+                            "{what} [{off}, +{len}) overlaps another section, leaves the file, \
+                             or leaves unexplained bytes before it"
                         ),
                     ))
                 }
             }
+        }
+        if limit - pos >= MAX_SECTION_GAP {
+            return Err(Error::corrupt(
+                p,
+                pos,
+                format!(
+                    "{} unexplained bytes between the metadata and the footer",
+                    limit - pos
+                ),
+            ));
+        }
+        // Every key is 1 ..= 65535 bytes, and an empty index has no key or aux bytes: the
+        // entry count must fit the blobs it describes.
+        let keys_fit = n <= h.keys_len && h.keys_len <= n.saturating_mul(u16::MAX as u64);
+        if !keys_fit || (n == 0 && h.aux_len != 0) {
+            return Err(Error::corrupt(
+                p,
+                IndexHeader::ENTRY_COUNT as u64,
+                format!(
+                    "entry count {n} does not fit a key blob of {} bytes and an aux blob of {} \
+                     (each key is 1 to 65535 bytes)",
+                    h.keys_len, h.aux_len
+                ),
+            ));
         }
         for (what, off) in [
             ("shard table", h.shards_off),
@@ -462,6 +495,14 @@ impl<B: IndexSource> IndexView<B> {
         }
         self.order_checked.store(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Every key, in order. Proves the whole table sorted first (once), as lookups do: a
+    /// listing of a crc-consistent index whose blocks are out of order is an error, never a
+    /// list that disagrees with lookups.
+    pub fn keys(&self) -> Result<Vec<&str>> {
+        self.ensure_order()?;
+        (0..self.len()).map(|i| Ok(self.entry(i)?.key)).collect()
     }
 
     /// First entry index whose key is `>= key`. Proves the whole table sorted first (once):
