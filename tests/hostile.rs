@@ -566,3 +566,36 @@ fn listing_keys_of_blocks_out_of_order_is_an_error() {
     assert!(matches!(e, Error::Corrupt { .. }), "{e}");
     assert!(e.to_string().contains("not sorted across blocks"), "{e}");
 }
+
+#[test]
+fn an_object_entry_over_the_bound_is_refused_from_its_record() {
+    // a 100-byte compressed object entry whose record claims 1 GiB: refused by the index
+    // record, before any byte of it is read (nothing allocated for the claim)
+    let d = tempfile::tempdir().unwrap();
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    v.insert(
+        "o".into(),
+        (DType::U8, Kind::Object, vec![8192], vec![b'a'; 8192]),
+    );
+    let p = d.path().join("ck");
+    save(&p, &items(&v), opts(Codec::Zstd, 1)).unwrap();
+    assert!(Reader::open(&p).unwrap().entry("o").is_ok());
+    patch(&p, |b| {
+        let aux = u64_at(b, 80);
+        b[aux..aux + 8].copy_from_slice(&(1u64 << 30).to_le_bytes());
+    });
+    let e = Reader::open(&p).unwrap().entry("o").unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("over the 67108864 bytes"), "{e}");
+    // and a writer refuses to write one
+    let big = vec![b'a'; (64 << 20) + 1];
+    let it = shardpoint_core::Item {
+        key: "o".into(),
+        dtype: DType::U8,
+        kind: Kind::Object,
+        dims: vec![big.len() as u64],
+        data: &big,
+    };
+    let err = save(&d.path().join("big"), &[it], opts(Codec::Zstd, 1)).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+}

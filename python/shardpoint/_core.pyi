@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_LEVEL",
     "FORMAT_VERSION",
+    "MAX_OBJECT_BYTES",
     "Buffer",
     "CheckpointReader",
     "EntryRecord",
@@ -44,6 +45,8 @@ __all__ = [
 FORMAT_VERSION: int
 DEFAULT_CHUNK_BYTES: int
 DEFAULT_LEVEL: int
+#: The largest object entry a reader accepts or a writer writes (FORMAT.md §6.1).
+MAX_OBJECT_BYTES: int
 
 @final
 class Buffer:

@@ -526,10 +526,15 @@ class _Decoder:
             self.corrupt(path, f"has unknown type tag {tag[:80]!r}")
         try:
             return handler.decode(payload, child)  # type: ignore[union-attr]
-        except CheckpointError:
+        except (CheckpointError, MemoryError):
             raise
-        except (TypeError, ValueError, KeyError, OverflowError, IndexError, AttributeError) as e:
-            return self.corrupt(path, f"of tag {tag!r} is malformed: {e}")
+        except Exception as e:  # whatever the type's constructor raises on a bad payload
+            # (decimal.InvalidOperation is an ArithmeticError, not a ValueError): the file's
+            # fault, so shardpoint's error naming the key, the cause chained for a reader
+            raise CorruptCheckpointError(
+                f"{_path_text(self.where, path)}: stored object of tag {tag!r} is malformed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
     def user(self, tag: str, payload: Any, path: str, child: Callable[[Any, str], Any]) -> Any:
         if not (isinstance(payload, list) and len(payload) == 2 and isinstance(payload[0], str)):
@@ -610,7 +615,14 @@ def decode_object(where: str, raw: bytes) -> Any:
             f"key {where!r}: stored object has version {version}; this shardpoint reads "
             f"version {OBJECT_VERSION} (upgrade shardpoint)"
         )
-    return _Decoder(where).node(top["value"], "", 0)
+    try:
+        return _Decoder(where).node(top["value"], "", 0)
+    except (CheckpointError, MemoryError):
+        raise
+    except Exception as e:  # the decode boundary: nothing foreign escapes (chained, not hidden)
+        raise CorruptCheckpointError(
+            f"key {where!r}: stored object could not be decoded: {type(e).__name__}: {e}"
+        ) from e
 
 
 # --------------------------------------------------------------------------------------------

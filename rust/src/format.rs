@@ -258,6 +258,11 @@ pub enum Kind {
     Object = 6,
 }
 
+/// The largest object entry (§6.1: JSON parsing costs memory proportional to its size). A
+/// reader refuses a larger one from its index record, before reading or decompressing any of
+/// it; a writer refuses to write one.
+pub const MAX_OBJECT_BYTES: u64 = 64 << 20;
+
 impl Kind {
     /// Decode an on-disk tag.
     pub fn from_tag(tag: u8) -> Option<Kind> {

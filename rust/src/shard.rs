@@ -119,6 +119,12 @@ impl Item<'_> {
                 self.key
             )));
         }
+        if self.kind == Kind::Object && want > MAX_OBJECT_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: object entry of {want} bytes, over the {MAX_OBJECT_BYTES} allowed",
+                self.key
+            )));
+        }
         Ok(())
     }
 }

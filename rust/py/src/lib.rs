@@ -218,5 +218,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         shardpoint_core::format::DEFAULT_CHUNK_BYTES,
     )?;
     m.add("DEFAULT_LEVEL", shardpoint_core::codec::DEFAULT_LEVEL)?;
+    m.add(
+        "MAX_OBJECT_BYTES",
+        shardpoint_core::format::MAX_OBJECT_BYTES,
+    )?;
     Ok(())
 }

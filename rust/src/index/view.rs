@@ -611,6 +611,12 @@ impl<B: IndexSource> IndexView<B> {
         if kind != Kind::Tensor && (dtype != DType::U8 || ndim != 1) {
             return Err(bad("typed entries must be 1-d uint8".into()));
         }
+        if kind == Kind::Object && raw_len > MAX_OBJECT_BYTES {
+            // Refused from the record: nothing of it is read or decompressed (§6.1).
+            return Err(bad(format!(
+                "object entry of {raw_len} bytes, over the {MAX_OBJECT_BYTES} bytes a reader accepts"
+            )));
+        }
         let chunk_table: &[u8] = if codec == Codec::None {
             if stored_len != raw_len {
                 return Err(bad(format!(
