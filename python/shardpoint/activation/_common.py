@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils.checkpoint as _torch_checkpoint
 from torch.utils.checkpoint import CheckpointError as _TorchCheckpointError
 
 from shardpoint.errors import CheckpointError
@@ -61,9 +62,22 @@ def set_checkpoint_early_stop(enable: bool) -> Iterator[None]:
         _EARLY_STOP = previous
 
 
+def _torch_switch(name: str) -> bool | None:
+    """The value of one of ``torch.utils.checkpoint``'s module switches (set by its
+    ``set_checkpoint_early_stop`` / ``set_checkpoint_debug_enabled``); ``None`` when unset or
+    when this torch has no such switch."""
+    value = getattr(_torch_checkpoint, name, None)
+    return None if value is None else bool(value)
+
+
 def early_stop_override() -> bool | None:
-    """The value set by the innermost active :func:`set_checkpoint_early_stop`, if any."""
-    return _EARLY_STOP
+    """The value set by the innermost active :func:`set_checkpoint_early_stop`, else by
+    ``torch.utils.checkpoint.set_checkpoint_early_stop``, if any: code written for
+    torch's checkpoint flips torch's switch, and it governs ours too (ours wins when both are
+    set)."""
+    return (
+        _EARLY_STOP if _EARLY_STOP is not None else _torch_switch("_enable_checkpoint_early_stop")
+    )
 
 
 # Set by ``set_checkpoint_debug_enabled``; ``None`` defers to each call's ``debug`` argument.
@@ -88,8 +102,10 @@ def set_checkpoint_debug_enabled(enabled: bool | None) -> Iterator[None]:
 
 
 def debug_override() -> bool | None:
-    """The value set by the innermost active :func:`set_checkpoint_debug_enabled`, if any."""
-    return _DEBUG
+    """The value set by the innermost active :func:`set_checkpoint_debug_enabled`, else by
+    ``torch.utils.checkpoint.set_checkpoint_debug_enabled``, if any (ours wins when both are
+    set)."""
+    return _DEBUG if _DEBUG is not None else _torch_switch("_checkpoint_debug_enabled")
 
 
 def _is_namedtuple(obj: object) -> bool:

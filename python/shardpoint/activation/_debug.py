@@ -5,7 +5,8 @@ by the checkpointed function is logged, with the user source line that called it
 the original forward and once during the recompute. When the recompute does not reproduce the
 saved tensors, the error carries both logs side by side so the first differing operator can be
 found, as PyTorch's debug mode does (its headline, "Detected non-determinism while running
-activation checkpointing", is kept so searches and ``match=`` written for PyTorch still hit).
+activation checkpointing", and its "You are seeing this error because you passed `debug=True`
+to checkpoint" are kept so searches and ``match=`` written for PyTorch still hit).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["OpLog", "NON_DETERMINISM_HEADLINE", "format_debug_report"]
+__all__ = ["OpLog", "NON_DETERMINISM_HEADLINE", "DEBUG_REASON", "format_debug_report"]
 
 NON_DETERMINISM_HEADLINE = "Detected non-determinism while running activation checkpointing"
+# PyTorch's sentence for the same error, which its own tests (and users' ``match=``) look for.
+DEBUG_REASON = "You are seeing this error because you passed `debug=True` to checkpoint"
 
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 
@@ -68,11 +71,12 @@ def format_debug_report(message: str, forward: OpLog | None, recompute: OpLog | 
                 break
     return (
         f"{message}\n\n"
-        f"ERROR: {NON_DETERMINISM_HEADLINE} (debug=True).\n"
-        "The tensors saved during the original forward differ from those saved during the\n"
-        "recomputation: different operators ran. Compare the two operator logs below (in\n"
-        "execution order, with the source line that called each); 'detach' calls may differ and\n"
-        "can be ignored.\n"
+        f"ERROR: {NON_DETERMINISM_HEADLINE}\n"
+        f"{DEBUG_REASON} (or turned debug mode on\n"
+        "with set_checkpoint_debug_enabled(True)), and the tensors saved during the original\n"
+        "forward differ from those saved during the recomputation: different operators ran.\n"
+        "Compare the two operator logs below (in execution order, with the source line that\n"
+        "called each); 'detach' calls may differ and can be ignored.\n"
         f"{first_diff}\n"
         "Operators executed during the original forward:\n"
         f"{listing(forward, 'forward')}\n\n"
