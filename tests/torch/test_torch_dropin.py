@@ -1,6 +1,7 @@
 """shardpoint.torch as a drop-in for safetensors.torch: save_model/load_model with tied weights,
-missing/unexpected keys as torch reports them, the dtypes torch has, exact user metadata, and
-exception classes that also catch as what safetensors raises for the same mistakes."""
+missing/unexpected keys as safetensors' load_model reports them (load_into: as torch's
+load_state_dict), the dtypes torch has, exact user metadata, and exception classes that also
+catch as what safetensors raises for the same mistakes."""
 
 from __future__ import annotations
 
@@ -73,17 +74,55 @@ def test_load_model_reads_safetensors_save_model_output(tmp_path):
     assert torch.equal(dst.head.weight, src.head.weight)
 
 
-def test_load_model_missing_and_unexpected_keys_as_torch(tmp_path):
+def _hooked(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with a (no-op) load_state_dict pre-hook: load_model takes its general path
+    (load + load_state_dict) instead of decoding into the parameters."""
+    model.register_load_state_dict_pre_hook(lambda *args, **kwargs: None)
+    return model
+
+
+@pytest.mark.parametrize("path", ["direct", "general"])
+def test_load_model_missing_and_unexpected_keys_as_safetensors(tmp_path, path):
+    """Several missing and unexpected names, neither list in name order: the strict error is
+    safetensors.torch.load_model's for the same file, character for character (names sorted,
+    its indentation), on both of load_model's paths."""
+    src = _fresh(0)
+    sd = dict(src.state_dict())
+    # head.weight is embed.weight (tied): safetensors' save_file refuses to store both
+    del sd["body.bias"], sd["body.weight"], sd["head.weight"]
+    sd["zz.extra"] = torch.zeros(2)
+    sd["aa.extra"] = torch.ones(2)
+    spt.save(sd, tmp_path / "m")
+    st_torch.save_file(sd, str(tmp_path / "m.safetensors"))
+    make = _fresh if path == "direct" else (lambda seed: _hooked(_fresh(seed)))
+    with pytest.raises(RuntimeError) as ours:
+        spt.load_model(make(1), tmp_path / "m")
+    with pytest.raises(RuntimeError) as theirs:
+        st_torch.load_model(make(1), str(tmp_path / "m.safetensors"))
+    assert str(ours.value) == str(theirs.value)
+    assert 'Unexpected key(s) in state_dict: "aa.extra", "zz.extra"' in str(ours.value)
+
+
+def test_load_into_keeps_torchs_wording(tmp_path):
+    """load_into (shardpoint's own call, documented as load_state_dict's twin) words the same
+    mistake as torch's load_state_dict does."""
+    sd = dict(_fresh(0).state_dict())
+    del sd["body.bias"]
+    sd["extra.weight"] = torch.zeros(2)
+    spt.save(sd, tmp_path / "m")
+    with pytest.raises(RuntimeError) as ours:
+        spt.load_into(_fresh(1), tmp_path / "m")
+    with pytest.raises(RuntimeError) as theirs:
+        _fresh(1).load_state_dict(sd, strict=True)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_load_model_missing_and_unexpected_keys_returned(tmp_path):
     src = _fresh(0)
     sd = dict(src.state_dict())
     del sd["body.bias"]
     sd["extra.weight"] = torch.zeros(2)
     spt.save(sd, tmp_path / "m")
-    with pytest.raises(RuntimeError) as ours:
-        spt.load_model(_fresh(1), tmp_path / "m")
-    with pytest.raises(RuntimeError) as theirs:
-        _fresh(1).load_state_dict(sd, strict=True)
-    assert str(ours.value) == str(theirs.value)  # torch's wording, order and quoting
     dst = _fresh(1)
     missing, unexpected = spt.load_model(dst, tmp_path / "m", strict=False)
     assert missing == ["body.bias"] and unexpected == ["extra.weight"]

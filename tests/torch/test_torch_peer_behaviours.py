@@ -86,6 +86,37 @@ class Tied(nn.Module):
         self.b.weight = self.a.weight  # one parameter, two names
 
 
+class _TwoTiedGroups(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = self.a  # weight and bias: two tied groups
+
+
+class _Untied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+
+
+def test_tied_conflicts_are_listed_as_safetensors_lists_them(tmp_path):
+    """safetensors' test_difference_torch_odd case: an untied model's file loaded into the tied
+    one. safetensors lists the names it cannot load as unexpected, sorted ("b.bias" before
+    "b.weight", not the model's order); our message is exactly its message, then why."""
+    st = pytest.importorskip("safetensors.torch")
+    src = _Untied()
+    spt.save_model(src, tmp_path / "ck")
+    st.save_model(src, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(RuntimeError) as theirs:
+        st.load_model(_TwoTiedGroups(), str(tmp_path / "ck.safetensors"))
+    assert 'Unexpected key(s) in state_dict: "b.bias", "b.weight"' in str(theirs.value)
+    for load in (spt.load_model, spt.load_into):
+        with pytest.raises(spt.TiedWeightsConflictError) as ours:
+            load(_TwoTiedGroups(), tmp_path / "ck")
+        assert str(ours.value).startswith(str(theirs.value) + "\n    Tied weights: "), load
+
+
 def test_load_model_refuses_two_different_values_for_one_tied_parameter(tmp_path):
     """safetensors.torch.load_model raises for the same file (strict); torch's
     load_state_dict would silently keep the value it copies last."""

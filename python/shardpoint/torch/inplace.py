@@ -15,7 +15,7 @@ customise loading.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from .models import (
     _tied_groups,
     same_values,
     tied_conflict_message,
+    torch_keys_message,
 )
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_dtype, torch_section
 
@@ -154,6 +155,28 @@ def load_into(
 
     Returns ``IncompatibleKeys(missing_keys, unexpected_keys)`` like :func:`load_model`.
     """
+    return load_into_worded(
+        target,
+        prefix,
+        strict=strict,
+        verify=verify,
+        storage_options=storage_options,
+        keys_message=torch_keys_message,
+    )
+
+
+def load_into_worded(
+    target: torch.nn.Module | Mapping[str, torch.Tensor],
+    prefix: str | os.PathLike[str],
+    *,
+    strict: bool = True,
+    verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+    keys_message: Callable[[str, Sequence[str], Sequence[str]], str],
+) -> IncompatibleKeys:
+    """:func:`load_into` whose strict missing/unexpected error is worded by ``keys_message``
+    (``(model name, missing, unexpected) -> message``): ``load_model`` words it as
+    safetensors does, ``load_into`` as torch's ``load_state_dict``."""
     state: dict[str, torch.Tensor] = dict(
         target.state_dict() if isinstance(target, torch.nn.Module) else target
     )
@@ -190,28 +213,16 @@ def load_into(
                     reader.get(lead_src, verify=verify), reader.get(src, verify=verify)
                 ):
                     conflicts.append((lead, n))
-        if conflicts and strict:
-            raise TiedWeightsConflictError(tied_conflict_message(name, conflicts))
         plan = {n: source(n) for n in state if n not in follower}
         missing = [n for n, s in plan.items() if s is None]
-        unexpected = sorted((stored | set(aliases)) - set(state)) + [n for _, n in conflicts]
-        if strict and (missing or unexpected):
-            msgs = []
-            if missing:
-                msgs.append(
-                    "Missing key(s) in state_dict: {}. ".format(
-                        ", ".join(f'"{k}"' for k in missing)
-                    )
-                )
-            if unexpected:
-                msgs.append(
-                    "Unexpected key(s) in state_dict: {}. ".format(
-                        ", ".join(f'"{k}"' for k in unexpected)
-                    )
-                )
-            raise RuntimeError(
-                "Error(s) in loading state_dict for {}:\n\t{}".format(name, "\n\t".join(msgs))
+        unexpected = sorted((stored | set(aliases)) - set(state))
+        if conflicts and strict:
+            raise TiedWeightsConflictError(
+                tied_conflict_message(name, conflicts, missing, unexpected)
             )
+        unexpected += [n for _, n in conflicts]
+        if strict and (missing or unexpected):
+            raise RuntimeError(keys_message(name, missing, unexpected))
         direct: dict[str, np.ndarray] = {}
         copied: list[tuple[torch.Tensor, str]] = []
         seen: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """``save_model`` / ``load_model``: whole ``nn.Module`` state dicts with tied weights, as
-``safetensors.torch`` offers them, with missing/unexpected keys reported as torch's
-``load_state_dict`` reports them.
+``safetensors.torch`` offers them, with missing/unexpected keys reported as
+``safetensors.torch.load_model`` reports them (its message: names sorted, one line each).
 
 Tied weights need no special saving here (``save`` stores an exact alias once and records the
 other name), so ``save_model`` is ``save`` of the model's state dict. ``load_model`` resolves
@@ -17,7 +17,7 @@ into it (one parameter, two values): like ``safetensors.torch.load_model`` it ra
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -94,15 +94,50 @@ def same_values(a: Any, b: Any) -> bool:
     return bool(np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)))
 
 
-def tied_conflict_message(model_name: str, conflicts: list[tuple[str, str]]) -> str:
-    """safetensors' strict-load wording (the extra names are unexpected) plus why."""
-    extra = ", ".join(f'"{other}"' for _, other in conflicts)
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(f'"{k}"' for k in names)
+
+
+def safetensors_keys_message(
+    model_name: str, missing: Sequence[str], unexpected: Sequence[str]
+) -> str:
+    """``safetensors.torch.load_model``'s strict-load message: each list sorted by name, on
+    its own line indented by four spaces, no trailing full stop."""
+    message = f"Error(s) in loading state_dict for {model_name}:"
+    if missing:
+        message += f"\n    Missing key(s) in state_dict: {_quoted(sorted(missing))}"
+    if unexpected:
+        message += f"\n    Unexpected key(s) in state_dict: {_quoted(sorted(unexpected))}"
+    return message
+
+
+def torch_keys_message(model_name: str, missing: Sequence[str], unexpected: Sequence[str]) -> str:
+    """``Module.load_state_dict``'s strict-load message: the lists in the order given (torch:
+    missing in the model's order, unexpected in the state dict's), tab-indented, each ending
+    with ". "."""
+    parts = []
+    if missing:
+        parts.append(f"Missing key(s) in state_dict: {_quoted(missing)}. ")
+    if unexpected:
+        parts.append(f"Unexpected key(s) in state_dict: {_quoted(unexpected)}. ")
+    return "Error(s) in loading state_dict for {}:\n\t{}".format(model_name, "\n\t".join(parts))
+
+
+def tied_conflict_message(
+    model_name: str,
+    conflicts: list[tuple[str, str]],
+    missing: Sequence[str] = (),
+    unexpected: Sequence[str] = (),
+) -> str:
+    """safetensors' strict-load message (the tied names stored with other values count as
+    unexpected, as safetensors counts them) plus why."""
+    extra = [other for _, other in conflicts]
     pairs = "; ".join(f'"{lead}" and "{other}"' for lead, other in conflicts)
     return (
-        f"Error(s) in loading state_dict for {model_name}:\n\tUnexpected key(s) in "
-        f"state_dict: {extra}. \n\tTied weights: {pairs} are one tensor in the model but the "
-        "checkpoint holds different values for them; keep one name in the checkpoint, untie "
-        "the parameters, or pass strict=False to load the first name's value."
+        safetensors_keys_message(model_name, list(missing), list(unexpected) + extra)
+        + f"\n    Tied weights: {pairs} are one tensor in the model but the checkpoint holds "
+        "different values for them; keep one name in the checkpoint, untie the parameters, or "
+        "pass strict=False to load the first name's value."
     )
 
 
@@ -142,7 +177,8 @@ def load_model(
     Args:
         model: the module to load into.
         prefix: a checkpoint written by :func:`save_model` / :func:`save` (or any flat one).
-        strict: raise ``RuntimeError`` when keys are missing or unexpected (torch's message).
+        strict: raise ``RuntimeError`` when keys are missing or unexpected, worded as
+            ``safetensors.torch.load_model`` words it (names sorted).
         device: where the loaded tensors are placed before being copied into the model.
 
     Returns ``IncompatibleKeys(missing_keys, unexpected_keys)``: model names the checkpoint
@@ -164,9 +200,9 @@ def load_model(
     if dev.type == "cpu" and _plain_cpu_module(model):
         # The fast path: decode straight into the parameters (no fresh memory, no second
         # copy); the same missing/unexpected/size-mismatch rules and messages.
-        from .inplace import load_into
+        from .inplace import load_into_worded
 
-        return load_into(model, prefix, strict=strict)
+        return load_into_worded(model, prefix, strict=strict, keys_message=safetensors_keys_message)
     loaded = load(prefix, dev)
     own = model.state_dict()
     state = dict(loaded)
@@ -182,26 +218,15 @@ def load_model(
             ):
                 conflicts.append((present[0], other))
                 state[other] = state[present[0]]
+    name = model.__class__.__name__
     if conflicts and strict:
-        raise TiedWeightsConflictError(tied_conflict_message(model.__class__.__name__, conflicts))
+        # nothing is loaded: the names alone say what is missing and unexpected
+        missing = [n for n in own if n not in state]
+        unexpected = [n for n in loaded if n not in own]
+        raise TiedWeightsConflictError(tied_conflict_message(name, conflicts, missing, unexpected))
     result = model.load_state_dict(state, strict=False)
     missing = list(result.missing_keys)
     unexpected = list(result.unexpected_keys) + [other for _, other in conflicts]
     if strict and (missing or unexpected):
-        msgs = []  # torch's order and wording (Module.load_state_dict)
-        if missing:
-            msgs.append(
-                "Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing))
-            )
-        if unexpected:
-            msgs.append(
-                "Unexpected key(s) in state_dict: {}. ".format(
-                    ", ".join(f'"{k}"' for k in unexpected)
-                )
-            )
-        raise RuntimeError(
-            "Error(s) in loading state_dict for {}:\n\t{}".format(
-                model.__class__.__name__, "\n\t".join(msgs)
-            )
-        )
+        raise RuntimeError(safetensors_keys_message(name, missing, unexpected))
     return IncompatibleKeys(missing, unexpected)
