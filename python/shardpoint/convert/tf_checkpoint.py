@@ -7,6 +7,14 @@ restore machinery as shardpoint's own checkpoints (edge by edge from the root, d
 for objects that do not exist yet, ``.OPTIMIZER_SLOT`` slots through the slot protocol), so the
 result is an ordinary :class:`~shardpoint.objgraph.restore.CheckpointLoadStatus`.
 
+Objects the target lacks stay unmatched, as with TensorFlow's ``expect_partial()``: nothing of
+theirs is read. State that only TensorFlow can rebuild (a ``tf.data`` iterator's position, saved
+as a ``DT_VARIANT`` tensor under its attribute's key plus ``_STATE``; string or resource values)
+is reported as not restorable by ``assert_consumed()`` and refused if the target has an object
+there; it is never taken for a damaged checkpoint. TensorFlow stores a saveable of several
+tensors under its attribute's key plus a suffix each (``ITERATOR`` -> ``ITERATOR_STATE``), so a
+graph key missing from the index but prefixing such entries is that saveable, not corruption.
+
 Two things differ from restoring a shardpoint checkpoint:
 
 * integer values may change width when the value fits (TensorFlow saves Keras's iteration
@@ -20,6 +28,7 @@ Two things differ from restoring a shardpoint checkpoint:
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +37,17 @@ import numpy as np
 
 from ..errors import ChecksumMismatchError, CorruptCheckpointError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
-from ..objgraph.errors import DTypeMismatchError
+from ..objgraph.errors import DTypeMismatchError, LoadStatusError
 from ..objgraph.restore import CheckpointLoadStatus, RestoreCoordinator
 from ..objgraph.trackable import Trackable
-from .tensorbundle import TF_DTYPES, BundleEntry, TensorBundleReader, crc32c, unmask_crc
+from .tensorbundle import (
+    TF_DTYPES,
+    TF_OTHER_DTYPES,
+    BundleEntry,
+    TensorBundleReader,
+    crc32c,
+    unmask_crc,
+)
 from .tf_object_graph import MAX_GRAPH_BYTES, parse_object_graph_proto
 
 __all__ = [
@@ -44,6 +60,7 @@ __all__ = [
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _DT_STRING = 7
+_DT_VARIANT = 21
 
 
 def resolve_tf_checkpoint(path: str | os.PathLike[str]) -> str:
@@ -147,15 +164,59 @@ class _Info:
     crc32c: int | None = None
 
 
+_ITERATOR_ATTRIBUTE = "/.ATTRIBUTES/ITERATOR"
+
+
 class _BundleValues:
     """The reader face :class:`RestoreCoordinator` needs, over a TensorBundle: ``info(key)``,
     ``reader[key]`` (crc32c-checked), ``key in reader``, ``close()``."""
 
     def __init__(self, prefix: str) -> None:
         self.bundle = TensorBundleReader(prefix)
+        self._sorted_keys: list[str] | None = None
+
+    def _parts(self, key: str) -> list[BundleEntry]:
+        """The entries TensorFlow stored for the saveable whose attribute key is ``key`` when
+        it saved several tensors (each under ``key`` + a suffix; a tf.data iterator saves one,
+        ``ITERATOR_STATE``). Only asked for keys that are not in the index themselves."""
+        if self._sorted_keys is None:  # built once, on the first such key (rare)
+            self._sorted_keys = sorted([*self.bundle.entries, *self.bundle.skipped])
+        keys = self._sorted_keys
+        out = []
+        for i in range(bisect.bisect_right(keys, key), len(keys)):
+            if not keys[i].startswith(key):
+                break
+            out.append(self.bundle.entries.get(keys[i]) or self.bundle.skipped[keys[i]])
+        return out
 
     def __contains__(self, key: str) -> bool:
-        return key in self.bundle.entries or key in self.bundle.skipped
+        return key in self.bundle.entries or key in self.bundle.skipped or bool(self._parts(key))
+
+    def unrestorable(self, key: str) -> str | None:
+        """Why the value under ``key`` cannot be restored without TensorFlow (a tf.data
+        iterator's state, a string, resource or variant value), or ``None`` when it can (or
+        when ``key`` is not in the checkpoint at all)."""
+        if key in self.bundle.entries:
+            return None
+        skipped = self.bundle.skipped.get(key)
+        parts = [skipped] if skipped is not None else self._parts(key)
+        if not parts:
+            return None
+        stored = ", ".join(
+            f"{p.key!r} ({TF_OTHER_DTYPES.get(p.dtype, TF_DTYPES.get(p.dtype, p.dtype))})"
+            for p in parts
+        )
+        if key.endswith(_ITERATOR_ATTRIBUTE) or all(p.dtype == _DT_VARIANT for p in parts):
+            what = "a tf.data iterator's state" if key.endswith(_ITERATOR_ATTRIBUTE) else None
+            what = what or "a TensorFlow variant value"
+            return (
+                f"{what}, stored as {stored}: only TensorFlow can rebuild it (shardpoint restores "
+                "no iterator position; restart the input pipeline, or skip the batches already "
+                "seen)"
+            )
+        if len(parts) > 1 or parts[0].key != key:
+            return f"a TensorFlow object saved as several tensors ({stored}), not one value"
+        return f"a TensorFlow value shardpoint does not convert, stored as {stored}"
 
     def info(self, key: str) -> _Info:
         entry = self.bundle.entries.get(key)
@@ -163,9 +224,11 @@ class _BundleValues:
             crc = unmask_crc(entry.crc32c_masked)
             return _Info(entry.shape, TF_DTYPES[entry.dtype], "tensor", crc)
         skipped = self.bundle.skipped.get(key)
-        if skipped is None:
+        parts = [skipped] if skipped is not None else self._parts(key)
+        if not parts:
             raise KeyError(key)
-        return _Info(skipped.shape, f"TensorFlow DataType {skipped.dtype}", "unsupported")
+        dtype = "+".join(str(TF_OTHER_DTYPES.get(p.dtype, p.dtype)) for p in parts)
+        return _Info(parts[0].shape if len(parts) == 1 else (), dtype, "unsupported")
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self.bundle.entries:
@@ -183,6 +246,12 @@ class _TFRestoreCoordinator(RestoreCoordinator):
     """Restore from a TensorBundle: integer values may change width when every value fits."""
 
     def _read_checked(self, key: str, shape: Any, dtype: str | None, obj: Any, node: int) -> Any:
+        why = self.reader.unrestorable(key)
+        if why is not None:
+            raise DTypeMismatchError(
+                f"Checkpoint key {key!r} holds {why}; it cannot be restored into "
+                f"{self.paths[node]} ({type(obj).__name__})."
+            )
         if dtype is not None:
             try:
                 info = self.reader.info(key)
@@ -239,6 +308,31 @@ def translate_keras2(document: dict) -> dict:
     return document
 
 
+class TFCheckpointLoadStatus(CheckpointLoadStatus):
+    """The load status of a TensorFlow checkpoint: ``assert_consumed()`` names the values only
+    TensorFlow can rebuild (a tf.data iterator's position) as such when no object took them."""
+
+    def __init__(
+        self, coordinator: RestoreCoordinator, root: Trackable, unrestorable: dict[str, str]
+    ) -> None:
+        super().__init__(coordinator, root)
+        self._unrestorable = unrestorable
+
+    def assert_consumed(self) -> CheckpointLoadStatus:
+        c = self._coordinator
+        for node in c.unresolved_nodes():
+            keys = [a["key"] for a in c.nodes[node]["attributes"]]
+            why = [self._unrestorable[k] for k in keys if k in self._unrestorable]
+            if why:
+                raise LoadStatusError(
+                    f"Unresolved object in checkpoint {c.paths[node]}: its values {keys} are not "
+                    f"restorable without TensorFlow: {'; '.join(why)}. The other values were "
+                    "restored; status.assert_existing_objects_matched() checks them, "
+                    "status.expect_partial() silences this."
+                )
+        return super().assert_consumed()
+
+
 def restore_from_tensorflow(root: Trackable, path: str | os.PathLike[str]) -> CheckpointLoadStatus:
     """Restore the TensorFlow checkpoint at ``path`` (a prefix such as ``ckpt-3``, or a
     directory with a ``checkpoint`` state file) into ``root`` (usually an ``sp.Checkpoint`` with
@@ -251,11 +345,17 @@ def restore_from_tensorflow(root: Trackable, path: str | os.PathLike[str]) -> Ch
     values = _BundleValues(prefix)
     try:
         document = translate_keras2(read_object_graph(values.bundle))
+        unrestorable = {
+            a["key"]: why
+            for node in document["nodes"]
+            for a in node["attributes"]
+            if (why := values.unrestorable(a["key"])) is not None
+        }
     except BaseException:
         values.close()
         raise
     coordinator = _TFRestoreCoordinator(values, document, prefix, root, _BundleValues)
-    status = CheckpointLoadStatus(coordinator, root)
+    status = TFCheckpointLoadStatus(coordinator, root, unrestorable)
     coordinator.bind_and_restore(0, root)
     if hasattr(root, "save_counter"):
         _ = root.save_counter  # an sp.Checkpoint creates it now; restored if the graph has one
