@@ -357,7 +357,7 @@ def loader(name: str, d: Path) -> Callable[[], None]:
 def child(name: str, d: Path) -> None:
     """Run one timed load; print seconds, major faults, CPU seconds and what ``io="auto"``
     picks for these files now (JSON, last line)."""
-    from shardpoint.io_mode import resolve_io
+    from shardpoint.storage.io_mode import resolve_io
 
     picked = resolve_io("auto", d / "sp", files=sorted(d.glob("sp.data-*")))
     body = loader(name, d)
@@ -454,7 +454,7 @@ def main() -> None:
 
 def bench(args: argparse.Namespace, fss: list[str], sizes: dict[str, int]) -> None:
     """The measurements, the tables and the ratios."""
-    from shardpoint.io_mode import fs_type, resolve_io
+    from shardpoint.storage.io_mode import fs_type, resolve_io
 
     roots = {"local": args.out / "local", "fuse": args.mount}
     names = [n for n in LOADERS if not args.only or n.split(":")[0] in args.only.split(",")]

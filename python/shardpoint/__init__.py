@@ -32,8 +32,18 @@ from .errors import (
     UnsupportedDTypeError,
     UnsupportedFormatError,
 )
-from .files import EntryInfo, Reader, Writer, exists, load_file, merge, open, remove, save_file
-from .objects import add_safe_types, register_type, registered_types, safe_types
+from .storage.files import (
+    EntryInfo,
+    Reader,
+    Writer,
+    exists,
+    load_file,
+    merge,
+    open,
+    remove,
+    save_file,
+)
+from .storage.objects import add_safe_types, register_type, registered_types, safe_types
 
 __version__ = "0.1.0"
 
@@ -72,9 +82,6 @@ __all__ = [
 ]
 
 # --- object graph API (shardpoint.objgraph) ---
-from .files import declare_framework as _declare_framework
-from .files import declare_in_place_reader as _declare_in_place_reader
-from .objects import declare_tags as _declare_object_tags
 from .objgraph import (
     Checkpoint,
     CheckpointLoadStatus,
@@ -110,6 +117,9 @@ from .objgraph import (
     unregister_trackable_adapter,
 )
 from .objgraph.trackable import declare_adapter_module as _declare_adapter_module
+from .storage.files import declare_framework as _declare_framework
+from .storage.files import declare_in_place_reader as _declare_in_place_reader
+from .storage.objects import declare_tags as _declare_object_tags
 
 # sp.open reads Hugging Face safetensors checkpoints in place (shardpoint.convert.hf, imported
 # only when a path without a P.index needs it).
@@ -135,7 +145,9 @@ _declare_object_tags(
     "shardpoint.torch.objects", "torch", ["torch.Size", "torch.dtype", "torch.device"]
 )
 _declare_object_tags(
-    "shardpoint.omegaconf_objects", "omegaconf", ["omegaconf.DictConfig", "omegaconf.ListConfig"]
+    "shardpoint.storage.omegaconf_objects",
+    "omegaconf",
+    ["omegaconf.DictConfig", "omegaconf.ListConfig"],
 )
 
 __all__ += [

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import files
 from .convert import is_hf_path, resolve_prefix
 from .errors import (
     CheckpointError,
@@ -43,6 +42,7 @@ from .errors import (
     SignatureError,
     SignatureMissingError,
 )
+from .storage import files
 
 __all__ = ["SignedTarget", "sign", "verify_signature", "target_of"]
 

@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from shardpoint import files  # noqa: E402
 from shardpoint.activation import CheckpointedSequential, checkpoint_sequential  # noqa: E402
 from shardpoint.activation import _offload_codec as oc  # noqa: E402
+from shardpoint.storage import files  # noqa: E402
 
 INPLACE = "one of the variables needed for gradient computation has been modified by an inplace"
 

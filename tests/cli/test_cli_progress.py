@@ -1,4 +1,4 @@
-"""``shardpoint.progress``: a tqdm bar only when wanted (TTY or forced), else a silent no-op."""
+"""``shardpoint.storage.progress``: a tqdm bar only when wanted (TTY or forced), else a silent no-op."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shardpoint import progress
+from shardpoint.storage import progress
 
 
 def test_default_follows_whether_stderr_is_a_terminal(monkeypatch):

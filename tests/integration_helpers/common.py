@@ -88,7 +88,7 @@ def arm_kill_hook() -> None:
     at = int(os.environ.get("SP_TEST_KILL_AT_SAVE", "0"))
     if not at:
         return
-    import shardpoint.files as files
+    import shardpoint.storage.files as files
 
     count = {"saves": 0}
 

@@ -178,7 +178,7 @@ def test_file_url_is_local(tmp_path) -> None:
 
 def test_memory_save_with_progress_reports_every_byte(monkeypatch) -> None:
     """The progress callback rides the one save path on object-store URLs too (save_at)."""
-    from shardpoint import files
+    from shardpoint.storage import files
 
     seen: list[int] = []
     totals: list[int] = []

@@ -96,7 +96,7 @@ def test_cli_ls_verify_convert_gc(moto, bucket: str, tmp_path, capsys) -> None:
 
 def test_list_dir_and_object_ops(moto, bucket: str) -> None:
     base = f"s3://{bucket}/ops"
-    files = sp.files
+    files = sp.storage.files
     files.write_object(f"{base}/a.txt", b"hello", mode="create")
     with pytest.raises(CheckpointIOError, match="another writer changed it first"):
         files.write_object(f"{base}/a.txt", b"again", mode="create")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
-from shardpoint import files
 from shardpoint.errors import CheckpointIOError, InvalidArgumentError, NotFoundError
 from shardpoint.objgraph import storage_io
 from shardpoint.objgraph.errors import DirectoryInUseError
 from shardpoint.objgraph.manager import PENDING_DELETIONS_FILENAME
+from shardpoint.storage import files
 
 
 def _ck(x: float) -> sp.Checkpoint:

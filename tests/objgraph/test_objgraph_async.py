@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
-from shardpoint import files
-from shardpoint.async_save import SaveFuture
+from shardpoint.storage import files
+from shardpoint.storage.async_save import SaveFuture
 
 
 def _vars(seed: int = 0) -> tuple[sp.Variable, sp.Variable, sp.Variable]:

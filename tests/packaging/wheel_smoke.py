@@ -47,7 +47,7 @@ FEATURE_EXTRA: dict[str, str] = {
 }
 # Modules imported only when a value of their package is saved or read (shardpoint/__init__
 # declares them lazily): the user already has that package, so no extra installs it.
-ACTIVATED_BY_VALUES: dict[str, str] = {"shardpoint.omegaconf_objects": "omegaconf"}
+ACTIVATED_BY_VALUES: dict[str, str] = {"shardpoint.storage.omegaconf_objects": "omegaconf"}
 # The extras the docs name (README, docs/*.md): each must exist in the wheel's metadata.
 DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes")
 # Frameworks an extra must make importable (checked after installing every extra).

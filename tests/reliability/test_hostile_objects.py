@@ -29,7 +29,7 @@ import pytest
 import shardpoint as sp
 from reliability_helpers import craft
 from shardpoint import _core
-from shardpoint.objects import _HANDLERS, MAX_OBJECT_BYTES, decode_object, encode_object
+from shardpoint.storage.objects import _HANDLERS, MAX_OBJECT_BYTES, decode_object, encode_object
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 GIB = 1 << 30

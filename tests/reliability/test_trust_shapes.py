@@ -16,7 +16,7 @@ import pytest
 import shardpoint as sp
 from reliability_helpers import craft
 from shardpoint.cli import main
-from shardpoint.dtypes import shape_problem
+from shardpoint.storage.dtypes import shape_problem
 
 # (shape, dtype) pairs numpy refuses although they hold no bytes
 UNREPRESENTABLE = [

@@ -90,8 +90,8 @@ class Hooks:
 
 def install_hooks(hooks: Hooks) -> None:
     """Wrap the library functions a save goes through (in this process only)."""
-    import shardpoint.files as files
     import shardpoint.objgraph.checkpoint_state as checkpoint_state
+    import shardpoint.storage.files as files
     from shardpoint.objgraph import storage_io
 
     real_save = files.save_file

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import shardpoint as sp
-from shardpoint.dtypes import numpy_dtype
+from shardpoint.storage.dtypes import numpy_dtype
 
 #: the 2-D tensor every campaign checkpoint holds (sliced by ``slice`` and ``get_slice``)
 MATRIX = "m"

@@ -16,7 +16,7 @@ import pytest
 
 import shardpoint as sp
 from shardpoint import _core
-from shardpoint.async_save import AsyncSaver, SaveFuture, StagingBuffers, default_saver
+from shardpoint.storage.async_save import AsyncSaver, SaveFuture, StagingBuffers, default_saver
 
 
 def _state(seed: int = 0) -> dict[str, object]:
@@ -413,7 +413,7 @@ def test_saver_after_fork_starts_clean():
     # deadlock for reasons unrelated to the saver.
     code = """
 import os, threading
-from shardpoint.async_save import AsyncSaver
+from shardpoint.storage.async_save import AsyncSaver
 saver = AsyncSaver()
 gate = threading.Event()
 saver.submit(lambda _b: lambda: gate.wait(30))  # in flight while we fork

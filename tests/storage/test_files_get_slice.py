@@ -60,9 +60,9 @@ def test_get_slice_matches_numpy_on_every_axis(
 ):
     """Random indices on every axis; run_bytes=3000 cuts compressed reads into many runs."""
     if run_bytes is not None:
-        import shardpoint.slicing
+        import shardpoint.storage.slicing
 
-        monkeypatch.setattr(shardpoint.slicing, "RUN_BYTES", run_bytes)
+        monkeypatch.setattr(shardpoint.storage.slicing, "RUN_BYTES", run_bytes)
     p = tmp_path / "ck"
     sp.save_file(arrays, p, compression=compression, chunk_bytes=4096, durable=False)
     rng = random.Random(f"{compression}{run_bytes}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import shardpoint as sp
-import shardpoint.files as files
+import shardpoint.storage.files as files
 
 
 class _Recorder:

@@ -10,7 +10,13 @@ import os
 
 import pytest
 
-from shardpoint.io_mode import CACHED_ENOUGH, MOUNTINFO, cached_fraction, fs_type, resolve_io
+from shardpoint.storage.io_mode import (
+    CACHED_ENOUGH,
+    MOUNTINFO,
+    cached_fraction,
+    fs_type,
+    resolve_io,
+)
 
 # (mount point under the test's directory, the line's tail after " - ", expected io)
 MOUNTS = [
@@ -82,7 +88,7 @@ def test_auto_choice_is_cached_per_device_and_dropped_when_mounts_change(tmp_pat
     # since device numbers are reused by later mounts
     import subprocess
 
-    from shardpoint import io_mode
+    from shardpoint.storage import io_mode
 
     first = resolve_io("auto", tmp_path / "ck")
     dev = os.stat(tmp_path).st_dev

@@ -17,7 +17,7 @@ from shardpoint.errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
 )
-from shardpoint.io_mode import fs_type, resolve_io
+from shardpoint.storage.io_mode import fs_type, resolve_io
 
 # Above the engine's read-ahead threshold (16 MiB) and many 4 MiB pieces.
 BIG = (5 << 20) + 123
@@ -129,7 +129,7 @@ def test_io_auto_picks_by_file_system(tmp_path):
 
 def test_io_auto_remembers_the_choice_per_file_system(tmp_path):
     # mountinfo is parsed once per file system (device), not on every open
-    from shardpoint import io_mode
+    from shardpoint.storage import io_mode
 
     (tmp_path / "a").mkdir()
     first = resolve_io("auto", tmp_path / "a" / "ck")

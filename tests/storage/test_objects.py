@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
-from shardpoint.objects import MAX_DEPTH
+from shardpoint.storage.objects import MAX_DEPTH
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reliability_helpers"))
 from craft import raw_entry, write_checkpoint  # noqa: E402
@@ -66,7 +66,7 @@ def _registry() -> Any:
     """Each test starts with the user types below unregistered."""
     yield
     for cls in (Color, Perm, Optim, Config, Point, Opaque):
-        sp.objects._unregister(cls)
+        sp.storage.objects._unregister(cls)
 
 
 def roundtrip(value: Any, tmp_path: pathlib.Path, key: str = "v") -> Any:
@@ -351,7 +351,9 @@ def test_hostile_deep_and_wide_documents(
     just_deep = '{"v":1,"value":' + "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5) + "}"
     with pytest.raises(sp.CorruptCheckpointError, match="deeper"):
         sp.load_file(_hostile(tmp_path, just_deep))
-    monkeypatch.setattr(sp.objects, "MAX_OBJECT_BYTES", 1000)  # the cap, without 64 MiB files
+    monkeypatch.setattr(
+        sp.storage.objects, "MAX_OBJECT_BYTES", 1000
+    )  # the cap, without 64 MiB files
     huge = b'{"v":1,"value":"' + b"a" * 1000 + b'"}'
     with pytest.raises(sp.CorruptCheckpointError, match="bytes a reader accepts"):
         sp.load_file(_hostile(tmp_path, huge))

@@ -142,7 +142,7 @@ def _kill_worker(rank: int, port: int, work: str) -> None:
     dcp.save(first, storage_writer=spt.StorageWriter(f"{work}/ckpt"))
     dist.barrier()
     if rank == 1:
-        from shardpoint import files
+        from shardpoint.storage import files
 
         real_add = files.Writer.add
 

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardpoint import files
-from shardpoint.dtypes import numpy_dtype
+from shardpoint.storage import files
 from shardpoint.errors import UnsupportedDTypeError
+from shardpoint.storage.dtypes import numpy_dtype
 
 from ._memory import is_parameter_like
 from ._offload_codec import CompressionChooser

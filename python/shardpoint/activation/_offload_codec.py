@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardpoint import files
+from shardpoint.storage import files
 from shardpoint.errors import CheckpointError
 
 __all__ = [

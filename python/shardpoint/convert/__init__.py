@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .. import files
-from ..atomic_files import make_dirs
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
+from ..storage import files
+from ..storage.atomic_files import make_dirs
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
 from .hf_export import export_hf, write_hf

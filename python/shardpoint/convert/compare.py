@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..progress import progress_bar
+from ..storage.progress import progress_bar
 from .base import Source, Spec
 
 __all__ = ["Difference", "DiffResult", "diff_sources", "max_abs_diff"]

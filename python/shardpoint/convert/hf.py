@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..dtypes import numpy_dtype
 from ..errors import (
     CorruptCheckpointError,
     DigestMissingError,
@@ -34,11 +33,12 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..files import EntryInfo, Reader, read_ranges_into, stats_dict
-from ..io_mode import check_io, resolve_io
-from ..progress import progress_bar, wanted
-from ..slicing import TensorSlice
-from ..strong_digest import StrongDigest
+from ..storage.dtypes import numpy_dtype
+from ..storage.files import EntryInfo, Reader, read_ranges_into, stats_dict
+from ..storage.io_mode import check_io, resolve_io
+from ..storage.progress import progress_bar, wanted
+from ..storage.slicing import TensorSlice
+from ..storage.strong_digest import StrongDigest
 from .base import Source, Spec
 from .hf_files import SECTION, collect_files
 from .hf_format import ShardHeader, TensorRecord, read_index, read_shard_header
@@ -363,7 +363,7 @@ class HFReader(Reader):
 
     def get_slice(self, key: str) -> TensorSlice:
         """A lazy slice of ``key`` with exactly ``Reader.get_slice``'s index rules
-        (:mod:`shardpoint.slicing`): it indexes the zero-copy view of the mapped shard, so
+        (:mod:`shardpoint.storage.slicing`): it indexes the zero-copy view of the mapped shard, so
         only the pages holding selected elements are read."""
         return TensorSlice(self, key)
 

@@ -22,10 +22,10 @@ import shutil
 import tempfile
 from typing import Any
 
-from ..atomic_files import make_dirs
 from ..errors import InvalidArgumentError
-from ..files import Reader
-from ..progress import progress_bar
+from ..storage.atomic_files import make_dirs
+from ..storage.files import Reader
+from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
 from .hf_files import SECTION, collect_files, write_files

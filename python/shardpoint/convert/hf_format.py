@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import PureWindowsPath
 from typing import Any
 
-from ..dtypes import shape_problem
 from ..errors import CorruptCheckpointError, NotFoundError
+from ..storage.dtypes import shape_problem
 
 __all__ = [
     "ST_BITS",

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic_files import create_temp
-from ..dtypes import numpy_dtype, shape_problem
 from ..errors import CorruptCheckpointError, NotFoundError
-from ..progress import progress_bar
+from ..storage.atomic_files import create_temp
+from ..storage.dtypes import numpy_dtype, shape_problem
+from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 
 __all__ = ["SafetensorsSource", "write_safetensors", "is_safetensors", "ST_TO_FORMAT"]

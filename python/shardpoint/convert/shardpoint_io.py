@@ -8,9 +8,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .. import files
 from ..errors import ChecksumMismatchError
-from ..progress import progress_bar
+from ..storage import files
+from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 
 __all__ = ["ShardpointSource", "write_shardpoint"]

@@ -40,13 +40,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from ..dtypes import numpy_dtype, shape_problem
 from ..errors import (
     ChecksumMismatchError,
     CorruptCheckpointError,
     NotFoundError,
     UnsupportedFormatError,
 )
+from ..storage.dtypes import numpy_dtype, shape_problem
 from .base import Source, Spec
 
 __all__ = [

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import format_name, numpy_dtype
 from ..errors import CorruptCheckpointError, NotFoundError, UnsupportedDTypeError
-from ..nested_keys import put_leaf
+from ..storage.dtypes import format_name, numpy_dtype
+from ..storage.nested_keys import put_leaf
 from .base import Source, Spec
 
 __all__ = ["TorchSource", "is_torch_file", "tensor_to_numpy"]

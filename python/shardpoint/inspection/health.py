@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core, files
+from .. import _core
 from ..convert import detect_format, open_source
-from ..files import stats_dict
-from ..progress import progress_bar
+from ..storage import files
+from ..storage.files import stats_dict
+from ..storage.progress import progress_bar
 
 __all__ = ["checkpoint_stats", "has_nonfinite", "select_keys"]
 

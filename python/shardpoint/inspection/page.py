@@ -21,8 +21,8 @@ import re
 from importlib import resources
 from typing import Any
 
-from .. import files
 from ..convert import detect_format, open_source, resolve_prefix
+from ..storage import files
 from .health import checkpoint_stats
 from .valuediff import value_diff
 

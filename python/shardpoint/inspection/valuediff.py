@@ -21,7 +21,7 @@ from .. import _core
 from ..convert import open_source
 from ..convert.base import Source, Spec
 from ..convert.shardpoint_io import ShardpointSource
-from ..progress import progress_bar
+from ..storage.progress import progress_bar
 from .health import select_keys
 
 __all__ = ["TensorChange", "ValueDiff", "value_diff"]

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import files
 from ..errors import NotFoundError, UnsupportedDTypeError
+from ..storage import files
 
 __all__ = [
     "PendingSaves",

@@ -97,7 +97,7 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
 def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     """The ``checkpoint-N`` directory with the highest N whose shardpoint part was committed
     (``get_last_checkpoint`` without the directories a killed save left incomplete)."""
-    from .. import files
+    from ..storage import files
 
     if not os.path.isdir(output_dir):
         return None
@@ -272,7 +272,7 @@ class ShardpointTrainerMixin:
     # -- load ---------------------------------------------------------------------------------
 
     def _sp_has(self, checkpoint: str | None) -> bool:
-        from .. import files
+        from ..storage import files
 
         # ours: our index, or our training_args.json (an index missing beside it is then
         # reported as such, not as a missing model.safetensors)

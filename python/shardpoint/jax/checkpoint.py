@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import files
-from ..dtypes import format_name, numpy_dtype
 from ..errors import CorruptCheckpointError, InvalidArgumentError, MissingKeyError
+from ..storage import files
+from ..storage.dtypes import format_name, numpy_dtype
 from . import tree as tree_lib
 
 __all__ = ["save", "restore", "META_KEY", "snapshot", "write_snapshot"]

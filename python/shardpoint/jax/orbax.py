@@ -26,7 +26,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from orbax.checkpoint import future as ocp_future
 
-from .. import files
+from ..storage import files
 from .checkpoint import META_KEY, restore, snapshot, write_snapshot
 
 __all__ = ["ShardpointCheckpointHandler", "ShardpointSave", "ShardpointRestore", "PREFIX_NAME"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..async_save import AsyncSaver, StagingBuffers
 from ..errors import NotFoundError
+from ..storage.async_save import AsyncSaver, StagingBuffers
 from . import storage_io
 from .checkpoint_state import update_checkpoint_state
 from .errors import DuplicateDependencyError, NotTrackableError
@@ -178,7 +178,7 @@ class Checkpoint(Module):
 
         Returns the prefix, or with ``blocking=False`` (or ``options`` with
         ``experimental_enable_async_checkpoint`` set, TensorFlow's spelling) a
-        :class:`~shardpoint.async_save.SaveFuture` whose result is the prefix: every value is
+        :class:`~shardpoint.storage.async_save.SaveFuture` whose result is the prefix: every value is
         copied into reusable host buffers before the call returns, and the write runs in the
         background (see :meth:`wait`, :attr:`max_in_flight`). ``incremental``: values unchanged
         since this object's previous committed save are not written again (FORMAT.md §8.1).

@@ -24,8 +24,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from .. import files
-from ..atomic_files import create_temp, try_lock_exclusive
+from ..storage import files
+from ..storage.atomic_files import create_temp, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
 from .storage_io import checkpoint_exists, is_url
 

@@ -29,8 +29,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..async_save import SaveFuture
-from ..atomic_files import create_temp
 from ..errors import (
     CheckpointError,
     CheckpointIOError,
@@ -38,6 +36,8 @@ from ..errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from ..storage.async_save import SaveFuture
+from ..storage.atomic_files import create_temp
 from . import directory_lock, storage_io
 from .checkpoint import uncount_failed_save
 from .checkpoint_state import (
@@ -306,7 +306,7 @@ class CheckpointManager:
         the number; ``save_counter`` is incremented either way.
 
         ``blocking=False`` (or ``options.experimental_enable_async_checkpoint``) returns a
-        :class:`~shardpoint.async_save.SaveFuture` whose result is what the blocking call
+        :class:`~shardpoint.storage.async_save.SaveFuture` whose result is what the blocking call
         returns, once every value has been copied to host memory. The write, then the state
         file update and the deletion of checkpoints out of retention, run in the background in
         call order: ``latest_checkpoint`` and ``checkpoints`` only ever name committed

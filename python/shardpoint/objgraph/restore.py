@@ -35,8 +35,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..dtypes import format_name
 from ..errors import CorruptCheckpointError
+from ..storage.dtypes import format_name
 from .errors import DTypeMismatchError, LoadStatusError, ShapeMismatchError
 from .naming import ATTRIBUTES, OBJECT_GRAPH_KEY, _escape_attribute, attribute_key, walk
 from .restore_order import may_write, next_uid, wrote

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import format_name
 from ..errors import InvalidArgumentError, UnsupportedDTypeError
-from ..nested_keys import decode_key, flat_key, key_tag, put_leaf
-from ..objects import encode_object, has_handler
+from ..storage.dtypes import format_name
+from ..storage.nested_keys import decode_key, flat_key, key_tag, put_leaf
+from ..storage.objects import encode_object, has_handler
 from .errors import UnsaveableObjectError
 from .trackable import Trackable, ValueSpec, register_fallback_adapter
 

@@ -1,7 +1,7 @@
 """The one place where the object-graph layer touches storage.
 
 Everything above this module speaks numpy values and key strings; everything below is the
-storage facade (``shardpoint.files``: ``save_file``, ``open``, ``exists``, ``remove``). Keeping
+storage facade (``shardpoint.storage.files``: ``save_file``, ``open``, ``exists``, ``remove``). Keeping
 the boundary this small lets the object graph be tested against any storage with that API.
 """
 
@@ -11,8 +11,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .. import files
-from ..async_save import StagingBuffers
+from ..storage import files
+from ..storage.async_save import StagingBuffers
 from .naming import OBJECT_GRAPH_KEY
 
 __all__ = [

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch.nn.parameter import is_lazy
 
-from ..objects import has_handler
 from ..objgraph.errors import UnsaveableObjectError
 from ..objgraph.state_dict_adapter import STRUCTURE_ATTRIBUTE, StateDictTrackable
 from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_builtin_adapter
 from ..objgraph.variables import VARIABLE_VALUE
+from ..storage.objects import has_handler
 from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, unflatten
 
 __all__ = [

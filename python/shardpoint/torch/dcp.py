@@ -57,8 +57,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from .. import files
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
+from ..storage import files
 from .tensors import numpy_to_tensor, tensor_to_numpy
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import files
 from ..errors import CheckpointError, DuplicateKeyError
+from ..storage import files
 from .tensors import METADATA_KEY, _prepare
 
 __all__ = ["save_distributed"]

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import files
 from ..errors import UnsupportedDTypeError
+from ..storage import files
 from .models import (
     IncompatibleKeys,
     TiedWeightsConflictError,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedDTypeError
-from ..objects import register_tag
+from ..storage.objects import register_tag
 from .tensors import format_dtype, torch_dtype
 
 __all__ = ["register"]

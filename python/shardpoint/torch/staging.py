@@ -1,7 +1,7 @@
 """Staging of torch tensors for asynchronous saves, including tensors on a CUDA device.
 
 CPU tensors are viewed as numpy arrays (no copy) and staged like any array
-(:class:`shardpoint.async_save.StagingBuffers`: parallel copy, GIL released). Device tensors are
+(:class:`shardpoint.storage.async_save.StagingBuffers`: parallel copy, GIL released). Device tensors are
 copied into *pinned* host buffers, kept and reused from save to save, with ``non_blocking=True``
 copies on a side stream:
 
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..async_save import StagingBuffers
+from ..storage.async_save import StagingBuffers
 from .tensors import format_dtype
 
 __all__ = ["TorchStagingBuffers", "is_device_tensor"]

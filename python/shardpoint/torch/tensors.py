@@ -1,6 +1,6 @@
 """Torch tensors to and from the storage layer, zero-copy where the bytes allow it.
 
-The storage layer speaks numpy (``shardpoint.files``). Going through numpy costs nothing for CPU
+The storage layer speaks numpy (``shardpoint.storage.files``). Going through numpy costs nothing for CPU
 tensors: ``Tensor.numpy()`` and ``torch.from_numpy`` share memory. numpy has no bfloat16/float8,
 so those tensors are reinterpreted through a same-width integer view (``int16``/``uint8``) and the
 numpy side uses the ``ml_dtypes`` type of the same name: still no copy.
@@ -27,9 +27,6 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
-from .. import files
-from ..async_save import AsyncSaver
-from ..dtypes import format_name, numpy_dtype
 from ..errors import (
     InvalidArgumentError,
     MetaTensorError,
@@ -37,13 +34,16 @@ from ..errors import (
     UnknownDTypeError,
     UnsupportedDTypeError,
 )
-from ..nested_keys import decode_key, key_tag, put_leaf
-from ..objects import has_handler
+from ..storage import files
+from ..storage.async_save import AsyncSaver
+from ..storage.dtypes import format_name, numpy_dtype
+from ..storage.nested_keys import decode_key, key_tag, put_leaf
+from ..storage.objects import has_handler
 from .file_objects import is_file_object, save_to_stream, stream_path
 from .locations import MapLocation, is_plain_device, place, saved_locations
 
 if TYPE_CHECKING:
-    from ..async_save import SaveFuture
+    from ..storage.async_save import SaveFuture
     from .staging import TorchStagingBuffers
 
 __all__ = [
@@ -404,7 +404,7 @@ def save(
         metadata: JSON-able mapping stored in the index; ``sp.open(prefix).metadata`` returns
             exactly it (our own nesting information lives in a separate section).
 
-        blocking: ``False`` returns a :class:`~shardpoint.async_save.SaveFuture` (result
+        blocking: ``False`` returns a :class:`~shardpoint.storage.async_save.SaveFuture` (result
             ``None``) once the state is snapshotted: CPU tensors are copied into reusable host
             buffers (parallel, GIL released), CUDA tensors into pinned buffers by non-blocking
             copies ordered with the current stream (``shardpoint.torch.staging``); the write
@@ -544,7 +544,7 @@ def load(
         pickle_load_args: accepted for torch's signature and ignored (no unpickler runs).
         io: ``"mmap"`` (zero-copy views on the CPU), ``"pread"`` (private memory, large
             parallel reads) or ``"auto"`` (``pread`` on network/FUSE file systems); see
-            :mod:`shardpoint.io_mode`.
+            :mod:`shardpoint.storage.io_mode`.
 
     Returns the nested state dict as saved (flat ``key -> value`` for ``keys=`` or for
     checkpoints not written by :func:`save`). Arrays saved as numpy stay numpy. Ctrl-C stops

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CorruptCheckpointError, DuplicateKeyError, InvalidKeyError
+from ..errors import CorruptCheckpointError, DuplicateKeyError, InvalidKeyError
 
 __all__ = ["key_tag", "decode_key", "flat_key", "put_leaf"]
 

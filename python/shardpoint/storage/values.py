@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import format_name, numpy_dtype
-from .errors import (
+from ..errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidKeyError,
     UnsupportedDTypeError,
 )
+from .dtypes import format_name, numpy_dtype
 from .objects import decode_object, encode_object, is_plain_json
 
 __all__ = ["check_key", "encode", "decode", "json_depth"]

@@ -16,8 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import files
-from .errors import (
+from ..errors import (
     CheckpointError,
     CheckpointIOError,
     CorruptCheckpointError,
@@ -27,6 +26,7 @@ from .errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
+from ..storage import files
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_IO"]
 
@@ -161,7 +161,7 @@ def _print_entries(rows: list[dict[str, Any]], as_json: bool, what: str) -> None
 
 
 def _foreign_rows(path: str) -> tuple[list[dict[str, Any]], list[str]]:
-    from .convert import open_source
+    from ..convert import open_source
 
     with open_source(path) as src:
         rows = [
@@ -181,7 +181,7 @@ def _foreign_rows(path: str) -> tuple[list[dict[str, Any]], list[str]]:
 
 def _foreign_checkpoint(prefix: str) -> dict[str, Any] | None:
     """Key count and tensor bytes of a non-shardpoint checkpoint (TensorFlow) in a directory."""
-    from .convert import open_source
+    from ..convert import open_source
 
     try:
         with open_source(prefix) as src:
@@ -192,7 +192,7 @@ def _foreign_checkpoint(prefix: str) -> dict[str, Any] | None:
 
 
 def _list_directory(directory: str, as_json: bool) -> None:
-    from .objgraph.checkpoint_state import read_checkpoint_state, resolve
+    from ..objgraph.checkpoint_state import read_checkpoint_state, resolve
 
     state = read_checkpoint_state(directory)
     if state is not None:
@@ -242,8 +242,8 @@ def _list_directory(directory: str, as_json: bool) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .convert import is_manager_url
-    from .convert.hf import is_hf_path
+    from ..convert import is_manager_url
+    from ..convert.hf import is_hf_path
 
     url = files.is_url(args.path)
     if url and (args.path.endswith("/") or is_manager_url(args.path)):
@@ -252,7 +252,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if os.path.isdir(args.path) and not is_hf_path(args.path):
         _list_directory(args.path, args.json)
         return EXIT_OK
-    from .convert import detect_format
+    from ..convert import detect_format
 
     fmt, path = detect_format(args.path)
     if fmt == "shardpoint":
@@ -274,7 +274,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # --- info ------------------------------------------------------------------------------------
 def _graph_summary(r: files.Reader) -> dict[str, Any] | None:
-    from .objgraph.naming import OBJECT_GRAPH_KEY, parse_object_graph
+    from ..objgraph.naming import OBJECT_GRAPH_KEY, parse_object_graph
 
     if OBJECT_GRAPH_KEY not in r:
         return None
@@ -289,7 +289,7 @@ def _graph_summary(r: files.Reader) -> dict[str, Any] | None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .convert import detect_format, resolve_prefix
+    from ..convert import detect_format, resolve_prefix
 
     fmt, path = detect_format(resolve_prefix(args.path))
     if fmt == "hf":
@@ -347,8 +347,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # --- verify ----------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .convert import detect_format, resolve_prefix
-    from .progress import run_with_spinner
+    from ..convert import detect_format, resolve_prefix
+    from ..storage.progress import run_with_spinner
 
     fmt, path = detect_format(resolve_prefix(args.path))
     if getattr(args, "signature", None) is not None:
@@ -376,7 +376,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _verify_signature(args: argparse.Namespace) -> None:
     """``verify --signature``: the signature first (it covers every byte), then the checks."""
-    from .signing import verify_signature
+    from ..signing import verify_signature
 
     if (args.public_key is None) == (args.certificate_chain is None):
         raise InvalidArgumentError("--signature needs --public-key or --certificate-chain")
@@ -390,7 +390,7 @@ def _verify_signature(args: argparse.Namespace) -> None:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from .signing import sign
+    from ..signing import sign
 
     sig = sign(
         args.path,
@@ -407,7 +407,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 def _verify_hf(path: str, strong: bool = False) -> int:
     """A Hugging Face directory has no checksums: check its structure and say so (``strong``:
     it has no digest manifest either, which raises ``DigestMissingError``)."""
-    from .convert.hf import HFReader
+    from ..convert.hf import HFReader
 
     r = HFReader(path)
     with r:
@@ -421,7 +421,7 @@ def _verify_hf(path: str, strong: bool = False) -> int:
 
 
 def _info_hf(path: str, as_json: bool) -> int:
-    from .convert.hf import HFReader
+    from ..convert.hf import HFReader
 
     with HFReader(path) as r:
         fi = r.format_info
@@ -453,8 +453,8 @@ def _info_hf(path: str, as_json: bool) -> int:
 
 # --- diff ------------------------------------------------------------------------------------
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .convert import open_source
-    from .convert.compare import diff_sources
+    from ..convert import open_source
+    from ..convert.compare import diff_sources
 
     if args.atol < 0:
         raise InvalidArgumentError(f"--atol must be >= 0, got {args.atol}")
@@ -496,7 +496,7 @@ def _num(x: float | None) -> str:
 
 def _diff_values(args: argparse.Namespace) -> int:
     """``diff --values``: how far every common tensor moved, largest relative change first."""
-    from .inspection import value_diff
+    from ..inspection import value_diff
 
     res = value_diff(args.a, args.b, keys=args.keys, progress=args.progress)
     if args.json:
@@ -540,8 +540,8 @@ def _diff_values(args: argparse.Namespace) -> int:
 # --- stats -----------------------------------------------------------------------------------
 def cmd_stats(args: argparse.Namespace) -> int:
     """Per-tensor health; exit 2 when a NaN or Inf is found (unless --no-fail)."""
-    from .convert import resolve_prefix
-    from .inspection import checkpoint_stats, has_nonfinite
+    from ..convert import resolve_prefix
+    from ..inspection import checkpoint_stats, has_nonfinite
 
     path = args.path if files.is_url(args.path) else resolve_prefix(args.path)
     stats = checkpoint_stats(path, keys=args.keys, progress=args.progress)
@@ -589,7 +589,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # --- view ------------------------------------------------------------------------------------
 def cmd_view(args: argparse.Namespace) -> int:
     """Write the self-contained HTML page of a checkpoint (and its change against B)."""
-    from .inspection.page import write_page
+    from ..inspection.page import write_page
 
     out = write_page(
         args.path, args.output, other=args.other, stats=args.stats, progress=args.progress
@@ -604,7 +604,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 # --- convert ---------------------------------------------------------------------------------
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .convert import convert
+    from ..convert import convert
 
     res = convert(
         args.src,
@@ -662,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from . import __version__
+    from .. import __version__
 
     p.add_argument("--version", action="version", version=f"shardpoint {__version__}")
     _progress_flags(p, default=None)

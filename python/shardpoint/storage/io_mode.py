@@ -24,7 +24,7 @@ import select
 import threading
 from collections.abc import Iterable
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = [
     "CACHED_ENOUGH",

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DigestMismatchError, DigestMissingError, InvalidArgumentError
+from ..errors import DigestMismatchError, DigestMissingError, InvalidArgumentError
 
 __all__ = ["StrongDigest", "verify_strong", "parse_expected"]
 

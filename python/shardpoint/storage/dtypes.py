@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UnsupportedDTypeError
+from ..errors import UnsupportedDTypeError
 
 __all__ = [
     "FORMAT_DTYPES",

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..errors import InvalidArgumentError, InvalidSliceError
 from .dtypes import numpy_dtype, safetensors_name
-from .errors import InvalidArgumentError, InvalidSliceError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .files import Reader

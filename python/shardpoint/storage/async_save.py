@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _core
-from .errors import InvalidArgumentError
+from .. import _core
+from ..errors import InvalidArgumentError
 
 __all__ = ["AsyncSaver", "SaveFuture", "StagingBuffers", "default_saver", "wait_all"]
 

@@ -44,14 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import format_name, numpy_dtype
-from .errors import (
+from ..errors import (
     CheckpointError,
     CorruptCheckpointError,
     InvalidArgumentError,
     UnregisteredTypeError,
     UnsupportedDTypeError,
 )
+from .dtypes import format_name, numpy_dtype
 
 __all__ = [
     "register_type",

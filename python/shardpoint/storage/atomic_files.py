@@ -24,7 +24,7 @@ def make_dirs(directory: str) -> None:
     (TensorFlow's ``Checkpoint.save`` and Orbax do too). Errors name ``directory``."""
     if not directory or os.path.isdir(directory):
         return
-    from .errors import CheckpointIOError
+    from ..errors import CheckpointIOError
 
     try:
         os.makedirs(directory, exist_ok=True)

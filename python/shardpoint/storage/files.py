@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _core
-from .dtypes import numpy_dtype
-from .errors import (
+from .. import _core
+from ..errors import (
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidKeyError,
 )
+from .dtypes import numpy_dtype
 from .io_mode import check_io, resolve_io
 from .progress import progress_bar, wanted
 from .slicing import LazySlice, TensorSlice
@@ -217,7 +217,7 @@ def save_file(
         chunk_bytes: raw bytes per independently compressed chunk (default 1 MiB).
         progress: show a progress bar (``None``: only when stderr is a terminal; needs tqdm).
         blocking: ``False`` copies the values into reusable host buffers and returns at once
-            a :class:`~shardpoint.async_save.SaveFuture` (result ``None``); compression, writing
+            a :class:`~shardpoint.storage.async_save.SaveFuture` (result ``None``); compression, writing
             and the commit run in the background, in call order (see ``async_save``). The
             values may be modified as soon as the call returns.
         incremental: lay the shards out for incremental saves: every value of 4 MiB or more
@@ -435,7 +435,7 @@ def load_file(
     ``verify=False`` skips the check of uncompressed values (for data you checked already).
     From an object store every value is fetched with parallel ranged GETs and always
     crc-checked. ``io``: ``"mmap"``, ``"pread"`` (as ``copy=True``) or ``"auto"`` (``pread`` on
-    network and FUSE file systems, where mapping faults are slow; :mod:`shardpoint.io_mode`).
+    network and FUSE file systems, where mapping faults are slow; :mod:`shardpoint.storage.io_mode`).
     """
     with open(prefix, verify=verify, copy=copy, storage_options=storage_options, io=io) as r:
         return r.load(keys, progress=progress)
@@ -706,7 +706,7 @@ class Reader:
         """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
         ``dtype``, ``get_shape()``, ``get_dtype()`` and numpy-style indexing on every axis that
         reads only the selected bytes (uncompressed) or chunks (compressed). See
-        :mod:`shardpoint.slicing` for the index rules."""
+        :mod:`shardpoint.storage.slicing` for the index rules."""
         return TensorSlice(self, check_key(key))
 
     def slice(self, key: str, start: int, stop: int) -> Any:
@@ -962,7 +962,7 @@ def open(  # noqa: A001 - the public name is a contract
 
     ``io``: ``"mmap"`` (zero-copy views), ``"pread"`` (private memory read with large parallel
     ``pread``; same as ``copy=True``), ``"auto"`` (default: ``pread`` on network and FUSE file
-    systems, whose mapping faults are remote round trips; see :mod:`shardpoint.io_mode`).
+    systems, whose mapping faults are remote round trips; see :mod:`shardpoint.storage.io_mode`).
 
     A single-file checkpoint (``sptorch.save(sd, "model.pt")``, FORMAT.md §10; recognised by
     its first bytes) opens the same way, and ``P.index`` means ``P``.
