@@ -32,7 +32,7 @@ from .errors import (
     UnsupportedDTypeError,
     UnsupportedFormatError,
 )
-from .storage.files import (
+from .storage import (
     EntryInfo,
     Reader,
     Writer,
@@ -117,8 +117,8 @@ from .objgraph import (
     unregister_trackable_adapter,
 )
 from .objgraph.trackable import declare_adapter_module as _declare_adapter_module
-from .storage.files import declare_framework as _declare_framework
-from .storage.files import declare_in_place_reader as _declare_in_place_reader
+from .storage import declare_framework as _declare_framework
+from .storage import declare_in_place_reader as _declare_in_place_reader
 from .storage.objects import declare_tags as _declare_object_tags
 
 # sp.open reads Hugging Face safetensors checkpoints in place (shardpoint.convert.hf, imported

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import storage
 from .convert import is_hf_path, resolve_prefix
 from .errors import (
     CheckpointError,
@@ -42,7 +43,6 @@ from .errors import (
     SignatureError,
     SignatureMissingError,
 )
-from .storage import files
 
 __all__ = ["SignedTarget", "sign", "verify_signature", "target_of"]
 
@@ -66,7 +66,7 @@ class SignedTarget:
 def _checkpoint_files(prefix: str) -> list[str]:
     """``P.index`` and the shard files its index names, as names inside P's directory."""
     base = os.path.basename(prefix)
-    with files.open(prefix) as r:
+    with storage.open(prefix) as r:
         shards = [os.path.basename(p) for p, _ in r.format_info["shards"]]
     return [base + ".index", *shards]
 
@@ -76,7 +76,7 @@ def target_of(
 ) -> SignedTarget:
     """Resolve what signing ``path`` covers (module docstring)."""
     p = os.fspath(path)
-    if files.is_url(p):
+    if storage.is_url(p):
         raise InvalidArgumentError(f"{p}: signing reads local files; download the checkpoint first")
     if os.path.isdir(p) and (is_hf_path(p) or not os.path.exists(os.path.join(p, "checkpoint"))):
         d = Path(p)

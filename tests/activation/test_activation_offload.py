@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
+from shardpoint import storage  # noqa: E402
 from shardpoint.activation import CheckpointedSequential, checkpoint_sequential  # noqa: E402
 from shardpoint.activation import _offload_codec as oc  # noqa: E402
-from shardpoint.storage import files  # noqa: E402
 
 INPLACE = "one of the variables needed for gradient computation has been modified by an inplace"
 
@@ -55,7 +55,7 @@ def wait_for_indexes(scratch, count: int) -> list[str]:
 def stored_codecs(scratch, names: list[str]) -> list[tuple[str, int, int]]:
     out = []
     for name in names:
-        with files.open(os.path.join(scratch, name[: -len(".index")])) as reader:
+        with storage.open(os.path.join(scratch, name[: -len(".index")])) as reader:
             info = reader.info("t")
             out.append((info.codec, info.stored_bytes, info.raw_bytes))
     return out

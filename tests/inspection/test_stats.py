@@ -99,7 +99,7 @@ def test_float4_two_elements_per_byte() -> None:
     lo = (packed & 0xF).view(ml_dtypes.float4_e2m1fn)
     hi = (packed >> 4).view(ml_dtypes.float4_e2m1fn)
     ref = _reference(np.concatenate([lo, hi]))
-    _check(dict(zip(sp.storage.files.STATS_FIELDS, got, strict=True)), ref)
+    _check(dict(zip(sp.storage.STATS_FIELDS, got, strict=True)), ref)
 
 
 def test_stats_keys_and_errors(tmp_path) -> None:
@@ -162,7 +162,7 @@ def test_cli_stats_exit_codes_and_json(tmp_path, capsys) -> None:
     doc = json.loads(out)
     assert code == 2 and doc["nonfinite"] == ["net/w"] and list(doc["tensors"]) == ["net/w"]
     t = doc["tensors"]["net/w"]
-    assert set(t) == {"dtype", "shape", *sp.storage.files.STATS_FIELDS}
+    assert set(t) == {"dtype", "shape", *sp.storage.STATS_FIELDS}
     assert t["nan"] == 1 and t["count"] == 1000 and t["max"] == 1.0
     code, _ = _run(capsys, "stats", str(tmp_path / "nothing"))
     assert code == 3

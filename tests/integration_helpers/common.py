@@ -88,7 +88,7 @@ def arm_kill_hook() -> None:
     at = int(os.environ.get("SP_TEST_KILL_AT_SAVE", "0"))
     if not at:
         return
-    import shardpoint.storage.files as files
+    from shardpoint.storage import save
 
     count = {"saves": 0}
 
@@ -105,8 +105,8 @@ def arm_kill_hook() -> None:
         def close(self) -> None:
             pass
 
-    files.wanted = lambda progress: True  # type: ignore[assignment]
-    files.progress_bar = KillBar  # type: ignore[assignment]
+    save.wanted = lambda progress: True  # type: ignore[assignment]
+    save.progress_bar = KillBar  # type: ignore[assignment]
 
 
 def bits(t: Any) -> bytes:

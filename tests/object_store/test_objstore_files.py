@@ -178,7 +178,7 @@ def test_file_url_is_local(tmp_path) -> None:
 
 def test_memory_save_with_progress_reports_every_byte(monkeypatch) -> None:
     """The progress callback rides the one save path on object-store URLs too (save_at)."""
-    from shardpoint.storage import files
+    from shardpoint.storage import save
 
     seen: list[int] = []
     totals: list[int] = []
@@ -193,7 +193,7 @@ def test_memory_save_with_progress_reports_every_byte(monkeypatch) -> None:
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(files, "progress_bar", _Bar)
+    monkeypatch.setattr(save, "progress_bar", _Bar)
     url = f"memory://t-{uuid.uuid4().hex}/run/ckpt"
     vals = _values()
     sp.save_file(vals, url, shards=2, progress=True)

@@ -96,15 +96,15 @@ def test_cli_ls_verify_convert_gc(moto, bucket: str, tmp_path, capsys) -> None:
 
 def test_list_dir_and_object_ops(moto, bucket: str) -> None:
     base = f"s3://{bucket}/ops"
-    files = sp.storage.files
-    files.write_object(f"{base}/a.txt", b"hello", mode="create")
+    storage = sp.storage
+    storage.write_object(f"{base}/a.txt", b"hello", mode="create")
     with pytest.raises(CheckpointIOError, match="another writer changed it first"):
-        files.write_object(f"{base}/a.txt", b"again", mode="create")
-    data, etag = files.read_object(f"{base}/a.txt")
+        storage.write_object(f"{base}/a.txt", b"again", mode="create")
+    data, etag = storage.read_object(f"{base}/a.txt")
     assert data == b"hello" and etag
-    files.write_object(f"{base}/a.txt", b"v2", mode="update", etag=etag)
+    storage.write_object(f"{base}/a.txt", b"v2", mode="update", etag=etag)
     with pytest.raises(CheckpointIOError, match="another writer changed it first"):
-        files.write_object(f"{base}/a.txt", b"v3", mode="update", etag=etag)
-    assert files.list_url(base) == ["a.txt"]
-    files.delete_object(f"{base}/a.txt")
-    assert files.list_url(base) == []
+        storage.write_object(f"{base}/a.txt", b"v3", mode="update", etag=etag)
+    assert storage.list_url(base) == ["a.txt"]
+    storage.delete_object(f"{base}/a.txt")
+    assert storage.list_url(base) == []

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
+from shardpoint import storage
 from shardpoint.errors import CheckpointIOError, InvalidArgumentError, NotFoundError
 from shardpoint.objgraph import storage_io
 from shardpoint.objgraph.errors import DirectoryInUseError
 from shardpoint.objgraph.manager import PENDING_DELETIONS_FILENAME
-from shardpoint.storage import files
 
 
 def _ck(x: float) -> sp.Checkpoint:
@@ -27,7 +27,7 @@ def _value(ck: sp.Checkpoint) -> float:
 
 
 def _names(url: str) -> list[str]:
-    return sorted(n for n in files.list_url(url) if not n.endswith("/"))
+    return sorted(n for n in storage.list_url(url) if not n.endswith("/"))
 
 
 @pytest.fixture(params=["s3", "memory"])
@@ -102,7 +102,7 @@ def test_restore_or_initialize_from_a_bucket(url: str, caplog: pytest.LogCapture
     # the newest checkpoint damaged (a shard object gone): the previous one is restored, with
     # a warning naming the skipped one; strict=True raises instead
     shard = next(n for n in _names(url) if n.startswith("ckpt-2.data-"))
-    files.delete_object(f"{url}/{shard}")
+    storage.delete_object(f"{url}/{shard}")
     ck3 = _ck(0.0)
     mgr3 = sp.CheckpointManager(ck3, url)
     with caplog.at_level(logging.WARNING, logger="shardpoint"):
@@ -121,7 +121,7 @@ def test_restore_finds_unlisted_checkpoints_by_listing(url: str) -> None:
     mgr.save()
     ck.v.assign(np.full(4, 4.0, dtype=np.float32))
     mgr.save()
-    files.delete_object(f"{url}/checkpoint")
+    storage.delete_object(f"{url}/checkpoint")
     ck2 = _ck(0.0)
     assert sp.CheckpointManager(ck2, url).restore_or_initialize() == f"{url}/ckpt-2"
     assert _value(ck2) == 4.0

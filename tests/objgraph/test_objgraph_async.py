@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
-from shardpoint.storage import files
+from shardpoint import storage
 from shardpoint.storage.async_save import SaveFuture
 
 
@@ -36,7 +36,7 @@ class _Gate:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.event = threading.Event()
         self.started = 0
-        real = files.SavePlan.write
+        real = storage.SavePlan.write
 
         def write(plan, items, crcs):  # noqa: ANN001
             if threading.current_thread() is not threading.main_thread():
@@ -44,7 +44,7 @@ class _Gate:
                 assert self.event.wait(60)
             return real(plan, items, crcs)
 
-        monkeypatch.setattr(files.SavePlan, "write", write)
+        monkeypatch.setattr(storage.SavePlan, "write", write)
 
     def open(self) -> None:
         self.event.set()
@@ -142,7 +142,7 @@ def test_manager_errors_surface_on_result_next_save_and_wait(tmp_path, monkeypat
     ck = sp.Checkpoint(a=a)
     mgr = sp.CheckpointManager(ck, str(tmp_path), max_to_keep=2)
     good = mgr.save()
-    real = files.SavePlan.write
+    real = storage.SavePlan.write
     fail = {"on": True}
 
     def write(plan, items, crcs):  # noqa: ANN001
@@ -150,7 +150,7 @@ def test_manager_errors_surface_on_result_next_save_and_wait(tmp_path, monkeypat
             raise OSError(28, "No space left on device")
         return real(plan, items, crcs)
 
-    monkeypatch.setattr(files.SavePlan, "write", write)
+    monkeypatch.setattr(storage.SavePlan, "write", write)
     f = mgr.save(blocking=False)
     with pytest.raises(OSError, match="No space"):
         f.result(60)

@@ -54,9 +54,9 @@ def test_key02_object_graph_entry_is_scalar_bytes(tmp_path):
 
 def test_key02_missing_graph_falls_back_to_name_matching(tmp_path):
     """KEY-02: a file without the graph entry is restored by matching keys."""
-    from shardpoint.storage import files
+    from shardpoint import storage
 
-    files.save_file({"w/.ATTRIBUTES/VARIABLE_VALUE": np.float32(4.25)}, str(tmp_path / "flat"))
+    storage.save_file({"w/.ATTRIBUTES/VARIABLE_VALUE": np.float32(4.25)}, str(tmp_path / "flat"))
     w = f32(0.0)
     status = Checkpoint(w=w).read(tmp_path / "flat")
     assert float(w) == 4.25

@@ -414,14 +414,14 @@ def test_crash_during_manager_save_keeps_latest_complete(tmp_path, monkeypatch, 
     mgr.save()
     v.assign(np.float32(3))
     if crash_at == "write":
-        real_save = storage_io.files.save_file
+        real_save = storage_io.storage.save_file
 
         def torn_write(values, prefix, **kw):
             real_save(values, prefix, **kw)
             os.unlink(prefix + ".index")  # as if the process died before the index rename
             raise Boom
 
-        monkeypatch.setattr(storage_io.files, "save_file", torn_write)
+        monkeypatch.setattr(storage_io.storage, "save_file", torn_write)
     elif crash_at == "state":
 
         def torn_state(directory, state):

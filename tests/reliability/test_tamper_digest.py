@@ -189,7 +189,7 @@ def test_object_store_checkpoint_is_verified_strongly_through_ranged_reads(tmp_p
     sp.save_file(vals, url, digest="sha256", compression="none", shards=2)
     with sp.open(url) as r:
         report = r.verify(strong=True)
-    index, _ = sp.storage.files.read_object(url + ".index")
+    index, _ = sp.storage.read_object(url + ".index")
     assert report.root == hashlib.sha256(index).hexdigest() and report.files == 2
     # a forged checkpoint, made locally and uploaded file by file (its index names its shards)
     p = str(tmp_path / "ck")
@@ -204,7 +204,7 @@ def test_object_store_checkpoint_is_verified_strongly_through_ranged_reads(tmp_p
     up = f"memory://digest-{os.getpid()}/run/forged"
     for f in os.listdir(tmp_path):
         if f.startswith("forged."):
-            sp.storage.files.write_object(up + f[len("forged") :], (tmp_path / f).read_bytes())
+            sp.storage.write_object(up + f[len("forged") :], (tmp_path / f).read_bytes())
     with sp.open(up) as r:
         r.verify()
         with pytest.raises(DigestMismatchError):

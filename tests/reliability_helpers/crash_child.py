@@ -91,17 +91,17 @@ class Hooks:
 def install_hooks(hooks: Hooks) -> None:
     """Wrap the library functions a save goes through (in this process only)."""
     import shardpoint.objgraph.checkpoint_state as checkpoint_state
-    import shardpoint.storage.files as files
+    from shardpoint import storage
     from shardpoint.objgraph import storage_io
 
-    real_save = files.save_file
+    real_save = storage.save_file
 
     def save_file(*a: Any, **kw: Any) -> None:
         hooks("save_file.before")
         real_save(*a, **kw)
         hooks("save_file.after")
 
-    files.save_file = save_file  # storage_io looks it up on every call (files.save_file)
+    storage.save_file = save_file  # storage_io looks it up on every call (storage.save_file)
 
     real_write_state = checkpoint_state.write_checkpoint_state
     real_fsync = os.fsync

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import shardpoint as sp
-import shardpoint.storage.files as files
+from shardpoint.storage import reader, save
 
 
 class _Recorder:
@@ -26,7 +26,8 @@ def test_progress_bars_cover_every_byte(tmp_path, monkeypatch):
         bars.append(_Recorder(total, desc))
         return bars[-1]
 
-    monkeypatch.setattr(files, "progress_bar", fake_bar)
+    monkeypatch.setattr(save, "progress_bar", fake_bar)
+    monkeypatch.setattr(reader, "progress_bar", fake_bar)
     rng = np.random.default_rng(0)
     values = {f"t{i}": rng.standard_normal((64, 1024), dtype=np.float32) for i in range(40)}
     values["note"] = "text"
@@ -53,7 +54,7 @@ def test_progress_false_and_non_tty_draw_nothing(tmp_path, capsys):
 
 def test_progress_does_not_change_the_shard_layout(tmp_path, monkeypatch):
     """One save algorithm: a progress bar only observes, the files come out the same."""
-    monkeypatch.setattr(files, "progress_bar", lambda total, desc, **_kw: _Recorder(total, desc))
+    monkeypatch.setattr(save, "progress_bar", lambda total, desc, **_kw: _Recorder(total, desc))
     rng = np.random.default_rng(1)
     values = {
         f"w{i:02d}": rng.standard_normal((17 * (i + 1), 256), dtype=np.float32) for i in range(24)

@@ -142,15 +142,15 @@ def _kill_worker(rank: int, port: int, work: str) -> None:
     dcp.save(first, storage_writer=spt.StorageWriter(f"{work}/ckpt"))
     dist.barrier()
     if rank == 1:
-        from shardpoint.storage import files
+        from shardpoint import storage
 
-        real_add = files.Writer.add
+        real_add = storage.Writer.add
 
         def add_then_die(self, key, value):
             real_add(self, key, value)
             os.kill(os.getpid(), signal.SIGKILL)  # mid-save: shards half written
 
-        files.Writer.add = add_then_die
+        storage.Writer.add = add_then_die
     second = {f"r{rank}": torch.full((256, 256), -1.0), f"extra{rank}": torch.zeros(1000)}
     dcp.save(second, storage_writer=spt.StorageWriter(f"{work}/ckpt"))
 

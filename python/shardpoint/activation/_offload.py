@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardpoint.storage import files
+from shardpoint import storage
 from shardpoint.errors import UnsupportedDTypeError
 from shardpoint.storage.dtypes import numpy_dtype
 
@@ -333,7 +333,7 @@ def _write(handle: _Handle, chooser: CompressionChooser, directory: str | None) 
     assert host is not None and handle.prefix is not None and directory is not None
     array = _as_array(host)
     handle.codec = chooser.codec_for(array, directory)
-    with files.Writer(handle.prefix, compression=handle.codec, durable=False) as writer:
+    with storage.Writer(handle.prefix, compression=handle.codec, durable=False) as writer:
         writer.add("t", array)
     handle.tensor = None  # the bytes are on disk: release the memory
 
@@ -347,10 +347,10 @@ def _read(handle: _Handle) -> torch.Tensor:
     if pending is not None:  # still in memory (write finished after we looked, or cpu)
         return pending
     assert handle.prefix is not None
-    with files.open(handle.prefix) as reader:
+    with storage.open(handle.prefix) as reader:
         raw = np.asarray(reader.get("t")).reshape(-1).view(np.uint8)
     tensor = torch.from_numpy(raw).view(handle.dtype).reshape(handle.shape)
-    files.remove(handle.prefix)
+    storage.remove(handle.prefix)
     return tensor
 
 

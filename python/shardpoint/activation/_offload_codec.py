@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardpoint.storage import files
+from shardpoint import storage
 from shardpoint.errors import CheckpointError
 
 __all__ = [
@@ -174,11 +174,11 @@ def measure_codec(sample: np.ndarray, codec: str, directory: str) -> CodecFigure
     prefix = os.path.join(directory, f"codec-probe-{threading.get_ident()}")
 
     def write(compression: str) -> None:
-        with files.Writer(prefix, compression=compression, durable=False) as writer:
+        with storage.Writer(prefix, compression=compression, durable=False) as writer:
             writer.add("t", sample)
 
     def read() -> None:
-        with files.open(prefix) as reader:
+        with storage.open(prefix) as reader:
             np.array(reader.get("t"))  # a copy: every byte decoded or read
 
     # Interleaved, best of three: a load burst on a shared machine then inflates one sample of
@@ -191,11 +191,11 @@ def measure_codec(sample: np.ndarray, codec: str, directory: str) -> CodecFigure
             read_raw = min(read_raw, _timed(read))
             write_codec = min(write_codec, _timed(lambda: write(codec)))
             read_codec = min(read_codec, _timed(read))
-        with files.open(prefix) as reader:
+        with storage.open(prefix) as reader:
             info = reader.info("t")
         ratio = info.stored_bytes / info.raw_bytes if info.raw_bytes else 1.0
     finally:
-        files.remove(prefix)
+        storage.remove(prefix)
     compress = max(write_codec - ratio * write_raw, _TINY)
     decompress = max(read_codec - ratio * read_raw, _TINY)
     return CodecFigures(

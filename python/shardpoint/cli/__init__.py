@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .. import storage
 from ..errors import (
     CheckpointError,
     CheckpointIOError,
@@ -26,7 +27,6 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..storage import files
 
 __all__ = ["main", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_IO"]
 
@@ -109,7 +109,7 @@ def _shape(shape: Sequence[int]) -> str:
 
 
 # --- ls --------------------------------------------------------------------------------------
-def _entry_rows(r: files.Reader, keys: list[str]) -> list[dict[str, Any]]:
+def _entry_rows(r: storage.Reader, keys: list[str]) -> list[dict[str, Any]]:
     rows = []
     for k in keys:
         i = r.info(k)
@@ -200,10 +200,10 @@ def _list_directory(directory: str, as_json: bool) -> None:
         stamps = dict(zip(names, state.all_model_checkpoint_timestamps, strict=False))
         latest, source = state.model_checkpoint_path, "state file"
     else:
-        listed = files.list_url(directory) if files.is_url(directory) else os.listdir(directory)
+        listed = storage.list_url(directory) if storage.is_url(directory) else os.listdir(directory)
         found = sorted(f[: -len(".index")] for f in listed if f.endswith(".index"))
-        if not files.is_url(directory):  # and single-file checkpoints, by their magic
-            found += sorted(f for f in listed if files.is_single_file(os.path.join(directory, f)))
+        if not storage.is_url(directory):  # and single-file checkpoints, by their magic
+            found += sorted(f for f in listed if storage.is_single_file(os.path.join(directory, f)))
         names, stamps, latest, source = found, {}, None, "*.index files"
     out = []
     for name in names:
@@ -211,7 +211,7 @@ def _list_directory(directory: str, as_json: bool) -> None:
         row: dict[str, Any] = {"checkpoint": name, "prefix": prefix, "latest": name == latest}
         row["timestamp"] = stamps.get(name)
         try:
-            with files.open(prefix) as r:
+            with storage.open(prefix) as r:
                 row["keys"] = len(r)
                 row["bytes"] = r.format_info["index_bytes"] + sum(
                     n for _, n in r.format_info["shards"]
@@ -245,7 +245,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from ..convert import is_manager_url
     from ..convert.hf import is_hf_path
 
-    url = files.is_url(args.path)
+    url = storage.is_url(args.path)
     if url and (args.path.endswith("/") or is_manager_url(args.path)):
         _list_directory(args.path.rstrip("/"), args.json)
         return EXIT_OK
@@ -256,7 +256,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     fmt, path = detect_format(args.path)
     if fmt == "shardpoint":
-        with files.open(path) as r:
+        with storage.open(path) as r:
             keys = r.prefix(args.prefix) if args.prefix else r.keys()
             rows = _entry_rows(r, keys)
     else:
@@ -273,7 +273,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 # --- info ------------------------------------------------------------------------------------
-def _graph_summary(r: files.Reader) -> dict[str, Any] | None:
+def _graph_summary(r: storage.Reader) -> dict[str, Any] | None:
     from ..objgraph.naming import OBJECT_GRAPH_KEY, parse_object_graph
 
     if OBJECT_GRAPH_KEY not in r:
@@ -296,7 +296,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return _info_hf(path, args.json)
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; info reads shardpoint checkpoints")
-    with files.open(path) as r:
+    with storage.open(path) as r:
         fi = r.format_info
         rows = _entry_rows(r, r.keys())
         doc = {
@@ -358,7 +358,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if fmt != "shardpoint":
         raise InvalidArgumentError(f"{path}: is a {fmt} file; verify checks shardpoint checkpoints")
     strong = bool(getattr(args, "strong", False) or getattr(args, "expect", None))
-    with files.open(path) as r:
+    with storage.open(path) as r:
         fi = r.format_info
         found = run_with_spinner(
             lambda: r.verify(strong=strong, expect=getattr(args, "expect", None)),
@@ -543,7 +543,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from ..convert import resolve_prefix
     from ..inspection import checkpoint_stats, has_nonfinite
 
-    path = args.path if files.is_url(args.path) else resolve_prefix(args.path)
+    path = args.path if storage.is_url(args.path) else resolve_prefix(args.path)
     stats = checkpoint_stats(path, keys=args.keys, progress=args.progress)
     bad = has_nonfinite(stats)
     if args.json:
@@ -629,9 +629,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 # --- gc --------------------------------------------------------------------------------------
 def cmd_gc(args: argparse.Namespace) -> int:
-    if not files.is_url(args.url):
+    if not storage.is_url(args.url):
         raise InvalidArgumentError(f"{args.url}: gc cleans object-store URLs (s3://, gs://, az://)")
-    n = files.gc(args.url, older_than=float(args.older_than))
+    n = storage.gc(args.url, older_than=float(args.older_than))
     _emit(f"aborted {n} incomplete multipart upload(s) under {args.url}")
     return EXIT_OK
 

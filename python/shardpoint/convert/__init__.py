@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
-from ..storage import files
 from ..storage.atomic_files import make_dirs
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
@@ -54,7 +54,7 @@ def resolve_prefix(path: str) -> str:
     (its latest checkpoint). Files and Hugging Face directories are returned unchanged.
     Object-store URLs: ``s3://b/dir/`` (trailing slash) is a manager directory, anything else a
     prefix."""
-    if files.is_url(path):
+    if storage.is_url(path):
         if path.endswith("/"):
             latest = latest_checkpoint(path.rstrip("/"))
             if latest is None:
@@ -78,7 +78,7 @@ def resolve_prefix(path: str) -> str:
 def is_manager_url(url: str) -> bool:
     """Whether object-store ``url`` (no trailing slash) names a checkpoint directory (its state
     object names a checkpoint) rather than a checkpoint prefix (``url.index`` exists)."""
-    return not files.exists(url) and latest_checkpoint(url) is not None
+    return not storage.exists(url) and latest_checkpoint(url) is not None
 
 
 def _only_checkpoint(directory: str) -> str:
@@ -108,12 +108,12 @@ def detect_format(path: str) -> tuple[str, str]:
     ):
         return "hf", path
     path = resolve_prefix(path)
-    if files.is_url(path):
-        if not files.exists(path):
+    if storage.is_url(path):
+        if not storage.exists(path):
             raise NotFoundError(f"{path}: no checkpoint ({path}.index not found)")
         return "shardpoint", path
     if os.path.isfile(path):
-        if files.is_single_file(path):
+        if storage.is_single_file(path):
             return "shardpoint", path  # a single-file checkpoint (FORMAT.md §10)
         if is_safetensors(path):
             return "safetensors", path
@@ -167,8 +167,8 @@ def _sink_format(dst: str, to: str | None) -> str:
 def _exists(dst: str, fmt: str) -> bool:
     if fmt == "hf":
         return os.path.exists(dst) and (not os.path.isdir(dst) or bool(os.listdir(dst)))
-    if files.is_url(dst):
-        return bool(files.exists(dst))
+    if storage.is_url(dst):
+        return bool(storage.exists(dst))
     return os.path.exists(dst + ".index") if fmt == "shardpoint" else os.path.exists(dst)
 
 
@@ -196,7 +196,7 @@ def convert(
     """
     fmt = _sink_format(dst, to)
     dst = os.fspath(dst)
-    remote = files.is_url(dst)
+    remote = storage.is_url(dst)
     if remote and fmt != "shardpoint":
         raise InvalidArgumentError(
             f"{dst}: only shardpoint checkpoints are written to object stores"

@@ -33,8 +33,8 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
+from ..storage import EntryInfo, Reader, read_ranges_into, stats_dict
 from ..storage.dtypes import numpy_dtype
-from ..storage.files import EntryInfo, Reader, read_ranges_into, stats_dict
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
 from ..storage.slicing import TensorSlice

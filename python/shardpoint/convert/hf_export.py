@@ -23,8 +23,8 @@ import tempfile
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..storage import Reader
 from ..storage.atomic_files import make_dirs
-from ..storage.files import Reader
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path

@@ -8,8 +8,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .. import storage
 from ..errors import ChecksumMismatchError
-from ..storage import files
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 
@@ -26,7 +26,7 @@ class ShardpointSource(Source):
 
     def __init__(self, prefix: str) -> None:
         super().__init__(prefix)
-        self.reader = files.open(prefix)
+        self.reader = storage.open(prefix)
         self.metadata = dict(self.reader.metadata)
         #: shardpoint's own metadata sections (the torch layer's nesting...), carried over
         self.sections = dict(self.reader.sections)
@@ -72,7 +72,7 @@ def write_shardpoint(
     total = sum(s.nbytes for s in specs)
     n = int(shards) if shards else _auto_shards(total)
     result = ConvertResult(source.format, "shardpoint", notes=list(source.notes))
-    writer = files.Writer(
+    writer = storage.Writer(
         dst,
         compression=compression,
         level=level,
@@ -120,14 +120,14 @@ def _check_source_crcs(source: Source, dst: str, specs: list[Spec]) -> None:
     if not wanted:
         return
     bad = None
-    with files.open(dst) as r:
+    with storage.open(dst) as r:
         for key, crc in wanted.items():
             got = r.info(key).crc32c
             if got != crc:
                 bad = (key, crc, got)
                 break
     if bad is not None:
-        files.remove(dst)
+        storage.remove(dst)
         key, crc, got = bad
         raise ChecksumMismatchError(
             f"{source.location(key)}: checksum mismatch (key {key!r}): recorded 0x{crc:08x}, "

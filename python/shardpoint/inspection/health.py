@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
+from .. import _core, storage
 from ..convert import detect_format, open_source
-from ..storage import files
-from ..storage.files import stats_dict
+from ..storage import stats_dict
 from ..storage.progress import progress_bar
 
 __all__ = ["checkpoint_stats", "has_nonfinite", "select_keys"]
@@ -33,7 +32,7 @@ def checkpoint_stats(
     handed to the core as a buffer."""
     fmt, resolved = detect_format(path)
     if fmt in ("shardpoint", "hf", "safetensors"):
-        with files.open(resolved) as r:
+        with storage.open(resolved) as r:
             tensors = [k for k in r.keys() if r.info(k).kind == "tensor"]
             return r.stats(select_keys(tensors, keys), progress=progress)
     with open_source(resolved) as src:

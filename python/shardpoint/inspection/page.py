@@ -21,8 +21,8 @@ import re
 from importlib import resources
 from typing import Any
 
+from .. import storage
 from ..convert import detect_format, open_source, resolve_prefix
-from ..storage import files
 from .health import checkpoint_stats
 from .valuediff import value_diff
 
@@ -36,7 +36,7 @@ def _entries(path: str) -> tuple[str, list[list[Any]]]:
     """(resolved path, [[key, dtype, shape, raw, stored, codec], ...]) from the index only."""
     fmt, resolved = detect_format(path)
     if fmt in ("shardpoint", "hf", "safetensors"):
-        with files.open(resolved) as r:
+        with storage.open(resolved) as r:
             rows = []
             for k in r.keys():
                 i = r.info(k)
@@ -54,7 +54,7 @@ def page_data(
     path: str, *, other: str | None = None, stats: bool | None = None, progress: bool | None = None
 ) -> dict[str, Any]:
     """Everything the page shows, as one JSON-able dict."""
-    resolved, rows = _entries(path if files.is_url(path) else resolve_prefix(path))
+    resolved, rows = _entries(path if storage.is_url(path) else resolve_prefix(path))
     raw = sum(r[3] for r in rows)
     if stats is None:
         stats = raw < AUTO_STATS_LIMIT

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage
 from ..errors import NotFoundError, UnsupportedDTypeError
-from ..storage import files
 
 __all__ = [
     "PendingSaves",
@@ -43,7 +43,7 @@ def part_prefix(directory: str | os.PathLike[str], name: str) -> str:
 
 def has_part(directory: str | os.PathLike[str], name: str) -> bool:
     """Whether part ``name`` of the checkpoint directory was committed."""
-    return files.exists(part_prefix(directory, name))
+    return storage.exists(part_prefix(directory, name))
 
 
 def save_tree(
@@ -93,7 +93,7 @@ def load_tree(prefix: str, *, integration: str, device: Any = "cpu", into: Any =
     holding new values."""
     from ..torch.tensors import _load
 
-    if not files.exists(prefix):
+    if not storage.exists(prefix):
         where = Path(prefix).parent
         found = sorted(os.listdir(where))[:8] if where.is_dir() else None
         raise NotFoundError(

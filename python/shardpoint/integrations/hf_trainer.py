@@ -97,7 +97,7 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
 def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     """The ``checkpoint-N`` directory with the highest N whose shardpoint part was committed
     (``get_last_checkpoint`` without the directories a killed save left incomplete)."""
-    from ..storage import files
+    from .. import storage
 
     if not os.path.isdir(output_dir):
         return None
@@ -105,7 +105,7 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     for name in os.listdir(output_dir):
         m = _CHECKPOINT_DIR.match(name)
         path = os.path.join(output_dir, name)
-        if m and os.path.isdir(path) and files.exists(part_prefix(path, _PART)):
+        if m and os.path.isdir(path) and storage.exists(part_prefix(path, _PART)):
             found.append((int(m.group(1)), path))
     return max(found)[1] if found else None
 
@@ -272,7 +272,7 @@ class ShardpointTrainerMixin:
     # -- load ---------------------------------------------------------------------------------
 
     def _sp_has(self, checkpoint: str | None) -> bool:
-        from ..storage import files
+        from .. import storage
 
         # ours: our index, or our training_args.json (an index missing beside it is then
         # reported as such, not as a missing model.safetensors)
@@ -280,7 +280,7 @@ class ShardpointTrainerMixin:
             checkpoint is not None
             and not self._sp_native()
             and (
-                files.exists(part_prefix(checkpoint, _PART))
+                storage.exists(part_prefix(checkpoint, _PART))
                 or os.path.exists(os.path.join(checkpoint, _ARGS_FILE))
             )
         )

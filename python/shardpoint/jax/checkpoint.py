@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, MissingKeyError
-from ..storage import files
 from ..storage.dtypes import format_name, numpy_dtype
 from . import tree as tree_lib
 
@@ -141,7 +141,7 @@ def write_snapshot(
     meta = dict(metadata or {})
     meta[META_KEY] = {"format": _FORMAT, "tree": spec}
     token = os.environ.get("SHARDPOINT_JAX_MERGE_TOKEN") if world > 1 else None
-    w = files.Writer(
+    w = storage.Writer(
         prefix,
         compression=compression,
         level=level,
@@ -170,7 +170,7 @@ def write_snapshot(
 
         multihost_utils.sync_global_devices(f"shardpoint.jax.save:{prefix}:written")
         if me == 0:
-            files.merge(prefix, world, durable=durable, token=token)
+            storage.merge(prefix, world, durable=durable, token=token)
         multihost_utils.sync_global_devices(f"shardpoint.jax.save:{prefix}:merged")
 
 
@@ -206,7 +206,7 @@ def save(
 class _Source:
     """Reads leaves of one checkpoint: whole, or the box of one device."""
 
-    def __init__(self, reader: files.Reader, records: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, reader: storage.Reader, records: dict[str, dict[str, Any]]) -> None:
         self.r = reader
         self.records = records
 
@@ -266,7 +266,7 @@ class _Source:
 
 
 def _read_box(
-    r: files.Reader, key: str, box: tuple[tuple[int, int], ...], origin: tuple[int, ...]
+    r: storage.Reader, key: str, box: tuple[tuple[int, int], ...], origin: tuple[int, ...]
 ) -> np.ndarray:
     """The ``box`` (global coordinates) of entry ``key`` whose first element is at ``origin``,
     read through ``Reader.get_slice``: only the pages (uncompressed) or chunks (compressed)
@@ -330,7 +330,7 @@ def restore(
         subtree: restore only the subtree at this key path (``"params/dense"``); ``target``,
             when given, then describes that subtree.
     """
-    with files.open(os.fspath(prefix)) as r:
+    with storage.open(os.fspath(prefix)) as r:
         stored = r.metadata.get(META_KEY)
         spec = stored.get("tree") if isinstance(stored, dict) else None
         records = {leaf["key"]: leaf for leaf in tree_lib.leaves_of(spec)} if spec else {}

@@ -26,7 +26,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from orbax.checkpoint import future as ocp_future
 
-from ..storage import files
+from .. import storage
 from .checkpoint import META_KEY, restore, snapshot, write_snapshot
 
 __all__ = ["ShardpointCheckpointHandler", "ShardpointSave", "ShardpointRestore", "PREFIX_NAME"]
@@ -83,7 +83,7 @@ class ShardpointCheckpointHandler(ocp.AsyncCheckpointHandler):
         import jax
 
         if jax.process_count() > 1 and jax.process_index() == 0:
-            files.merge(_prefix(directory), jax.process_count())
+            storage.merge(_prefix(directory), jax.process_count())
 
     def restore(self, directory: Any, args: ShardpointRestore | None = None) -> Any:
         """Restore into ``args.item``'s structure, dtypes and shardings (or the saved
@@ -94,7 +94,7 @@ class ShardpointCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     def metadata(self, directory: Any) -> Any:
         """The saved tree structure (key paths, shapes, dtypes) without reading any tensor."""
-        with files.open(_prefix(directory)) as r:
+        with storage.open(_prefix(directory)) as r:
             stored = r.metadata.get(META_KEY)
         return stored.get("tree") if isinstance(stored, dict) else None
 

@@ -1,7 +1,7 @@
 """Object-based checkpointing: the trackable object graph and everything built on it.
 
 Layer map (each module imports only those listed before it, plus the storage face
-``shardpoint.storage.files``/``errors`` below this package; nothing here imports a framework):
+``shardpoint.storage``/``errors`` below this package; nothing here imports a framework):
 
 - ``errors``: the graph's own exceptions (all subclasses of ``shardpoint.CheckpointError``);
 - ``trackable``: the ``_sp_*`` protocol, ``NoDependency``, the adapter registry;

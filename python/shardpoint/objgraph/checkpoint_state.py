@@ -24,7 +24,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from ..storage import files
+from .. import storage
 from ..storage.atomic_files import create_temp, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
 from .storage_io import checkpoint_exists, is_url
@@ -218,7 +218,7 @@ def _read_object(url: str) -> str | None:
     from ..errors import NotFoundError
 
     try:
-        data, etag = files.read_object(url)
+        data, etag = storage.read_object(url)
     except NotFoundError:
         _etags[url] = None
         return None
@@ -250,9 +250,9 @@ def _write_object(url: str, data: bytes, expected: object = _CACHED) -> str | No
     else:
         etag = expected  # type: ignore[assignment]
     if etag is None:
-        new = files.write_object(url, data, mode="create")
+        new = storage.write_object(url, data, mode="create")
     else:
-        new = files.write_object(url, data, mode="update", etag=etag)
+        new = storage.write_object(url, data, mode="update", etag=etag)
     _etags[url] = new
     return new
 

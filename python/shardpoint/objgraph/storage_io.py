@@ -1,7 +1,7 @@
 """The one place where the object-graph layer touches storage.
 
 Everything above this module speaks numpy values and key strings; everything below is the
-storage facade (``shardpoint.storage.files``: ``save_file``, ``open``, ``exists``, ``remove``). Keeping
+storage facade (``shardpoint.storage``: ``save_file``, ``open``, ``exists``, ``remove``). Keeping
 the boundary this small lets the object graph be tested against any storage with that API.
 """
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..storage import files
+from .. import storage
 from ..storage.async_save import StagingBuffers
 from .naming import OBJECT_GRAPH_KEY
 
@@ -32,7 +32,7 @@ __all__ = [
 
 def is_url(path: str) -> bool:
     """Whether ``path`` names an object-store URL (``s3://``, ``gs://``, ``az://``, ...)."""
-    return bool(files.is_url(path))
+    return bool(storage.is_url(path))
 
 
 def dirname(path: str) -> str:
@@ -60,11 +60,11 @@ def write_checkpoint(
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
     if not incremental:
-        files.save_file(payload, prefix, digest=digest)
+        storage.save_file(payload, prefix, digest=digest)
         return
-    if base is not None and not files.exists(base):
+    if base is not None and not storage.exists(base):
         base = None
-    files.save_file(payload, prefix, incremental=True, base=base, digest=digest)
+    storage.save_file(payload, prefix, incremental=True, base=base, digest=digest)
 
 
 def stage_checkpoint(
@@ -89,7 +89,7 @@ def stage_checkpoint(
         def write() -> None:
             if incremental and base is not None:
                 b = base()
-                plan.base = b if b is not None and files.exists(b) else None
+                plan.base = b if b is not None and storage.exists(b) else None
             plan.write(copy, crcs)
             if then is not None:
                 then()
@@ -106,32 +106,32 @@ def _plan(
     incremental: bool,
     base: str | None,
     digest: str | None = None,
-) -> tuple[files.SavePlan, list[Any]]:
+) -> tuple[storage.SavePlan, list[Any]]:
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
-    if not incremental or (base is not None and not files.exists(base)):
+    if not incremental or (base is not None and not storage.exists(base)):
         base = None
-    return files.plan_save(payload, prefix, incremental=incremental, base=base, digest=digest)
+    return storage.plan_save(payload, prefix, incremental=incremental, base=base, digest=digest)
 
 
 def open_reader(prefix: str, verify: bool = True) -> Any:
     """Lazy reader over the checkpoint at ``prefix`` (raises NotFoundError when absent).
     With ``verify`` (default) every value's crc32c is checked as it is read, so a restore
     never assigns damaged bytes; ``False`` is the explicit opt-out."""
-    return files.open(prefix, verify=verify)
+    return storage.open(prefix, verify=verify)
 
 
 def checkpoint_exists(prefix: str) -> bool:
     """True when ``prefix.index`` exists (the index commits a checkpoint)."""
-    return bool(files.exists(prefix))
+    return bool(storage.exists(prefix))
 
 
 def remove_checkpoint(prefix: str) -> None:
     """Delete a checkpoint: index first, so a crash never leaves an index without data."""
-    files.remove(prefix)
+    storage.remove(prefix)
 
 
 def list_names(directory: str) -> list[str]:
@@ -142,7 +142,7 @@ def list_names(directory: str) -> list[str]:
             return os.listdir(directory or ".")
         except OSError:
             return []
-    return [n for n in files.list_url(directory) if not n.endswith("/")]
+    return [n for n in storage.list_url(directory) if not n.endswith("/")]
 
 
 def read_small(url: str) -> bytes | None:
@@ -150,20 +150,20 @@ def read_small(url: str) -> bytes | None:
     from ..errors import NotFoundError
 
     try:
-        return bytes(files.read_object(url)[0])
+        return bytes(storage.read_object(url)[0])
     except NotFoundError:
         return None
 
 
 def write_small(url: str, data: bytes) -> None:
     """Put a small object (unconditional overwrite)."""
-    files.write_object(url, data)
+    storage.write_object(url, data)
 
 
 def delete_name(path: str) -> None:
     """Delete one file or object (absent is fine)."""
     if is_url(path):
-        files.delete_object(path)
+        storage.delete_object(path)
         return
     try:
         os.unlink(path)

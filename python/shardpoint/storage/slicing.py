@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, InvalidSliceError
 from .dtypes import numpy_dtype, safetensors_name
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .files import Reader
 
 __all__ = ["TensorSlice", "LazySlice", "RUN_BYTES"]
 
@@ -70,6 +67,34 @@ class LazySlice(Protocol):
     def __getitem__(self, index: Any) -> Any: ...
 
 
+class _EntryInfo(Protocol):
+    """What a slice reads of its entry's index record (``reader.EntryInfo`` has it)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def codec(self) -> str: ...
+
+
+class SliceSource(Protocol):
+    """What a slice needs of its reader (``Reader`` and the in-place readers of foreign formats
+    have it). A protocol, so that this module sits below the readers that hand slices out."""
+
+    def info(self, key: str) -> _EntryInfo: ...
+
+    def _view_checked_once(self, key: str) -> Any: ...
+
+    @property
+    def _core(self) -> Any: ...
+
+
 class _Axis:
     """One normalized axis: ``count`` indices ``start, start + step, ...``; ``drop`` for an
     int index (the axis disappears from the result)."""
@@ -84,7 +109,7 @@ class TensorSlice:
     """A lazily read tensor entry: ``shape``, ``dtype``, ``get_shape()``, ``get_dtype()``, and
     numpy-style ``[...]`` that reads only what it selects. Get one from ``Reader.get_slice``."""
 
-    def __init__(self, reader: Reader, key: str) -> None:
+    def __init__(self, reader: SliceSource, key: str) -> None:
         info = reader.info(key)
         if info.kind != "tensor":
             raise InvalidArgumentError(f"key {key!r} holds a {info.kind} value, not a tensor")

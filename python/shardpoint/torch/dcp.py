@@ -57,8 +57,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
+from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
-from ..storage import files
 from .tensors import numpy_to_tensor, tensor_to_numpy
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]
@@ -265,7 +265,7 @@ class StorageWriter(_storage.StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         parent = os.path.dirname(self.prefix)
-        if parent and not files.is_url(self.prefix):
+        if parent and not storage.is_url(self.prefix):
             os.makedirs(parent, exist_ok=True)
         return plan
 
@@ -284,7 +284,7 @@ class StorageWriter(_storage.StorageWriter):
         if not isinstance(slot, _RankSlot):
             raise InvalidArgumentError("save plan was not prepared by shardpoint's StorageWriter")
         # W data writers plus one for the coordinator's metadata entry (written in finish)
-        writer = files.Writer(
+        writer = storage.Writer(
             self.prefix,
             compression=self.compression,
             level=self.level,
@@ -327,7 +327,7 @@ class StorageWriter(_storage.StorageWriter):
         metadata.storage_data = {wr.index: wr.storage_data for rank in results for wr in rank}
         metadata.version = _DCP_VERSION
         metadata.storage_meta = self.storage_meta()
-        writer = files.Writer(
+        writer = storage.Writer(
             self.prefix,
             compression="none",
             durable=self.durable,
@@ -354,7 +354,7 @@ class StorageWriter(_storage.StorageWriter):
         except BaseException:
             writer.abort()
             raise
-        files.merge(
+        storage.merge(
             self.prefix,
             world + 1,
             durable=self.durable,
@@ -404,15 +404,15 @@ class StorageReader(_storage.StorageReader):
         self.allow_pickle = bool(allow_pickle)
         self.load_id = uuid.uuid4().hex
         self.storage_data: dict[Any, str] = {}
-        self._reader: files.Reader | None = None
+        self._reader: storage.Reader | None = None
 
     @property
     def checkpoint_id(self) -> str:
         return self.prefix
 
-    def _open(self) -> files.Reader:
+    def _open(self) -> storage.Reader:
         if self._reader is None:
-            self._reader = files.open(self.prefix, storage_options=self.storage_options)
+            self._reader = storage.open(self.prefix, storage_options=self.storage_options)
         return self._reader
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -528,7 +528,7 @@ class StorageReader(_storage.StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         try:
-            with files.open(os.fspath(checkpoint_id)) as reader:
+            with storage.open(os.fspath(checkpoint_id)) as reader:
                 return METADATA_ENTRY in reader or PICKLED_METADATA_ENTRY in reader
         except Exception:  # noqa: BLE001 - "not ours" for any path DCP probes
             return False

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .. import storage
 from ..errors import CheckpointError, DuplicateKeyError
-from ..storage import files
 from .tensors import METADATA_KEY, _prepare
 
 __all__ = ["save_distributed"]
@@ -130,7 +130,7 @@ def save_distributed(
         parent = os.path.dirname(os.fspath(prefix))
         if parent:
             os.makedirs(parent, exist_ok=True)
-        writer = files.Writer(
+        writer = storage.Writer(
             prefix,
             compression=compression,
             level=level,
@@ -160,7 +160,7 @@ def save_distributed(
     outcome: list[Any] = [None]
     if not failures and rank == 0:
         try:
-            files.merge(prefix, world, durable=durable, token=gathered[0]["merge_token"])
+            storage.merge(prefix, world, durable=durable, token=gathered[0]["merge_token"])
         except Exception as exc:  # noqa: BLE001 - broadcast, then raised on every rank
             outcome[0] = _describe(0, exc) + " (merge)"
     # 4. everyone learns whether the checkpoint was committed

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import storage
 from ..errors import UnsupportedDTypeError
-from ..storage import files
 from .models import (
     IncompatibleKeys,
     TiedWeightsConflictError,
@@ -53,7 +53,7 @@ def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
     )
 
 
-def _read_arrays(reader: files.Reader, arrays: Mapping[str, np.ndarray], verify: bool) -> None:
+def _read_arrays(reader: storage.Reader, arrays: Mapping[str, np.ndarray], verify: bool) -> None:
     """One batched read of stored ``key -> array`` (arrays checked against their entries:
     contiguous, stored dtype and shape), decoded in parallel straight into the arrays."""
     if arrays:
@@ -78,7 +78,7 @@ def _overlapping(tensors: Mapping[str, torch.Tensor]) -> set[str]:
 
 
 def decode_into_existing(
-    reader: files.Reader,
+    reader: storage.Reader,
     targets: Mapping[str, torch.Tensor],
     verify: bool,
     fresh: Iterable[str] = (),
@@ -181,7 +181,7 @@ def load_into_worded(
         target.state_dict() if isinstance(target, torch.nn.Module) else target
     )
     name = type(target).__name__
-    with files.open(prefix, storage_options=storage_options) as reader:
+    with storage.open(prefix, storage_options=storage_options) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         stored = set(reader.keys())

@@ -1,6 +1,6 @@
 """Torch tensors to and from the storage layer, zero-copy where the bytes allow it.
 
-The storage layer speaks numpy (``shardpoint.storage.files``). Going through numpy costs nothing for CPU
+The storage layer speaks numpy (``shardpoint.storage``). Going through numpy costs nothing for CPU
 tensors: ``Tensor.numpy()`` and ``torch.from_numpy`` share memory. numpy has no bfloat16/float8,
 so those tensors are reinterpreted through a same-width integer view (``int16``/``uint8``) and the
 numpy side uses the ``ml_dtypes`` type of the same name: still no copy.
@@ -27,6 +27,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
+from .. import storage
 from ..errors import (
     InvalidArgumentError,
     MetaTensorError,
@@ -34,7 +35,6 @@ from ..errors import (
     UnknownDTypeError,
     UnsupportedDTypeError,
 )
-from ..storage import files
 from ..storage.async_save import AsyncSaver
 from ..storage.dtypes import format_name, numpy_dtype
 from ..storage.nested_keys import decode_key, key_tag, put_leaf
@@ -324,7 +324,7 @@ def _sharing(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.device) -> None:
     """Place the loaded members of one shared-storage group into one fresh storage."""
-    storage = torch.empty(int(group["nbytes"]), dtype=torch.uint8, device=device).untyped_storage()
+    block = torch.empty(int(group["nbytes"]), dtype=torch.uint8, device=device).untyped_storage()
     for key, rec in group["members"].items():
         if key not in out:
             continue
@@ -335,7 +335,7 @@ def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.
         offset = int(rec["byte_offset"])
         if offset % src.element_size():
             raise InvalidArgumentError(f"key {key!r}: stored view offset is not element-aligned")
-        view.set_(storage, offset // src.element_size(), tuple(rec["shape"]), tuple(rec["stride"]))
+        view.set_(block, offset // src.element_size(), tuple(rec["shape"]), tuple(rec["stride"]))
         view.copy_(src)
         out[key] = view
 
@@ -445,7 +445,7 @@ def save(
 
     device = {k: v for k, v in payload.items() if is_device_tensor(v)}
     host = {k: v for k, v in payload.items() if k not in device}
-    plan, items = files.plan_save(
+    plan, items = storage.plan_save(
         host,
         path,
         compression=compression,
@@ -487,7 +487,7 @@ def _saver() -> AsyncSaver:
     return _SAVER
 
 
-def torch_section(reader: files.Reader) -> Mapping[str, Any] | None:
+def torch_section(reader: storage.Reader) -> Mapping[str, Any] | None:
     """Our metadata section of an open checkpoint, or None when :func:`save` did not write it.
 
     Checkpoints written before metadata sections existed kept it in the user metadata."""
@@ -585,7 +585,7 @@ def _load(
     io: str = "auto",
     into: Into | None = None,
 ) -> dict[str, Any]:
-    with files.open(prefix, storage_options=storage_options, copy=copy, io=io) as reader:
+    with storage.open(prefix, storage_options=storage_options, copy=copy, io=io) as reader:
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         locations: Mapping[str, str] = meta.get("devices", {}) if meta else {}
@@ -627,7 +627,7 @@ def _load(
 
 
 def _into_existing(
-    reader: files.Reader,
+    reader: storage.Reader,
     meta: Mapping[str, Any] | None,
     stored: list[str],
     numpy_keys: set[str],

@@ -1,0 +1,143 @@
+"""Checkpoint paths and object-store URLs: what a prefix names (a local prefix, a ``file://``
+URL, an ``s3://``/``gs://``/``az://``/``memory://`` URL, a single file), whether a checkpoint
+exists there, removing one, and the small-object helpers of object stores (the object graph's
+state object, the CLI's listings)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .. import _core
+from ..errors import InvalidArgumentError
+
+__all__ = [
+    "PathLike",
+    "StorageOptions",
+    "SINGLE_FILE_SUFFIXES",
+    "wants_single_file",
+    "is_single_file",
+    "is_url",
+    "exists",
+    "remove",
+    "read_object",
+    "write_object",
+    "delete_object",
+    "list_url",
+    "gc",
+]
+
+PathLike = str | os.PathLike[str]
+#: Credentials, endpoint and knobs of an object store (``s3://``, ``gs://``, ``az://``,
+#: ``memory://``), as obstore/fsspec take them; ``None`` = the environment only. See
+#: docs/OBJECT_STORE.md.
+StorageOptions = Mapping[str, Any] | None
+
+#: File name suffixes that make a save write the single-file form (FORMAT.md §10) when
+#: ``single_file`` is not given: the names torch users give ``torch.save`` files.
+SINGLE_FILE_SUFFIXES = (".pt", ".pth", ".bin", ".sp")
+
+
+def _prefix(prefix: PathLike) -> str:
+    p = os.fspath(prefix)
+    if not isinstance(p, str):
+        raise InvalidArgumentError(f"prefix must be a str path, got {type(p).__name__}")
+    if not p or p.endswith(os.sep) or p.endswith("/"):
+        raise InvalidArgumentError(f"prefix {p!r} must name a file prefix, not a directory")
+    if p.startswith("file://"):
+        # file:// is a local path: the mmap fast path, local commit protocol.
+        from urllib.parse import unquote, urlparse
+
+        u = urlparse(p)
+        if u.netloc not in ("", "localhost"):
+            raise InvalidArgumentError(f"{p!r}: file:// URLs must name a local path")
+        p = unquote(u.path)
+    return p
+
+
+def wants_single_file(path: str, single_file: bool | None) -> bool:
+    """Whether a save at ``path`` writes the single-file form: ``single_file`` when given,
+    else whether the name ends with one of :data:`SINGLE_FILE_SUFFIXES`."""
+    if single_file is not None:
+        return bool(single_file)
+    return path.lower().endswith(SINGLE_FILE_SUFFIXES)
+
+
+def is_single_file(path: PathLike) -> bool:
+    """Whether ``path`` is a single-file checkpoint (recognised by its first bytes, never by
+    its name)."""
+    p = os.fspath(path)
+    return isinstance(p, str) and not _core.is_remote(p) and _core.is_single_file(p)
+
+
+def is_url(prefix: PathLike) -> bool:
+    """Whether ``prefix`` names an object-store URL (``s3://``, ``gs://``, ``az://``,
+    ``memory://``); local paths and ``file://`` URLs are not."""
+    p = os.fspath(prefix)
+    return isinstance(p, str) and _core.is_remote(p)
+
+
+def _storage(options: StorageOptions) -> dict[str, str] | None:
+    """``storage_options`` as the core takes them: str keys and values."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise InvalidArgumentError("storage_options must be a mapping of str to str")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in options.items()}
+
+
+def exists(prefix: PathLike, *, storage_options: StorageOptions = None) -> bool:
+    """Whether a committed checkpoint exists at ``prefix`` (a prefix or a single file)."""
+    p = _prefix(prefix)
+    if not is_url(p):
+        return os.path.exists(p + ".index") or _core.is_single_file(p)
+    return _core.exists(p, storage_options=_storage(storage_options))
+
+
+def remove(prefix: PathLike, *, storage_options: StorageOptions = None) -> None:
+    """Delete checkpoint ``prefix``: its index first (atomic disappearance), then its shards.
+    A single-file checkpoint is one unlink."""
+    p = _prefix(prefix)
+    if not is_url(p) and _core.is_single_file(p):
+        os.remove(p)
+        return
+    _core.remove(_prefix(prefix), storage_options=_storage(storage_options))
+
+
+# --- small objects and listings of object stores (the object graph's state object, the CLI) ---
+def read_object(url: str, *, storage_options: StorageOptions = None) -> tuple[bytes, str | None]:
+    """A whole (small) object and its etag; ``NotFoundError`` when absent."""
+    return _core.object_get(url, storage_options=_storage(storage_options))
+
+
+def write_object(
+    url: str,
+    data: bytes,
+    *,
+    mode: str = "overwrite",
+    etag: str | None = None,
+    storage_options: StorageOptions = None,
+) -> str | None:
+    """Put a small object; returns its new etag. ``mode="create"`` fails if it exists,
+    ``mode="update"`` fails unless its etag is still ``etag`` (``CheckpointIOError`` saying
+    another writer changed it first)."""
+    return _core.object_put(url, data, mode, etag, storage_options=_storage(storage_options))
+
+
+def delete_object(url: str, *, storage_options: StorageOptions = None) -> None:
+    """Delete an object (absent is fine)."""
+    _core.object_delete(url, storage_options=_storage(storage_options))
+
+
+def list_url(url: str, *, storage_options: StorageOptions = None) -> list[str]:
+    """Names directly under the "directory" ``url`` (sub-directories end with ``/``)."""
+    return _core.list_dir(url, storage_options=_storage(storage_options))
+
+
+def gc(url: str, *, older_than: float = 3600.0, storage_options: StorageOptions = None) -> int:
+    """Abort the multipart uploads that writers killed mid-save left anywhere under ``url``
+    (found through their upload markers) if started at least ``older_than`` seconds ago;
+    returns how many. See docs/OBJECT_STORE.md."""
+    return _core.gc(url, float(older_than), storage_options=_storage(storage_options))

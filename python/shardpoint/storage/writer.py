@@ -1,0 +1,127 @@
+"""Writing without a whole dict in memory: the streaming and multi-writer ``Writer``, and
+``merge``, the commit of a multi-writer save."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import _core
+from ..errors import InvalidArgumentError
+from .paths import PathLike, StorageOptions, _prefix, _storage
+from .save import _digest, _metadata_json, _opts, _sections_json
+from .values import check_key, encode
+
+__all__ = ["Writer", "merge"]
+
+
+class Writer:
+    """Streaming writer: values are written as they are added (nothing is held in memory), then
+    ``commit()`` makes the checkpoint visible atomically. Used as a context manager it commits on
+    success and discards everything on an exception.
+
+    Several writers (ranks/processes) build one checkpoint by passing ``rank`` and
+    ``world_size``: each writes its own shards and a partial index on ``commit()``, and one of
+    them calls :func:`merge` after all have committed. Give every writer of one save the same
+    ``merge_token`` (e.g. the step): the merge then refuses a stale partial index left by an
+    earlier, crashed save instead of mixing two saves. ``add`` may be called from several threads
+    at once; each call writes to a free shard (``shards`` of them) with the GIL released.
+    ``digest`` (``"sha256"``/``"blake3"``) records strong digests of the shard files as
+    :func:`save_file` does; a merged checkpoint keeps them when every writer recorded them.
+    """
+
+    def __init__(
+        self,
+        prefix: PathLike,
+        *,
+        compression: str | None = "zstd",
+        level: int | None = None,
+        shards: int = 1,
+        durable: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        metadata: Mapping[str, Any] | None = None,
+        chunk_bytes: int | None = None,
+        merge_token: str | None = None,
+        _sections: Mapping[str, Any] | None = None,
+        storage_options: StorageOptions = None,
+        digest: str | None = None,
+    ) -> None:
+        self.prefix = _prefix(prefix)
+        codec, lvl = _opts(compression, level)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._w: _core.Writer | None = _core.Writer(
+            self.prefix,
+            codec=codec,
+            level=lvl,
+            chunk_bytes=int(chunk_bytes or _core.DEFAULT_CHUNK_BYTES),
+            shards=int(shards),
+            durable=bool(durable),
+            rank=self.rank,
+            world_size=self.world_size,
+            metadata_json=_metadata_json(metadata),
+            merge_token="" if merge_token is None else str(merge_token),
+            sections_json=_sections_json(_sections),
+            storage_options=_storage(storage_options),
+            digest=_digest(digest) or None,
+        )
+
+    def _writer(self) -> _core.Writer:
+        if self._w is None:
+            raise InvalidArgumentError(
+                f"writer for {self.prefix!r} is already committed or aborted"
+            )
+        return self._w
+
+    def add(self, key: str, value: Any) -> None:
+        """Write one value now."""
+        k, dtype, kind, shape, data = encode(check_key(key), value)
+        self._writer().add(k, dtype, kind, list(shape), data)
+
+    __setitem__ = add
+
+    def commit(self) -> None:
+        """Make the checkpoint visible (or, with several writers, publish this partial index)."""
+        w = self._writer()
+        try:
+            w.commit()
+        finally:
+            self._w = None
+
+    def abort(self) -> None:
+        """Discard everything written; the previous checkpoint at the prefix is untouched.
+        ``add`` calls running on other threads stop at their next chunk."""
+        if self._w is not None:
+            self._w.cancel()
+            self._w.abort()
+            self._w = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def merge(
+    prefix: PathLike,
+    world_size: int,
+    *,
+    durable: bool = True,
+    token: str | None = None,
+    storage_options: StorageOptions = None,
+) -> None:
+    """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
+    (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
+    whose ``merge_token`` differs from each other (or from ``token``, when given) raise
+    ``InvalidArgumentError`` and nothing is committed."""
+    _core.merge(
+        _prefix(prefix),
+        int(world_size),
+        durable=bool(durable),
+        token=token,
+        storage_options=_storage(storage_options),
+    )
