@@ -36,11 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..errors import (
-    CorruptCheckpointError,
-    InvalidArgumentError,
-    InvalidKeyError,
-)
+from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError
 from .dtypes import numpy_dtype
 from .frameworks import _IN_PLACE_READERS, framework_converter
 from .io_mode import check_io, resolve_io
