@@ -136,7 +136,7 @@ _declare_adapter_module("keras", "shardpoint.keras")
 
 # sp.open(prefix, framework="pt"|"jax") hands tensors out through converters that live with
 # their framework, imported on first use.
-_declare_framework("pt", "shardpoint.torch.tensors", "reader_tensor")
+_declare_framework("pt", "shardpoint.torch.codec", "reader_tensor")
 _declare_framework("jax", "shardpoint.jax.arrays", "to_jax")
 
 # Python objects in checkpoints (FORMAT.md §6.1): the tags of torch's and OmegaConf's value types

@@ -5,7 +5,7 @@ The TensorBundle is read by :mod:`.tensorbundle`; its object graph (``_CHECKPOIN
 by :mod:`.tf_object_graph`; the graph is then matched against the live objects by the same
 restore machinery as shardpoint's own checkpoints (edge by edge from the root, deferred restore
 for objects that do not exist yet, ``.OPTIMIZER_SLOT`` slots through the slot protocol), so the
-result is an ordinary :class:`~shardpoint.objgraph.restore.CheckpointLoadStatus`.
+result is an ordinary :class:`~shardpoint.objgraph.load_status.CheckpointLoadStatus`.
 
 Objects the target lacks stay unmatched, as with TensorFlow's ``expect_partial()``: nothing of
 theirs is read. State that only TensorFlow can rebuild (a ``tf.data`` iterator's position, saved
@@ -38,7 +38,8 @@ import numpy as np
 from ..errors import ChecksumMismatchError, CorruptCheckpointError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
 from ..objgraph.errors import DTypeMismatchError, LoadStatusError
-from ..objgraph.restore import CheckpointLoadStatus, RestoreCoordinator
+from ..objgraph.load_status import CheckpointLoadStatus
+from ..objgraph.restore import RestoreCoordinator
 from ..objgraph.trackable import Trackable
 from .tensorbundle import (
     TF_DTYPES,

@@ -15,8 +15,8 @@ from typing import Any
 import keras
 
 from ..objgraph.checkpoint import Checkpoint
+from ..objgraph.load_status import CheckpointLoadStatus
 from ..objgraph.manager import CheckpointManager
-from ..objgraph.restore import CheckpointLoadStatus
 from ..objgraph.variables import Variable
 
 __all__ = ["ShardpointCheckpoint"]

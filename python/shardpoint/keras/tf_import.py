@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ..convert.tf_checkpoint import restore_from_tensorflow as _restore
-from ..objgraph.restore import CheckpointLoadStatus
+from ..objgraph.load_status import CheckpointLoadStatus
 from ..objgraph.trackable import Trackable, as_trackable
 
 __all__ = ["restore_from_tensorflow"]

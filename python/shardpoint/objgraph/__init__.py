@@ -38,9 +38,9 @@ from .errors import (
     StatePathConflictError,
     UnsaveableObjectError,
 )
+from .load_status import CheckpointLoadStatus, InitializationOnlyStatus
 from .manager import CheckpointManager
 from .module import Module
-from .restore import CheckpointLoadStatus, InitializationOnlyStatus
 from .state_dict_adapter import StateDictTrackable
 from .trackable import (
     NoDependency,

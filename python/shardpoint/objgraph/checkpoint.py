@@ -14,15 +14,15 @@ from ..storage.async_save import AsyncSaver, StagingBuffers
 from . import storage_io
 from .checkpoint_state import update_checkpoint_state
 from .errors import DuplicateDependencyError, NotTrackableError
-from .module import Module
-from .naming import OBJECT_GRAPH_KEY, encode_object_graph, parse_object_graph, serialize
-from .restore import (
+from .load_status import (
     CheckpointLoadStatus,
     InitializationOnlyStatus,
     NameBasedLoadStatus,
-    RestoreCoordinator,
     restore_by_name,
 )
+from .module import Module
+from .naming import OBJECT_GRAPH_KEY, encode_object_graph, parse_object_graph, serialize
+from .restore import RestoreCoordinator
 from .trackable import Trackable, ValueSpec, as_trackable
 from .variables import Variable
 from .wrappers import wrap_value

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["next_uid", "newest_first", "may_write", "wrote"]
+__all__ = ["PendingRestore", "next_uid", "newest_first", "may_write", "wrote"]
 
 _UIDS = itertools.count(1)
 
@@ -32,6 +32,16 @@ _UIDS = itertools.count(1)
 class _Waiting(Protocol):
     @property
     def uid(self) -> int: ...
+
+
+class PendingRestore(_Waiting, Protocol):
+    """A restore parked on a :class:`~shardpoint.objgraph.trackable.Trackable` until a dependency
+    is attached (``restore.CheckpointPosition`` is one). A protocol here, below both, so that
+    ``trackable`` need not import ``restore`` (which imports it)."""
+
+    def bind_and_restore(self, obj: Any) -> None: ...
+
+    def simple_value(self, attribute: str, shape: Any, dtype: Any) -> Any: ...
 
 
 W = TypeVar("W", bound=_Waiting)

@@ -39,13 +39,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import DuplicateDependencyError, NotTrackableError
-from .restore_order import newest_first
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .restore import CheckpointPosition
+from .restore_order import PendingRestore, newest_first
 
 __all__ = [
     "Trackable",
@@ -75,7 +72,7 @@ class _TrackState:
     def __init__(self) -> None:
         self.deps: dict[str, Trackable] = {}
         # name -> checkpoint positions waiting for a dependency of that name to be attached
-        self.deferred: dict[str, list[CheckpointPosition]] = {}
+        self.deferred: dict[str, list[PendingRestore]] = {}
         # uid of the newest restore() whose values this object holds; older ones never overwrite
         self.restore_uid: int = 0
 
@@ -170,7 +167,7 @@ class Trackable:
         ``net.x = ...``)."""
         return self
 
-    def _sp_defer(self, name: str, position: CheckpointPosition) -> None:
+    def _sp_defer(self, name: str, position: PendingRestore) -> None:
         """Park a checkpoint position until a dependency called ``name`` is attached."""
         host = self._sp_deferral_host(name)
         if host is not self:
@@ -178,7 +175,7 @@ class Trackable:
             return
         self._sp_state().deferred.setdefault(name, []).append(position)
 
-    def _sp_pending(self, name: str) -> list[CheckpointPosition]:
+    def _sp_pending(self, name: str) -> list[PendingRestore]:
         """Positions waiting for ``name``, newest restore first (used by restore-on-create)."""
         return newest_first(self._sp_state().deferred.get(name, ()))
 

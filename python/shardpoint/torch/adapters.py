@@ -31,7 +31,7 @@ from ..objgraph.state_dict_adapter import STRUCTURE_ATTRIBUTE, StateDictTrackabl
 from ..objgraph.trackable import Trackable, ValueSpec, as_trackable, register_builtin_adapter
 from ..objgraph.variables import VARIABLE_VALUE
 from ..storage.objects import has_handler
-from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, unflatten
+from .codec import format_dtype, numpy_to_tensor, tensor_to_numpy, unflatten
 
 __all__ = [
     "TensorAdapter",

@@ -59,7 +59,7 @@ from torch.futures import Future
 
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
-from .tensors import numpy_to_tensor, tensor_to_numpy
+from .codec import numpy_to_tensor, tensor_to_numpy
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]
 

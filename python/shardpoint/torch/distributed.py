@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from .. import storage
 from ..errors import CheckpointError, DuplicateKeyError
-from .tensors import METADATA_KEY, _prepare
+from .codec import METADATA_KEY
+from .tensors import _prepare
 
 __all__ = ["save_distributed"]
 

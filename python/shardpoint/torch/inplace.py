@@ -23,7 +23,8 @@ import torch
 
 from .. import storage
 from ..errors import UnsupportedDTypeError
-from .models import (
+from .codec import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_dtype, torch_section
+from .tied import (
     IncompatibleKeys,
     TiedWeightsConflictError,
     _tied_groups,
@@ -31,7 +32,6 @@ from .models import (
     tied_conflict_message,
     torch_keys_message,
 )
-from .tensors import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_dtype, torch_section
 
 __all__ = ["load_into", "decode_into_existing"]
 

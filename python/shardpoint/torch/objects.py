@@ -13,7 +13,7 @@ import torch
 
 from ..errors import UnsupportedDTypeError
 from ..storage.objects import register_tag
-from .tensors import format_dtype, torch_dtype
+from .codec import format_dtype, torch_dtype
 
 __all__ = ["register"]
 

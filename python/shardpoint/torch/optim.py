@@ -30,7 +30,7 @@ import torch
 
 from ..objgraph.errors import UnsaveableObjectError
 from ..objgraph.trackable import Trackable, ValueSpec, as_trackable
-from .tensors import format_dtype, numpy_to_tensor, torch_dtype
+from .codec import format_dtype, numpy_to_tensor, torch_dtype
 
 __all__ = ["OptimizerAdapter", "PARAM_GROUPS", "PARAM_SCALARS"]
 

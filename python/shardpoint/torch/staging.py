@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..storage.async_save import StagingBuffers
-from .tensors import format_dtype
+from .codec import format_dtype
 
 __all__ = ["TorchStagingBuffers", "is_device_tensor"]
 
