@@ -208,7 +208,7 @@ class _InternalHooks(torch.autograd.graph.saved_tensors_hooks):
     """
 
     def __init__(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], Any]) -> None:
-        pack._checkpoint_internal = True  # type: ignore[attr-defined]
+        pack._checkpoint_internal = True  # type: ignore[attr-defined]  # torch's marker on a function
         super().__init__(pack, unpack)
 
     def __enter__(self) -> None:

@@ -111,7 +111,7 @@ class ShardpointAcceleratorMixin:
     ) -> Any:
         """``Accelerator.save_state``, every part stored through shardpoint."""
         if self._sp_native():
-            return super().save_state(output_dir, safe_serialization, **kwargs)  # type: ignore[misc]
+            return super().save_state(output_dir, safe_serialization, **kwargs)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         a: Any = self
         # rotation below must not delete a checkpoint still being written in the background
         self._sp_pending.wait()
@@ -180,7 +180,7 @@ class ShardpointAcceleratorMixin:
         automatic naming and no ``input_dir``, the newest checkpoint whose shardpoint index
         was committed (a save killed mid-way leaves a directory without one)."""
         if self._sp_native():
-            return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]
+            return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         self._sp_pending.wait()
         a: Any = self
         if input_dir is not None:

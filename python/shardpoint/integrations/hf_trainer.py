@@ -198,13 +198,13 @@ class ShardpointTrainerMixin:
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         if self._sp_native():
-            return super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            return super()._save_checkpoint(model, trial)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         # rotation (inside Trainer's _save_checkpoint) must not delete a checkpoint that is
         # still being written in the background
         self._sp_pending.wait()
         self._sp_collect = {}
         try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
             parts, self._sp_collect = self._sp_collect, None
         finally:
             self._sp_collect = None
@@ -226,7 +226,7 @@ class ShardpointTrainerMixin:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         if self._sp_collect is None or not _internal_call:
             # a user's save_model(): a plain Hugging Face directory, as Trainer writes it
-            return super().save_model(output_dir, _internal_call)  # type: ignore[misc]
+            return super().save_model(output_dir, _internal_call)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         t: Any = self
         output_dir = output_dir if output_dir is not None else t.args.output_dir
         assert output_dir is not None
@@ -250,7 +250,7 @@ class ShardpointTrainerMixin:
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if self._sp_collect is None:
-            return super()._save_optimizer_and_scheduler(output_dir)  # type: ignore[misc]
+            return super()._save_optimizer_and_scheduler(output_dir)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         t: Any = self
         if t.optimizer is not None:
             self._sp_collect["optimizer"] = t.optimizer.state_dict()
@@ -259,14 +259,14 @@ class ShardpointTrainerMixin:
 
     def _save_scaler(self, output_dir: str) -> None:
         if self._sp_collect is None:
-            return super()._save_scaler(output_dir)  # type: ignore[misc]
+            return super()._save_scaler(output_dir)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
         if scaler is not None:
             self._sp_collect["scaler"] = scaler.state_dict()
 
     def _save_rng_state(self, output_dir: str) -> None:
         if self._sp_collect is None:
-            return super()._save_rng_state(output_dir)  # type: ignore[misc]
+            return super()._save_rng_state(output_dir)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         self._sp_collect["rng"] = capture_rng()
 
     # -- load ---------------------------------------------------------------------------------
@@ -314,14 +314,14 @@ class ShardpointTrainerMixin:
                     "checkpoint-N directory there holds a committed shardpoint checkpoint"
                 )
         try:
-            return super().train(resume_from_checkpoint, *args, **kw)  # type: ignore[misc]
+            return super().train(resume_from_checkpoint, *args, **kw)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         finally:
             self._sp_loaded = {}
             self._sp_pending.wait()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         if not self._sp_has(resume_from_checkpoint):
-            return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         t: Any = self
         target = model if model is not None else t.model
         state = self._sp_part(resume_from_checkpoint, "model", target)
@@ -331,7 +331,7 @@ class ShardpointTrainerMixin:
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if not self._sp_has(checkpoint):
-            return super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+            return super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
         t: Any = self
         opt = self._sp_part(checkpoint, "optimizer")
@@ -343,7 +343,7 @@ class ShardpointTrainerMixin:
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         if not self._sp_has(checkpoint):
-            return super()._load_scaler(checkpoint)  # type: ignore[misc]
+            return super()._load_scaler(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
         state = self._sp_part(checkpoint, "scaler")
         scaler = getattr(getattr(self, "accelerator", None), "scaler", None)
@@ -352,7 +352,7 @@ class ShardpointTrainerMixin:
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if not self._sp_has(checkpoint):
-            return super()._load_rng_state(checkpoint)  # type: ignore[misc]
+            return super()._load_rng_state(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
         state = self._sp_part(checkpoint, "rng")
         if state is not None:
@@ -362,7 +362,7 @@ class ShardpointTrainerMixin:
         t: Any = self
         best = t.state.best_model_checkpoint
         if not self._sp_has(best):
-            return super()._load_best_model()  # type: ignore[misc]
+            return super()._load_best_model()  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         self._sp_pending.wait()
         t.model.load_state_dict(_model_state(best, t.model), strict=True)
 

@@ -248,7 +248,7 @@ def _write_object(url: str, data: bytes, expected: object = _CACHED) -> str | No
             _read_object(url)
         etag = _etags[url]
     else:
-        etag = expected  # type: ignore[assignment]
+        etag = expected  # type: ignore[assignment]  # not the _CACHED sentinel: a str or None
     if etag is None:
         new = storage.write_object(url, data, mode="create")
     else:

@@ -447,7 +447,7 @@ class _Encoder:
             ref: Any = member if member is not None else {"value": child(value.value, ".value")}
             return {"enum": [name, ref]}
         if _is_namedtuple_class(t):
-            fields = {f: child(getattr(value, f), f".{f}") for f in t._fields}  # type: ignore[attr-defined]
+            fields = {f: child(getattr(value, f), f".{f}") for f in t._fields}  # type: ignore[attr-defined]  # a named-tuple class (checked above)
             return {"namedtuple": [name, fields]}
         fields = {
             f.name: child(getattr(value, f.name), f".{f.name}")
@@ -525,7 +525,7 @@ class _Decoder:
         if handler is None:
             self.corrupt(path, f"has unknown type tag {tag[:80]!r}")
         try:
-            return handler.decode(payload, child)  # type: ignore[union-attr]
+            return handler.decode(payload, child)  # type: ignore[union-attr]  # corrupt() raised if None
         except (CheckpointError, MemoryError):
             raise
         except Exception as e:  # whatever the type's constructor raises on a bad payload
@@ -557,7 +557,7 @@ class _Decoder:
                 return entry.decode(child(state, ""))
             if tag == "enum":
                 if isinstance(state, str):
-                    return cls[state]  # type: ignore[index]
+                    return cls[state]  # type: ignore[index]  # an Enum class: the tag says so
                 if isinstance(state, _Members) and len(state) == 1 and state[0][0] == "value":
                     return cls(child(state[0][1], ".value"))
                 return self.corrupt(path, "enum member must be a name or {'value': node}")
