@@ -29,7 +29,8 @@ import pytest
 import shardpoint as sp
 from reliability_helpers import craft
 from shardpoint import _core
-from shardpoint.storage.objects import _HANDLERS, MAX_OBJECT_BYTES, decode_object, encode_object
+from shardpoint.storage.object_types import _HANDLERS
+from shardpoint.storage.objects import MAX_OBJECT_BYTES, decode_object, encode_object
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 GIB = 1 << 30

@@ -66,7 +66,7 @@ def _registry() -> Any:
     """Each test starts with the user types below unregistered."""
     yield
     for cls in (Color, Perm, Optim, Config, Point, Opaque):
-        sp.storage.objects._unregister(cls)
+        sp.storage.object_types._unregister(cls)
 
 
 def roundtrip(value: Any, tmp_path: pathlib.Path, key: str = "v") -> Any:

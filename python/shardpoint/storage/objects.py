@@ -24,22 +24,10 @@ and every malformed node is a ``CorruptCheckpointError`` naming the key and the 
 
 from __future__ import annotations
 
-import argparse
-import base64
 import dataclasses
-import datetime as dt
-import decimal
 import enum
-import importlib
 import json
-import math
-import os
-import pathlib
-import threading
-import types
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,7 +39,25 @@ from ..errors import (
     UnregisteredTypeError,
     UnsupportedDTypeError,
 )
-from .dtypes import format_name, numpy_dtype
+from .object_builtins import _BASE_VALUE, _LIST, _MAPPING
+from .object_types import (
+    _DECLARED,
+    _HANDLER_OF_TYPE,
+    _HANDLERS,
+    _USER_BY_CLASS,
+    _USER_BY_NAME,
+    _default_name,
+    _Handler,
+    _import_declared,
+    _is_namedtuple_class,
+    _Members,
+    add_safe_types,
+    declare_tags,
+    register_tag,
+    register_type,
+    registered_types,
+    safe_types,
+)
 
 __all__ = [
     "register_type",
@@ -82,184 +88,6 @@ _REGISTER_HINT = (
     "need nothing else; other classes also give encode=/decode= functions to and from "
     "storable values); shardpoint never pickles"
 )
-
-
-# --------------------------------------------------------------------------------------------
-# The registry: user types (the allow-list) and the handlers of built-in tags
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _UserType:
-    cls: type
-    name: str
-    tag: str  # one of _USER_TAGS
-    encode: Callable[[Any], Any] | None = None
-    decode: Callable[[Any], Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Handler:
-    """A built-in tag: ``encode(value, child)`` gives the payload (``child`` encodes a nested
-    value), ``decode(payload, child)`` builds the value (``child`` decodes a nested node)."""
-
-    tag: str
-    encode: Callable[[Any, Callable[[Any, str], Any]], Any]
-    decode: Callable[[Any, Callable[[Any, str], Any]], Any]
-
-
-_LOCK = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    # A forked child has only the forking thread: a lock another thread held at the fork
-    # would stay held forever (ARCHITECTURE.md, "Threads and fork").
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
-_USER_BY_NAME: dict[str, _UserType] = {}
-_USER_BY_CLASS: dict[type, _UserType] = {}
-_HANDLERS: dict[str, _Handler] = {}  # tag -> handler
-_HANDLER_OF_TYPE: dict[type, _Handler] = {}  # exact type -> handler
-# Tags and types whose handlers live in another of shardpoint's modules, imported on first
-# need: (module, top-level package of the types, tags).
-_DECLARED: list[tuple[str, str, tuple[str, ...]]] = []
-
-
-def _default_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _is_namedtuple_class(cls: type) -> bool:
-    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
-
-
-def register_type(
-    cls: type,
-    *,
-    name: str | None = None,
-    encode: Callable[[Any], Any] | None = None,
-    decode: Callable[[Any], Any] | None = None,
-) -> type:
-    """Allow ``cls`` in checkpoints: saves describe its instances, loads build them.
-
-    Dataclasses, ``Enum`` subclasses and named tuples are described by their fields (members)
-    and need no functions. Any other class gives ``encode(obj) -> state`` (a storable value:
-    JSON-like data, other registered objects, numpy scalars...) and ``decode(state) -> obj``.
-    ``name`` is what the file records (default ``"module.QualName"``); give a stable one if
-    the class may move. Registering the same class again is a no-op; another class under a
-    name already taken raises ``InvalidArgumentError``. Returns ``cls`` (usable as a class
-    decorator). Registration is process-wide; see :func:`safe_types` for a scoped one.
-    """
-    if not isinstance(cls, type):
-        raise InvalidArgumentError(f"register_type expects a class, got {cls!r}")
-    if (encode is None) != (decode is None):
-        raise InvalidArgumentError(f"{cls.__qualname__}: give both encode= and decode=, or neither")
-    if encode is not None:
-        tag = "object"
-    elif dataclasses.is_dataclass(cls):
-        tag = "dataclass"
-    elif issubclass(cls, enum.Enum):
-        tag = "enum"
-    elif _is_namedtuple_class(cls):
-        tag = "namedtuple"
-    else:
-        raise InvalidArgumentError(
-            f"{cls.__qualname__} is not a dataclass, Enum or named tuple: give "
-            "encode=(obj -> storable state) and decode=(state -> obj)"
-        )
-    key = _default_name(cls) if name is None else str(name)
-    if not key:
-        raise InvalidArgumentError("a registered type name must not be empty")
-    entry = _UserType(cls, key, tag, encode, decode)
-    with _LOCK:
-        old = _USER_BY_NAME.get(key)
-        if old is not None and old.cls is not cls:
-            raise InvalidArgumentError(
-                f"type name {key!r} is already registered for {_default_name(old.cls)}; "
-                "pass name= to register this class under another one"
-            )
-        prev = _USER_BY_CLASS.get(cls)
-        if prev is not None and prev.name != key:
-            _USER_BY_NAME.pop(prev.name, None)
-        _USER_BY_NAME[key] = entry
-        _USER_BY_CLASS[cls] = entry
-    return cls
-
-
-def add_safe_types(types_: Iterable[type]) -> None:
-    """Register several dataclasses / Enum / named tuple classes at once (the counterpart of
-    ``torch.serialization.add_safe_globals``)."""
-    for cls in types_:
-        register_type(cls)
-
-
-def _unregister(cls: type) -> None:
-    with _LOCK:
-        entry = _USER_BY_CLASS.pop(cls, None)
-        if entry is not None and _USER_BY_NAME.get(entry.name) is entry:
-            del _USER_BY_NAME[entry.name]
-
-
-@contextmanager
-def safe_types(types_: Iterable[type]) -> Iterator[None]:
-    """Within the ``with`` block, also allow these classes (as :func:`add_safe_types`); the
-    ones not registered before are forgotten again afterwards (``torch.serialization.
-    safe_globals``'s counterpart)."""
-    added = []
-    for cls in types_:
-        if cls not in _USER_BY_CLASS:
-            register_type(cls)
-            added.append(cls)
-    try:
-        yield
-    finally:
-        for cls in added:
-            _unregister(cls)
-
-
-def registered_types() -> dict[str, type]:
-    """The allow-list: registered name -> class."""
-    with _LOCK:
-        return {name: e.cls for name, e in _USER_BY_NAME.items()}
-
-
-def register_tag(
-    tag: str,
-    classes: Iterable[type],
-    encode: Callable[[Any, Callable[[Any, str], Any]], Any],
-    decode: Callable[[Any, Callable[[Any, str], Any]], Any],
-) -> None:
-    """For shardpoint's own layers: handle instances of exactly ``classes`` under ``tag``
-    (e.g. ``shardpoint.torch`` registers ``torch.Size``). ``encode(value, child)`` returns
-    the JSON payload, calling ``child(nested_value, path_suffix)`` for nested values;
-    ``decode(payload, child)`` builds the value, ``child(nested_node, path_suffix)``
-    decoding nested nodes; raise ``ValueError``/``TypeError`` on a malformed payload."""
-    h = _Handler(tag, encode, decode)
-    with _LOCK:
-        _HANDLERS[tag] = h
-        for cls in classes:
-            _HANDLER_OF_TYPE[cls] = h
-
-
-def declare_tags(module: str, package: str, tags: Iterable[str]) -> None:
-    """Say that ``module`` (one of shardpoint's own) registers ``tags`` for types of the
-    top-level package ``package``: it is imported when a value of such a type is saved or a
-    file holds one of the tags. Declared by ``shardpoint/__init__`` so that this layer
-    imports no framework."""
-    _DECLARED.append((module, package, tuple(tags)))
-
-
-def _import_declared(*, tag: str | None = None, package: str | None = None) -> bool:
-    """Import the module declared for ``tag`` or for types of ``package``; whether one was."""
-    for module, pkg, tags in _DECLARED:
-        if (tag is not None and tag in tags) or (package is not None and package == pkg):
-            importlib.import_module(module)
-            return True
-    return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,10 +318,6 @@ def encode_object(where: str, value: Any) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-class _Members(list[tuple[str, Any]]):
-    """A JSON object as parsed: its members in order (duplicates kept, so they are seen)."""
-
-
 class _Decoder:
     def __init__(self, where: str) -> None:
         self.where = where
@@ -623,271 +447,3 @@ def decode_object(where: str, raw: bytes) -> Any:
         raise CorruptCheckpointError(
             f"key {where!r}: stored object could not be decoded: {type(e).__name__}: {e}"
         ) from e
-
-
-# --------------------------------------------------------------------------------------------
-# Built-in tags
-# --------------------------------------------------------------------------------------------
-
-
-def _builtin(tag: str, classes: tuple[type, ...], encode: Any, decode: Any) -> _Handler:
-    h = _Handler(tag, encode, decode)
-    _HANDLERS[tag] = h
-    for cls in classes:
-        _HANDLER_OF_TYPE[cls] = h
-    return h
-
-
-def _expect(ok: bool, what: str) -> None:
-    if not ok:
-        raise ValueError(what)
-
-
-def _seq(payload: Any, child: Callable[[Any, str], Any]) -> list[Any]:
-    _expect(isinstance(payload, list) and not isinstance(payload, _Members), "expected a list")
-    return [child(v, f"[{i}]") for i, v in enumerate(payload)]
-
-
-def _sorted_if_possible(values: Iterable[Any]) -> list[Any]:
-    """Set elements in a stable order (sorted when comparable), so equal sets give equal
-    files whatever the hash seed."""
-    items = list(values)
-    try:
-        return sorted(items)
-    except TypeError:
-        return sorted(items, key=lambda v: (type(v).__qualname__, repr(v)))
-
-
-def _str_payload(payload: Any) -> str:
-    _expect(isinstance(payload, str), "expected a string")
-    return str(payload)
-
-
-def _decode_str_dict(payload: Any, child: Callable[[Any, str], Any]) -> dict[str, Any]:
-    _expect(isinstance(payload, _Members), "expected a JSON object")
-    out: dict[str, Any] = {}
-    for k, v in payload:
-        _expect(k not in out, f"repeated key {k!r}")
-        out[k] = child(v, f"[{k!r}]")
-    return out
-
-
-def _decode_map(payload: Any, child: Callable[[Any, str], Any]) -> dict[Any, Any]:
-    out: dict[Any, Any] = {}
-    for i, pair in enumerate(_raw_list(payload)):
-        _expect(
-            isinstance(pair, list) and not isinstance(pair, _Members) and len(pair) == 2,
-            "map items must be [key, value] pairs",
-        )
-        out[child(pair[0], f"<key {i}>")] = child(pair[1], f"[{i}]")
-    return out
-
-
-def _raw_list(payload: Any) -> list[Any]:
-    _expect(isinstance(payload, list) and not isinstance(payload, _Members), "expected a list")
-    return list(payload)
-
-
-def _register_builtins() -> None:
-    _builtin("dict", (), None, _decode_str_dict)  # encoded by _Encoder.mapping
-    _builtin("map", (), None, _decode_map)
-    _builtin(
-        "tuple",
-        (tuple,),
-        lambda v, c: [c(x, f"[{i}]") for i, x in enumerate(v)],
-        lambda p, c: tuple(_seq(p, c)),
-    )
-    _builtin(
-        "set",
-        (set,),
-        lambda v, c: [c(x, f"<{i}>") for i, x in enumerate(_sorted_if_possible(v))],
-        lambda p, c: set(_seq(p, c)),
-    )
-    _builtin(
-        "frozenset",
-        (frozenset,),
-        lambda v, c: [c(x, f"<{i}>") for i, x in enumerate(_sorted_if_possible(v))],
-        lambda p, c: frozenset(_seq(p, c)),
-    )
-    _builtin(
-        "bytes",
-        (bytes,),
-        lambda v, c: base64.b64encode(v).decode(),
-        lambda p, c: base64.b64decode(_str_payload(p), validate=True),
-    )
-    _builtin(
-        "bytearray",
-        (bytearray,),
-        lambda v, c: base64.b64encode(v).decode(),
-        lambda p, c: bytearray(base64.b64decode(_str_payload(p), validate=True)),
-    )
-    _builtin("int", (), None, lambda p, c: _parse_int(_str_payload(p)))
-    _builtin("complex", (complex,), lambda v, c: [v.real, v.imag], _decode_complex)
-    _builtin(
-        "datetime.datetime",
-        (dt.datetime,),
-        lambda v, c: v.isoformat(),
-        lambda p, c: dt.datetime.fromisoformat(_str_payload(p)),
-    )
-    _builtin(
-        "datetime.date",
-        (dt.date,),
-        lambda v, c: v.isoformat(),
-        lambda p, c: dt.date.fromisoformat(_str_payload(p)),
-    )
-    _builtin(
-        "datetime.time",
-        (dt.time,),
-        lambda v, c: v.isoformat(),
-        lambda p, c: dt.time.fromisoformat(_str_payload(p)),
-    )
-    _builtin(
-        "datetime.timedelta",
-        (dt.timedelta,),
-        lambda v, c: [v.days, v.seconds, v.microseconds],
-        _decode_timedelta,
-    )
-    _builtin("datetime.timezone", (dt.timezone,), _encode_timezone, _decode_timezone)
-    _builtin(
-        "pathlib.Path",
-        (pathlib.PosixPath, pathlib.WindowsPath),
-        lambda v, c: str(v),
-        lambda p, c: pathlib.Path(_str_payload(p)),
-    )
-    _builtin(
-        "pathlib.PurePosixPath",
-        (pathlib.PurePosixPath,),
-        lambda v, c: str(v),
-        lambda p, c: pathlib.PurePosixPath(_str_payload(p)),
-    )
-    _builtin(
-        "pathlib.PureWindowsPath",
-        (pathlib.PureWindowsPath,),
-        lambda v, c: str(v),
-        lambda p, c: pathlib.PureWindowsPath(_str_payload(p)),
-    )
-    _builtin(
-        "argparse.Namespace",
-        (argparse.Namespace,),
-        lambda v, c: {k: c(x, f".{k}") for k, x in vars(v).items()},
-        lambda p, c: argparse.Namespace(**_decode_str_dict(p, c)),
-    )
-    _builtin(
-        "types.SimpleNamespace",
-        (types.SimpleNamespace,),
-        lambda v, c: {k: c(x, f".{k}") for k, x in vars(v).items()},
-        lambda p, c: types.SimpleNamespace(**_decode_str_dict(p, c)),
-    )
-    _builtin(
-        "decimal.Decimal",
-        (decimal.Decimal,),
-        lambda v, c: str(v),
-        lambda p, c: decimal.Decimal(_str_payload(p)),
-    )
-    _builtin(
-        "uuid.UUID", (uuid.UUID,), lambda v, c: str(v), lambda p, c: uuid.UUID(_str_payload(p))
-    )
-    _builtin("numpy.scalar", (), _encode_np_scalar, _decode_np_scalar)
-    _builtin("numpy.ndarray", (), _encode_np_array, _decode_np_array)
-
-
-def _parse_int(text: str) -> int:
-    neg = text.startswith("-")
-    body = text[1:] if neg else text
-    _expect(body.startswith("0x") and len(body) > 2, "big integers are written as 0x hex")
-    v = int(body[2:], 16)
-    return -v if neg else v
-
-
-def _decode_complex(p: Any, c: Any) -> complex:
-    _expect(isinstance(p, list) and len(p) == 2, "expected [real, imag]")
-    re_, im = p
-    _expect(all(type(x) in (int, float) for x in (re_, im)), "expected numbers")
-    return complex(re_, im)
-
-
-def _decode_timedelta(p: Any, c: Any) -> dt.timedelta:
-    _expect(
-        isinstance(p, list) and len(p) == 3 and all(type(x) is int for x in p),
-        "expected [days, seconds, microseconds]",
-    )
-    return dt.timedelta(days=p[0], seconds=p[1], microseconds=p[2])
-
-
-def _encode_timezone(v: dt.timezone, c: Any) -> Any:
-    off = v.utcoffset(None)
-    return [off.days * 86400 + off.seconds, off.microseconds]
-
-
-def _decode_timezone(p: Any, c: Any) -> dt.timezone:
-    _expect(
-        isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p),
-        "expected [seconds, microseconds]",
-    )
-    return dt.timezone(dt.timedelta(seconds=p[0], microseconds=p[1]))
-
-
-def _le(dtype: np.dtype) -> np.dtype:
-    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
-
-
-def _encode_np_scalar(v: np.generic, c: Any) -> Any:
-    arr = np.asarray(v)
-    name = format_name(arr.dtype)
-    return [name, arr.astype(_le(arr.dtype)).tobytes().hex()]
-
-
-def _decode_np_scalar(p: Any, c: Any) -> Any:
-    _expect(
-        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p),
-        "expected [dtype, hex bytes]",
-    )
-    dtype = _dtype(p[0])
-    raw = bytes.fromhex(p[1])
-    _expect(len(raw) == dtype.itemsize, f"{len(raw)} bytes for a {p[0]} scalar")
-    return np.frombuffer(raw, dtype=dtype)[0]
-
-
-def _encode_np_array(v: np.ndarray, c: Any) -> Any:
-    name = format_name(v.dtype)
-    data = np.ascontiguousarray(v.astype(_le(v.dtype), copy=False)).tobytes()
-    return [name, list(v.shape), base64.b64encode(data).decode()]
-
-
-def _decode_np_array(p: Any, c: Any) -> np.ndarray:
-    _expect(isinstance(p, list) and len(p) == 3, "expected [dtype, shape, base64 bytes]")
-    name, shape, text = p
-    _expect(isinstance(name, str) and isinstance(text, str), "expected [dtype, shape, bytes]")
-    _expect(
-        isinstance(shape, list)
-        and len(shape) <= 64
-        and all(type(n) is int and n >= 0 for n in shape),
-        "bad shape",
-    )
-    dtype = _dtype(name)
-    raw = base64.b64decode(text, validate=True)  # bounded by the entry's own size
-    _expect(
-        len(raw) == math.prod(shape) * dtype.itemsize,
-        f"{len(raw)} bytes for a {name} array of shape {shape}",
-    )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-
-
-def _dtype(name: str) -> np.dtype:
-    try:
-        return numpy_dtype(name)
-    except UnsupportedDTypeError as e:
-        raise ValueError(str(e)) from None
-
-
-def _no_payload(value: Any, child: Any) -> Any:
-    raise AssertionError("a marker handler is never asked for a payload")  # pragma: no cover
-
-
-# markers of _Encoder.fallback_handler: a Mapping or list subclass (stored as a dict or list)
-# and a str/int/float subclass (stored as its base value), as JSON entries store them
-_MAPPING = _Handler("dict", _no_payload, _no_payload)
-_LIST = _Handler("list", _no_payload, _no_payload)
-_BASE_VALUE = _Handler("", _no_payload, _no_payload)
-
-_register_builtins()

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .objects import register_tag
+from .object_types import register_tag
 
 __all__ = ["register"]
 
