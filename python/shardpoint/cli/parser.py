@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 from .common import EXIT_USAGE, _Fail
 from .convert_gc import cmd_convert, cmd_gc
 from .diff import cmd_diff
+from .export import cmd_export
 from .ls_info import cmd_info, cmd_ls
 from .stats_view import cmd_stats, cmd_view
 from .verify_sign import cmd_sign, cmd_verify
@@ -230,6 +231,28 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="replace an existing destination")
     c.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch conversions)")
     c.set_defaults(func=cmd_convert)
+
+    e = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write a serving directory (vLLM, SGLang, transformers)",
+        description="Write DIR for serving from SRC (a Hugging Face model directory, or a shardpoint checkpoint converted from one): config.json (with dtype) and tokenizer files, and the weights as DIR/model (vllm serve DIR --load-format shardpoint) or, with --tp N, one checkpoint per tensor-parallel rank holding only that rank's part of each weight (--load-format shardpoint_sharded).",
+    )
+    e.add_argument("src", metavar="SRC")
+    e.add_argument("dst", metavar="DIR")
+    e.add_argument(
+        "--tp", type=int, metavar="N", help="cut the weights for N tensor-parallel ranks"
+    )
+    e.add_argument(
+        "--compression",
+        default="zstd",
+        choices=["zstd", "zstd-plain", "zstd-bytegroup", "bytegroup-huffman", "none"],
+        help="codec of the weights (default zstd)",
+    )
+    e.add_argument("--level", type=int, help="zstd level (-7..22)")
+    e.add_argument("--force", action="store_true", help="replace an existing DIR")
+    e.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch exports)")
+    e.set_defaults(func=cmd_export)
 
     g = sub.add_parser(
         "gc",

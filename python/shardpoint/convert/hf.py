@@ -95,13 +95,14 @@ def is_hf_path(path: str) -> bool:
 
 
 class _Shard:
-    """One shard: its validated header and a private copy-on-write mapping of the whole file."""
+    """One shard: its validated header and (``mapped``) a private copy-on-write mapping of
+    the whole file. With ``io="pread"`` nothing is mapped: values are read with ``pread``."""
 
-    def __init__(self, number: int, header: ShardHeader) -> None:
+    def __init__(self, number: int, header: ShardHeader, mapped: bool = True) -> None:
         self.number = number
         self.header = header
         self.mm: mmap.mmap | None = None
-        if header.file_size > header.data_start:
+        if mapped and header.file_size > header.data_start:
             with open(header.path, "rb") as f:
                 if os.fstat(f.fileno()).st_size != header.file_size:
                     raise CorruptCheckpointError(f"{header.path}: file changed size while opened")
@@ -164,7 +165,7 @@ class HFReader(Reader):
                     raise CorruptCheckpointError(
                         f"{full}: shard named by {src} is missing{why}"
                     ) from None
-                sh = _Shard(self._file_no[fname], header)
+                sh = _Shard(self._file_no[fname], header, mapped=not self._pread)
                 self._shards[fname] = sh
         return sh
 
@@ -306,7 +307,9 @@ class HFReader(Reader):
         keys, outs = self._target_buffers(targets)
         self._read_into(keys, outs, False)
 
-    def _read_into(self, keys: list[str], outs: list[np.ndarray], verify: bool) -> None:
+    def _read_into(
+        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+    ) -> None:
         """``load_into``'s read, for byte views already checked (no checksums to verify)."""
         paths: list[str] = []
         file_no: dict[str, int] = {}
@@ -317,7 +320,7 @@ class HFReader(Reader):
             if no == len(paths):
                 paths.append(sh.header.path)
             ranges.append((no, sh.header.data_start + rec.begin))
-        read_ranges_into(paths, ranges, outs)
+        read_ranges_into(paths, ranges, outs, threads)
 
     def stats(
         self, keys: list[str] | None = None, *, progress: bool | None = None

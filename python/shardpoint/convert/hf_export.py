@@ -28,7 +28,7 @@ from ..storage.atomic_files import make_dirs
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
-from .hf_files import SECTION, collect_files, write_files
+from .hf_files import SECTION, collect_files, with_dtype, write_files
 from .safetensors_io import FORMAT_TO_ST, write_safetensors
 from .shardpoint_io import ShardpointSource
 
@@ -181,8 +181,17 @@ def write_hf(
                     f.flush()
                     os.fsync(f.fileno())
         taken = set(names) | {FILENAME_PATTERN.format(suffix="") + ".index.json"}
+        # config.json says the weights' dtype: vLLM reads it (a directory without *.safetensors
+        # headers gives it nothing else to go by)
+        dtypes: dict[str, int] = {}
+        for s in specs:
+            if s.dtype in ("bfloat16", "float16", "float32", "float64"):
+                dtypes[s.dtype] = dtypes.get(s.dtype, 0) + s.nbytes
         kept = write_files(
-            (getattr(source, "sections", None) or {}).get(SECTION),
+            with_dtype(
+                (getattr(source, "sections", None) or {}).get(SECTION),
+                max(dtypes, key=lambda d: dtypes[d]) if dtypes else None,
+            ),
             tmp,
             taken=taken,
             where=source.path,

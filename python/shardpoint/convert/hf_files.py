@@ -17,13 +17,21 @@ paths without ``..``, hidden or empty components are written, and never over the
 from __future__ import annotations
 
 import base64
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["SECTION", "collect_files", "write_files", "MAX_FILE_BYTES", "MAX_TOTAL_BYTES"]
+__all__ = [
+    "SECTION",
+    "collect_files",
+    "write_files",
+    "with_dtype",
+    "MAX_FILE_BYTES",
+    "MAX_TOTAL_BYTES",
+]
 
 SECTION = "shardpoint.hf"
 _VERSION = 1
@@ -154,3 +162,22 @@ def write_files(
         taken.add(name)
         written += 1
     return written
+
+
+def with_dtype(section: Mapping[str, Any] | None, dtype: str | None) -> Mapping[str, Any] | None:
+    """``section`` (kept files) whose config.json says ``dtype`` (set from ``torch_dtype``, or
+    from the weights, when absent). Unchanged when there is no JSON-object config.json."""
+    if not section or dtype is None or not isinstance(section.get("files"), list):
+        return section
+    out = []
+    for item in section["files"]:
+        if isinstance(item, Mapping) and item.get("name") == "config.json":
+            try:
+                cfg = json.loads(item["data"]) if item.get("encoding") == "utf-8" else None
+            except (TypeError, ValueError):
+                cfg = None
+            if isinstance(cfg, dict) and "dtype" not in cfg:
+                cfg["dtype"] = cfg.get("torch_dtype") or dtype
+                item = {**item, "data": json.dumps(cfg, indent=2, sort_keys=True) + "\n"}
+        out.append(item)
+    return {**section, "files": out}

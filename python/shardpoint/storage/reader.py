@@ -293,11 +293,18 @@ class Reader:
         keys, outs = self._target_buffers(targets)
         self._read_into(keys, outs, verify)
 
-    def _read_into(self, keys: list[str], outs: list[np.ndarray], verify: bool) -> None:
+    def _read_into(
+        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+    ) -> None:
         """``load_into``'s read, for byte views already checked against their entries (the
-        torch adapter checks shapes and dtypes itself; one check per key, not two)."""
+        torch adapter checks shapes and dtypes itself; one check per key, not two).
+        ``threads``: decode on that many threads (local checkpoints; default one per CPU)."""
         # object stores check every download whatever ``verify`` says (bytes crossed a network)
-        self._core.read_many_into(keys, outs, verify)
+        core = self._core
+        if threads is None or not isinstance(core, _core.CheckpointReader):
+            core.read_many_into(keys, outs, verify)
+        else:
+            core.read_many_into(keys, outs, verify, threads)
 
     def _target_buffers(
         self, targets: Mapping[str, np.ndarray]
@@ -493,13 +500,17 @@ class Reader:
 
 
 def read_ranges_into(
-    paths: list[str], ranges: list[tuple[int, int]], outs: list[np.ndarray]
+    paths: list[str],
+    ranges: list[tuple[int, int]],
+    outs: list[np.ndarray],
+    threads: int | None = None,
 ) -> None:
     """Read byte ranges of plain files into existing byte arrays with the bulk-load engine
     (read-ahead, parallel ``pread``, GIL released): ``ranges[i] = (index into paths, offset)``
     fills ``outs[i]`` whole. For formats read in place without checksums (Hugging Face
-    safetensors); a range past its file's end raises ``CorruptCheckpointError``."""
-    _core.read_file_ranges(paths, ranges, outs)
+    safetensors); a range past its file's end raises ``CorruptCheckpointError``.
+    ``threads``: read on that many threads (default one per CPU)."""
+    _core.read_file_ranges(paths, ranges, outs, threads)
 
 
 #: Field names of the statistics tuple the core returns (``_core.stats_buffer``).

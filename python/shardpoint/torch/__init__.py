@@ -32,6 +32,7 @@ from .inplace import load_into
 from .models import IncompatibleKeys, TiedWeightsConflictError, load_model, save_model
 from .optim import OptimizerAdapter
 from .tensors import format_dtype, load, numpy_to_tensor, save, tensor_to_numpy, torch_dtype
+from .weights import WeightsIterator, weights_iterator
 
 __all__ = [
     "save",
@@ -39,6 +40,8 @@ __all__ = [
     "save_model",
     "load_model",
     "load_into",
+    "weights_iterator",
+    "WeightsIterator",
     "IncompatibleKeys",
     "TiedWeightsConflictError",
     "tensor_to_numpy",

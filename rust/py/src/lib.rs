@@ -6,6 +6,7 @@
 
 mod buffers;
 mod checksum;
+mod pools;
 mod read;
 mod remote;
 mod staged;

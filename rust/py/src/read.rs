@@ -227,11 +227,12 @@ impl CheckpointReader {
             })
             .collect::<PyResult<_>>()?;
         // The mappings handed out for uncompressed entries; `verify` checks their crcs on
-        // those very mappings, in parallel (the check is the pages' first touch).
+        // those very mappings, in parallel (the check is the pages' first touch). With `copy`
+        // (io="pread") nothing is mapped: those entries are read into their own buffers.
         let maps = entries
             .iter()
             .map(|e| {
-                (e.codec == Codec::None)
+                (e.codec == Codec::None && !copy)
                     .then(|| reader.shards()[e.shard as usize].cow())
                     .transpose()
                     .map_err(|err| to_py(py, err))
@@ -309,13 +310,15 @@ impl CheckpointReader {
     /// length), in parallel with the GIL released: the load path that needs no fresh memory
     /// (no page faults, no kernel page clearing) and no second copy. Every value is checked
     /// (`verify` also checks uncompressed ones, as in `get_many`). Buffers must not overlap.
-    #[pyo3(signature = (keys, outs, verify=true))]
+    /// `threads`: decode on a pool of that many threads (default: one per CPU).
+    #[pyo3(signature = (keys, outs, verify=true, threads=None))]
     fn read_many_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         mut outs: Vec<PyBuffer<u8>>,
         verify: bool,
+        threads: Option<usize>,
     ) -> PyResult<()> {
         if keys.len() != outs.len() {
             return Err(crate::invalid(
@@ -333,7 +336,10 @@ impl CheckpointReader {
         }
         refuse_overlaps(py, &keys, &dsts)?;
         let reader = &self.inner;
-        nogil_cancellable(py, || reader.read_many_into(&entries, dsts, verify))
+        let work = crate::pools::on_threads(py, threads, || {
+            reader.read_many_into(&entries, dsts, verify)
+        })?;
+        nogil_cancellable(py, work)
     }
 
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
@@ -504,20 +510,24 @@ fn check_disjoint(
 /// Read byte ranges of plain files into caller-owned writable buffers with the bulk-load
 /// engine (read-ahead, parallel ordered preads, GIL released): `ranges[i] = (index into
 /// paths, offset)`, `outs[i]` receives exactly its length. Ranges past a file's end raise
-/// `CorruptCheckpointError` naming the file; buffers must not overlap.
+/// `CorruptCheckpointError` naming the file; buffers must not overlap. `threads`: read on a
+/// pool of that many threads (default: one per CPU).
 #[pyfunction]
+#[pyo3(signature = (paths, ranges, outs, threads=None))]
 pub(crate) fn read_file_ranges(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     ranges: Vec<(usize, u64)>,
     mut outs: Vec<PyBuffer<u8>>,
+    threads: Option<usize>,
 ) -> PyResult<()> {
     let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
     for b in outs.iter_mut() {
         dsts.push(bytes_of_mut(py, b)?);
     }
     check_disjoint(py, &dsts, "ranges", |i| i.to_string())?;
-    nogil_cancellable(py, || {
+    let work = crate::pools::on_threads(py, threads, || {
         shardpoint_core::load::read_files_into(&paths, &ranges, dsts)
-    })
+    })?;
+    nogil_cancellable(py, work)
 }

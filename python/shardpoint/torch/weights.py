@@ -1,0 +1,404 @@
+"""``weights_iterator``: a checkpoint as ``(name, tensor)`` pairs, in file order, for serving
+engines (vLLM's and SGLang's ``model.load_weights(iterable)``, transformers' routes).
+
+Why an iterator and not ``load``: an engine consumes weights one at a time (it narrows each to
+its tensor-parallel rank and copies it into its own parameter), so nothing but a bounded window
+of values need be in host memory at once, however large the model. The window is read ahead by
+one background thread through the bulk-load engine (``Reader._read_into`` ->
+``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
+read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
+decoding overlap the engine's own work.
+
+What must stay true:
+- every tensor handed out owns its memory (a fresh allocation per value, never a view of a
+  reused buffer or of a mapping): engines keep references (vLLM's runai test
+  ``clones_reused_buffers``; fastsafetensors#95 was a lifetime bug of exactly this kind), and
+  values stay valid after the iterator is closed;
+- every byte is checked (crc32c) before it is handed out, where the format has checksums
+  (shardpoint checkpoints and single files; a Hugging Face directory has none);
+- host memory stays bounded: values read but not yet handed out never exceed ``window`` bytes
+  (a value larger than the window is read alone, once the ones before it were taken);
+- ``io`` means what it means for ``sp.open``: ``"pread"`` never maps a file, ``"mmap"`` copies
+  uncompressed values out of the mapping, ``"auto"`` picks per file system.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import storage
+from ..errors import InvalidArgumentError, MissingKeyError
+from ..storage.io_mode import check_io, resolve_io
+from .tensors import tensor_to_numpy, torch_dtype, torch_section
+
+__all__ = [
+    "WeightsIterator",
+    "weights_iterator",
+    "loader_options",
+    "LOADER_OPTIONS",
+    "DEFAULT_WINDOW",
+]
+
+#: Bytes read ahead of the consumer by default: enough for the read-ahead engine to keep a
+#: device or link busy across batches, small next to any model worth an iterator.
+DEFAULT_WINDOW = 256 << 20
+#: Raw bytes per batch (one ``read_many_into`` call): large enough that the engine's own
+#: read-ahead starts (16 MiB), small enough that several fit in the window.
+_BATCH = 64 << 20
+
+Names = Collection[str] | Callable[[str], bool] | None
+
+
+class _Plan:
+    """What to read: the stored keys in file order, their infos, and the names tied to them."""
+
+    def __init__(self, reader: storage.Reader, names: Names) -> None:
+        meta = torch_section(reader) if isinstance(reader, storage.Reader) else None
+        aliases: Mapping[str, Any] = (meta or {}).get("aliases", {}) if meta else {}
+        stored = reader.keys()
+        stored_set = set(stored)
+        self.followers: dict[str, list[str]] = {}
+        for alias, rec in aliases.items():
+            src = rec.get("of") if isinstance(rec, Mapping) else None
+            if isinstance(src, str) and src in stored_set and alias not in stored_set:
+                self.followers.setdefault(src, []).append(alias)
+        if names is None:
+            wanted: set[str] | None = None
+        elif callable(names):
+            pred = names
+            wanted = {k for k in stored if pred(k)}
+            wanted |= {a for fs in self.followers.values() for a in fs if pred(a)}
+        else:
+            if isinstance(names, str):
+                raise InvalidArgumentError("names must be a collection of names, not one str")
+            wanted = set(names)
+            known = stored_set | {a for fs in self.followers.values() for a in fs}
+            missing = sorted(wanted - known)
+            if missing:
+                raise MissingKeyError(
+                    f"{reader.path}: not in the checkpoint: {', '.join(map(repr, missing[:10]))}"
+                    + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+                )
+        infos: list[storage.EntryInfo] = []
+        for k in stored:
+            tied = self.followers.get(k, [])
+            if wanted is not None and k not in wanted and not (set(tied) & wanted):
+                continue
+            info = reader.info(k)
+            if info.kind != "tensor":
+                if wanted is not None and k in wanted:
+                    raise InvalidArgumentError(f"key {k!r}: stored value is a {info.kind}")
+                continue
+            infos.append(info)
+        # file order: the order the bytes lie on disk, which is what the read-ahead follows
+        infos.sort(key=lambda i: (i.shard, i.offset))
+        self.infos = infos
+        self.wanted = wanted
+
+    def names_of(self, key: str) -> list[str]:
+        """The names a stored key is handed out under: itself and the names tied to it."""
+        out = [key, *self.followers.get(key, [])]
+        return out if self.wanted is None else [n for n in out if n in self.wanted]
+
+    def batches(self, limit: int) -> Iterator[list[storage.EntryInfo]]:
+        """Consecutive runs of at most ``limit`` raw bytes (a larger value alone)."""
+        cur: list[storage.EntryInfo] = []
+        acc = 0
+        for info in self.infos:
+            if cur and acc + info.raw_bytes > limit:
+                yield cur
+                cur, acc = [], 0
+            cur.append(info)
+            acc += info.raw_bytes
+        if cur:
+            yield cur
+
+
+def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
+    """A new tensor for ``info``'s value: its own allocation (through bytes, so float4 and
+    other dtypes ``torch.empty`` cannot fill in deterministic mode still work)."""
+    dtype = torch_dtype(info.dtype)
+    raw = torch.empty(info.raw_bytes, dtype=torch.uint8, pin_memory=pin)
+    return raw.view(dtype).view(info.shape)
+
+
+class WeightsIterator:
+    """Iterator of ``(name, tensor)`` over a checkpoint; see :func:`weights_iterator`.
+
+    Also a context manager; :meth:`close` stops the read-ahead (values already handed out stay
+    valid). After the end, :attr:`bytes_read` (stored bytes read), :attr:`raw_bytes` (bytes
+    handed out) and :attr:`seconds` (open to last value) say what the load cost."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | storage.Reader,
+        *,
+        names: Names = None,
+        device: str | torch.device = "cpu",
+        threads: int | None = None,
+        io: str = "auto",
+        verify: bool = True,
+        window: int = DEFAULT_WINDOW,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        check_io(io)
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise InvalidArgumentError(f"threads must be a positive int or None, got {threads!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise InvalidArgumentError(f"window must be a positive number of bytes, not {window!r}")
+        self._t0 = time.perf_counter()
+        self.device = torch.device(device)
+        self._owned = not isinstance(path, storage.Reader)
+        if isinstance(path, storage.Reader):
+            self._reader = path
+        else:
+            self._reader = storage.open(path, io=io, storage_options=storage_options)
+        try:
+            self._plan = _Plan(self._reader, names)
+        except BaseException:
+            self.close()
+            raise
+        self._io = self._resolve(io)
+        self._threads = threads
+        self._verify = bool(verify)
+        self._window = window
+        # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
+        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self.bytes_read = 0
+        self.raw_bytes = 0
+        self.seconds = 0.0
+        self._cond = threading.Condition()
+        self._ready: deque[tuple[list[storage.EntryInfo], list[torch.Tensor]] | BaseException] = (
+            deque()
+        )
+        self._inflight = 0  # bytes read (or being read) and not yet handed out
+        self._stop = False
+        self._done = False
+        self._pending: deque[tuple[str, torch.Tensor, int]] = deque()
+        self._thread = threading.Thread(
+            target=self._produce, name="shardpoint-weights", daemon=True
+        )
+        self._thread.start()
+
+    def _resolve(self, io: str) -> str:
+        """``io`` for this checkpoint: what ``sp.open`` resolved for it (a Hugging Face reader
+        records its choice), or the same rule for a shardpoint checkpoint."""
+        hf = getattr(self._reader, "_pread", None)
+        if hf is not None:
+            return "pread" if hf else "mmap"
+        if storage.is_url(self._reader.path):
+            return "pread"
+        if io != "auto":
+            return io
+        return resolve_io(io, self._reader.path)
+
+    # --- the producer: one thread reading batches ahead, within the window ---------------------
+    def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
+        out = [_empty(i, self._pin) for i in batch]
+        keys: list[str] = []
+        bufs: list[np.ndarray] = []
+        for info, t in zip(batch, out, strict=True):
+            if not info.raw_bytes:
+                continue
+            if self._io == "mmap" and info.codec == "none":
+                # a copy out of the mapping (crc checked on it when verify)
+                view = self._reader.get(info.key, verify=self._verify)
+                np.copyto(tensor_to_numpy(t).reshape(-1).view(np.uint8), _bytes(view))
+                continue
+            keys.append(info.key)
+            bufs.append(tensor_to_numpy(t).reshape(-1).view(np.uint8))
+        if keys:
+            self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
+        return out
+
+    def _produce(self) -> None:
+        try:
+            # two batches fit in the window: one being handed out while the next is read
+            for batch in self._plan.batches(min(_BATCH, max(1, self._window // 2))):
+                size = sum(i.raw_bytes for i in batch)
+                with self._cond:
+                    while (
+                        not self._stop and self._inflight and self._inflight + size > self._window
+                    ):
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    self._inflight += size
+                tensors = self._read_batch(batch)
+                with self._cond:
+                    self._ready.append((batch, tensors))
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to the consumer, raised there
+            with self._cond:
+                self._ready.append(e)
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    # --- the consumer ------------------------------------------------------------------------
+    def __iter__(self) -> WeightsIterator:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        while not self._pending:
+            self._next_batch()
+        name, t, nbytes = self._pending.popleft()
+        if nbytes:
+            with self._cond:
+                self._inflight -= nbytes
+                self._cond.notify_all()
+        return name, t
+
+    def _next_batch(self) -> None:
+        with self._cond:
+            while not self._ready and not self._done and not self._stop:
+                self._cond.wait()
+            item = self._ready.popleft() if self._ready else None
+        if item is None:
+            self._finish()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        batch, tensors = item
+        for info, t in zip(batch, tensors, strict=True):
+            self.bytes_read += info.stored_bytes
+            self.raw_bytes += info.raw_bytes
+            if self.device.type != "cpu":
+                t = t.to(self.device, non_blocking=self._pin)
+            names = self._plan.names_of(info.key)
+            for j, n in enumerate(names):
+                # the window counts each value once, when its last name is handed out
+                self._pending.append((n, t, info.raw_bytes if j == len(names) - 1 else 0))
+
+    def _finish(self) -> None:
+        if not self.seconds:
+            self.seconds = time.perf_counter() - self._t0
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading ahead and release the checkpoint (values handed out stay valid)."""
+        cond = getattr(self, "_cond", None)
+        if cond is not None:
+            with cond:
+                self._stop = True
+                cond.notify_all()
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join()
+            self._ready.clear()
+            self._pending.clear()
+        if self._owned and getattr(self, "_reader", None) is not None:
+            self._reader.close()
+
+    def __enter__(self) -> WeightsIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to release
+            pass
+
+
+def _bytes(view: Any) -> np.ndarray:
+    """The bytes of a value as handed out by a reader (numpy array or torch tensor)."""
+    arr = tensor_to_numpy(view) if isinstance(view, torch.Tensor) else np.asarray(view)
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+def weights_iterator(
+    path: str | os.PathLike[str] | storage.Reader,
+    *,
+    names: Names = None,
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    io: str = "auto",
+    verify: bool = True,
+    window: int = DEFAULT_WINDOW,
+    storage_options: Mapping[str, Any] | None = None,
+) -> WeightsIterator:
+    """``(name, tensor)`` for every tensor of a checkpoint, in file order.
+
+    Args:
+        path: a shardpoint checkpoint prefix (or ``s3://``... URL), a single-file checkpoint,
+            a Hugging Face model directory, its index JSON or one ``.safetensors`` file, or a
+            reader already open.
+        names: only these names (a collection: a name absent from the checkpoint raises
+            ``KeyError``), or the names a predicate accepts. Default: every tensor.
+        device: where tensors are handed out; values are read into (pinned, for CUDA) host
+            memory and copied there.
+        threads: decoding threads (default: one per CPU).
+        io: ``"auto"``, ``"mmap"`` or ``"pread"``, as for ``sp.open``.
+        verify: check the crc32c of uncompressed values too (compressed ones always are).
+        window: bytes read ahead of the consumer at most.
+        storage_options: credentials/endpoint for object-store URLs.
+
+    Each tensor owns its memory and stays valid after the iterator is closed. Names tied to a
+    stored tensor by ``sptorch.save`` are handed out too, as the same tensor. A damaged value
+    raises ``ChecksumMismatchError`` naming its key and file when it is reached.
+    """
+    return WeightsIterator(
+        path,
+        names=names,
+        device=device,
+        threads=threads,
+        io=io,
+        verify=verify,
+        window=window,
+        storage_options=storage_options,
+    )
+
+
+#: The options an engine loader built on this iterator takes (vLLM's
+#: ``--model-loader-extra-config``, SGLang's ``model_loader_extra_config``), with their types.
+LOADER_OPTIONS: dict[str, str] = {
+    "threads": "a positive int: decoding threads (default: one per CPU)",
+    "io": "'auto', 'mmap' or 'pread', as for sp.open",
+    "window": "a positive int: bytes read ahead of the engine at most",
+    "verify": "true/false: check the crc32c of uncompressed values too (default true)",
+}
+
+
+def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """The :func:`weights_iterator` keywords of an engine's extra loader config; unknown keys
+    and bad values raise ``ValueError`` naming ``where`` and what is accepted."""
+    out: dict[str, Any] = {}
+    if not extra:
+        return out
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(extra).__name__}")
+    unknown = sorted(set(extra) - set(LOADER_OPTIONS))
+    if unknown:
+        allowed = "; ".join(f"{k}: {v}" for k, v in LOADER_OPTIONS.items())
+        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} ({allowed})")
+    for key, value in extra.items():
+        if key == "threads":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: threads must be a positive int, got {value!r}")
+        elif key == "io":
+            try:
+                check_io(value)
+            except InvalidArgumentError as e:
+                raise ValueError(f"{where}: {e}") from None
+        elif key == "window":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: window must be a positive int (bytes), got {value!r}")
+        elif key == "verify" and not isinstance(value, bool):
+            raise ValueError(f"{where}: verify must be true or false, got {value!r}")
+        out[key] = value
+    return out

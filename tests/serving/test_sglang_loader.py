@@ -1,0 +1,70 @@
+"""SGLang, for real, in its own environment (``make sglang-venv``; SGLang pins its own torch).
+Its engine needs CUDA kernels, so on CPU the class contract is what runs: SGLang's own
+``get_model_loader`` given our class as ``load_format`` (what ``sgl.Engine(load_format=...)``
+passes down) returns our loader, a subclass of SGLang's ``BaseModelLoader`` with the abstract
+methods implemented, whose options are checked and whose ``download_model`` finds the
+checkpoint of a serving directory (and refuses a directory without one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+CHILD = r"""
+import json, sys
+from sglang.srt.configs.load_config import LoadConfig
+from sglang.srt.model_loader import loader as sgl
+from shardpoint.sglang import ShardpointModelLoader as L
+
+got = sgl.get_model_loader(LoadConfig(load_format=L, model_loader_extra_config={"threads": 2}))
+out = {"type": type(got).__name__, "module": type(got).__module__,
+       "subclass": isinstance(got, sgl.BaseModelLoader),
+       "abstract": sorted(getattr(L, "__abstractmethods__", ())), "options": got.options}
+try:
+    sgl.get_model_loader(LoadConfig(load_format=L, model_loader_extra_config={"bogus": 1}))
+except ValueError as e:
+    out["refused"] = str(e)
+
+class MC:  # the one ModelConfig attribute the loader reads
+    model_path = sys.argv[1]
+got.download_model(MC())
+MC.model_path = sys.argv[2]
+try:
+    got.download_model(MC())
+except Exception as e:
+    out["empty"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_sglang_class_contract(tmp_path: pathlib.Path) -> None:
+    py = os.environ.get("SHARDPOINT_SGLANG_PYTHON") or str(
+        pathlib.Path(__file__).resolve().parents[2] / ".venv-sglang" / "bin" / "python"
+    )
+    if not os.path.exists(py):
+        if os.environ.get("SHARDPOINT_REQUIRE_OPTIONAL") == "1":
+            pytest.fail(f"the SGLang environment is missing ({py}): run `make sglang-venv`")
+        pytest.skip("no SGLang environment (make sglang-venv)")
+    import shardpoint as sp
+
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "serve" / "config.json").write_text("{}")
+    sp.save_file({"w": __import__("numpy").ones(3)}, str(tmp_path / "serve" / "model"))
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run(
+        [py, "-c", CHILD, str(tmp_path / "serve"), str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["type"] == "ShardpointModelLoader" and out["module"] == "shardpoint.sglang._loader"
+    assert out["subclass"] is True and out["abstract"] == []
+    assert out["options"] == {"threads": 2}
+    assert "'bogus'" in out["refused"]
+    assert "NotFoundError" in out["empty"] and "empty" in out["empty"]
