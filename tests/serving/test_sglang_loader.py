@@ -60,6 +60,8 @@ def test_sglang_class_contract(tmp_path: pathlib.Path) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        # shardpoint from this checkout (no entry point needed here): its python/ folder
+        env={**os.environ, "PYTHONPATH": str(pathlib.Path(sp.__file__).resolve().parents[1])},
     )
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
