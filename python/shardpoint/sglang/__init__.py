@@ -20,6 +20,12 @@ __all__ = ["ShardpointModelLoader"]
 
 def __getattr__(name: str) -> Any:
     if name == "ShardpointModelLoader":
+        try:
+            import sglang  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                f"shardpoint.sglang needs SGLang: pip install 'shardpoint[sglang]' ({e})"
+            ) from e
         from ._loader import ShardpointModelLoader
 
         globals()[name] = ShardpointModelLoader

@@ -30,6 +30,7 @@ SHARDED_LOAD_FORMAT = "shardpoint_sharded"
 def register() -> None:
     """Register both load formats with vLLM (the ``vllm.general_plugins`` entry point).
     Re-entrant: registering again when our classes are already there does nothing."""
+    _needs_vllm()
     from vllm.model_executor import model_loader
 
     from ._loader import ShardpointModelLoader, ShardpointShardedLoader
@@ -41,8 +42,18 @@ def register() -> None:
             model_loader.register_model_loader(name)(cls)
 
 
+def _needs_vllm() -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"shardpoint.vllm needs vLLM: pip install 'shardpoint[vllm]' ({e})"
+        ) from e
+
+
 def __getattr__(name: str) -> Any:
     if name in ("ShardpointModelLoader", "ShardpointShardedLoader"):
+        _needs_vllm()
         from . import _loader
 
         value = getattr(_loader, name)
