@@ -159,15 +159,32 @@ pub fn with_read_ahead<T>(spans: &[Span<'_>], work: impl FnOnce(&Progress) -> T)
     })
 }
 
-/// Run `f(i)` for every item `0..n` on every thread of the current rayon pool, items taken in
-/// order from a shared cursor; the first error stops the others and is returned.
+thread_local! {
+    /// The most workers a load started on this thread may use ([`with_max_workers`]).
+    static MAX_WORKERS: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Run `f` with the loads it starts on this thread using at most `n` workers of the process's
+/// pool (`None`: all of them): the `threads=` knob of the weights iterator. A limit, not a pool
+/// of its own: every parallel pass stays on the one fork-safe pool ([`crate::threads`]).
+pub fn with_max_workers<T>(n: Option<usize>, f: impl FnOnce() -> T) -> T {
+    let prev = MAX_WORKERS.with(|c| c.replace(n.unwrap_or(usize::MAX).max(1)));
+    let out = f();
+    MAX_WORKERS.with(|c| c.set(prev));
+    out
+}
+
+/// Run `f(i)` for every item `0..n` on every thread of the current rayon pool (at most the
+/// caller's [`with_max_workers`] limit), items taken in order from a shared cursor; the first
+/// error stops the others and is returned.
 pub fn for_each_ordered(n: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<()> {
     use rayon::prelude::*;
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    let limit = MAX_WORKERS.with(|c| c.get());
     crate::threads::install(|| {
-        let workers = rayon::current_num_threads().min(n).max(1);
+        let workers = rayon::current_num_threads().min(n).min(limit).max(1);
         (0..workers).into_par_iter().for_each(|_| loop {
             if stop.load(Ordering::Relaxed) {
                 return;
@@ -372,6 +389,20 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("item 5"));
         assert!(ran.load(Ordering::Relaxed) < 100_000);
+    }
+
+    #[test]
+    fn max_workers_limits_the_threads_of_a_load() {
+        let seen = Mutex::new(std::collections::HashSet::new());
+        with_max_workers(Some(1), || {
+            for_each_ordered(2000, |_| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                Ok(())
+            })
+        })
+        .unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert_eq!(MAX_WORKERS.with(|c| c.get()), usize::MAX); // restored
     }
 
     #[test]
