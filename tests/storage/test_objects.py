@@ -258,6 +258,41 @@ def test_omegaconf_configs(tmp_path: pathlib.Path) -> None:
     assert omegaconf.OmegaConf.to_container(back["cfg"]) == omegaconf.OmegaConf.to_container(cfg)
 
 
+def test_classes_are_stored_by_their_allow_listed_name(tmp_path: pathlib.Path) -> None:
+    """Lightning stores ``checkpoint["hparams_type"] = type(hparams)``: the OmegaConf config
+    class. A class is stored by the name the allow-list knows it under."""
+    omegaconf = pytest.importorskip("omegaconf")
+    classes = [omegaconf.DictConfig, omegaconf.ListConfig, dict, type(None), argparse.Namespace]
+    assert roundtrip(classes, tmp_path) == classes
+    assert roundtrip(omegaconf.DictConfig, tmp_path) is omegaconf.DictConfig
+    with pytest.raises(sp.UnsupportedDTypeError, match="class .*Opaque cannot be stored"):
+        sp.save_file({"v": Opaque}, tmp_path / "x")
+    assert not (tmp_path / "x.index").exists()
+    sp.register_type(Config)
+    assert roundtrip({"cls": Config}, tmp_path) == {"cls": Config}
+
+
+@pytest.mark.parametrize(
+    "name, error, words",
+    [
+        ("antigravity.Thing", sp.UnregisteredTypeError, "'antigravity.Thing' is not registered"),
+        ("os.system", sp.UnregisteredTypeError, "never imports"),
+        (f"{__name__}.Opaque", sp.UnregisteredTypeError, "is not registered"),
+        (7, sp.CorruptCheckpointError, "must be a class name"),
+    ],
+)
+def test_hostile_class_references_are_never_imported(
+    tmp_path: pathlib.Path, name: Any, error: type[Exception], words: str
+) -> None:
+    import json
+
+    p = _hostile(tmp_path, json.dumps({"v": 1, "value": {"type": name}}))
+    with pytest.raises(error, match=words) as e:
+        sp.load_file(p)
+    assert "'o'" in str(e.value)
+    assert "antigravity" not in sys.modules
+
+
 def test_sptorch_save_of_a_lightning_style_checkpoint(tmp_path: pathlib.Path) -> None:
     torch = pytest.importorskip("torch")
     import shardpoint.torch as sptorch

@@ -22,7 +22,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from .dtypes import format_name, numpy_dtype
-from .object_types import _HANDLER_OF_TYPE, _HANDLERS, _Handler, _Members
+from .object_types import _CLASS_OF_TAG, _HANDLER_OF_TYPE, _HANDLERS, _Handler, _Members
 
 # --------------------------------------------------------------------------------------------
 # Built-in tags
@@ -34,6 +34,8 @@ def _builtin(tag: str, classes: tuple[type, ...], encode: Any, decode: Any) -> _
     _HANDLERS[tag] = h
     for cls in classes:
         _HANDLER_OF_TYPE[cls] = h
+    if classes:
+        _CLASS_OF_TAG[tag] = classes[0]
     return h
 
 

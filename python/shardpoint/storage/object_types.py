@@ -69,6 +69,11 @@ _USER_BY_NAME: dict[str, _UserType] = {}
 _USER_BY_CLASS: dict[type, _UserType] = {}
 _HANDLERS: dict[str, _Handler] = {}  # tag -> handler
 _HANDLER_OF_TYPE: dict[type, _Handler] = {}  # exact type -> handler
+_CLASS_OF_TAG: dict[str, type] = {}  # tag -> the class a ``type`` node of that name stands for
+#: Classes a ``type`` node names directly (value types without a tag of their own).
+_PLAIN_CLASSES: dict[str, type] = {
+    c.__name__: c for c in (dict, list, str, int, float, bool, type(None))
+}
 # Tags and types whose handlers live in another of shardpoint's modules, imported on first
 # need: (module, top-level package of the types, tags).
 _DECLARED: list[tuple[str, str, tuple[str, ...]]] = []
@@ -184,10 +189,13 @@ def register_tag(
     ``decode(payload, child)`` builds the value, ``child(nested_node, path_suffix)``
     decoding nested nodes; raise ``ValueError``/``TypeError`` on a malformed payload."""
     h = _Handler(tag, encode, decode)
+    classes = tuple(classes)
     with _LOCK:
         _HANDLERS[tag] = h
         for cls in classes:
             _HANDLER_OF_TYPE[cls] = h
+        if classes:
+            _CLASS_OF_TAG[tag] = classes[0]
 
 
 def declare_tags(module: str, package: str, tags: Iterable[str]) -> None:

@@ -41,9 +41,11 @@ from ..errors import (
 )
 from .object_builtins import _BASE_VALUE, _LIST, _MAPPING
 from .object_types import (
+    _CLASS_OF_TAG,
     _DECLARED,
     _HANDLER_OF_TYPE,
     _HANDLERS,
+    _PLAIN_CLASSES,
     _USER_BY_CLASS,
     _USER_BY_NAME,
     _default_name,
@@ -154,6 +156,8 @@ class _Encoder:
             return self.container(value, path, depth, lambda: self.items(value, path, depth))
         if t is dict:
             return self.container(value, path, depth, lambda: self.mapping(value, path, depth))
+        if isinstance(value, type):
+            return {"type": self.class_name(value, path)}
         handler = _HANDLER_OF_TYPE.get(t)
         if handler is None and t not in _USER_BY_CLASS:
             handler = self.fallback_handler(value, t, path)
@@ -202,6 +206,30 @@ class _Encoder:
         return self.fail(
             path,
             f"value of type {t.__module__}.{t.__qualname__} cannot be stored; {hint}",
+            UnsupportedDTypeError,
+        )
+
+    def class_name(self, cls: type, path: str) -> str:
+        """The name a class is stored under as a value (Lightning's ``hparams_type`` is the
+        OmegaConf config class): a name the allow-list already knows it by, never a path
+        that a reader would import."""
+        for name, plain in _PLAIN_CLASSES.items():
+            if plain is cls:
+                return name
+        entry = _USER_BY_CLASS.get(cls)
+        if entry is not None:
+            return entry.name
+        if cls not in _HANDLER_OF_TYPE:
+            _import_declared(package=cls.__module__.split(".")[0])
+        handler = _HANDLER_OF_TYPE.get(cls)
+        if handler is not None and _CLASS_OF_TAG.get(handler.tag) is cls:
+            return handler.tag
+        return self.fail(
+            path,
+            f"the class {cls.__module__}.{cls.__qualname__} cannot be stored as a value: only "
+            "built-in value types, the classes shardpoint has a tag for (tuple, "
+            "argparse.Namespace, omegaconf.DictConfig...) and registered types can; "
+            + _REGISTER_HINT.format(cls=cls.__qualname__),
             UnsupportedDTypeError,
         )
 
@@ -343,6 +371,8 @@ class _Decoder:
 
         if tag in _USER_TAGS:
             return self.user(tag, payload, path, child)
+        if tag == "type":
+            return self.class_ref(payload, path)
         handler = _HANDLERS.get(tag)
         if handler is None and _import_declared(tag=tag):
             handler = _HANDLERS.get(tag)
@@ -395,6 +425,25 @@ class _Decoder:
             raise
         except Exception as e:  # the user's own code (decode, __init__, __post_init__)
             return self.corrupt(path, f"could not be rebuilt as {name!r}: {e!r}")
+
+    def class_ref(self, name: Any, path: str) -> type:
+        """The class a ``type`` node names: looked up in the allow-list, never imported."""
+        if not isinstance(name, str):
+            return self.corrupt(path, "of tag 'type' must be a class name")
+        cls = _PLAIN_CLASSES.get(name)
+        entry = _USER_BY_NAME.get(name)
+        if cls is None and entry is not None:
+            cls = entry.cls
+        if cls is None and name not in _CLASS_OF_TAG:
+            _import_declared(tag=name)
+        cls = cls or _CLASS_OF_TAG.get(name)
+        if cls is None:
+            raise UnregisteredTypeError(
+                f"{_path_text(self.where, path)}: class {name[:200]!r} is not registered, so "
+                "it is not looked up (shardpoint never imports a name a file gives); call "
+                "shardpoint.register_type(<that class>) before loading"
+            )
+        return cls
 
     def fields(self, members: _Members, path: str, child: Callable[[Any, str], Any]) -> dict:
         out: dict[str, Any] = {}

@@ -76,8 +76,9 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
-    if isinstance(value, (np.generic, enum.Enum)):
-        # numpy scalars come back as numpy scalars of their dtype, enum members as members
+    if isinstance(value, (np.generic, enum.Enum, type)):
+        # numpy scalars come back as numpy scalars of their dtype, enum members as members,
+        # classes as the allow-listed class they name (objects.py)
         kind, raw = "object", encode_object(key, value)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         kind, raw = "bytes", bytes(value)
