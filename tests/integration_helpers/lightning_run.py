@@ -32,33 +32,41 @@ def _lightning() -> Any:
     return pl
 
 
+pl = _lightning()
+from shardpoint.integrations.lightning import ShardpointLoadable  # noqa: E402
+
+
+class PlainNet(pl.LightningModule):
+    """The run's module, a plain ``LightningModule`` (module level: spawn strategies pickle
+    it by name)."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.losses: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.losses.append(loss.item())
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Net(ShardpointLoadable, PlainNet):
+    """The same module with the ``ShardpointLoadable`` mixin."""
+
+
 def make_module(hidden: int = 16, lr: float = 0.05) -> Any:
-    pl = _lightning()
-    from shardpoint.integrations.lightning import ShardpointLoadable
-
-    class Net(ShardpointLoadable, pl.LightningModule):
-        def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
-            super().__init__()
-            self.save_hyperparameters()
-            self.net = nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 1))
-            self.losses: list[float] = []
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net(x)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            loss = F.mse_loss(self(x), y)
-            self.losses.append(loss.item())
-            self.log("train_loss", loss, on_step=False, on_epoch=True)
-            return loss
-
-        def configure_optimizers(self) -> Any:
-            opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
-            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    globals()["Net"] = Net  # load_from_checkpoint in tests needs the class
     torch.manual_seed(0)
     return Net(hidden=hidden, lr=lr)
 
@@ -88,10 +96,16 @@ def plugins(io: str) -> list[Any]:
 
 
 def train(
-    io: str, root: str, epochs: int, resume: str | None = None, save_top_k: int = -1
+    io: str,
+    root: str,
+    epochs: int,
+    resume: str | None = None,
+    save_top_k: int = -1,
+    strategy: str = "auto",
+    devices: int = 1,
 ) -> dict[str, Any]:
-    """Fit to ``epochs`` epochs (resuming from ``resume``); losses and final digest."""
-    pl = _lightning()
+    """Fit to ``epochs`` epochs (resuming from ``resume``); losses and final digest, and
+    the rank of this process (``strategy="ddp"`` runs this function in every process)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     model = make_module()
@@ -106,7 +120,8 @@ def train(
     trainer = pl.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
-        devices=1,
+        devices=devices,
+        strategy=strategy,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -122,6 +137,7 @@ def train(
         "losses": hexes(model.losses),
         "digest": digest(model.state_dict()),
         "global_step": trainer.global_step,
+        "rank": trainer.global_rank,
     }
 
 

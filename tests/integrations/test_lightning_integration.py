@@ -1,6 +1,7 @@
 """Lightning through ShardpointCheckpointIO: exact resume (in a new process, against the
 uninterrupted run and Lightning's own checkpointing), async paths, ModelCheckpoint rotation,
-load_from_checkpoint, a save killed mid-way, damaged checkpoints. Real Lightning, CPU."""
+load_from_checkpoint, a save killed mid-way, damaged checkpoints. Real Lightning, CPU.
+(test_lightning_dropin.py: every reading API with the one line alone, URLs, native files.)"""
 
 from __future__ import annotations
 
@@ -17,13 +18,11 @@ import shardpoint as sp  # noqa: E402
 from integration_helpers import lightning_run  # noqa: E402
 from integration_helpers.common import (  # noqa: E402
     assert_same_tree,
-    damage_value,
     pickles_under,
     run_child,
     run_child_killed,
 )
 from shardpoint.integrations.lightning import (  # noqa: E402
-    ShardpointCheckpointIO,
     load_checkpoint,
     load_from_checkpoint,
 )
@@ -80,8 +79,9 @@ def test_checkpoint_holds_what_lightning_saves(runs: dict[str, Any]) -> None:
         "epoch",
         "global_step",
     } <= set(ours)
-    # one committed shardpoint checkpoint per directory, compressed
-    assert sp.open(str(base / "shardpoint" / EPOCH0 / "state")).metadata == {
+    # one file at the path Lightning chose: a single-file shardpoint checkpoint
+    assert (base / "shardpoint" / EPOCH0).is_file()
+    assert sp.open(str(base / "shardpoint" / EPOCH0)).metadata == {
         "shardpoint.integration": "lightning"
     }
 
@@ -90,7 +90,7 @@ def test_load_from_checkpoint(runs: dict[str, Any]) -> None:
     path = runs["base"] / "shardpoint" / EPOCH0
     native = torch.load(runs["base"] / "native" / EPOCH0, weights_only=False)
     net_cls = lightning_run.Net  # type: ignore[attr-defined]
-    model = net_cls.load_from_checkpoint(path)  # the mixin: our directory
+    model = net_cls.load_from_checkpoint(path)  # the mixin: our file
     assert_same_tree(dict(model.state_dict()), dict(native["state_dict"]))
     assert model.hparams.hidden == 16
     wider = load_from_checkpoint(net_cls, path, strict=False, lr=0.5)  # kwargs override
@@ -117,8 +117,9 @@ def test_save_top_k_rotation_deletes_through_the_plugin(tmp_path: Path) -> None:
     lightning_run.train("shardpoint", str(tmp_path), epochs=3, save_top_k=1)
     names = sorted(os.listdir(tmp_path / "ckpts"))
     assert len(names) == 2 and "last.ckpt" in names, names
-    for name in names:  # what is left are committed checkpoints (directories), nothing else
-        assert sp.exists(str(tmp_path / "ckpts" / name / "state"))
+    for name in names:  # what is left are committed checkpoints (files), nothing else
+        assert (tmp_path / "ckpts" / name).is_file()
+        assert sp.exists(str(tmp_path / "ckpts" / name))
 
 
 def test_killed_save_leaves_last_resumable(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -127,27 +128,25 @@ def test_killed_save_leaves_last_resumable(runs: dict[str, Any], tmp_path: Path)
     assert proc.returncode == -9 and "SELFKILL mid-save" in proc.stdout, proc.stderr[-2000:]
     last = tmp_path / "ckpts" / "last.ckpt"
     assert load_checkpoint(last)["global_step"] == 4  # the previous commit, intact
-    assert len(list(last.glob("state.data-*"))) == 2  # the killed save's partial data file
+    assert len(list(last.parent.glob("last.ckpt.tmp-*"))) == 1  # the killed save's temp file
     (resumed,) = run_child("lightning_run", "shardpoint", str(tmp_path), "2", "last")
     assert resumed["losses"] == runs["shardpoint"]["losses"][4:]
     assert resumed["digest"] == runs["shardpoint"]["digest"]
+    assert list(last.parent.glob("last.ckpt.tmp-*")) == []  # removed by the next save
 
 
 def test_damaged_checkpoint_fails_clearly_through_fit(runs: dict[str, Any], tmp_path: Path) -> None:
     import shutil
 
-    src = runs["base"] / "shardpoint" / EPOCH0
     bad = tmp_path / "bad.ckpt"
-    shutil.copytree(src, bad)
-    damage_value(str(bad / "state"), "state_dict/net.0.weight")
+    shutil.copy(runs["base"] / "shardpoint" / EPOCH0, bad)
+    with sp.open(str(bad)) as r:
+        info = r.info("state_dict/net.0.weight")
+    raw = bytearray(bad.read_bytes())
+    raw[4096 + info.offset + info.stored_bytes // 2] ^= 0xFF  # its shard starts at 4096 (§10)
+    bad.write_bytes(bytes(raw))
     with pytest.raises(sp.CorruptCheckpointError, match="net.0.weight"):
         lightning_run.train("shardpoint", str(tmp_path / "run"), epochs=2, resume=str(bad))
-    (bad / "state.index").unlink()
-    with pytest.raises(sp.NotFoundError, match="state.index is missing"):
+    bad.write_bytes(bytes(raw[: len(raw) // 2]))  # a torn copy
+    with pytest.raises(sp.CorruptCheckpointError, match="bad.ckpt"):
         lightning_run.train("shardpoint", str(tmp_path / "run"), epochs=2, resume=str(bad))
-
-
-def test_native_file_is_refused_with_a_clear_error(runs: dict[str, Any]) -> None:
-    io = ShardpointCheckpointIO()
-    with pytest.raises(sp.InvalidArgumentError, match="TorchCheckpointIO"):
-        io.load_checkpoint(runs["base"] / "native" / EPOCH0)

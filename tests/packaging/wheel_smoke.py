@@ -39,6 +39,8 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.keras": "keras",
     "shardpoint.integrations": "torch",
     "shardpoint.integrations.lightning": "lightning",
+    "shardpoint.integrations._lightning_io": "lightning",
+    "shardpoint.integrations._lightning_reader": "lightning",
     "shardpoint.integrations.hf_trainer": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",

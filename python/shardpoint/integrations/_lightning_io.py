@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-from argparse import Namespace
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -19,8 +18,9 @@ except ImportError:  # the standalone pytorch_lightning distribution
     from pytorch_lightning import LightningModule
     from pytorch_lightning.strategies import Strategy
 
-from ._state import PendingSaves, module_targets, part_prefix, save_tree
-from .lightning import _NAME, _PART, load_checkpoint
+from . import _lightning_files as lf
+from ._lightning_reader import install as install_reader
+from ._state import PendingSaves, module_targets
 
 __all__ = ["ShardpointCheckpointIO"]
 
@@ -29,17 +29,27 @@ class ShardpointCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` that saves through shardpoint:
     ``Trainer(plugins=[ShardpointCheckpointIO()])``.
 
-    Each checkpoint path Lightning chooses becomes a directory holding one shardpoint
-    checkpoint (``state.index`` + ``state.data-*``), committed by the index's atomic rename.
+    Each checkpoint is one file at the path Lightning chooses (the single-file form,
+    FORMAT.md §10), renamed into place when complete; an object-store URL (``s3://``...) is a
+    checkpoint prefix written by the core, other fsspec URLs (``memory://``...) get the file's
+    bytes through fsspec. Lightning's own ``.ckpt`` files still load (``torch.load`` with
+    ``weights_only=True``), so a run resumes from them and saves shardpoint from then on.
+    Constructing the plugin also lets Lightning's loader read shardpoint files
+    (``LightningModule.load_from_checkpoint``, ``Fabric.load``; see ``_lightning_reader``).
 
     Args:
         blocking: ``False`` returns from ``save_checkpoint`` once the state is snapshotted
             (tensors copied into reused host buffers, in parallel); compression, write and
             commit run in the background, and ``load_checkpoint``/``remove_checkpoint`` of that
-            path and ``teardown`` wait for them (re-raising a failed save's error).
+            path and ``teardown`` wait for them (re-raising a failed save's error). Saves to
+            fsspec URLs are always blocking.
         compression, level, durable: as :func:`shardpoint.torch.save`.
+        storage_options: credentials/endpoint of an object store (docs/OBJECT_STORE.md), or
+            fsspec's options for other URLs; ``trainer.save_checkpoint(path,
+            storage_options=...)`` overrides them for one save.
 
-    Also works wrapped in Lightning's ``AsyncCheckpointIO(ShardpointCheckpointIO())``.
+    Pickles (spawn strategies send it to their processes): in-flight saves stay with the
+    process that started them. Also works wrapped in ``AsyncCheckpointIO(...)``.
     """
 
     def __init__(
@@ -49,56 +59,70 @@ class ShardpointCheckpointIO(CheckpointIO):
         compression: str | None = "zstd",
         level: int | None = None,
         durable: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.blocking = blocking
         self.compression = compression
         self.level = level
         self.durable = durable
+        self.storage_options = dict(storage_options) if storage_options is not None else None
         self._pending = PendingSaves()
+        install_reader()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_pending"]  # a lock and this process's futures
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pending = PendingSaves()
+        install_reader()
+
+    def _options(self, storage_options: Any) -> Mapping[str, Any] | None:
+        if storage_options is None:
+            return self.storage_options
+        if not isinstance(storage_options, Mapping):
+            raise TypeError(
+                "ShardpointCheckpointIO: storage_options must be a mapping (an object store's "
+                "credentials/endpoint, or fsspec's options), got "
+                f"{type(storage_options).__name__}"
+            )
+        return storage_options
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Save Lightning's checkpoint dict as directory ``path``."""
-        if storage_options is not None:
-            raise TypeError(
-                "ShardpointCheckpointIO.save_checkpoint takes no storage_options; pass "
-                "compression/level/durable to ShardpointCheckpointIO(...)"
-            )
-        directory = os.fspath(path)
-        if os.path.isfile(directory):  # a native .ckpt file of the same name: replace it
-            os.remove(directory)
-        self._pending.wait(directory)  # two saves to one path commit in call order
-        hparams = checkpoint.get("hyper_parameters")
-        if isinstance(hparams, Namespace):
-            # stored as its dict: Lightning turns it back into a Namespace on load, from the
-            # "hparams_type" entry it saves beside it
-            checkpoint = {**checkpoint, "hyper_parameters": dict(vars(hparams))}
-        fut = save_tree(
+        """Save Lightning's checkpoint dict as one file at ``path``."""
+        key = os.fspath(path)
+        self._pending.wait(key)  # two saves to one path commit in call order
+        fut = lf.save(
             checkpoint,
-            part_prefix(directory, _PART),
-            integration=_NAME,
+            path,
             blocking=self.blocking,
             compression=self.compression,
             level=self.level,
             durable=self.durable,
+            storage_options=self._options(storage_options),
         )
         if fut is not None:
-            self._pending.add(directory, fut)
+            self._pending.add(key, fut)
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """The checkpoint dict saved at ``path``. ``weights_only`` (torch.load's unpickling
-        restriction) has nothing to restrict: nothing is unpickled."""
+        """The checkpoint dict at ``path``: a shardpoint checkpoint, or Lightning's own file
+        read with ``torch.load(weights_only=True)`` whatever ``weights_only`` says (nothing a
+        file could use to run code is unpickled). A missing path raises
+        ``FileNotFoundError("Checkpoint file not found: ...")`` as Lightning words it."""
         self._pending.wait(os.fspath(path))
         module = self._restoring_module(sys._getframe(1))
         into = None
         if module is not None:
             targets = module_targets(module)
             into = {"state_dict": targets} if targets is not None else None
-        return load_checkpoint(path, map_location, into=into)
+        return lf.load(path, map_location, into=into, storage_options=self.storage_options)
 
     def _restoring_module(self, frame: FrameType | None) -> Any:
         """The ``LightningModule`` whose weights the checkpoint being loaded restores, when
@@ -132,13 +156,9 @@ class ShardpointCheckpointIO(CheckpointIO):
         return None
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Delete checkpoint directory ``path`` (``ModelCheckpoint``'s ``save_top_k`` rotation)."""
-        directory = os.fspath(path)
-        self._pending.wait(directory)
-        if os.path.isdir(directory) and not os.path.islink(directory):
-            shutil.rmtree(directory)
-        elif os.path.lexists(directory):
-            os.remove(directory)
+        """Delete the checkpoint at ``path`` (``ModelCheckpoint``'s ``save_top_k`` rotation)."""
+        self._pending.wait(os.fspath(path))
+        lf.remove(path, self.storage_options)
 
     def teardown(self) -> None:
         """Wait for every background save (Lightning calls this at the end of fit)."""

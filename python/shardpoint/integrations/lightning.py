@@ -1,27 +1,24 @@
 """PyTorch Lightning: ``Trainer(plugins=[ShardpointCheckpointIO()])``.
 
-Every checkpoint Lightning writes (``ModelCheckpoint``, ``trainer.save_checkpoint``) becomes a
-directory named as Lightning names the file (``epoch=0-step=10.ckpt/``) holding one shardpoint
-checkpoint ``state.index`` + ``state.data-*``: the whole dict Lightning builds (``state_dict``,
-``optimizer_states``, ``lr_schedulers``, ``loops``, ``callbacks``, ``hyper_parameters``...)
-compressed, checksummed and never pickled. ``ckpt_path=`` a directory or ``"last"`` resumes
-through :meth:`ShardpointCheckpointIO.load_checkpoint`; ``ModelCheckpoint(save_top_k=...)``
-deletes through :meth:`ShardpointCheckpointIO.remove_checkpoint`.
+Every checkpoint Lightning writes (``ModelCheckpoint``, ``trainer.save_checkpoint``) becomes
+one file at the path Lightning chose (``epoch=0-step=10.ckpt``): the single-file form
+(FORMAT.md §10) of the whole dict Lightning builds (``state_dict``, ``optimizer_states``,
+``lr_schedulers``, ``loops``, ``callbacks``, ``hyper_parameters``...), compressed, checksummed
+and never pickled. Object-store URLs (``s3://``...) are written by the core; other fsspec URLs
+(``memory://``...) through fsspec.
 
-``LightningModule.load_from_checkpoint`` reads with ``torch.load`` and cannot be redirected to
-a plugin: use :func:`load_from_checkpoint` (``load_from_checkpoint(MyModel, path)``) or mix
-:class:`ShardpointLoadable` into the module (``MyModel.load_from_checkpoint(path)`` then reads
-both our directories and Lightning's files). Importing this module does not import Lightning.
+Constructing the plugin puts a content-sniffing reader in front of Lightning's checkpoint
+loader, so ``LightningModule.load_from_checkpoint``, ``LightningDataModule.load_from_checkpoint``
+and ``Fabric.load`` read shardpoint files too, and every other file as before
+(``_lightning_reader``; a script that only loads calls :func:`install_reader`). Lightning's own
+``.ckpt`` files load through the plugin with ``torch.load(weights_only=True)``.
+Importing this module does not import Lightning.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from ..errors import InvalidArgumentError, NotFoundError
-from ._state import load_tree, part_prefix
 
 if TYPE_CHECKING:
     from ._lightning_io import ShardpointCheckpointIO
@@ -45,12 +42,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ShardpointCheckpointIO",
     "ShardpointLoadable",
+    "install_reader",
     "load_checkpoint",
     "load_from_checkpoint",
 ]
-
-_PART = "state"
-_NAME = "lightning"
 
 
 def _lightning() -> Any:
@@ -67,36 +62,28 @@ def _lightning() -> Any:
     return pl
 
 
-def _device(map_location: Any) -> Any:
-    """Where tensors go: a device name or ``torch.device``; CPU for ``None`` and for callables
-    or dicts (torch.load's remapping hooks, which need pickled storages to act on)."""
-    import torch
+def install_reader() -> bool:
+    """Let Lightning's checkpoint loader read shardpoint files (what constructing
+    :class:`ShardpointCheckpointIO` does), for scripts that only load:
+    ``MyModel.load_from_checkpoint(path)``, ``Fabric.load``. Returns whether it is installed
+    (``False``, with a warning, for Lightning releases it was not tested with)."""
+    _lightning()
+    from ._lightning_reader import install
 
-    if isinstance(map_location, str | torch.device):
-        return map_location
-    return "cpu"
+    return install()
 
 
 def load_checkpoint(
     path: str | os.PathLike[str], map_location: Any = None, *, into: Any = None
 ) -> dict[str, Any]:
-    """The checkpoint dict Lightning saved at ``path`` (a directory written by
-    :class:`ShardpointCheckpointIO`), as ``torch.load`` of a native ``.ckpt`` returns it.
+    """The checkpoint dict at ``path``, as ``torch.load`` of a native ``.ckpt`` returns it:
+    a file (or directory, from earlier versions) written by :class:`ShardpointCheckpointIO`,
+    or Lightning's own file read with ``torch.load(weights_only=True)``.
     ``into``: live tensors nested as the checkpoint (``{"state_dict": module.state_dict()}``)
     that receive their stored values in place and stand in the result for them."""
-    p = Path(path)
-    if p.is_file():
-        raise InvalidArgumentError(
-            f"lightning: {str(p)!r} is a file, not a shardpoint checkpoint directory (it was "
-            "written by Lightning's own TorchCheckpointIO; load it with torch.load or drop "
-            "ShardpointCheckpointIO for it)"
-        )
-    if not p.exists():
-        raise NotFoundError(f"lightning: no checkpoint at {str(p)!r}")
-    tree = load_tree(
-        part_prefix(p, _PART), integration=_NAME, device=_device(map_location), into=into
-    )
-    return dict(tree)
+    from . import _lightning_files
+
+    return _lightning_files.load(path, map_location, into=into)
 
 
 def load_from_checkpoint(
@@ -106,10 +93,10 @@ def load_from_checkpoint(
     strict: bool | None = None,
     **kwargs: Any,
 ) -> Any:
-    """``cls.load_from_checkpoint(checkpoint_path, ...)`` for a checkpoint directory written by
-    :class:`ShardpointCheckpointIO`: builds the module (or datamodule) from the saved
-    ``hyper_parameters`` (``kwargs`` override them), calls its ``on_load_checkpoint`` and loads
-    the ``state_dict`` (``strict`` as Lightning's)."""
+    """``cls.load_from_checkpoint(checkpoint_path, ...)`` without Lightning's loader: builds
+    the module (or datamodule) from the saved ``hyper_parameters`` (``kwargs`` override them)
+    with Lightning's own instantiation rules, calls its ``on_load_checkpoint`` and loads the
+    ``state_dict`` (``strict`` as Lightning's)."""
     pl = _lightning()
     from lightning.pytorch.core import saving  # the instantiation rules Lightning itself uses
 
@@ -124,8 +111,10 @@ def load_from_checkpoint(
 
 
 class ShardpointLoadable:
-    """Mixin for a ``LightningModule``: ``MyModel.load_from_checkpoint(path)`` reads a
-    directory written by :class:`ShardpointCheckpointIO`, and anything else as Lightning does.
+    """Mixin for a ``LightningModule``: ``MyModel.load_from_checkpoint(path)`` reads
+    shardpoint checkpoints even where no plugin was constructed in the process, and anything
+    else as Lightning does. (With the reader installed, Lightning's own classmethod already
+    does; the mixin installs it.)
 
     ``class MyModel(ShardpointLoadable, L.LightningModule): ...``
     """
@@ -139,14 +128,15 @@ class ShardpointLoadable:
         strict: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        if isinstance(checkpoint_path, str | os.PathLike) and os.path.isdir(checkpoint_path):
+        parent: Any = super()
+        if not install_reader() and _is_ours(checkpoint_path):
             if hparams_file is not None:
-                raise InvalidArgumentError(
-                    "hparams_file is not supported for shardpoint checkpoints: pass the "
-                    "hyper-parameters to override as keyword arguments"
+                raise TypeError(
+                    "hparams_file is not supported for shardpoint checkpoints on this "
+                    "Lightning release: pass the hyper-parameters to override as keyword "
+                    "arguments"
                 )
             return load_from_checkpoint(cls, checkpoint_path, map_location, strict, **kwargs)
-        parent: Any = super()
         return parent.load_from_checkpoint(
             checkpoint_path,
             map_location=map_location,
@@ -154,3 +144,9 @@ class ShardpointLoadable:
             strict=strict,
             **kwargs,
         )
+
+
+def _is_ours(path: Any) -> bool:
+    from . import _lightning_files
+
+    return _lightning_files.is_checkpoint(path)
