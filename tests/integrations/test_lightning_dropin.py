@@ -323,6 +323,8 @@ def test_s3_url_goes_through_the_core(moto: Any, tmp_path: Path, monkeypatch: An
     assert resumed.global_step == 8 and len(fresh.losses) == 4
     resumed.strategy.remove_checkpoint(url)
     assert moto.keys(bucket) == []
+    with pytest.raises(FileNotFoundError, match=re.escape(f"Checkpoint file not found: {url}")):
+        load_checkpoint(url)
 
 
 def test_missing_checkpoint_is_worded_as_lightning_words_it(tmp_path: Path) -> None:

@@ -111,11 +111,11 @@ def is_checkpoint(path_or_file: Any, storage_options: Mapping[str, Any] | None =
             return files.exists(_text(path_or_file), storage_options=storage_options)
         except Exception:  # no credentials, no network: not ours to answer; Lightning's is
             return False
-    fs, p = _fs(_text(path_or_file), storage_options)
     try:
+        fs, p = _fs(_text(path_or_file), storage_options)
         with fs.open(p, "rb") as f:
             return bool(f.read(len(_MAGIC)) == _MAGIC)
-    except (OSError, ValueError):
+    except Exception:  # missing, unreadable, an HTTP error...: not ours; Lightning's to answer
         return False
 
 
@@ -216,12 +216,17 @@ def load(
                 return ours(p)
         return load_native(path, map_location, path)
     kind = where(path)
-    if kind == _STORE:
-        if not files.exists(_text(path), storage_options=storage_options):
-            raise not_found(path)
+    if kind == _STORE and files.exists(_text(path), storage_options=storage_options):
         return ours(_text(path))
-    if kind == _FSSPEC:
-        fs, p = _fs(_text(path), storage_options)
+    if kind in (_STORE, _FSSPEC):
+        # an object named exactly `path` on a store (Lightning's own file, written through
+        # fsspec) is read through fsspec too, with fsspec's credentials (the environment)
+        try:
+            fs, p = _fs(_text(path), storage_options if kind == _FSSPEC else None)
+        except InvalidArgumentError:
+            if kind == _STORE:  # no fsspec file system for it: nothing else can be there
+                raise not_found(path) from None
+            raise
         if not fs.exists(p):
             raise not_found(path)
         with fs.open(p, "rb") as f:
