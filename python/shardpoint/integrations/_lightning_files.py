@@ -29,7 +29,7 @@ from .. import storage as files
 from ..errors import InvalidArgumentError, UnsupportedDTypeError
 from ._state import WRITER_KEY, part_prefix
 
-__all__ = ["NAME", "exists", "is_checkpoint", "load", "remove", "save", "where"]
+__all__ = ["NAME", "is_checkpoint", "load", "load_native", "not_found", "remove", "save", "where"]
 
 NAME = "lightning"
 #: the part holding the whole dict in the directory form of earlier versions (``path/state``)
@@ -117,17 +117,6 @@ def is_checkpoint(path_or_file: Any, storage_options: Mapping[str, Any] | None =
             return bool(f.read(len(_MAGIC)) == _MAGIC)
     except Exception:  # missing, unreadable, an HTTP error...: not ours; Lightning's to answer
         return False
-
-
-def exists(path: Any, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether anything (ours or Lightning's file) is at ``path``."""
-    kind = where(path)
-    if kind == _LOCAL:
-        return os.path.exists(_local(path))
-    if kind == _STORE:
-        return files.exists(_text(path), storage_options=storage_options)
-    fs, p = _fs(_text(path), storage_options)
-    return bool(fs.exists(p))
 
 
 def save(
