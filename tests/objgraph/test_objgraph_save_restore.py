@@ -440,3 +440,15 @@ def test_err06_sets_are_ignored_not_errors(tmp_path):
     assert v in m.s
     path = Checkpoint(m=m).write(tmp_path / "s")
     assert [k for k in keys_of(path) if not k.startswith("_")] == ["m/v/.ATTRIBUTES/VARIABLE_VALUE"]
+
+
+def test_packed_float4_variable_restores(tmp_path):
+    """Issue 33 (found by shardpoint.testing's CheckpointManagerMachine): a Variable of packed
+    float4 saved as float4_e2m1fn_x2 but declared uint8 on restore (DTypeMismatchError)."""
+    from shardpoint.dtypes import PACKED_FP4
+
+    codes = np.arange(256, dtype=np.uint8).view(PACKED_FP4)
+    Checkpoint(v=Variable(codes)).write(str(tmp_path / "ck"))
+    fresh = Checkpoint(v=Variable(np.zeros(256, np.uint8).view(PACKED_FP4)))
+    fresh.read(str(tmp_path / "ck")).assert_consumed()
+    assert fresh.v.numpy().tobytes() == codes.tobytes()

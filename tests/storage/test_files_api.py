@@ -264,12 +264,13 @@ def test_special_values(tmp_path) -> None:
     got = sp.load_file(p)
     assert math.isnan(got["nan"]) and got["inf"] == math.inf
     assert math.copysign(1, got["-0.0"]) == -1
-    assert got["tuple"] == [1, [2, 3]]
+    assert got["tuple"] == (1, (2, 3)) and type(got["tuple"][1]) is tuple  # FORMAT.md §6.1
     for k in ("0-d", "empty"):
         assert_array_same(got[k], np.asarray(vals[k]), k)
     for k in ("np-scalar-f32", "np-scalar-bool"):  # numpy scalars stay scalars (FORMAT.md §6.1)
         assert type(got[k]) is type(vals[k]) and got[k] == vals[k], k
-    assert got["bytearray"] == b"xy" and got["memoryview"] == b"mv"
+    assert got["bytearray"] == bytearray(b"xy") and type(got["bytearray"]) is bytearray
+    assert got["memoryview"] == b"mv"  # a view of bytes is stored as the bytes
 
 
 def test_huge_int_round_trips(tmp_path) -> None:

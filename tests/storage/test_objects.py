@@ -215,8 +215,10 @@ def test_cycles_and_depth_fail_at_save(tmp_path: pathlib.Path) -> None:
 def test_plain_json_values_are_unchanged(tmp_path: pathlib.Path) -> None:
     sp.save_file({"j": {"a": [1, 2.5, None, True]}, "t": (1, 2)}, tmp_path / "ck")
     with sp.open(tmp_path / "ck") as r:
-        assert r.info("j").kind == "json" and r.info("t").kind == "json"
-        assert r["t"] == [1, 2]  # JSON entries keep their documented behaviour
+        assert r.info("j").kind == "json" and r["j"] == {"a": [1, 2.5, None, True]}
+        # a tuple makes an object entry, so it reads back as a tuple (issue 33: it used to be
+        # a JSON entry read back as a list)
+        assert r.info("t").kind == "object" and r["t"] == (1, 2) and type(r["t"]) is tuple
     sp.save_file({"o": {"a": {1}}}, tmp_path / "ck2")
     with sp.open(tmp_path / "ck2") as r:
         assert r.info("o").kind == "object"
@@ -414,3 +416,30 @@ def test_state_dict_adapter_stores_objects(tmp_path: pathlib.Path) -> None:
     with sp.safe_types([Optim]):
         sp.Checkpoint(loader=back).read(path).assert_consumed()
     assert back.state == saved and type(back.state["count"]) is np.int32
+
+
+def test_exact_floats_bytearrays_and_folds(tmp_path: pathlib.Path) -> None:
+    """Issue 33 (found by shardpoint.testing): a float NaN kept neither payload nor sign
+    (repr/JSON write ``nan``), a top-level bytearray came back as bytes, and the ``fold`` of a
+    datetime/time was lost (ISO text does not carry it)."""
+    import datetime as dt
+    import struct
+
+    neg_nan = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000001))[0]
+    value = {
+        "f": neg_nan,
+        "nested": [neg_nan, {"c": complex(0.0, neg_nan)}],
+        "ba": bytearray(b"\x00\x01"),
+        "t": dt.time(1, 30, fold=1),
+        "d": dt.datetime(2024, 11, 3, 1, 30, fold=1),
+    }
+    sp.save_file(value, tmp_path / "ck")
+    back = sp.load_file(tmp_path / "ck")
+
+    def bits(x: float) -> bytes:
+        return struct.pack("<d", x)
+
+    assert bits(back["f"]) == bits(neg_nan) and bits(back["nested"][0]) == bits(neg_nan)
+    assert bits(back["nested"][1]["c"].imag) == bits(neg_nan)
+    assert type(back["ba"]) is bytearray and back["ba"] == value["ba"]
+    assert back["t"].fold == 1 and back["d"].fold == 1 and back["d"] == value["d"]

@@ -132,12 +132,19 @@ class Variable(Trackable):
         return {VARIABLE_VALUE: self._value}
 
     def _sp_value_specs(self) -> Mapping[str, ValueSpec | None]:
-        return {VARIABLE_VALUE: ValueSpec(self._value.shape, self._value.dtype.name)}
+        return {VARIABLE_VALUE: ValueSpec(self._value.shape, _spec_name(self._value.dtype))}
 
     def _sp_restore_values(self, values: Mapping[str, Any]) -> None:
         # shape and dtype were checked by the restore coordinator; copy into our own buffer
         # (the reader's array may be a view of a memory map that is closed later)
         np.copyto(self._value, np.asarray(values[VARIABLE_VALUE]), casting="no")
+
+
+def _spec_name(dtype: np.dtype) -> str:
+    """The dtype name a checkpoint records for values of ``dtype``: packed float4 is a uint8
+    array tagged in ``dtype.metadata`` (shardpoint.dtypes.PACKED_FP4), stored under its tag."""
+    tag = dtype.metadata.get("shardpoint_dtype") if dtype.metadata else None
+    return str(tag) if tag else dtype.name
 
 
 def _binary(op: Any, reflected: bool = False) -> Any:

@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import math
 import pathlib
+import struct
 import types
 import uuid
 from collections.abc import Callable, Iterable
@@ -27,6 +28,20 @@ from .object_types import _CLASS_OF_TAG, _HANDLER_OF_TYPE, _HANDLERS, _Handler, 
 # --------------------------------------------------------------------------------------------
 # Built-in tags
 # --------------------------------------------------------------------------------------------
+
+
+_CANONICAL_NAN = struct.pack("<d", math.nan)
+
+
+def is_odd_nan(value: float) -> bool:
+    """Whether ``value`` is a NaN that JSON's ``NaN`` would not give back bit for bit (another
+    payload or sign than Python's ``float("nan")``): stored with the ``float`` tag."""
+    return value != value and struct.pack("<d", value) != _CANONICAL_NAN
+
+
+def float_hex(v: float) -> str:
+    """The ``float`` tag's payload: ``0x`` and the 16 hex digits of the IEEE 754 bits."""
+    return "0x" + struct.pack(">d", v).hex()
 
 
 def _builtin(tag: str, classes: tuple[type, ...], encode: Any, decode: Any) -> _Handler:
@@ -123,25 +138,21 @@ def _register_builtins() -> None:
         lambda p, c: bytearray(base64.b64decode(_str_payload(p), validate=True)),
     )
     _builtin("int", (), None, lambda p, c: _parse_int(_str_payload(p)))
-    _builtin("complex", (complex,), lambda v, c: [v.real, v.imag], _decode_complex)
+    _builtin("float", (), None, _decode_float)
     _builtin(
-        "datetime.datetime",
-        (dt.datetime,),
-        lambda v, c: v.isoformat(),
-        lambda p, c: dt.datetime.fromisoformat(_str_payload(p)),
+        "complex",
+        (complex,),
+        lambda v, c: [c(v.real, ".real"), c(v.imag, ".imag")],
+        _decode_complex,
     )
+    _builtin("datetime.datetime", (dt.datetime,), _encode_wall_time, _decode_datetime)
     _builtin(
         "datetime.date",
         (dt.date,),
         lambda v, c: v.isoformat(),
         lambda p, c: dt.date.fromisoformat(_str_payload(p)),
     )
-    _builtin(
-        "datetime.time",
-        (dt.time,),
-        lambda v, c: v.isoformat(),
-        lambda p, c: dt.time.fromisoformat(_str_payload(p)),
-    )
+    _builtin("datetime.time", (dt.time,), _encode_wall_time, _decode_time)
     _builtin(
         "datetime.timedelta",
         (dt.timedelta,),
@@ -200,11 +211,41 @@ def _parse_int(text: str) -> int:
     return -v if neg else v
 
 
+def _decode_float(p: Any, c: Any) -> float:
+    """A float given by its IEEE 754 bits (NaNs with a payload or sign of their own)."""
+    text = _str_payload(p)
+    _expect(len(text) == 18 and text.startswith("0x"), "expected 0x and 16 hex digits")
+    return float(struct.unpack(">d", bytes.fromhex(text[2:]))[0])  # bad hex: ValueError
+
+
 def _decode_complex(p: Any, c: Any) -> complex:
     _expect(isinstance(p, list) and len(p) == 2, "expected [real, imag]")
-    re_, im = p
+    re_, im = c(p[0], ".real"), c(p[1], ".imag")
     _expect(all(type(x) in (int, float) for x in (re_, im)), "expected numbers")
     return complex(re_, im)
+
+
+def _encode_wall_time(v: dt.datetime | dt.time, c: Any) -> Any:
+    """ISO 8601 text; ``[text, 1]`` for the second of two equal wall times (``fold=1``),
+    which the text does not carry."""
+    return [v.isoformat(), 1] if v.fold else v.isoformat()
+
+
+def _wall_time(p: Any) -> tuple[str, int]:
+    if isinstance(p, list) and not isinstance(p, _Members):
+        _expect(len(p) == 2 and p[1] in (0, 1) and type(p[1]) is int, "expected [iso text, fold]")
+        return _str_payload(p[0]), int(p[1])
+    return _str_payload(p), 0
+
+
+def _decode_datetime(p: Any, c: Any) -> dt.datetime:
+    text, fold = _wall_time(p)
+    return dt.datetime.fromisoformat(text).replace(fold=fold)
+
+
+def _decode_time(p: Any, c: Any) -> dt.time:
+    text, fold = _wall_time(p)
+    return dt.time.fromisoformat(text).replace(fold=fold)
 
 
 def _decode_timedelta(p: Any, c: Any) -> dt.timedelta:

@@ -39,7 +39,7 @@ from ..errors import (
     UnregisteredTypeError,
     UnsupportedDTypeError,
 )
-from .object_builtins import _BASE_VALUE, _LIST, _MAPPING
+from .object_builtins import _BASE_VALUE, _LIST, _MAPPING, float_hex, is_odd_nan
 from .object_types import (
     _CLASS_OF_TAG,
     _DECLARED,
@@ -70,6 +70,7 @@ __all__ = [
     "decode_object",
     "has_handler",
     "is_plain_json",
+    "is_odd_nan",
     "register_tag",
     "declare_tags",
     "MAX_DEPTH",
@@ -102,15 +103,18 @@ def _path_text(where: str, path: str) -> str:
 
 
 def is_plain_json(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` round-trips through a plain JSON entry: dicts with str keys, lists,
-    tuples (they come back as lists), str, int, float, bool, None, and nothing else (no
-    numpy scalars, enums or other subclasses that JSON would silently turn into base types)."""
+    """Whether ``value`` round-trips exactly through a plain JSON entry: dicts with str keys,
+    lists, str, int, float (not a NaN with a payload of its own), bool, None, and nothing else
+    (no tuples, which JSON would turn into lists, no numpy scalars, enums or other subclasses
+    that JSON would silently turn into base types)."""
     if depth > MAX_DEPTH:
         return False
     t = type(value)
-    if value is None or t in (str, int, float, bool):
+    if value is None or t in (str, int, bool):
         return True
-    if t in (list, tuple):
+    if t is float:
+        return not is_odd_nan(value)
+    if t is list:
         return all(is_plain_json(v, depth + 1) for v in value)
     if t is dict:
         return all(type(k) is str and is_plain_json(v, depth + 1) for k, v in value.items())
@@ -151,7 +155,7 @@ class _Encoder:
         if t is int:
             return value if -(1 << 63) <= value < (1 << 64) else {"int": _int_text(value)}
         if t is float:
-            return value
+            return {"float": float_hex(value)} if is_odd_nan(value) else value
         if t is list:
             return self.container(value, path, depth, lambda: self.items(value, path, depth))
         if t is dict:

@@ -19,7 +19,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from .dtypes import format_name, numpy_dtype
-from .objects import decode_object, encode_object, is_plain_json
+from .objects import decode_object, encode_object, is_odd_nan, is_plain_json
 
 __all__ = ["check_key", "encode", "decode", "json_depth"]
 
@@ -76,9 +76,10 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         return key, name, "tensor", shape, arr.reshape(-1).view(np.uint8)
-    if isinstance(value, (np.generic, enum.Enum, type)):
+    if isinstance(value, (np.generic, enum.Enum, type, bytearray)):
         # numpy scalars come back as numpy scalars of their dtype, enum members as members,
-        # classes as the allow-listed class they name (objects.py)
+        # classes as the allow-listed class they name (objects.py), a bytearray as a bytearray
+        # (a bytes entry would read back as bytes)
         kind, raw = "object", encode_object(key, value)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         kind, raw = "bytes", bytes(value)
@@ -93,6 +94,8 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
         kind, raw = "json", json.dumps(value).encode()
     elif isinstance(value, int):
         kind, raw = "int", _int_text(value).encode()
+    elif isinstance(value, float) and is_odd_nan(value):
+        kind, raw = "object", encode_object(key, float(value))  # repr() drops the payload
     elif isinstance(value, float):
         kind, raw = "float", repr(value).encode()
     elif isinstance(value, (dict, list, tuple)) and not is_plain_json(value):
