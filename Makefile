@@ -114,8 +114,11 @@ vllm-venv: $(VLLM_STAMP) wheel
 	$(UV) pip install -q -p $(VLLM_VENV)/bin/python --no-deps --reinstall $(DIST)/shardpoint-*.whl
 sglang-venv: $(SGLANG_STAMP)
 
+# Hypothesis runs under the `ci` profile (docs/TESTING.md): derandomized, so a failure
+# reproduces on every run; `SHARDPOINT_HYPOTHESIS_PROFILE=nightly make test-python` for the long run.
+SHARDPOINT_HYPOTHESIS_PROFILE ?= ci
 test-python: develop $(BROWSER_STAMP) vllm-venv sglang-venv
-	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_VLLM_PYTHON=$(VLLM_VENV)/bin/python SHARDPOINT_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
+	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_HYPOTHESIS_PROFILE=$(SHARDPOINT_HYPOTHESIS_PROFILE) SHARDPOINT_VLLM_PYTHON=$(VLLM_VENV)/bin/python SHARDPOINT_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
 # (import-linter contracts in pyproject.toml: imports only point down), mypy on the package

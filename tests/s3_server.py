@@ -51,7 +51,8 @@ class Moto:
 
 class Proxy:
     """HTTP forwarder in front of moto: counts requests; `fail_next(n, mode)` makes the next n
-    requests fail with a 503 ("503") or a dropped connection ("drop"); `flip_ranged_get(n, bit)`
+    requests fail with a 503 ("503"), a 403 that is not retried ("403") or a dropped connection
+    ("drop"), `fail_after(n, mode)` the one after the next n; `flip_ranged_get(n, bit)`
     flips one bit of the n-th ranged GET's response body (bytes damaged in transit)."""
 
     def __init__(self, backend_port: int) -> None:
@@ -78,6 +79,13 @@ class Proxy:
                 with proxy.lock:
                     proxy.log.append((self.command, self.path, self.headers.get("Range")))
                     mode = proxy.fail.pop(0) if proxy.fail else None
+                if mode == "403":  # not retried: the request fails for good
+                    msg = b"<Error><Code>AccessDenied</Code></Error>"
+                    self.send_response(403)
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
                 if mode == "drop":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -145,6 +153,12 @@ class Proxy:
     def fail_next(self, n: int, mode: str) -> None:
         with self.lock:
             self.fail = [mode] * n
+
+    def fail_after(self, n: int, mode: str) -> None:
+        """Forward the next ``n`` requests, then fail one with ``mode`` ("403", "503",
+        "drop"): a fault part-way through whatever runs next."""
+        with self.lock:
+            self.fail = ["pass"] * n + [mode]
 
     def close(self) -> None:
         self.server.shutdown()

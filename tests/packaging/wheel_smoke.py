@@ -9,7 +9,9 @@ It checks what a user of the wheel gets:
    (at any depth, lazily or not) third-party packages that its extra, or the base dependencies,
    install. Imports guarded by `except ImportError` are optional and skipped. The closure of an
    extra is computed from the installed distributions' metadata, offline;
-5. each extra's feature modules import, and the frameworks they name import.
+5. each extra's feature modules import, and the frameworks they name import;
+6. the pytest plugin beside the package (`_shardpoint_plugin`) is registered, imports nothing
+   heavy, and registers the Hypothesis profiles.
 
 Not collected by pytest (its name does not start with test_); run it as a script.
 """
@@ -46,12 +48,14 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations.deepspeed": "deepspeed",
     "shardpoint.integrations._deepspeed_engine": "deepspeed",
     "shardpoint.signing": "signing",
+    "shardpoint.testing.strategies": "testing",
+    "shardpoint.testing.stateful": "testing",
 }
 # Modules imported only when a value of their package is saved or read (shardpoint/__init__
 # declares them lazily): the user already has that package, so no extra installs it.
 ACTIVATED_BY_VALUES: dict[str, str] = {"shardpoint.storage.omegaconf_objects": "omegaconf"}
 # The extras the docs name (README, docs/*.md): each must exist in the wheel's metadata.
-DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes")
+DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes", "testing")
 # Frameworks an extra must make importable (checked after installing every extra).
 EXTRA_PROVIDES: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "ml_dtypes"),
@@ -59,6 +63,7 @@ EXTRA_PROVIDES: dict[str, tuple[str, ...]] = {
     "orbax": ("jax", "orbax.checkpoint"),
     "hf": ("huggingface_hub", "safetensors", "ml_dtypes"),
     "dtypes": ("ml_dtypes",),
+    "testing": ("hypothesis", "pytest", "ml_dtypes"),
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
@@ -256,6 +261,24 @@ def check_imports(pkg: Path) -> None:
     print(f"[wheel-smoke] imported {len(features)} feature modules: {', '.join(features)}")
 
 
+def check_plugin() -> None:
+    """The pytest/Hypothesis plugin ships beside the package, is registered under both entry
+    points, imports nothing when pytest loads it, and registers the profiles with Hypothesis."""
+    eps = {(e.group, e.value) for g in ("pytest11", "hypothesis") for e in md.entry_points(group=g)}
+    assert ("pytest11", "_shardpoint_plugin") in eps, eps
+    assert ("hypothesis", "_shardpoint_plugin:_hypothesis_setup_hook") in eps, eps
+    code = (
+        "import sys, _shardpoint_plugin as p\n"
+        "heavy = [m for m in ('numpy', 'shardpoint', 'hypothesis') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert 'site-packages' in p.__file__, p.__file__\n"
+        "from hypothesis import settings\n"
+        "assert settings.get_profile('ci').derandomize\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def main() -> None:
     t0 = step(f"python {sys.version.split()[0]} at {sys.executable}")
     pkg = check_installed_location()
@@ -270,6 +293,8 @@ def main() -> None:
     check_extras(pkg)
     step("extras: feature modules and their frameworks import")
     check_imports(pkg)
+    step("pytest plugin and Hypothesis profiles (shardpoint[testing])")
+    check_plugin()
     print(f"[wheel-smoke] passed in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
