@@ -57,7 +57,7 @@ def test_manager_machine_on_s3(moto: Any, proxy: Any) -> None:
 
             return refuse_one()
 
-    run_state_machine_as_test(S3Machine, settings=machine_settings(0.04, 10))
+    run_state_machine_as_test(S3Machine, settings=machine_settings(0.03, 10))
 
 
 class _ForgetsRetention(sp.CheckpointManager):

@@ -9,19 +9,33 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, find, given, seed, settings
+from hypothesis import HealthCheck, Phase, find, given, seed, settings
 from hypothesis import strategies as st
 
 import shardpoint.testing.strategies as sps
-from shardpoint.storage.dtypes import FORMAT_DTYPES, numpy_dtype
+from shardpoint.storage.dtypes import FORMAT_DTYPES
 from shardpoint.testing import assert_roundtrip
 from shardpoint.testing._bits import NAMES
 from shardpoint.testing._frameworks import name_of
 
 FAST = settings(database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def one(strategy: st.SearchStrategy) -> Any:
+    """One drawn example (no search, no shrinking)."""
+    out: list = []
+
+    @settings(FAST, max_examples=1, phases=[Phase.generate])
+    @given(strategy)
+    def draw(x: object) -> None:
+        out.append(x)
+
+    draw()
+    return out[0]
 
 
 def test_names_are_the_format_dtypes() -> None:
@@ -62,8 +76,8 @@ def test_every_framework_dtype_is_drawn_and_converts(framework: str) -> None:
         assert "float4_e2m1fn_x2" not in want
         assert ("float64" in want) == bool(jax.config.jax_enable_x64)
         assert {"bfloat16", "float8_e4m3fn", "float8_e5m2"} <= want
-    for name in sorted(want):
-        x = find(sps.tensors(name, (2, 3), framework=framework), lambda t: True, settings=FAST)
+    every = st.tuples(*(sps.tensors(name, (2, 3), framework=framework) for name in sorted(want)))
+    for name, x in zip(sorted(want), one(every), strict=True):
         assert name_of(x.dtype) == name and tuple(x.shape) == (2, 3)
 
 
@@ -89,44 +103,31 @@ def test_bits_reach_nan_payloads_negative_zero_and_all_float8_codes() -> None:
 
 def test_layouts_and_frameworks() -> None:
     torch = pytest.importorskip("torch")
-    strided = find(
-        sps.tensors(
-            framework="torch", shape=(3, 4), layout=st.sampled_from(["transposed", "offset"])
-        ),
-        lambda t: not t.is_contiguous(),
-        settings=FAST,
-    )
+    strided = one(sps.tensors(framework="torch", shape=(3, 4), layout="transposed"))
     assert isinstance(strided, torch.Tensor) and strided.shape == (3, 4)
-    fp4 = find(
-        sps.tensors("float4_e2m1fn_x2", (2,), framework="torch"), lambda t: True, settings=FAST
-    )
+    assert not strided.is_contiguous()
+    offset = one(sps.tensors(framework="torch", shape=(3, 4), layout="offset"))
+    assert offset.storage_offset() > 0
+    fp4 = one(sps.tensors("float4_e2m1fn_x2", (2,), framework="torch"))
     assert fp4.dtype == torch.float4_e2m1fn_x2
-    be = find(sps.tensors("float32", (2, 2), layout="byteswapped"), lambda a: True, settings=FAST)
+    be = one(sps.tensors("float32", (2, 2), layout="byteswapped"))
     assert be.dtype.byteorder == ">"
 
 
 def test_arguments_take_values_or_strategies() -> None:
-    got = find(
+    got = one(
         sps.tensors(
             dtype=st.sampled_from(["bfloat16", np.dtype(np.int16)]),
             shape=st.just((2, 0)),
             mode=st.just("values"),
-        ),
-        lambda a: a.dtype == numpy_dtype("bfloat16"),
-        settings=FAST,
+        )
     )
-    assert got.shape == (2, 0)
-    dt = find(
-        sps.dtypes(framework=st.just("numpy"), include=["float8_e5m2", "bool"]),
-        lambda d: True,
-        settings=FAST,
-    )
+    assert got.shape == (2, 0) and name_of(got.dtype) in ("bfloat16", "int16")
+    dt = one(sps.dtypes(framework=st.just("numpy"), include=["float8_e5m2", "bool"]))
     assert name_of(dt) in ("float8_e5m2", "bool")
     with pytest.raises(ValueError, match="no dtype"):
         sps.dtypes(include=["bool"], exclude=["bool"])
-    opts = find(
-        sps.save_options(compression="none", shards=st.just(2)), lambda o: True, settings=FAST
-    )
+    opts = one(sps.save_options(compression="none", shards=st.just(2)))
     assert opts["compression"] == "none" and opts["shards"] == 2 and opts["durable"] is False
 
 
@@ -135,8 +136,13 @@ def test_shrinks_to_the_simplest_example() -> None:
     smallest shape, zero bits."""
     a = find(sps.tensors(), lambda a: a.size >= 2, settings=FAST)
     assert a.shape == (2,) and name_of(a.dtype) == "bool" and not a.any()
-    d = find(sps.state_dicts(), lambda d: len(d) >= 2, settings=FAST)
-    assert len(d) == 2 and all(v.shape == () and v.dtype == bool and not v for v in d.values()), d
+    # what a "tuples come back as lists" bug reports, once shrunk
+    d = find(
+        sps.state_dicts(max_leaves=4),
+        lambda d: any(type(v) is tuple for v in d.values()),
+        settings=FAST,
+    )
+    assert d == {"a": ()}, d
     k = find(sps.keys(), lambda k: "/" in k, settings=FAST)
     assert len(k) <= 3, k
 
@@ -190,7 +196,7 @@ def test_aliasing_appears() -> None:
         kinds["view"] += views > 0
 
     draw()
-    assert kinds["same object"] >= 3 and kinds["view"] >= 3, kinds
+    assert kinds["same object"] >= 2 and kinds["view"] >= 1, kinds
 
 
 def test_strategies_need_hypothesis_and_say_so() -> None:

@@ -376,8 +376,8 @@ def state_dicts(
     :func:`tensors` of at most 3 dimensions of at most 4), Python scalars (``scalars``, default: floats by their bits, ints past 64
     bits, bools, None, text, bytes; pass :func:`python_objects` for more) or dicts, lists and
     tuples of those, at most ``max_leaves`` leaves in all. With ``aliasing`` (a bool or a
-    strategy), about every other draw also holds one tensor twice: the same object under a
-    second key, or a view of it (tied weights).
+    strategy), half the draws that hold a tensor also hold one of them twice: the same
+    object under a second key, or a view of it (tied weights).
     """
     key_s = _all_keys() if keys is None else keys
 
