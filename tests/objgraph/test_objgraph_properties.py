@@ -2,8 +2,10 @@
 
 A *blueprint* describes modules, variables and the edges between them; building it twice gives
 two structurally equal graphs. Saving one and restoring into the other must round-trip every
-value, both when the fresh graph is complete before restore() and when it is attached piece by
-piece afterwards, in a random order (deferred restore).
+value bit for bit, both when the fresh graph is complete before restore() and when it is
+attached piece by piece afterwards, in a random order (deferred restore). Variable values are
+raw bit patterns of every dtype the format stores (shardpoint.testing.strategies), compared
+with shardpoint.testing.assert_identical.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from shardpoint.objgraph.checkpoint import Checkpoint
 from shardpoint.objgraph.module import Module
 from shardpoint.objgraph.naming import walk
 from shardpoint.objgraph.variables import Variable
+from shardpoint.testing import assert_identical, assert_roundtrip
+from shardpoint.testing.strategies import tensors
 
-DTYPES = ["float32", "float64", "int32", "int64", "uint8", "bool"]
 NAME_STEMS = ["a", "b", "x/y", "p.q", "..", "_z", ".ATTRIBUTES"]
 
 
@@ -35,17 +38,15 @@ class Edge:
 @dataclass(frozen=True)
 class Blueprint:
     n_modules: int
-    variables: tuple[tuple[str, tuple[int, ...], int], ...]  # dtype, shape, seed
+    variables: tuple[np.ndarray, ...]  # the saved values
     edges: tuple[Edge, ...]
 
 
 @st.composite
 def blueprints(draw):
     n_modules = draw(st.integers(1, 4))
-    variables = tuple(
-        (draw(st.sampled_from(DTYPES)), draw(st.sampled_from([(), (3,), (2, 2)])), seed)
-        for seed in range(draw(st.integers(1, 5)))
-    )
+    values = tensors(shape=st.sampled_from([(), (3,), (2, 2)]), layout="contiguous")
+    variables = tuple(draw(values) for _ in range(draw(st.integers(1, 5))))
     target = st.one_of(
         st.tuples(st.just("m"), st.integers(0, n_modules - 1)),
         st.tuples(st.just("v"), st.integers(0, len(variables) - 1)),
@@ -66,18 +67,10 @@ def blueprints(draw):
     return Blueprint(n_modules, variables, tuple(edges))
 
 
-def make_value(dtype, shape, seed):
-    rng = np.random.default_rng(seed + 1)
-    return (rng.standard_normal(shape) * 10).astype(dtype)
-
-
 def build(bp: Blueprint, filled: bool):
     """Objects plus a list of attachment steps (closures) with their ordering groups."""
     mods = [Module() for _ in range(bp.n_modules)]
-    variables = [
-        Variable(make_value(d, s, seed) if filled else np.zeros(s, d))
-        for d, s, seed in bp.variables
-    ]
+    variables = [Variable(v if filled else np.zeros(v.shape, v.dtype)) for v in bp.variables]
 
     def obj(t):
         return mods[t[1]] if t[0] == "m" else variables[t[1]]
@@ -155,8 +148,18 @@ def test_round_trip_into_equal_graph(tmp_path, bp):
     status = Checkpoint(root=fresh_mods[0]).read(path)
     status.assert_consumed()
     for i in reachable_variable_indices(root, variables):
-        np.testing.assert_array_equal(fresh_vars[i].numpy(), variables[i].numpy())
-        assert fresh_vars[i].dtype == variables[i].dtype
+        assert_identical(variables[i].numpy(), fresh_vars[i].numpy())
+
+
+@SETTINGS
+@given(bp=blueprints())
+def test_round_trip_into_a_deep_copy(tmp_path, bp):
+    """shardpoint.testing.assert_roundtrip: write, then read into a copy of the graph whose
+    every array holds other bits; the saved values of both graphs must be identical."""
+    mods, _, steps = build(bp, filled=True)
+    for _, fn in steps:
+        fn()
+    assert_roundtrip(Checkpoint(root=mods[0]), path=tmp_path / "copy")
 
 
 @SETTINGS
@@ -175,4 +178,4 @@ def test_deferred_restore_any_attachment_order(tmp_path, bp, data):
         fn()
     status.assert_consumed()
     for i in reachable_variable_indices(root, variables):
-        np.testing.assert_array_equal(fresh_vars[i].numpy(), variables[i].numpy())
+        assert_identical(variables[i].numpy(), fresh_vars[i].numpy())

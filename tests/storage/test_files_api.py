@@ -11,46 +11,20 @@ import struct
 import tempfile
 import threading
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import reference_reader as rr
 import shardpoint as sp
+import shardpoint.testing.strategies as sps
+from shardpoint.dtypes import format_name, numpy_dtype
+from shardpoint.testing import assert_identical
+from shardpoint.testing._bits import NAMES
 
-DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-]
-ML = {
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-}
+# every dtype of the format (FORMAT.md §4), from the shardpoint.testing kit
+DTYPES = list(NAMES)
 COMPRESSIONS = ["none", "zstd", "zstd-plain"]
 SETTINGS = settings(
     max_examples=30,
@@ -60,22 +34,15 @@ SETTINGS = settings(
 
 
 def np_dtype(name: str) -> np.dtype:
-    return np.dtype(getattr(ml_dtypes, name)) if name in ML else np.dtype(name)
-
-
-def le_bytes(a: np.ndarray) -> bytes:
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(a).tobytes()
+    return numpy_dtype(name)
 
 
 def assert_array_same(got: object, want: np.ndarray, key: str = "") -> None:
-    assert isinstance(got, np.ndarray), (key, type(got))
-    assert got.dtype.name == want.dtype.name, (key, got.dtype, want.dtype)
+    """Bit for bit (shardpoint.testing.assert_identical), and as a reader hands arrays out:
+    C-contiguous, native byte order."""
+    assert_identical(np.asarray(want), got)
+    assert isinstance(got, np.ndarray) and got.flags.c_contiguous, key
     assert got.dtype.byteorder in "<=|", key
-    assert got.shape == want.shape, (key, got.shape, want.shape)
-    assert got.flags.c_contiguous, key
-    assert got.tobytes() == le_bytes(want), key
 
 
 def new_prefix(tmp_path) -> str:
@@ -89,11 +56,7 @@ def files_of(prefix: str) -> list[str]:
 
 # ---- strategies ------------------------------------------------------------------------------
 
-KEYS = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-    min_size=1,
-    max_size=12,
-)
+KEYS = sps.keys()  # dots, slashes, near-collisions, unicode
 JSON = st.recursive(
     st.none()
     | st.booleans()
@@ -105,30 +68,10 @@ JSON = st.recursive(
 )
 
 
-@st.composite
-def arrays(draw: st.DrawFn) -> np.ndarray:
-    """Small arrays of any dtype with arbitrary bit patterns, in C, Fortran, strided, reversed
-    and big-endian layouts; ndim 0..3 including empty dimensions."""
-    name = draw(st.sampled_from(DTYPES))
-    dt = np_dtype(name)
-    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
-    layout = draw(st.sampled_from(["c", "fortran", "strided", "reversed", "big"]))
-    base_shape = shape[:-1] + (2 * shape[-1],) if layout == "strided" and shape else shape
-    n = math.prod(base_shape)
-    raw = draw(st.binary(min_size=n * dt.itemsize, max_size=n * dt.itemsize))
-    if name == "bool":
-        base = (np.frombuffer(raw, dtype=np.uint8) & 1).astype(bool).reshape(base_shape)
-    else:
-        base = np.frombuffer(raw, dtype=dt).reshape(base_shape).copy()
-    if layout == "strided" and shape:
-        return base[..., ::2]
-    if layout == "fortran":
-        return np.asfortranarray(base)
-    if layout == "reversed" and shape:
-        return base[::-1]
-    if layout == "big" and name not in ML and dt.itemsize > 1:
-        return base.astype(dt.newbyteorder(">"))
-    return base
+def arrays() -> st.SearchStrategy[np.ndarray]:
+    """Small arrays of every dtype with arbitrary bit patterns, in C, Fortran, strided,
+    reversed, broadcast and big-endian layouts; ndim 0..3 including empty dimensions."""
+    return sps.tensors(shape=sps.shapes(max_dims=3, max_side=5))
 
 
 @st.composite
@@ -186,7 +129,11 @@ def test_round_trip_small(tmp_path, values, compression, shards, metadata) -> No
             assert_array_same(r[k], v, k)
             assert_array_same(r.get(k, verify=True), v, k)
             info = r.info(k)
-            assert info.shape == v.shape and info.dtype == v.dtype.name and info.kind == "tensor"
+            assert (
+                info.shape == v.shape
+                and info.dtype == format_name(v.dtype)
+                and info.kind == "tensor"
+            )
         r.verify()
 
 
@@ -239,9 +186,7 @@ def test_round_trip_typed_values(tmp_path, values, compression) -> None:
     p = new_prefix(tmp_path)
     sp.save_file(values, p, compression=compression, durable=False)
     got = sp.load_file(p)
-    assert got == values
-    for k, v in values.items():
-        assert type(got[k]) is type(v), k
+    assert_identical(values, got)  # types too: bytes, big ints, float bits, nesting
     ref, _ = rr.load(p)
     assert ref == values
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shardpoint as sp
+from shardpoint.testing import assert_identical
 
 KEYS = st.sampled_from(["a", "b", "net/w", "net/b", "é/ü", "opt/step", "z" * 40, "\U0001f600"])
 ARRAYS = st.builds(
@@ -33,22 +34,6 @@ SCALARS = st.builds(lambda x: np.array(x, dtype=np.float64), st.floats(allow_nan
 VALUES = st.one_of(
     ARRAYS, SCALARS, st.integers(-(10**30), 10**30), st.text(max_size=10), st.binary(max_size=10)
 )
-
-
-def same(a: object, b: object) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.tobytes() == b.tobytes()
-        )
-    return type(a) is type(b) and a == b
-
-
-def same_dict(a: dict, b: dict) -> bool:
-    return sorted(a) == sorted(b) and all(same(a[k], b[k]) for k in a)
 
 
 class FileShadow(RuleBasedStateMachine):
@@ -146,7 +131,7 @@ class FileShadow(RuleBasedStateMachine):
     def read_from_reader(self, i, key) -> None:
         r, snapshot = self.readers[i % len(self.readers)]
         if key in snapshot:
-            assert same(r[key], snapshot[key]), key
+            assert_identical(snapshot[key], r[key])
         else:
             assert key not in r and r.get(key, "missing") == "missing"
 
@@ -154,7 +139,7 @@ class FileShadow(RuleBasedStateMachine):
     @rule(i=st.integers(0, 2))
     def close_reader(self, i) -> None:
         r, snapshot = self.readers.pop(i % len(self.readers))
-        assert same_dict(r.load(), snapshot)
+        assert_identical(snapshot, r.load())
         r.close()
 
     @precondition(lambda self: self.committed is not None)
@@ -170,7 +155,7 @@ class FileShadow(RuleBasedStateMachine):
         if self.committed is None:
             assert not sp.exists(self.prefix)
             return
-        assert same_dict(sp.load_file(self.prefix), self.committed)
+        assert_identical(self.committed, sp.load_file(self.prefix))
 
     @invariant()
     def no_leftover_temp_files(self) -> None:
