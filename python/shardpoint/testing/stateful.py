@@ -80,7 +80,10 @@ def file_size_limit(limit: int) -> Iterator[None]:
 
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max(0, int(limit)), hard))
+    lowered = max(0, int(limit))
+    if hard != resource.RLIM_INFINITY:
+        lowered = min(lowered, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (lowered, hard))
     try:
         yield
     finally:

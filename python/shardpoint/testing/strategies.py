@@ -166,10 +166,16 @@ def _as_strategy(v: Any) -> SearchStrategy[Any]:
 # --------------------------------------------------------------------------------------------
 
 
+def _specials(values: list[Any]) -> SearchStrategy[Any]:
+    """The first (simplest) special value, then the others: Hypothesis favours the first
+    choice of a sampled_from, so the second (-0.0, the sign bit) gets a list of its own."""
+    return st.one_of(st.just(values[0]), st.sampled_from(values[1:]))
+
+
 def _codes(name: str, width: int) -> SearchStrategy[int]:
     if name == "bool":
         return st.integers(0, 1)
-    return st.one_of(st.sampled_from(special_codes(name)), st.integers(0, (1 << width) - 1))
+    return st.one_of(_specials(special_codes(name)), st.integers(0, (1 << width) - 1))
 
 
 def _bits_array(draw: st.DrawFn, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -308,7 +314,7 @@ def _scalars() -> SearchStrategy[Any]:
         st.none(),
         st.booleans(),
         st.integers(-(2**31), 2**31) | st.sampled_from(_BIG_INTS) | st.integers(),
-        st.sampled_from(float64_specials()) | st.floats(),
+        _specials(float64_specials()) | st.floats(),
         st.text(max_size=8),
         st.binary(max_size=8),
     )
@@ -322,7 +328,9 @@ def _tree(
         return draw(leaf), 1
     kind = draw(st.sampled_from(["dict", "list", "tuple"]))
     n = draw(st.integers(0, min(4, budget)))
-    names = draw(st.lists(key, min_size=n, max_size=n, unique=True)) if kind == "dict" else []
+    if kind == "dict":  # as many distinct names as the key strategy has, at most n
+        names = draw(st.lists(key, max_size=n, unique=True))
+        n = len(names)
     items, used = [], 0
     for _ in range(n):
         if used >= budget:
@@ -331,7 +339,7 @@ def _tree(
         items.append(child)
         used += k
     if kind == "dict":
-        return dict(zip(names, items, strict=False)), used
+        return dict(zip(names, items, strict=False)), used  # (fewer items: budget spent)
     return (items if kind == "list" else tuple(items)), used
 
 
@@ -364,6 +372,15 @@ def _view_of(x: Any) -> Any:
 _STATE_SHAPES = shapes(max_dims=3, max_side=4)
 
 
+def _key_strategy(keys: Any) -> SearchStrategy[str]:
+    """A strategy of keys from a strategy, one name, or a collection of names."""
+    if isinstance(keys, SearchStrategy):
+        return keys
+    if isinstance(keys, str):
+        return st.just(keys)
+    return st.sampled_from(list(keys))
+
+
 def state_dicts(
     *,
     values: Any = None,
@@ -375,21 +392,22 @@ def state_dicts(
     """State dicts: ``{str: value}`` whose values are tensors (``values``, default
     :func:`tensors` of at most 3 dimensions of at most 4), Python scalars (``scalars``, default: floats by their bits, ints past 64
     bits, bools, None, text, bytes; pass :func:`python_objects` for more) or dicts, lists and
-    tuples of those, at most ``max_leaves`` leaves in all. With ``aliasing`` (a bool or a
+    tuples of those, at most ``max_leaves`` leaves in all. ``keys``: a strategy, or the names
+    to draw from (a collection). With ``aliasing`` (a bool or a
     strategy), half the draws that hold a tensor also hold one of them twice: the same
     object under a second key, or a view of it (tied weights).
     """
-    key_s = _all_keys() if keys is None else keys
+    key_s = _all_keys() if keys is None else _key_strategy(keys)
 
     @st.composite
     def draw_state(draw: st.DrawFn) -> dict[str, Any]:
-        leaf = st.one_of(
-            tensors(shape=_STATE_SHAPES) if values is None else _as_strategy(values),
-            _scalars() if scalars is None else _as_strategy(scalars),
-        )
+        tensor = tensors(shape=_STATE_SHAPES) if values is None else _as_strategy(values)
+        # tensors twice as often as scalars: a state dict is mostly tensors
+        leaf = st.one_of(tensor, _scalars() if scalars is None else _as_strategy(scalars), tensor)
         budget = int(_get(draw, max_leaves))
         n = draw(st.integers(0, min(budget, 8)))
-        names = draw(st.lists(key_s, min_size=n, max_size=n, unique=True))
+        # the default keys never run out: exactly n names; a few given names may
+        names = draw(st.lists(key_s, min_size=n if keys is None else 0, max_size=n, unique=True))
         out: dict[str, Any] = {}
         used = 0
         for name in names:
@@ -401,9 +419,10 @@ def state_dicts(
         slots = _tensor_slots(out)
         if slots and _get(draw, aliasing) and draw(st.booleans()):
             shared = draw(st.sampled_from(slots))
-            second = draw(key_s.filter(lambda k: k not in out))
-            out[second] = shared if draw(st.booleans()) else _view_of(shared)
-            event("state_dicts: aliased tensor")
+            second = draw(key_s)
+            if second not in out:  # (a name already taken: no alias this time, no filtering)
+                out[second] = shared if draw(st.booleans()) else _view_of(shared)
+                event("state_dicts: aliased tensor")
         return out
 
     return draw_state()
@@ -461,7 +480,7 @@ def python_objects() -> SearchStrategy[Any]:
     ``SimpleNamespace``, and registered user types (a dataclass, an enum, a named tuple:
     :class:`SampleConfig`, :class:`SampleColor`, :class:`SamplePoint`)."""
     _register_samples()
-    floats = st.sampled_from(float64_specials()) | st.floats()
+    floats = _specials(float64_specials()) | st.floats()
     small = st.one_of(st.integers(-5, 5), st.text(max_size=4))
     numpy_scalar = tensors(shape=(), layout="contiguous").map(lambda a: a[()])
     return st.one_of(
