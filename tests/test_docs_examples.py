@@ -8,7 +8,8 @@ of two ways:
 - an HTML comment on the line before the fence: ``<!-- no-run: needs a GPU -->``;
 - its info string: `````python no-run`````.
 
-``shardpoint`` on a bash block's ``PATH`` is this checkout's command line.
+``shardpoint`` on a bash block's ``PATH`` is this checkout's command line, ``python`` the
+interpreter running these tests.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def test_doc_blocks_run(doc: pathlib.Path, tmp_path: pathlib.Path) -> None:
     shim = bin_dir / "shardpoint"  # this checkout's CLI, whatever is installed
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m shardpoint "$@"\n')
     shim.chmod(0o755)
+    # `python` in a bash block is the interpreter running these tests, whatever PATH holds
+    # (a script, not a link: a link outside the virtual environment would not be in it)
+    py = bin_dir / "python"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(
