@@ -144,3 +144,14 @@ def test_jax_arrays() -> None:
     assert_identical(a, jnp.asarray(np.array([0.0, -0.0], np.float32)))
     differs(a, jnp.abs(a), r"index \(1,\)")
     differs(a, np.asarray(a), "type differs")
+
+
+def test_torch_size_one_dimension_with_any_stride() -> None:
+    """A size-1 dimension may keep a stride of 2 (a strided view of one element); clone() and
+    contiguous() keep it, view(uint8) refused it (found by the nightly profile)."""
+    torch = pytest.importorskip("torch")
+    one = torch.zeros(2)[::2]
+    assert one.shape == (1,) and one.stride() == (2,)
+    assert_identical(one, torch.zeros(1))
+    with pytest.raises(AssertionError, match="0x80000000"):
+        assert_identical(one, torch.tensor([-0.0]))

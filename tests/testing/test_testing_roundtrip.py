@@ -146,3 +146,15 @@ def test_checkpoint_restore_that_does_nothing_is_caught(tmp_path) -> None:
 
     fresh = roundtrip._fresh_copy(ck)
     assert not np.array_equal(fresh.m.v.numpy(), ck.m.v.numpy())
+
+
+def test_torch_expanded_tensor_tied_to_its_base(tmp_path) -> None:
+    """An expanded tensor (stride 0) sharing storage with another: shardpoint.torch.load
+    rebuilt the shared storage with copy_ into the expanded view, which torch refuses ("more
+    than one element of the written-to tensor refers to a single memory location"; found by
+    the nightly profile of test_torch_save_round_trips_state_dicts)."""
+    torch = pytest.importorskip("torch")
+    base = torch.tensor([True])
+    state = {"a": {"a": base.expand(2)}, "a.b": base}
+    got = assert_roundtrip(state, path=str(tmp_path / "t"))
+    assert got["a"]["a"].stride() == (0,)

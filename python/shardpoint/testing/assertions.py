@@ -80,8 +80,11 @@ def tensor_bits(x: Any) -> np.ndarray:
         size = t.element_size()
         if t.numel() == 0:  # an empty tensor may keep a stride of 0: nothing to view
             return np.zeros((*shape, size), np.uint8)
-        # a copy: a size-1 dimension may keep any stride, which view(uint8) refuses
-        raw = t.reshape(-1).clone().view(_torch_uint8()).numpy()
+        # a fresh flat copy: a size-1 dimension may keep any stride (contiguous() and clone()
+        # keep it too), which view(uint8) refuses
+        flat = t.new_empty((t.numel(),))
+        flat.copy_(t.reshape(-1))
+        raw = flat.view(_torch_uint8()).numpy()
         return raw.reshape((*shape, size))
     a = np.asarray(x)
     size = a.dtype.itemsize

@@ -320,7 +320,13 @@ def _rebuild_group(group: Mapping[str, Any], out: dict[str, Any], device: torch.
         if offset % src.element_size():
             raise InvalidArgumentError(f"key {key!r}: stored view offset is not element-aligned")
         view.set_(block, offset // src.element_size(), tuple(rec["shape"]), tuple(rec["stride"]))
-        view.copy_(src)
+        # an expanded member (stride 0) holds one element many times: copy_ refuses to write
+        # such a tensor, so write its first index along those dimensions (the others are equal)
+        dst, val = view, src
+        for d, (n, st) in enumerate(zip(view.shape, view.stride(), strict=True)):
+            if st == 0 and n > 1:
+                dst, val = dst.narrow(d, 0, 1), val.narrow(d, 0, 1)
+        dst.copy_(val)
         out[key] = view
 
 
