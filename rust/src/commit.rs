@@ -8,7 +8,7 @@
 //! has no `flock`, cleanup falls back to removing only the previous checkpoint's own shards.
 
 use crate::error::{Error, Result};
-use crate::index::{IndexView, ShardRec};
+use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
 use crate::naming::{is_owned_suffix, is_temp_suffix, temp_path};
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -401,5 +401,48 @@ pub fn remove(prefix: &Path) -> Result<()> {
         let _ = fs::remove_file(path);
     }
     drop(lock);
+    Ok(())
+}
+
+/// Unlink published shards that no index references (a commit that failed before its rename).
+pub(crate) fn unlink_shards(prefix: &Path, recs: &[ShardRec]) {
+    for r in recs {
+        let _ = std::fs::remove_file(with_suffix(prefix, &r.name));
+    }
+}
+
+/// Write `P.index` atomically for the given (published) shards and entries, fsync the
+/// directory, then clean up what is provably orphaned. Call with `lock` acquired. If the index
+/// cannot be written, the shards are unlinked again; if only the directory fsync fails, the
+/// checkpoint is in place and the error says it may not survive a crash (nothing is cleaned).
+#[allow(clippy::too_many_arguments)]
+pub fn commit_index(
+    prefix: &Path,
+    shards: &[ShardRec],
+    entries: Vec<EntryMeta>,
+    chunk_bytes: u32,
+    meta: &[u8],
+    durable: bool,
+    lock: &PrefixLock,
+) -> Result<()> {
+    let orphans = if lock.held() {
+        Orphans::Locked
+    } else {
+        Orphans::Unlocked {
+            previous: current_shards(prefix),
+        }
+    };
+    let written = build_index(shards, entries, chunk_bytes, meta)
+        .and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
+    if let Err(e) = written {
+        unlink_shards(prefix, shards);
+        return Err(e);
+    }
+    if durable {
+        // Before cleanup: unlinking the old shards must not become durable before the rename.
+        sync_dir_after_commit(&parent_dir(prefix))?;
+    }
+    let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
+    cleanup(prefix, &keep, &orphans);
     Ok(())
 }

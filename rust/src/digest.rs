@@ -15,15 +15,13 @@
 
 use crate::error::{Error, Result};
 use crate::index::ShardRec;
-use crate::reader::Reader;
-use crate::store::remote_reader::RemoteReader;
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Bytes hashed per read when re-hashing a file.
-const HASH_PIECE: usize = 4 << 20;
+pub const HASH_PIECE: usize = 4 << 20;
 
 /// A strong digest algorithm a manifest may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,62 +226,6 @@ pub trait ShardBytes: Sync {
     }
 }
 
-impl ShardBytes for Reader {
-    fn index_bytes(&self) -> Result<&[u8]> {
-        self.index().bytes()
-    }
-    fn index_path(&self) -> &Path {
-        self.index().path()
-    }
-    fn metadata(&self) -> Result<&[u8]> {
-        self.index().metadata_bytes()
-    }
-    fn shard_recs(&self) -> &[ShardRec] {
-        self.index().shards()
-    }
-    fn shard_path(&self, i: usize) -> PathBuf {
-        self.shards()[i].path.clone()
-    }
-    /// pread from the descriptor the reader opened: the same file its reads use.
-    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
-        self.shards()[i].read_at(off, buf)
-    }
-    fn grew(&self, i: usize) -> bool {
-        let s = &self.shards()[i];
-        let mut one = [0u8; 1];
-        s.read_at(s.len(), &mut one).is_ok()
-    }
-}
-
-impl ShardBytes for RemoteReader {
-    fn index_bytes(&self) -> Result<&[u8]> {
-        self.index().bytes()
-    }
-    fn index_path(&self) -> &Path {
-        self.index().path()
-    }
-    fn metadata(&self) -> Result<&[u8]> {
-        self.index().metadata_bytes()
-    }
-    fn shard_recs(&self) -> &[ShardRec] {
-        self.index().shards()
-    }
-    fn shard_path(&self, i: usize) -> PathBuf {
-        self.shards()[i].url.clone()
-    }
-    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_shard_into(i as u32, off, buf)
-    }
-    /// Every ranged GET checks the object's total size against the shard record.
-    fn grew(&self, _i: usize) -> bool {
-        false
-    }
-    /// Bigger requests: each is split into parallel ranged GETs by the reader.
-    fn piece(&self) -> usize {
-        4 * HASH_PIECE
-    }
-}
-
 /// Re-hash every shard of an open checkpoint against the manifest in its index. `Ok(None)`
 /// when the checkpoint was saved without a digest. Shards are hashed in parallel.
 pub fn verify_strong<R: ShardBytes>(r: &R) -> Result<Option<StrongReport>> {
@@ -385,6 +327,7 @@ pub fn verify_strong<R: ShardBytes>(r: &R) -> Result<Option<StrongReport>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reader::Reader;
 
     #[test]
     fn known_answers() {

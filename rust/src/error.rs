@@ -65,8 +65,9 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
 
-    /// The call was cancelled through its [`crate::cancel::Token`] (Ctrl-C in Python); a
-    /// cancelled save committed nothing.
+    /// The call was cancelled through its cancellation token (`cancel::Token`, Ctrl-C in
+    /// Python); a cancelled save committed nothing. Plain text, not a doc link: the error type
+    /// sits below every other module and names none of them.
     #[error("cancelled")]
     Cancelled,
 }

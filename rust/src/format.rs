@@ -61,21 +61,9 @@ pub const MIN_COMPRESS_BYTES: u64 = 4096;
 /// A chunk is stored compressed only when it shrinks below this fraction (§5), as a ratio n/d.
 pub const MAX_KEPT_RATIO: (u64, u64) = (95, 100);
 
-/// crc32c of a byte slice.
-#[inline]
-pub fn crc(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
-}
-
-/// crc32c of a concatenation, from the crcs and lengths of its consecutive pieces.
-pub fn combine_crcs(pieces: impl IntoIterator<Item = (u32, usize)>) -> u32 {
-    pieces
-        .into_iter()
-        .fold(None, |acc: Option<u32>, (c, n)| {
-            Some(acc.map_or(c, |a| crate::crc_combine::combine(a, c, n as u64)))
-        })
-        .unwrap_or_else(|| crc(&[]))
-}
+/// The checksum every record and payload carries (crc32c); defined in [`crate::checksum`],
+/// named here too because the format's records are what it checks.
+pub use crate::checksum::{combine_crcs, crc};
 
 /// Element types (§4). The tag values are the on-disk encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,14 +9,15 @@
 //! - a linked file is checked against the base's shard record (length, save token, header crc)
 //!   before the index that references it is written; any doubt falls back to a full save.
 
-use crate::commit::{parent_dir, random_token, sync_dir, with_suffix, PrefixLock};
+use crate::checksum::par_crc;
+use crate::commit::{commit_index, parent_dir, random_token, sync_dir, with_suffix, PrefixLock};
 use crate::digest::{hash_path, manifest_extra, parse_manifest, DigestAlgo, FileDigest};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, IndexView, ShardRec};
 use crate::merge::meta_blob;
-use crate::shard::{par_crc, Item, ShardWriter};
-use crate::writer::{commit_index, shard_digests, WriterOptions};
+use crate::shard::{Item, ShardWriter};
+use crate::writer::{shard_digests, WriterOptions};
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};

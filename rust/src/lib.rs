@@ -5,6 +5,7 @@
 //! commits the checkpoint. The byte-level spec is docs/FORMAT.md; module names follow it:
 //!
 //! - [`format`]: constants, tags, the shard header;
+//! - [`checksum`]: crc32c of slices, of concatenations, of large buffers in parallel;
 //! - [`naming`]: every file name of a checkpoint (index, partial, shard, temp);
 //! - [`codec`]: byte grouping and zstd chunk codecs;
 //! - [`index`]: building the index and the lazily verified view used for lookups;
@@ -29,6 +30,7 @@
 //! - [`error`]: the crate's one error type.
 
 pub mod cancel;
+pub mod checksum;
 pub mod codec;
 pub mod commit;
 pub mod crc_combine;

@@ -6,14 +6,13 @@
 //! bytes are copied. The metadata blob is JSON we wrote ourselves, parsed here with serde_json
 //! (the user's part is carried through verbatim as raw JSON).
 
-use crate::commit::PrefixLock;
+use crate::commit::{commit_index, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
 use crate::index::{EntryMeta, IndexView, ShardRec};
 use crate::naming::{partial_index_path, partial_suffix};
 use crate::store::{remote_commit, Location};
-use crate::writer::commit_index;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::HashMap;

@@ -3,8 +3,7 @@
 //! merge that commits them is in `merge`).
 
 use crate::commit::{
-    cleanup, current_shards, index_path, parent_dir, partial_index_path, random_token,
-    replace_file, sync_dir_after_commit, with_suffix, write_atomic, Orphans, PrefixLock,
+    commit_index, partial_index_path, random_token, unlink_shards, write_atomic, PrefixLock,
 };
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest};
 use crate::error::{Error, Result};
@@ -545,49 +544,6 @@ fn publish_all(
         }
     }
     Ok((recs, entries))
-}
-
-/// Unlink published shards that no index references (a commit that failed before its rename).
-fn unlink_shards(prefix: &Path, recs: &[ShardRec]) {
-    for r in recs {
-        let _ = std::fs::remove_file(with_suffix(prefix, &r.name));
-    }
-}
-
-/// Write `P.index` atomically for the given (published) shards and entries, fsync the
-/// directory, then clean up what is provably orphaned. Call with `lock` acquired. If the index
-/// cannot be written, the shards are unlinked again; if only the directory fsync fails, the
-/// checkpoint is in place and the error says it may not survive a crash (nothing is cleaned).
-#[allow(clippy::too_many_arguments)]
-pub fn commit_index(
-    prefix: &Path,
-    shards: &[ShardRec],
-    entries: Vec<EntryMeta>,
-    chunk_bytes: u32,
-    meta: &[u8],
-    durable: bool,
-    lock: &PrefixLock,
-) -> Result<()> {
-    let orphans = if lock.held() {
-        Orphans::Locked
-    } else {
-        Orphans::Unlocked {
-            previous: current_shards(prefix),
-        }
-    };
-    let written = build_index(shards, entries, chunk_bytes, meta)
-        .and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
-    if let Err(e) = written {
-        unlink_shards(prefix, shards);
-        return Err(e);
-    }
-    if durable {
-        // Before cleanup: unlinking the old shards must not become durable before the rename.
-        sync_dir_after_commit(&parent_dir(prefix))?;
-    }
-    let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
-    cleanup(prefix, &keep, &orphans);
-    Ok(())
 }
 
 /// Save `items` at a local `prefix` in one call: `opts.shards` threads write in parallel, then

@@ -286,7 +286,7 @@ impl RemoteReader {
 
     /// Check the crc of an uncompressed entry's whole value `data` (as downloaded).
     fn check_raw(&self, e: &Entry<'_>, data: &[u8]) -> Result<()> {
-        let actual = crate::shard::par_crc(data);
+        let actual = crate::checksum::par_crc(data);
         if actual != e.crc {
             return Err(Error::Checksum {
                 path: self.shard_url(e).to_path_buf(),
@@ -638,4 +638,34 @@ fn check_chunk_table(e: &Entry<'_>, chunk_bytes: u32, url: &Path) -> Result<()> 
         ));
     }
     Ok(())
+}
+
+/// What strong verification ([`crate::digest::verify_strong`]) reads of a checkpoint in a store.
+impl crate::digest::ShardBytes for RemoteReader {
+    fn index_bytes(&self) -> Result<&[u8]> {
+        self.index().bytes()
+    }
+    fn index_path(&self) -> &Path {
+        self.index().path()
+    }
+    fn metadata(&self) -> Result<&[u8]> {
+        self.index().metadata_bytes()
+    }
+    fn shard_recs(&self) -> &[crate::index::ShardRec] {
+        self.index().shards()
+    }
+    fn shard_path(&self, i: usize) -> PathBuf {
+        self.shards()[i].url.clone()
+    }
+    fn read_shard(&self, i: usize, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_shard_into(i as u32, off, buf)
+    }
+    /// Every ranged GET checks the object's total size against the shard record.
+    fn grew(&self, _i: usize) -> bool {
+        false
+    }
+    /// Bigger requests: each is split into parallel ranged GETs by the reader.
+    fn piece(&self) -> usize {
+        4 * crate::digest::HASH_PIECE
+    }
 }

@@ -2,72 +2,26 @@
 //!
 //! A shard is written under a temp name and only published (linked to its final name) by
 //! `seal` + `publish`; dropping an unpublished writer removes the temp file.
+//!
+//! Where to look: this file holds the writer (create, the byte sink, padding, seal, publish) and
+//! the value type [`Item`]; `encode` the pipeline that compresses and checksums the values'
+//! chunks in parallel batches while the previous batch is written.
 
-use crate::codec::{choose_codec, encode_chunk_crc_in, BufPool};
+mod encode;
+
+use crate::codec::BufPool;
 use crate::commit::publish_shard;
 use crate::digest::{DigestAlgo, FileHasher};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::index::{ChunkRec, EntryMeta, ShardRec};
+use crate::index::{EntryMeta, ShardRec};
 use crate::naming::{final_of_temp, temp_path, with_suffix};
-use rayon::prelude::*;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Chunks compressed per parallel batch: bounds the memory a huge tensor needs while writing.
-const CHUNKS_PER_BATCH: usize = 32;
 /// Small payloads are gathered into a buffer of this size before a write syscall.
 const WRITE_BUF: usize = 1 << 20;
-/// Payloads larger than this get their crc computed in parallel pieces.
-const PAR_CRC_MIN: usize = 8 << 20;
-
-/// One encoded chunk: stored bytes (None = raw), crc32c of the raw bytes, raw length, crc32c
-/// of the stored bytes.
-/// One unit of encoding work of [`ShardWriter::write_items`]: chunk `ci` of a compressed
-/// value, or the crc of a value stored raw.
-#[derive(Clone, Copy)]
-enum Job {
-    Chunk { item: usize, ci: usize },
-    Raw { item: usize },
-}
-
-impl Job {
-    /// Raw bytes this job covers (batch sizing).
-    fn bytes(&self, items: &[&Item<'_>], cb: usize) -> usize {
-        match *self {
-            Job::Raw { item } => items[item].data.len(),
-            Job::Chunk { item, ci } => (items[item].data.len() - ci * cb).min(cb),
-        }
-    }
-}
-
-/// A finished job: a chunk's stored bytes (`None` = stored raw), raw crc, raw length and
-/// stored crc; or a raw value's crc.
-enum Done {
-    Chunk(Option<Vec<u8>>, u32, usize, u32),
-    Raw(u32),
-}
-
-/// What [`ShardWriter::write_batch`] needs besides the batch: the values and their codecs,
-/// the chunk size, the buffer pool and the progress callback.
-#[derive(Clone, Copy)]
-struct BatchCtx<'a, 'b> {
-    items: &'a [&'a Item<'b>],
-    codecs: &'a [Codec],
-    cb: usize,
-    pool: &'a BufPool,
-    progress: &'a (dyn Fn(u64) + Sync),
-}
-
-/// Per-value bookkeeping while its chunks are written.
-struct ItemState {
-    nchunks: usize,
-    offset: u64,
-    raw_crc: Option<u32>,
-    all_raw: bool,
-    chunks: Vec<ChunkRec>,
-}
 
 /// How one value should be stored.
 #[derive(Clone, Copy, Debug)]
@@ -127,17 +81,6 @@ impl Item<'_> {
         }
         Ok(())
     }
-}
-
-/// crc32c of `data`, in parallel pieces for large inputs.
-pub fn par_crc(data: &[u8]) -> u32 {
-    if data.len() < PAR_CRC_MIN {
-        return crc(data);
-    }
-    const PIECE: usize = 4 << 20;
-    let pieces: Vec<(u32, usize)> =
-        crate::threads::install(|| data.par_chunks(PIECE).map(|p| (crc(p), p.len())).collect());
-    combine_crcs(pieces)
 }
 
 /// Where the bytes of a shard go when it does not live in a local file: an object-store
@@ -339,219 +282,6 @@ impl ShardWriter {
     /// Write one value (see [`ShardWriter::write_items`]).
     pub fn write_item(&mut self, item: &Item<'_>, opts: EncodeOptions) -> Result<()> {
         self.write_items(&[item], opts, &|_| {})
-    }
-
-    /// Write values in order, calling `progress(raw bytes)` after each. Compression and crcs
-    /// run on the rayon pool as one pipeline across items: the chunks of consecutive values
-    /// (and the crcs of values stored raw) are cut into batches of about
-    /// [`CHUNKS_PER_BATCH`] chunks, batch k+1 is encoded in parallel while batch k is written
-    /// (double buffering). Why across items: a model of many tensors of one chunk each would
-    /// otherwise encode one chunk at a time and stop encoding while writing.
-    pub fn write_items(
-        &mut self,
-        items: &[&Item<'_>],
-        opts: EncodeOptions,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<()> {
-        let cb = opts.chunk_bytes as usize;
-        let mut jobs: Vec<Job> = Vec::new();
-        let mut states: Vec<ItemState> = Vec::with_capacity(items.len());
-        let mut codecs: Vec<Codec> = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            item.validate()?;
-            let codec = if (item.data.len() as u64) < MIN_COMPRESS_BYTES {
-                Codec::None
-            } else {
-                choose_codec(opts.codec, item.dtype, opts.level)
-            };
-            let nchunks = if codec == Codec::None {
-                jobs.push(Job::Raw { item: i });
-                0
-            } else {
-                let n = item.data.len().div_ceil(cb);
-                jobs.extend((0..n).map(|ci| Job::Chunk { item: i, ci }));
-                n
-            };
-            codecs.push(codec);
-            states.push(ItemState {
-                nchunks,
-                offset: 0,
-                raw_crc: None,
-                all_raw: true,
-                chunks: Vec::with_capacity(nchunks),
-            });
-        }
-        // Batches of about CHUNKS_PER_BATCH chunks' worth of bytes (a raw value counts its
-        // bytes, whose crc is its job).
-        let mut batches: Vec<&[Job]> = Vec::new();
-        let (mut from, mut bytes) = (0usize, 0usize);
-        for (j, job) in jobs.iter().enumerate() {
-            bytes += job.bytes(items, cb);
-            if bytes >= cb * CHUNKS_PER_BATCH {
-                batches.push(&jobs[from..=j]);
-                (from, bytes) = (j + 1, 0);
-            }
-        }
-        if from < jobs.len() {
-            batches.push(&jobs[from..]);
-        }
-        let pool = self.pool.clone();
-        let level = opts.level;
-        self.cancel = crate::cancel::current();
-        let cancel = self.cancel.clone();
-        let encode = |batch: &[Job]| -> Vec<Result<Done>> {
-            batch
-                .par_iter()
-                .map(|job| {
-                    // Per job: once cancelled, the rest of the batch is skipped, so a call
-                    // stops after the chunks already being encoded.
-                    cancel.check()?;
-                    match *job {
-                        Job::Raw { item } => Ok(Done::Raw(par_crc(items[item].data))),
-                        Job::Chunk { item, ci } => {
-                            let it = items[item];
-                            let raw = &it.data[ci * cb..((ci + 1) * cb).min(it.data.len())];
-                            let buf = pool.take(cb + 256);
-                            let e = encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
-                            Ok(Done::Chunk(e.stored, e.raw_crc, raw.len(), e.stored_crc))
-                        }
-                    }
-                })
-                .collect()
-        };
-        let ctx = BatchCtx {
-            items,
-            codecs: &codecs,
-            cb,
-            pool: &pool,
-            progress,
-        };
-        self.cancel.check()?;
-        crate::threads::install(|| {
-            let mut pending = batches.first().map(|b| encode(b));
-            for (k, batch) in batches.iter().enumerate() {
-                self.cancel.check()?;
-                let done = pending.take().expect("encoded ahead");
-                let next = batches.get(k + 1);
-                let (written, next_done) = rayon::join(
-                    || self.write_batch(batch, done, &mut states, &ctx),
-                    || next.map(|b| encode(b)),
-                );
-                written?;
-                pending = next_done;
-            }
-            Ok(())
-        })
-    }
-
-    /// Write one encoded batch in order: padding and entry records at value boundaries.
-    fn write_batch(
-        &mut self,
-        batch: &[Job],
-        done: Vec<Result<Done>>,
-        states: &mut [ItemState],
-        ctx: &BatchCtx<'_, '_>,
-    ) -> Result<()> {
-        let BatchCtx {
-            items,
-            codecs,
-            cb,
-            pool,
-            progress,
-        } = *ctx;
-        for (job, d) in batch.iter().zip(done) {
-            match (*job, d?) {
-                (Job::Raw { item }, Done::Raw(c)) => {
-                    let data = items[item].data;
-                    self.pad_for(data.len() as u64)?;
-                    let offset = self.pos;
-                    self.append(data)?;
-                    self.push_entry(
-                        items[item],
-                        Codec::None,
-                        c,
-                        offset,
-                        data.len() as u64,
-                        vec![],
-                    );
-                    progress(data.len() as u64);
-                }
-                (Job::Chunk { item, ci }, Done::Chunk(stored, raw_c, n, stored_c)) => {
-                    let it = items[item];
-                    let st = &mut states[item];
-                    if ci == 0 {
-                        // Page alignment only serves zero-copy views of uncompressed payloads
-                        // (FORMAT.md §2): a payload whose first chunk compressed is 64-byte
-                        // aligned (saves ~2 KiB of padding per tensor); one whose first chunk
-                        // is raw may end up all raw (uncompressed), so it is page aligned.
-                        self.pad_for(if stored.is_some() {
-                            0
-                        } else {
-                            it.data.len() as u64
-                        })?;
-                        st.offset = self.pos;
-                    }
-                    st.raw_crc = Some(match st.raw_crc {
-                        None => raw_c,
-                        Some(a) => crate::crc_combine::combine(a, raw_c, n as u64),
-                    });
-                    st.all_raw &= stored.is_none();
-                    let bytes: &[u8] = match stored.as_deref() {
-                        Some(b) => b,
-                        None => &it.data[ci * cb..ci * cb + n],
-                    };
-                    st.chunks.push(ChunkRec {
-                        rel_offset: self.pos - st.offset,
-                        stored_len: bytes.len() as u32,
-                        crc: stored_c,
-                    });
-                    self.append(bytes)?;
-                    if let Some(b) = stored {
-                        pool.give(b);
-                    }
-                    if ci + 1 == st.nchunks {
-                        let raw_crc = st.raw_crc.unwrap_or_else(|| crc(&[]));
-                        let stored_len = self.pos - st.offset;
-                        let chunks = std::mem::take(&mut st.chunks);
-                        // Nothing compressed: the payload *is* the raw bytes, so record it as
-                        // codec none and keep zero-copy reads.
-                        let (codec, chunks) = if st.all_raw {
-                            (Codec::None, Vec::new())
-                        } else {
-                            (codecs[item], chunks)
-                        };
-                        self.push_entry(it, codec, raw_crc, st.offset, stored_len, chunks);
-                        progress(it.data.len() as u64);
-                    }
-                }
-                _ => unreachable!("each job's result is of its own kind"),
-            }
-        }
-        Ok(())
-    }
-
-    fn push_entry(
-        &mut self,
-        item: &Item<'_>,
-        codec: Codec,
-        c: u32,
-        offset: u64,
-        stored_len: u64,
-        chunks: Vec<ChunkRec>,
-    ) {
-        self.bytes_written += stored_len;
-        self.entries.push(EntryMeta {
-            key: item.key.clone(),
-            dtype: item.dtype,
-            codec,
-            kind: item.kind,
-            dims: item.dims.clone(),
-            shard: 0, // set by the index builder's caller
-            crc: c,
-            offset,
-            stored_len,
-            chunks,
-        });
     }
 
     /// Flush and fsync (if `durable`) the temp file. It stays open, and so locked, until

@@ -1,0 +1,36 @@
+//! The checksum of the format (crc32c): of a slice, of a concatenation from its
+//! pieces' crcs, and of a large buffer in parallel pieces. Below everything that writes, reads
+//! or verifies bytes, so that readers need not reach into the shard writer for it.
+
+use crate::threads;
+use rayon::prelude::*;
+
+/// Payloads larger than this get their crc computed in parallel pieces.
+const PAR_CRC_MIN: usize = 8 << 20;
+
+/// crc32c of a byte slice.
+#[inline]
+pub fn crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// crc32c of a concatenation, from the crcs and lengths of its consecutive pieces.
+pub fn combine_crcs(pieces: impl IntoIterator<Item = (u32, usize)>) -> u32 {
+    pieces
+        .into_iter()
+        .fold(None, |acc: Option<u32>, (c, n)| {
+            Some(acc.map_or(c, |a| crate::crc_combine::combine(a, c, n as u64)))
+        })
+        .unwrap_or_else(|| crc(&[]))
+}
+
+/// crc32c of `data`, in parallel pieces for large inputs.
+pub fn par_crc(data: &[u8]) -> u32 {
+    if data.len() < PAR_CRC_MIN {
+        return crc(data);
+    }
+    const PIECE: usize = 4 << 20;
+    let pieces: Vec<(u32, usize)> =
+        threads::install(|| data.par_chunks(PIECE).map(|p| (crc(p), p.len())).collect());
+    combine_crcs(pieces)
+}

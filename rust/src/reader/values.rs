@@ -1,0 +1,81 @@
+//! One value's bytes: its stored payload (pread, in parallel pieces when large) and a raw range
+//! of it, decoding only the chunks that overlap (first-axis slices).
+
+use super::{Reader, READ_PIECE};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::Entry;
+use rayon::prelude::*;
+
+impl Reader {
+    /// The stored payload bytes of an entry, read from the file (a copy).
+    pub fn stored(&self, e: &Entry<'_>) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; e.stored_len as usize];
+        self.read_stored(e, 0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Stored bytes `[rel, rel + out.len())` of an entry's payload into `out` (pread; large
+    /// reads are split into pieces read in parallel). Bounds were checked against the shard's
+    /// recorded length when the entry was looked up.
+    pub fn read_stored(&self, e: &Entry<'_>, rel: u64, out: &mut [u8]) -> Result<()> {
+        let shard = &self.shards[e.shard as usize];
+        let base = e.offset + rel;
+        if out.len() <= READ_PIECE {
+            return shard.read_at(base, out);
+        }
+        let cancel = crate::cancel::current();
+        crate::threads::install(|| {
+            out.par_chunks_mut(READ_PIECE)
+                .enumerate()
+                .try_for_each(|(i, piece)| {
+                    cancel.check()?;
+                    shard.read_at(base + (i * READ_PIECE) as u64, piece)
+                })
+        })
+    }
+
+    /// Raw bytes `[lo, hi)` of the entry's data, decoding only the chunks that overlap.
+    pub fn read_range(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
+        if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
+            return Err(Error::InvalidArgument(format!(
+                "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
+                e.key, e.raw_len
+            )));
+        }
+        if e.codec == Codec::None {
+            return self.read_stored(e, lo, out);
+        }
+        if lo == hi {
+            return Ok(());
+        }
+        self.check_chunk_table(e)?;
+        let cb = self.index.chunk_bytes() as u64;
+        let (c0, c1) = (lo / cb, (hi - 1) / cb);
+        // Cut `out` into one disjoint `&mut` piece per overlapping chunk before going parallel,
+        // so every thread writes only through the piece it owns.
+        let mut pieces: Vec<(u64, &mut [u8])> = Vec::with_capacity((c1 - c0 + 1) as usize);
+        let mut rest = out;
+        for ci in c0..=c1 {
+            let (a, b) = (lo.max(ci * cb), hi.min((ci + 1) * cb));
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut((b - a) as usize);
+            pieces.push((ci, piece));
+            rest = tail;
+        }
+        let cancel = crate::cancel::current();
+        crate::threads::install(|| {
+            pieces
+                .into_par_iter()
+                .try_for_each(|(ci, dst)| -> Result<()> {
+                    cancel.check()?;
+                    let raw_lo = ci * cb;
+                    let raw_n = cb.min(e.raw_len - raw_lo) as usize;
+                    let mut tmp = vec![0u8; raw_n];
+                    self.decode_one(e, ci as usize, &mut tmp)?;
+                    let from = (lo.max(raw_lo) - raw_lo) as usize;
+                    dst.copy_from_slice(&tmp[from..from + dst.len()]);
+                    Ok(())
+                })
+        })
+    }
+}
