@@ -8,4 +8,5 @@ mod view;
 
 pub use build::{build_index, check_key, ChunkRec, EntryMeta, ShardRec};
 pub use source::{IndexSource, LazyIndex};
-pub use view::{Entry, IndexView};
+pub use view::lookup::Entry;
+pub use view::IndexView;

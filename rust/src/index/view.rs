@@ -3,9 +3,14 @@
 //! each block of 64 entries the first time it is touched. The bytes come from an
 //! [`IndexSource`]: in memory, or read from the file page by page as lookups touch them, so
 //! open costs the same whatever the key count.
+//!
+//! Where to look: this file opens the view and verifies its sections and blocks; `lookup` finds
+//! keys (binary search, the global order check) and parses entries into [`Entry`].
 
-use super::build::{ChunkRec, EntryMeta, ShardRec};
-use super::layout::{BlockRecord, ChunkRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
+pub(super) mod lookup;
+
+use super::build::ShardRec;
+use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use super::source::{zeroed_flags, IndexSource};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -16,59 +21,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// than 8 bytes (FORMAT.md §3). Too little to hide an entry record (40 bytes) or a block
 /// record (24).
 const MAX_SECTION_GAP: u64 = 8;
-
-/// A parsed, validated entry, borrowing the index bytes.
-#[derive(Clone, Debug)]
-pub struct Entry<'a> {
-    pub index: usize,
-    pub key: &'a str,
-    pub dtype: DType,
-    pub codec: Codec,
-    pub kind: Kind,
-    pub dims: Vec<u64>,
-    pub shard: u32,
-    pub crc: u32,
-    pub offset: u64,
-    pub stored_len: u64,
-    pub raw_len: u64,
-    /// The chunk records (`nchunks × 16` bytes); empty for codec none.
-    pub chunk_table: &'a [u8],
-}
-
-impl Entry<'_> {
-    /// Number of chunks (0 for codec none).
-    pub fn nchunks(&self) -> usize {
-        self.chunk_table.len() / CHUNK_REC
-    }
-
-    /// Chunk record `i` (caller checks `i < nchunks()`).
-    pub fn chunk(&self, i: usize) -> ChunkRec {
-        let (rel_offset, stored_len, crc) =
-            ChunkRecord::decode(&self.chunk_table[i * CHUNK_REC..(i + 1) * CHUNK_REC]);
-        ChunkRec {
-            rel_offset,
-            stored_len,
-            crc,
-        }
-    }
-
-    /// Owned metadata (used when merging partial indexes).
-    pub fn to_meta(&self) -> EntryMeta {
-        EntryMeta {
-            key: self.key.to_string(),
-            dtype: self.dtype,
-            codec: self.codec,
-            kind: self.kind,
-            dims: self.dims.clone(),
-            shard: self.shard,
-            crc: self.crc,
-            offset: self.offset,
-            stored_len: self.stored_len,
-            chunks: (0..self.nchunks()).map(|i| self.chunk(i)).collect(),
-        }
-    }
-}
-
 /// A validated view over the bytes of an index file.
 pub struct IndexView<B: IndexSource> {
     path: PathBuf,
@@ -437,6 +389,8 @@ impl<B: IndexSource> IndexView<B> {
         Ok(())
     }
 
+    /// The key bytes of entry `i` within its block's key range `[klo, khi)`, its block not
+    /// necessarily verified (the block check itself reads keys with it).
     fn key_bytes_unchecked(&self, i: usize, klo: u64, khi: u64) -> Result<&[u8]> {
         let rec = EntryRecord::decode(self.at(
             self.h.entries_off + (i * ENTRY_REC) as u64,
@@ -452,215 +406,6 @@ impl<B: IndexSource> IndexView<B> {
             ));
         }
         self.at(self.h.keys_off + start, len)
-    }
-
-    /// The key bytes of entry `i` (verifying its block first).
-    pub fn key_bytes(&self, i: usize) -> Result<&[u8]> {
-        let blk = i / BLOCK_ENTRIES;
-        self.ensure_block(blk)?;
-        let ((klo, khi), _) = self.block_ranges(blk)?;
-        self.key_bytes_unchecked(i, klo, khi)
-    }
-
-    /// Check, once, that the last key of every block is below the first key of the next.
-    /// With the in-block order checked when a block is verified, this makes the whole table
-    /// sorted, so a binary search on a hostile (crc-consistent but unsorted) index cannot
-    /// answer "absent" for a key that is there. Costs two key reads per block of 64 entries,
-    /// paid by the first lookup, not by open.
-    fn ensure_order(&self) -> Result<()> {
-        if self.order_checked.load(Ordering::Acquire) == 1 {
-            return Ok(());
-        }
-        // Every block's first and last key are read: bring the entry table and key blob in
-        // with one read each rather than page by page.
-        self.at(self.h.entries_off, self.h.entry_count * ENTRY_REC as u64)?;
-        self.at(self.h.keys_off, self.h.keys_len)?;
-        let mut prev_last: Option<&[u8]> = None;
-        for blk in 0..self.nblocks() {
-            let ((klo, khi), _) = self.block_ranges(blk)?;
-            let lo = blk * BLOCK_ENTRIES;
-            let hi = (lo + BLOCK_ENTRIES).min(self.len());
-            let first = self.key_bytes_unchecked(lo, klo, khi)?;
-            if prev_last.is_some_and(|p| p >= first) {
-                return Err(Error::corrupt(
-                    &self.path,
-                    self.h.entries_off + (lo * ENTRY_REC) as u64,
-                    format!(
-                        "entry {lo}: keys are not sorted across blocks {} and {blk}",
-                        blk - 1
-                    ),
-                ));
-            }
-            prev_last = Some(self.key_bytes_unchecked(hi - 1, klo, khi)?);
-        }
-        self.order_checked.store(1, Ordering::Release);
-        Ok(())
-    }
-
-    /// Every key, in order. Proves the whole table sorted first (once), as lookups do: a
-    /// listing of a crc-consistent index whose blocks are out of order is an error, never a
-    /// list that disagrees with lookups.
-    pub fn keys(&self) -> Result<Vec<&str>> {
-        self.ensure_order()?;
-        (0..self.len()).map(|i| Ok(self.entry(i)?.key)).collect()
-    }
-
-    /// First entry index whose key is `>= key`. Proves the whole table sorted first (once):
-    /// callers walk on from the answer (prefix listings), which is only right in a sorted table.
-    pub fn lower_bound(&self, key: &[u8]) -> Result<usize> {
-        self.ensure_order()?;
-        self.search(key)
-    }
-
-    /// Binary search, verifying each block it touches (O(log n) blocks read).
-    fn search(&self, key: &[u8]) -> Result<usize> {
-        let (mut lo, mut hi) = (0usize, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.key_bytes(mid)? < key {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(lo)
-    }
-
-    /// Entry index of `key`, if present.
-    ///
-    /// A hit is answered from the O(log n) blocks the search read (each verified). "Absent" is
-    /// only answered once the whole table is proven sorted (checked once, by the first miss):
-    /// a crc-consistent but unsorted hostile index cannot hide a key that is there, and a
-    /// lookup that finds its key never pays for reading the whole index.
-    pub fn find(&self, key: &str) -> Result<Option<usize>> {
-        let i = self.search(key.as_bytes())?;
-        if i < self.len() && self.key_bytes(i)? == key.as_bytes() {
-            return Ok(Some(i));
-        }
-        self.ensure_order()?;
-        Ok(None)
-    }
-
-    /// Parse and validate entry `i`.
-    pub fn entry(&self, i: usize) -> Result<Entry<'_>> {
-        if i >= self.len() {
-            return Err(Error::InvalidArgument(format!("entry {i} out of range")));
-        }
-        let blk = i / BLOCK_ENTRIES;
-        self.ensure_block(blk)?;
-        let ((klo, khi), (alo, ahi)) = self.block_ranges(blk)?;
-        let rec_off = self.h.entries_off + (i * ENTRY_REC) as u64;
-        let r = EntryRecord::decode(self.at(rec_off, ENTRY_REC as u64)?);
-        let bad = |what: String| Error::corrupt(&self.path, rec_off, format!("entry {i}: {what}"));
-        let key_b = self.key_bytes_unchecked(i, klo, khi)?;
-        let key = std::str::from_utf8(key_b).map_err(|_| bad("key is not valid UTF-8".into()))?;
-        if key_b.contains(&0) {
-            return Err(bad(format!("key {key:?} contains NUL")));
-        }
-        let bad = |what: String| {
-            Error::corrupt(&self.path, rec_off, format!("entry {i} ({key:?}): {what}"))
-        };
-        let dtype = DType::from_tag(r.dtype)
-            .ok_or_else(|| bad(format!("unknown dtype tag {}", r.dtype)))?;
-        let codec = Codec::from_tag(r.codec)
-            .ok_or_else(|| bad(format!("unknown codec tag {}", r.codec)))?;
-        let kind =
-            Kind::from_tag(r.kind).ok_or_else(|| bad(format!("unknown kind tag {}", r.kind)))?;
-        let ndim = r.ndim as usize;
-        if ndim > MAX_NDIM || r.reserved != 0 {
-            return Err(bad(format!(
-                "ndim {ndim} > {MAX_NDIM} or reserved bytes set"
-            )));
-        }
-        let shard = r.shard;
-        let srec = self
-            .shards
-            .get(shard as usize)
-            .ok_or_else(|| bad(format!("shard {shard} out of range")))?;
-        let (crc_v, aux_rel, offset, stored_len) =
-            (r.crc, r.aux_rel as u64, r.offset, r.stored_len);
-        let itemsize = dtype.itemsize();
-        let mut a = alo
-            .checked_add(aux_rel)
-            .filter(|&a| a <= ahi)
-            .ok_or_else(|| bad("aux offset outside its block".into()))?;
-        let aux = |a: u64, len: u64| -> Result<&[u8]> {
-            if a.checked_add(len).is_none_or(|e| e > ahi) {
-                return Err(bad(format!("aux data [{a}, +{len}) outside its block")));
-            }
-            self.at(self.h.aux_off + a, len)
-        };
-        let dims: Vec<u64> = if codec == Codec::None && ndim == 1 {
-            if stored_len % itemsize as u64 != 0 {
-                return Err(bad(format!(
-                    "stored_len {stored_len} is not a multiple of itemsize {itemsize}"
-                )));
-            }
-            vec![stored_len / itemsize as u64]
-        } else {
-            let d = aux(a, 8 * ndim as u64)?;
-            a += 8 * ndim as u64;
-            d.chunks_exact(8).map(|c| le_u64(c, 0)).collect()
-        };
-        let raw_len = raw_len(&dims, itemsize).ok_or_else(|| {
-            bad(format!(
-                "shape {dims:?} of {itemsize}-byte items overflows (a dimension or the byte \
-                     size of its non-zero dimensions exceeds 2^63 - 1)"
-            ))
-        })?;
-        if kind != Kind::Tensor && (dtype != DType::U8 || ndim != 1) {
-            return Err(bad("typed entries must be 1-d uint8".into()));
-        }
-        if kind == Kind::Object && raw_len > MAX_OBJECT_BYTES {
-            // Refused from the record: nothing of it is read or decompressed (§6.1).
-            return Err(bad(format!(
-                "object entry of {raw_len} bytes, over the {MAX_OBJECT_BYTES} bytes a reader accepts"
-            )));
-        }
-        let chunk_table: &[u8] = if codec == Codec::None {
-            if stored_len != raw_len {
-                return Err(bad(format!(
-                    "stored_len {stored_len} != raw length {raw_len}"
-                )));
-            }
-            &[]
-        } else {
-            if stored_len > raw_len {
-                return Err(bad(format!(
-                    "compressed entry stores {stored_len} bytes, more than its raw {raw_len}"
-                )));
-            }
-            let nch = chunk_count(raw_len, self.h.chunk_bytes);
-            let len = nch
-                .checked_mul(CHUNK_REC as u64)
-                .ok_or_else(|| bad("chunk count overflows".into()))?;
-            aux(a, len)?
-        };
-        if offset < DATA_START
-            || offset % ALIGN != 0
-            || offset
-                .checked_add(stored_len)
-                .is_none_or(|e| e > srec.file_len)
-        {
-            return Err(bad(format!(
-                "payload [{offset}, +{stored_len}) is misaligned or outside shard {shard} ({} bytes)",
-                srec.file_len
-            )));
-        }
-        Ok(Entry {
-            index: i,
-            key,
-            dtype,
-            codec,
-            kind,
-            dims,
-            shard,
-            crc: crc_v,
-            offset,
-            stored_len,
-            raw_len,
-            chunk_table,
-        })
     }
 
     /// The metadata JSON bytes, crc-checked.
