@@ -110,7 +110,7 @@ fn bench(c: &mut Criterion) {
                 })
             });
         }
-        // What a load does per codec-3 chunk: decode with the raw crc only (reader.rs).
+        // What a load does per codec-3 chunk: decode with the raw crc only (reader/chunks.rs).
         let enc = encode_chunk_crc(Codec::HuffByteGroup, dtype, 1, &raw)
             .unwrap()
             .stored
