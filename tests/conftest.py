@@ -32,6 +32,8 @@ _REQUIRED_IN_CI = (
     "transformers",
     "accelerate",
     "deepspeed",
+    "peft",
+    "parameterized",
     "model_signing",
     # OmegaConf configs in checkpoints (FORMAT.md §6.1)
     "omegaconf",

@@ -109,6 +109,15 @@ def arm_kill_hook() -> None:
     save.progress_bar = KillBar  # type: ignore[assignment]
 
 
+def damage_safetensors(path: str | os.PathLike[str], key: str) -> None:
+    """Flip one byte in the middle of tensor ``key``'s data in a safetensors file."""
+    raw = bytearray(Path(path).read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8 : 8 + n])[key]["data_offsets"]
+    raw[8 + n + (begin + end) // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(raw))
+
+
 def bits(t: Any) -> bytes:
     """A tensor's bytes (bit-for-bit comparison, NaN payloads and -0.0 included)."""
     import torch

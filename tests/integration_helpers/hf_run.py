@@ -2,8 +2,10 @@
 
     python -m integration_helpers.hf_run KIND OUT MAX_STEPS [RESUME] [; KIND OUT ...]
 
-KIND is ``shardpoint``, ``shardpoint-async`` or ``native``; checkpoints every 3 steps under
-OUT; RESUME is a checkpoint directory or ``true`` (the last one). Prints one JSON line: per
+KIND is ``native`` or ``shardpoint`` with options joined by ``-``: ``async``
+(``shardpoint_blocking=False``), ``compressed`` (``shardpoint_weights="compressed"``),
+``sharded`` (a 20 kB ``shardpoint_max_shard_size``); a ``peft-`` prefix trains a LoRA adapter
+(PEFT) on the model. Checkpoints every 3 steps under OUT; RESUME is a checkpoint directory or ``true`` (the last one). Prints one JSON line: per
 run, the per-step losses (hex floats) and a digest of the final parameters.
 """
 
@@ -62,6 +64,18 @@ def recording_trainer() -> type:
     return Recording
 
 
+#: the ``shardpoint_max_shard_size`` of the ``sharded`` kind: the tiny model spans several files
+SHARD_BYTES = 20_000
+
+
+def peft_model() -> Any:
+    """The tiny GPT-2 with a LoRA adapter on its attention (PEFT), adapter dropout on."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["c_attn"])
+    return get_peft_model(make_model(), config)
+
+
 def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
     from transformers import TrainingArguments
 
@@ -85,12 +99,18 @@ def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
     )
     cls = recording_trainer()
     kw: dict[str, Any] = {}
-    if kind != "native":
+    options = kind.split("-")
+    model = peft_model() if options[0] == "peft" else make_model()
+    if "shardpoint" in options:
         cls = with_shardpoint(cls)
-        kw["shardpoint_blocking"] = kind != "shardpoint-async"
+        kw["shardpoint_blocking"] = "async" not in options
+        if "compressed" in options:
+            kw["shardpoint_weights"] = "compressed"
+        if "sharded" in options:
+            kw["shardpoint_max_shard_size"] = SHARD_BYTES
     if "eval_strategy" in extra:
         kw["eval_dataset"] = dataset(8)
-    trainer = cls(model=make_model(), args=args, train_dataset=dataset(), **kw)
+    trainer = cls(model=model, args=args, train_dataset=dataset(), **kw)
     trainer.recorded = []
     return trainer
 

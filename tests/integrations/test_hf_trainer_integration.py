@@ -1,12 +1,17 @@
 """Hugging Face Trainer through ShardpointTrainer: exact resume in a new process (dropout on,
-mid-epoch) against the uninterrupted run and Trainer's own checkpoints, what is stored,
-save_total_limit + load_best_model_at_end, from_pretrained, a save killed mid-way, a damaged
-checkpoint. Real transformers, a tiny GPT-2 from a config, CPU."""
+mid-epoch) against the uninterrupted run and Trainer's own checkpoints, what is stored (the
+model directory the Trainer writes, the rest in shardpoint's part), the readers of a model
+directory (from_pretrained, safetensors, a vLLM-style iterator, PEFT), sharded weights, the
+compressed-weights knob, save_total_limit + load_best_model_at_end, a save killed mid-way, a
+damaged checkpoint. Real transformers and PEFT, a tiny GPT-2 from a config, CPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,7 @@ import shardpoint as sp  # noqa: E402
 from integration_helpers import hf_run  # noqa: E402
 from integration_helpers.common import (  # noqa: E402
     assert_same_tree,
+    damage_safetensors,
     damage_value,
     digest,
     pickles_under,
@@ -49,27 +55,142 @@ def test_resume_in_new_process_is_exact(runs: dict[str, Any]) -> None:
     assert resumed["losses"] == ours["losses"][3:] == native_resumed["losses"]
     assert resumed["digest"] == ours["digest"] == native_resumed["digest"]
     assert pickles_under(base / "shardpoint") == []
-    assert not list((base / "shardpoint").rglob("*.safetensors"))
+    mine = sorted(p.name for p in (base / "shardpoint/checkpoint-3").iterdir())
+    assert [n for n in mine if not n.startswith("shardpoint.data-")] == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "shardpoint.index",
+        "trainer_state.json",
+        "training_args.json",
+    ]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardpoint", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_checkpoint_holds_what_trainer_saves(runs: dict[str, Any]) -> None:
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     ours = hf_trainer.load_checkpoint(runs["base"] / "shardpoint/checkpoint-3")
     nat = runs["base"] / "native/checkpoint-3"
+    mine = runs["base"] / "shardpoint/checkpoint-3"
     assert set(ours) == {"model", "optimizer", "scheduler", "rng"}
-    model = dict(ours["model"])
-    assert torch.equal(model["lm_head.weight"], model["transformer.wte.weight"])  # tied
-    model.pop("lm_head.weight")  # save_pretrained drops the tied copy
-    assert_same_tree(model, load_file(nat / "model.safetensors"))
+    # the weights file as save_pretrained writes it: same tensors (the tied lm_head.weight
+    # dropped), same metadata; the part holds no model entry
+    assert "lm_head.weight" not in ours["model"]
+    assert_same_tree(ours["model"], load_file(nat / "model.safetensors"))
+    assert_same_tree(load_file(mine / "model.safetensors"), load_file(nat / "model.safetensors"))
+    with (
+        safe_open(mine / "model.safetensors", "pt") as a,
+        safe_open(nat / "model.safetensors", "pt") as b,
+    ):
+        assert a.metadata() == b.metadata() == {"format": "pt"}
+    with sp.open(str(mine / "shardpoint")) as r:
+        assert not r.prefix("model/")
+    assert json.loads((mine / "config.json").read_text()) == json.loads(
+        (nat / "config.json").read_text()
+    )
     assert_same_tree(ours["optimizer"], torch.load(nat / "optimizer.pt", weights_only=True))
     assert_same_tree(ours["scheduler"], torch.load(nat / "scheduler.pt", weights_only=True))
     rng = torch.load(nat / "rng_state.pth", weights_only=False)
     assert tuple(int(x) for x in ours["rng"]["python"]["state"]) == rng["python"][1]
     assert_same_tree(ours["rng"]["cpu"], rng["cpu"])
     assert (ours["rng"]["numpy"]["keys"] == rng["numpy"][1]).all()
-    mine = runs["base"] / "shardpoint/checkpoint-3"
     assert (mine / "trainer_state.json").read_text() == (nat / "trainer_state.json").read_text()
+
+
+def test_checkpoint_is_a_model_directory(runs: dict[str, Any]) -> None:
+    """What reads a Hugging Face model directory reads the checkpoint, unchanged."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    ckpt = runs["base"] / "shardpoint/checkpoint-6"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert digest(model.state_dict()) == runs["shardpoint"]["digest"]
+    weights = load_file(ckpt / "model.safetensors")
+    assert (
+        digest({**weights, "lm_head.weight": weights["transformer.wte.weight"]})
+        == (runs["shardpoint"]["digest"])
+    )
+    # vLLM's safetensors_weights_iterator: every *.safetensors file, every key, safe_open
+    streamed = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            streamed.update({k: st.get_tensor(k) for k in st.keys()})  # noqa: SIM118
+    assert_same_tree(streamed, weights)
+
+
+def test_verify_checks_the_weights_too(runs: dict[str, Any], tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoint-3"
+    shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", ckpt)
+    ok = _cli("verify", str(ckpt))
+    assert ok.returncode == 0, ok.stderr
+    assert "hf_trainer" in ok.stdout and "weight tensors checked" in ok.stdout
+    damage_safetensors(ckpt / "model.safetensors", "transformer.h.1.mlp.c_fc.weight")
+    bad = _cli("verify", str(ckpt))
+    assert bad.returncode == 1 and "transformer.h.1.mlp.c_fc.weight" in bad.stderr, bad.stderr
+
+
+def test_sharded_weights_as_save_pretrained_shards(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trainer = hf_run.build("shardpoint-sharded", str(tmp_path / "run"), 3)
+    trainer.train()
+    got = digest(trainer.model.state_dict())
+    ckpt = tmp_path / "run/checkpoint-3"
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert digest(model.state_dict()) == got
+    trainer.model.save_pretrained(tmp_path / "hf", max_shard_size=hf_run.SHARD_BYTES)
+    theirs = json.loads((tmp_path / "hf/model.safetensors.index.json").read_text())
+    assert index["weight_map"] == theirs["weight_map"]
+    assert len(set(index["weight_map"].values())) > 1
+    assert index["metadata"]["total_size"] == theirs["metadata"]["total_size"]
+    # resume from the sharded checkpoint (tensors checked against their crc32c) is exact
+    resumed = hf_run.train("shardpoint-sharded", str(tmp_path / "run"), 3, str(ckpt))
+    assert resumed["digest"] == got
+
+
+def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
+    got = hf_run.train("shardpoint-compressed", str(tmp_path), 6)
+    assert got["losses"] == runs["shardpoint"]["losses"]
+    assert not list(tmp_path.rglob("*.safetensors"))
+    with sp.open(str(tmp_path / "checkpoint-3/shardpoint")) as r:
+        assert r.prefix("model/transformer.wte.weight")
+    (resumed,) = run_child(
+        "hf_run", "shardpoint-compressed", str(tmp_path), "6", str(tmp_path / "checkpoint-3")
+    )
+    assert resumed["losses"] == runs["shardpoint"]["losses"][3:]
+    assert resumed["digest"] == runs["shardpoint"]["digest"]
+
+
+def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    native = hf_run.train("peft-native", str(tmp_path / "native"), 6)
+    ours = hf_run.train("peft-shardpoint", str(tmp_path / "ours"), 6)
+    assert ours["losses"] == native["losses"] and ours["digest"] == native["digest"]
+    mine, nat = tmp_path / "ours/checkpoint-3", tmp_path / "native/checkpoint-3"
+    assert not (mine / "model.safetensors").exists()
+    assert_same_tree(
+        load_file(mine / "adapter_model.safetensors"), load_file(nat / "adapter_model.safetensors")
+    )
+    assert json.loads((mine / "adapter_config.json").read_text()) == json.loads(
+        (nat / "adapter_config.json").read_text()
+    )
+    loaded = PeftModel.from_pretrained(hf_run.make_model(), mine)
+    reference = PeftModel.from_pretrained(hf_run.make_model(), nat)
+    assert digest(loaded.state_dict()) == digest(reference.state_dict())
+    resumed = hf_run.train("peft-shardpoint", str(tmp_path / "ours"), 6, str(mine))
+    assert resumed["losses"] == ours["losses"][3:] and resumed["digest"] == ours["digest"]
+    assert pickles_under(tmp_path / "ours") == []
 
 
 def test_from_pretrained_and_export(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -138,9 +259,14 @@ def test_damaged_checkpoint_fails_clearly_through_train(
 ) -> None:
     bad = tmp_path / "checkpoint-3"
     shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", bad)
-    damage_value(str(bad / "shardpoint"), "model/transformer.h.0.attn.c_attn.weight")
+    damage_safetensors(bad / "model.safetensors", "transformer.h.0.attn.c_attn.weight")
     trainer = hf_run.build("shardpoint", str(tmp_path / "run"), 6)
     with pytest.raises(sp.ChecksumMismatchError, match="c_attn.weight"):
+        trainer.train(resume_from_checkpoint=str(bad))
+    shutil.copy(runs["base"] / "shardpoint/checkpoint-3/model.safetensors", bad)
+    damage_value(str(bad / "shardpoint"), "optimizer/state/0/exp_avg")
+    trainer = hf_run.build("shardpoint", str(tmp_path / "run"), 6)
+    with pytest.raises(sp.ChecksumMismatchError, match="exp_avg"):
         trainer.train(resume_from_checkpoint=str(bad))
     (bad / "shardpoint.index").unlink()
     with pytest.raises(sp.NotFoundError, match="shardpoint.index is missing"):

@@ -15,6 +15,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..convert import detect_format, resolve_prefix
     from ..storage.progress import run_with_spinner
 
+    if getattr(args, "signature", None) is None and _verify_trainer_dir(args):
+        return EXIT_OK
     fmt, path = detect_format(resolve_prefix(args.path))
     if getattr(args, "signature", None) is not None:
         _verify_signature(args)
@@ -37,6 +39,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         pinned = " (matches --expect)" if getattr(args, "expect", None) else ""
         _emit(f"strong digest OK: {found.files} shard files re-hashed; root {found}{pinned}")
     return EXIT_OK
+
+
+def _verify_trainer_dir(args: argparse.Namespace) -> bool:
+    """A trainer's checkpoint directory (integrations/verify_dirs.py): its parts and the
+    weights files they record. False when ``args.path`` is not one."""
+    from ..integrations.verify_dirs import verify_checkpoint_dir
+
+    reports = verify_checkpoint_dir(
+        os.fspath(args.path), strong=bool(getattr(args, "strong", False))
+    )
+    for rep in reports or ():
+        weights = f", {rep.weights} weight tensors checked" if rep.weights else ""
+        _emit(f"OK {rep.prefix}: {rep.integration}, {rep.entries} entries{weights}")
+    return reports is not None
 
 
 def _verify_signature(args: argparse.Namespace) -> None:

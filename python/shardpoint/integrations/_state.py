@@ -94,15 +94,20 @@ def load_tree(prefix: str, *, integration: str, device: Any = "cpu", into: Any =
     from ..torch.tensors import _load
 
     if not storage.exists(prefix):
-        where = Path(prefix).parent
-        found = sorted(os.listdir(where))[:8] if where.is_dir() else None
-        raise NotFoundError(
-            f"{integration}: no shardpoint checkpoint at {prefix!r} ({prefix}.index is missing; "
-            + (f"the directory holds {found})" if found is not None else "no such directory)")
-            + ". A save killed before its commit leaves no index: resume from an earlier "
-            "checkpoint."
-        )
+        raise missing_part(prefix, integration)
     return _load(prefix, device, None, True, False, None, into=into)
+
+
+def missing_part(prefix: str, integration: str) -> NotFoundError:
+    """The error for a part whose index is missing, saying what the directory holds."""
+    where = Path(prefix).parent
+    found = sorted(os.listdir(where))[:8] if where.is_dir() else None
+    return NotFoundError(
+        f"{integration}: no shardpoint checkpoint at {prefix!r} ({prefix}.index is missing; "
+        + (f"the directory holds {found})" if found is not None else "no such directory)")
+        + ". A save killed before its commit leaves no index: resume from an earlier "
+        "checkpoint."
+    )
 
 
 def module_targets(module: Any) -> Any:

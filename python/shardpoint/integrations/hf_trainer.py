@@ -3,16 +3,20 @@
 ``ShardpointTrainer`` is ``Trainer`` with :class:`ShardpointTrainerMixin` in front; for your
 own ``Trainer`` subclass (or a library's, e.g. TRL's) use ``with_shardpoint(MyTrainer)``.
 
-Each ``checkpoint-N`` directory the Trainer writes holds ``config.json`` (and the tokenizer /
-processor files, the generation config), ``trainer_state.json`` and ``training_args.json`` as
-before, and one shardpoint checkpoint ``shardpoint.index`` + ``shardpoint.data-*`` with
-``model/...`` (the state dict), ``optimizer/...``, ``scheduler/...``, ``scaler/...`` and
-``rng/...`` (Python, numpy, torch CPU and CUDA generators): no ``model.safetensors``,
-``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` or ``training_args.bin`` (pickles).
+Each ``checkpoint-N`` directory the Trainer writes is a Hugging Face model directory, as
+with ``Trainer``: ``config.json`` (and the tokenizer / processor files, the generation config),
+the weights as ``save_pretrained`` names them (``model.safetensors``, or its shards and
+``model.safetensors.index.json``; a PEFT model's ``adapter_model.safetensors`` and
+``adapter_config.json``), written by shardpoint (:mod:`._weights_io`), and
+``trainer_state.json``. The rest is one shardpoint checkpoint ``shardpoint.index`` +
+``shardpoint.data-*`` with ``optimizer/...``, ``scheduler/...``, ``scaler/...`` and ``rng/...``
+(Python, numpy, torch CPU and CUDA generators), compressed, and the crc32c of every weight
+tensor: no ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` or ``training_args.bin``
+(pickles; ``training_args.json`` instead). Resuming and loading the best model check each
+weight tensor against its crc32c. ``shardpoint_weights="compressed"`` keeps the weights in the
+shardpoint part instead (``model/...``; smaller, but no longer a model directory).
 ``resume_from_checkpoint=True``/a path, ``save_total_limit`` and ``load_best_model_at_end`` work
 as with ``Trainer`` (its own logic decides when to save, rotate and which checkpoint is best).
-:func:`from_pretrained` loads the model of a checkpoint (``AutoModel...from_pretrained`` with
-our weights); :func:`export_pretrained` writes a plain HF directory (safetensors).
 
 Why a mixin over the Trainer's save/load methods rather than a ``TrainerCallback``: callbacks
 only see a checkpoint after ``Trainer`` has written it (pickles included) and cannot take over
@@ -31,7 +35,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InvalidArgumentError
+from ._hf_weights import save_model_files
 from ._state import (
     PendingSaves,
     capture_rng,
@@ -41,6 +46,7 @@ from ._state import (
     restore_rng,
     save_tree,
 )
+from ._weights_io import load_group, read_manifest, save_with_weights, verify_weights
 
 __all__ = [
     "ShardpointTrainer",
@@ -89,9 +95,17 @@ def _transformers() -> Any:
 
 def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The saved parts of a checkpoint directory: ``{"model", "optimizer", "scheduler",
-    "scaler", "rng"}`` (those that were saved), tensors on the CPU."""
-    tree = load_tree(part_prefix(checkpoint_dir, _PART), integration=_NAME)
-    return dict(tree)
+    "scaler", "rng"}`` (those that were saved), tensors on the CPU; ``model`` is the state
+    dict of the weights files (checked against their crc32c) or of the part."""
+    root = os.fspath(checkpoint_dir)
+    tree = dict(load_tree(part_prefix(root, _PART), integration=_NAME))
+    manifest = read_manifest(part_prefix(root, _PART), _NAME)
+    if manifest is not None:
+        model: dict[str, Any] = {}
+        for group in manifest["groups"]:
+            model.update(load_group(root, group))
+        tree["model"] = model
+    return tree
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
@@ -111,8 +125,17 @@ def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
 
 
 def _model_state(checkpoint_dir: str | os.PathLike[str], model: Any = None) -> dict[str, Any]:
-    """The model part of a checkpoint; with ``model`` (the module it restores) decoded into
-    the module's parameters where they are plain CPU tensors."""
+    """The model weights of a checkpoint (its weights files, each tensor checked, or its
+    part); with ``model`` (the module it restores) read into the module's parameters where
+    they are plain CPU tensors."""
+    root = os.fspath(checkpoint_dir)
+    manifest = read_manifest(part_prefix(root, _PART), _NAME)
+    if manifest is not None:
+        targets = module_targets(model) if model is not None else None
+        state: dict[str, Any] = {}
+        for group in manifest["groups"]:
+            state.update(load_group(root, group, targets))
+        return state
     tree = load_tree(
         part_prefix(checkpoint_dir, _PART),
         integration=_NAME,
@@ -125,10 +148,16 @@ def _model_state(checkpoint_dir: str | os.PathLike[str], model: Any = None) -> d
 
 def from_pretrained(model_cls: Any, checkpoint_dir: str | os.PathLike[str], **kwargs: Any) -> Any:
     """``model_cls.from_pretrained`` for a checkpoint directory written by
-    :class:`ShardpointTrainer`: the config from its ``config.json``, the weights from our
-    checkpoint. ``model_cls`` is a model class or an ``AutoModel...`` class; ``kwargs`` go to
+    :class:`ShardpointTrainer`, its weights checked against their crc32c first (with the
+    weights in safetensors form ``model_cls.from_pretrained(checkpoint_dir)`` works as well,
+    unchecked). ``model_cls`` is a model class or an ``AutoModel...`` class; ``kwargs`` go to
     ``from_pretrained`` (``torch_dtype``, ``device_map``...)."""
     transformers = _transformers()
+    root = os.fspath(checkpoint_dir)
+    manifest = read_manifest(part_prefix(root, _PART), _NAME)
+    if manifest is not None:
+        verify_weights(root, manifest)
+        return model_cls.from_pretrained(root, **kwargs)
     config = kwargs.pop("config", None)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(os.fspath(checkpoint_dir))
@@ -162,10 +191,22 @@ class ShardpointTrainerMixin:
     Extra keyword arguments of the trainer's constructor: ``shardpoint_blocking`` (default
     True; ``False`` returns from a save once the state is snapshotted and writes it in the
     background: resuming, loading the best model, the next save and the end of ``train``
-    wait for it), ``shardpoint_compression`` (``"zstd"``) and ``shardpoint_level``.
+    wait for it), ``shardpoint_compression`` (``"zstd"``) and ``shardpoint_level``, and
+    ``shardpoint_weights``: ``"safetensors"`` (default: the model directory the Trainer
+    writes, each tensor's crc32c recorded) or ``"compressed"`` (the weights in the shardpoint
+    part, compressed: smaller checkpoints that only shardpoint reads), and
+    ``shardpoint_max_shard_size`` (``save_pretrained``'s ``max_shard_size``, default
+    ``"50GB"``: larger weights are split into ``model-0000k-of-0000n.safetensors`` files and
+    ``model.safetensors.index.json``, as ``save_pretrained`` splits them).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sp_weights = kwargs.pop("shardpoint_weights", "safetensors")
+        if self._sp_weights not in ("safetensors", "compressed"):
+            raise InvalidArgumentError(
+                f"shardpoint_weights must be 'safetensors' or 'compressed', got {self._sp_weights!r}"
+            )
+        self._sp_max_shard_size = kwargs.pop("shardpoint_max_shard_size", None)
         self._sp_blocking = bool(kwargs.pop("shardpoint_blocking", True))
         self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
         self._sp_level = kwargs.pop("shardpoint_level", None)
@@ -212,14 +253,18 @@ class ShardpointTrainerMixin:
         if not parts or not t.args.should_save:
             return
         output_dir = parts.pop("__dir__")
-        fut = save_tree(
-            parts,
-            part_prefix(output_dir, _PART),
-            integration=_NAME,
-            blocking=self._sp_blocking,
-            compression=self._sp_compression,
-            level=self._sp_level,
-        )
+        groups = parts.pop("__weights__", None)
+        options = {
+            "integration": _NAME,
+            "blocking": self._sp_blocking,
+            "compression": self._sp_compression,
+            "level": self._sp_level,
+        }
+        prefix = part_prefix(output_dir, _PART)
+        if groups is not None:
+            fut = save_with_weights(output_dir, prefix, parts, groups, **options)
+        else:
+            fut = save_tree(parts, prefix, **options)
         if fut is not None:
             self._sp_pending.add(output_dir, fut)
 
@@ -235,16 +280,13 @@ class ShardpointTrainerMixin:
             return
         os.makedirs(output_dir, exist_ok=True)
         model = t.accelerator.unwrap_model(t.model, keep_torch_compile=False)
-        self._sp_collect["model"] = model.state_dict()
-        if getattr(model, "config", None) is not None and hasattr(model, "save_pretrained"):
-            # as save_pretrained does: the class that loads these weights (export_pretrained)
-            model.config.architectures = [type(model).__name__]
-            model.config.save_pretrained(output_dir)
-            gen = getattr(model, "generation_config", None)
-            if gen is not None and getattr(model, "can_generate", lambda: False)():
-                gen.save_pretrained(output_dir)
+        save_model_files(
+            model, output_dir, self._sp_collect, self._sp_weights, self._sp_max_shard_size
+        )
         if getattr(t, "processing_class", None) is not None:
             t.processing_class.save_pretrained(output_dir)
+        elif getattr(getattr(t, "data_collator", None), "tokenizer", None) is not None:
+            t.data_collator.tokenizer.save_pretrained(output_dir)  # as Trainer._save does
         with open(os.path.join(output_dir, _ARGS_FILE), "w", encoding="utf-8") as f:
             f.write(t.args.to_json_string())
 
@@ -295,6 +337,7 @@ class ShardpointTrainerMixin:
             t: Any = self
             opt = getattr(t, "optimizer", None)
             into = {
+                # the part holds the model only with shardpoint_weights="compressed"
                 "model": module_targets(model) if model is not None else None,
                 # state tensors exist only when this trainer trained before: then they
                 # receive the values in place (the optimizer loads this part next)
@@ -319,11 +362,36 @@ class ShardpointTrainerMixin:
             self._sp_loaded = {}
             self._sp_pending.wait()
 
+    def _sp_manifest(self, checkpoint: str) -> dict[str, Any] | None:
+        self._sp_pending.wait()
+        return read_manifest(part_prefix(checkpoint, _PART), _NAME)
+
+    def _sp_load_weights(self, checkpoint: str, manifest: dict[str, Any], model: Any) -> bool:
+        """Load the weights files of ``checkpoint`` into ``model``, each tensor checked against
+        its crc32c, as ``Trainer`` loads them (non-strict, its warnings). Returns ``False`` for
+        PEFT adapters, checked only: PEFT's own loader (the Trainer's code) then loads them."""
+        if any(g["kind"] != "model" for g in manifest["groups"]):
+            verify_weights(checkpoint, manifest)
+            return False
+        targets = module_targets(model)
+        state: dict[str, Any] = {}
+        for group in manifest["groups"]:
+            state.update(load_group(checkpoint, group, targets))
+        t: Any = self
+        # Trainer loads non-strictly (tied weights are not in the files) and warns itself
+        t._issue_warnings_after_load(model.load_state_dict(state, False))
+        return True
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         if not self._sp_has(resume_from_checkpoint):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         t: Any = self
         target = model if model is not None else t.model
+        manifest = self._sp_manifest(resume_from_checkpoint)
+        if manifest is not None:
+            if not self._sp_load_weights(resume_from_checkpoint, manifest, target):
+                super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
+            return
         state = self._sp_part(resume_from_checkpoint, "model", target)
         if state is None:
             raise CheckpointError(f"hf_trainer: {resume_from_checkpoint!r} holds no model")
@@ -363,8 +431,11 @@ class ShardpointTrainerMixin:
         best = t.state.best_model_checkpoint
         if not self._sp_has(best):
             return super()._load_best_model()  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
-        self._sp_pending.wait()
-        t.model.load_state_dict(_model_state(best, t.model), strict=True)
+        manifest = self._sp_manifest(best)
+        if manifest is None:
+            t.model.load_state_dict(_model_state(best, t.model), strict=True)
+        elif not self._sp_load_weights(best, manifest, t.model):
+            super()._load_best_model()  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
 
 
 def with_shardpoint(trainer_cls: type) -> type:
