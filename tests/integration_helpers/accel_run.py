@@ -3,7 +3,8 @@
 
     python -m integration_helpers.accel_run KIND ROOT EPOCHS [RESUME] [; KIND ROOT ...]
 
-KIND is ``shardpoint``, ``shardpoint-async`` or ``native``. ``save_state()`` after every epoch (4 steps) with
+KIND is ``shardpoint``, ``shardpoint-async``, ``shardpoint-compressed`` (the weights in the
+part) or ``native``. ``save_state()`` after every epoch (4 steps) with
 automatic naming under ROOT/checkpoints; RESUME is a checkpoint directory or ``latest``.
 Prints one JSON line: per run, the losses (hex floats), a digest of the final parameters and
 the custom object's state.
@@ -54,7 +55,9 @@ def train(
     ds = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).cos())
     dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
     cls = Accelerator if kind == "native" else ShardpointAccelerator
-    kw = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
+    kw: dict[str, Any] = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
+    if kind == "shardpoint-compressed":
+        kw["shardpoint_weights"] = "compressed"
     acc = cls(
         **kw,
         cpu=True,

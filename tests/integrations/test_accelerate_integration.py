@@ -1,7 +1,8 @@
 """accelerate through ShardpointAccelerator: exact resume in a new process (dropout, shuffled
 data, a register_for_checkpointing object) against the uninterrupted run and accelerate's own
-save_state, what is stored, total_limit rotation, the pre-hooks, a save killed mid-way, a
-damaged checkpoint. Real accelerate, CPU."""
+save_state, what is stored (the weights files accelerate writes, the rest in shardpoint's
+part), the compressed-weights knob, total_limit rotation, the pre-hooks, a save killed mid-way,
+a damaged checkpoint. Real accelerate, CPU."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import shardpoint as sp  # noqa: E402
 from integration_helpers import accel_run  # noqa: E402
 from integration_helpers.common import (  # noqa: E402
     assert_same_tree,
+    damage_safetensors,
     damage_value,
     pickles_under,
     run_child,
@@ -51,7 +53,17 @@ def test_resume_in_new_process_is_exact(runs: dict[str, Any]) -> None:
     assert resumed["digest"] == ours["digest"] == native_resumed["digest"]
     assert resumed["progress"] == ours["progress"]
     assert pickles_under(base / "shardpoint") == [] and pickles_under(base / "r-sp") == []
-    assert not list((base / "shardpoint").rglob("*.safetensors"))
+    names = sorted(p.name for p in (base / "shardpoint" / CK0).iterdir())
+    assert [n for n in names if ".data-" not in n] == ["model.safetensors", "shardpoint.index"]
+
+
+def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
+    assert accel_run.train("shardpoint-compressed", str(tmp_path), 2) == runs["shardpoint"]
+    assert not list(tmp_path.rglob("*.safetensors"))
+    (resumed,) = run_child(
+        "accel_run", "shardpoint-compressed", str(tmp_path / "r"), "2", str(tmp_path / CK0)
+    )
+    assert resumed["digest"] == runs["shardpoint"]["digest"]
 
 
 def test_checkpoint_holds_what_accelerate_saves(runs: dict[str, Any]) -> None:
@@ -60,6 +72,8 @@ def test_checkpoint_holds_what_accelerate_saves(runs: dict[str, Any]) -> None:
     ours = spacc.load_checkpoint(runs["base"] / "shardpoint" / CK0)
     nat = runs["base"] / "native" / CK0
     assert_same_tree(ours["models"][0], load_file(nat / "model.safetensors"))
+    mine = load_file(runs["base"] / "shardpoint" / CK0 / "model.safetensors")
+    assert_same_tree(mine, load_file(nat / "model.safetensors"))
     assert_same_tree(ours["optimizers"][0], torch.load(nat / "optimizer.bin", weights_only=True))
     assert_same_tree(ours["schedulers"][0], torch.load(nat / "scheduler.bin", weights_only=True))
     assert_same_tree(
@@ -128,6 +142,10 @@ def test_damaged_checkpoint_fails_clearly_through_load_state(
 ) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(runs["base"] / "shardpoint" / CK0, bad)
+    damage_safetensors(bad / "model.safetensors", "3.weight")
+    with pytest.raises(sp.ChecksumMismatchError, match="3.weight"):
+        accel_run.train("shardpoint", str(tmp_path / "run"), 2, resume=str(bad))
+    shutil.copy(runs["base"] / "shardpoint" / CK0 / "model.safetensors", bad)
     damage_value(str(bad / "shardpoint"), "optimizers/0/state/0/exp_avg")
     with pytest.raises(sp.ChecksumMismatchError, match="exp_avg"):
         accel_run.train("shardpoint", str(tmp_path / "run"), 2, resume=str(bad))

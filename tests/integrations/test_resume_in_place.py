@@ -96,7 +96,7 @@ def test_hf_trainer_resume_fills_the_models_parameters_in_place(tmp_path: Path):
     warnings.filterwarnings("ignore")
     from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
-    from shardpoint import torch as sptorch
+    from shardpoint.integrations import hf_trainer
     from shardpoint.integrations.hf_trainer import ShardpointTrainer
 
     def model() -> Any:
@@ -121,7 +121,8 @@ def test_hf_trainer_resume_fills_the_models_parameters_in_place(tmp_path: Path):
 
     trainer(model()).train()
     ckpt = str(tmp_path / "checkpoint-2")
-    saved = _bytes(sptorch.load(os.path.join(ckpt, "shardpoint"))["model"])
+    weights = hf_trainer.load_checkpoint(ckpt)["model"]  # model.safetensors, tensors checked
+    saved = _bytes({**weights, "lm_head.weight": weights["transformer.wte.weight"]})  # tied
     fresh = model()
     ptrs = _ptrs(fresh.state_dict())
     with ParameterCopies(fresh.parameters()) as copies:

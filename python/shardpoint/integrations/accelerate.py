@@ -1,12 +1,15 @@
 """accelerate: use :class:`ShardpointAccelerator` where you used ``Accelerator``.
 
-``save_state``/``load_state`` then store everything accelerate stores — every prepared model,
-optimizer, scheduler, the samplers/stateful dataloaders, the ``GradScaler``, the RNG states
+``save_state``/``load_state`` then store everything accelerate stores. Each prepared model's
+weights are written as accelerate names them — ``model.safetensors``, ``model_1.safetensors``...
+— by shardpoint's writer (:mod:`._weights_io`), so every reader of those files still reads them;
+every optimizer, scheduler, the samplers/stateful dataloaders, the ``GradScaler``, the RNG states
 (Python, numpy, torch CPU/CUDA) with ``accelerator.step``, and every object given to
-``register_for_checkpointing`` — as one shardpoint checkpoint ``shardpoint.index`` +
-``shardpoint.data-*`` in the checkpoint directory (plus ``rng_<i>`` per process when there are
-several), instead of ``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``,
-``random_states_0.pkl``, ``custom_checkpoint_0.pkl``... (pickles). ``ProjectConfiguration(
+``register_for_checkpointing`` go into one compressed shardpoint checkpoint ``shardpoint.index`` +
+``shardpoint.data-*`` (plus ``rng_<i>`` per process when there are several) that also records
+each weight tensor's crc32c, checked by ``load_state`` — instead of ``optimizer.bin``,
+``scheduler.bin``, ``random_states_0.pkl``, ``custom_checkpoint_0.pkl``... (pickles).
+``shardpoint_weights="compressed"`` keeps the weights in the part too. ``ProjectConfiguration(
 automatic_checkpoint_naming=True, total_limit=k)`` naming and rotation are kept, and the
 ``register_save_state_pre_hook``/``register_load_state_pre_hook`` hooks still run (a hook that
 removes a model from the list takes over that model's weights, as with accelerate).
@@ -26,6 +29,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
+from ._hf_weights import plan_state_dict, warn_kept
 from ._state import (
     PendingSaves,
     capture_rng,
@@ -36,6 +40,7 @@ from ._state import (
     restore_rng,
     save_tree,
 )
+from ._weights_io import WeightsGroup, load_group, read_manifest, save_with_weights
 
 if TYPE_CHECKING:
     ShardpointAccelerator: type  # built on first use (module __getattr__): subclasses Accelerator
@@ -59,10 +64,24 @@ def _accelerate() -> Any:
 
 
 def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Everything ``save_state`` stored in ``checkpoint_dir``: ``models``, ``optimizers``,
+    """Everything ``save_state`` stored in ``checkpoint_dir``: ``models`` (from the weights
+    files, each tensor checked against its crc32c, or from the part), ``optimizers``,
     ``schedulers``, ``dataloaders``, ``scaler``, ``custom`` (lists in registration order),
     ``rng`` and ``step``; tensors on the CPU."""
-    return dict(load_tree(part_prefix(checkpoint_dir, _PART), integration=_NAME))
+    root = os.fspath(checkpoint_dir)
+    tree = dict(load_tree(part_prefix(root, _PART), integration=_NAME))
+    manifest = read_manifest(part_prefix(root, _PART), _NAME)
+    if manifest is not None:
+        by_file = {g["files"][0]: g for g in manifest["groups"]}
+        tree["models"] = [
+            load_group(root, by_file[_weights_name(i)]) for i in range(len(tree["models"]))
+        ]
+    return tree
+
+
+def _weights_name(i: int) -> str:
+    """accelerate's file name of the ``i``-th model's weights."""
+    return "model.safetensors" if i == 0 else f"model_{i}.safetensors"
 
 
 def _number(folder: str) -> int:
@@ -76,10 +95,17 @@ class ShardpointAcceleratorMixin:
     Extra constructor keywords: ``shardpoint_blocking`` (default True; ``False`` returns from
     ``save_state`` once the state is snapshotted and writes it in the background: the next
     ``save_state``, ``load_state`` and :meth:`wait_for_saves` wait for it),
-    ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``.
+    ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``, ``shardpoint_weights``
+    (``"safetensors"``, default: the weights files accelerate writes; ``"compressed"``: in the
+    part, smaller, read by shardpoint only).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._sp_weights = kwargs.pop("shardpoint_weights", "safetensors")
+        if self._sp_weights not in ("safetensors", "compressed"):
+            raise InvalidArgumentError(
+                f"shardpoint_weights must be 'safetensors' or 'compressed', got {self._sp_weights!r}"
+            )
         self._sp_blocking = bool(kwargs.pop("shardpoint_blocking", True))
         self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
         self._sp_level = kwargs.pop("shardpoint_level", None)
@@ -144,9 +170,11 @@ class ShardpointAcceleratorMixin:
             hook(a._models, weights, output_dir)
         rng = capture_rng()
         writes = a.is_main_process or config.save_on_each_node and a.is_local_main_process
+        groups = self._sp_groups(weights) if writes else None
         if writes:
             tree = {
-                "models": weights,
+                # with the weights in their files, the part keeps one slot per model
+                "models": weights if groups is None else [None] * len(weights),
                 "optimizers": [o.state_dict() for o in a._optimizers],
                 "schedulers": [s.state_dict() for s in a._schedulers],
                 "dataloaders": [_dataloader_state(d) for d in a._dataloaders],
@@ -155,21 +183,39 @@ class ShardpointAcceleratorMixin:
                 "step": int(a.step),
                 "rng": rng,
             }
-            self._sp_save(tree, part_prefix(output_dir, _PART))
+            self._sp_save(tree, part_prefix(output_dir, _PART), groups, output_dir)
         if a.num_processes > 1:  # every process's generators
             self._sp_save(rng, part_prefix(output_dir, f"rng_{a.process_index}"))
         config.iteration += 1
         return output_dir
 
-    def _sp_save(self, tree: Any, prefix: str) -> None:
-        fut = save_tree(
-            tree,
-            prefix,
-            integration=_NAME,
-            blocking=self._sp_blocking,
-            compression=self._sp_compression,
-            level=self._sp_level,
-        )
+    def _sp_groups(self, weights: list[Any]) -> list[WeightsGroup] | None:
+        """Each model's weights file, or ``None`` when the weights stay in the part."""
+        if self._sp_weights != "safetensors":
+            return None
+        groups = [plan_state_dict(dict(w), _weights_name(i)) for i, w in enumerate(weights)]
+        if any(g is None for g in groups):
+            warn_kept("accelerate", "a model's state dict holds values that are not tensors")
+            return None
+        return [g for g in groups if g is not None]
+
+    def _sp_save(
+        self,
+        tree: Any,
+        prefix: str,
+        groups: list[WeightsGroup] | None = None,
+        root: str | None = None,
+    ) -> None:
+        options: dict[str, Any] = {
+            "integration": _NAME,
+            "blocking": self._sp_blocking,
+            "compression": self._sp_compression,
+            "level": self._sp_level,
+        }
+        if groups is not None and root is not None:
+            fut = save_with_weights(root, prefix, tree, groups, **options)
+        else:
+            fut = save_tree(tree, prefix, **options)
         if fut is not None:
             self._sp_pending.add(prefix, fut)
 
@@ -200,6 +246,8 @@ class ShardpointAcceleratorMixin:
         for hook in a._load_model_state_pre_hook.values():
             hook(models, input_dir)
         ours = [any(model is m for m in models) for model in a._models]  # hooks take some over
+        manifest = read_manifest(part_prefix(input_dir, _PART), _NAME)
+        files_of = {g["files"][0]: g for g in manifest["groups"]} if manifest else {}
 
         def targets(skeleton: Any) -> dict[str, Any]:
             # counts first: a mismatch is refused before any parameter is written
@@ -207,7 +255,7 @@ class ShardpointAcceleratorMixin:
                 _check_counts(skeleton, a, input_dir)
             return {
                 "models": [
-                    module_targets(a.unwrap_model(m)) if mine else None
+                    module_targets(a.unwrap_model(m)) if mine and manifest is None else None
                     for m, mine in zip(a._models, ours, strict=True)
                 ],
                 # every optimizer's state is loaded below: the tensors it already holds
@@ -219,8 +267,18 @@ class ShardpointAcceleratorMixin:
         strict = kw.get("strict", True)
         _check_counts(tree, a, input_dir)
         for i, model in enumerate(a._models):
-            if ours[i]:
-                a.unwrap_model(model).load_state_dict(tree["models"][i], strict=strict)
+            if not ours[i]:
+                continue
+            module = a.unwrap_model(model)
+            state = tree["models"][i]
+            if manifest is not None:  # the model's weights file, each tensor checked
+                group = files_of.get(_weights_name(i))
+                if group is None:
+                    raise CheckpointError(
+                        f"accelerate: checkpoint {input_dir!r} records no {_weights_name(i)}"
+                    )
+                state = load_group(input_dir, group, module_targets(module))
+            module.load_state_dict(state, strict=strict)
         for opt, state in zip(a._optimizers, tree["optimizers"], strict=True):
             opt.load_state_dict(state)
         for sched, state in zip(a._schedulers, tree["schedulers"], strict=True):
