@@ -12,7 +12,12 @@ Not a test: prints one table. For Lightning, the Hugging Face Trainer, accelerat
     .venv/bin/python benches/bench_integrations.py [--params 100e6] [--saves 2] [--only NAME]
 
 Our saves are durable (fsync) and zstd-compressed, as by default; the native ones are
-``torch.save``/safetensors without fsync. Page cache warm, a shared machine: figures vary.
+``torch.save``/safetensors without fsync. The Hugging Face Trainer and accelerate keep the
+weights as the framework's safetensors files by default (uncompressed: what serving reads);
+their ``compressed`` rows store them in the shardpoint part too (``shardpoint_weights=
+"compressed"``). DeepSpeed's ``blocking=False`` row is its decoupled protocol: the save call
+returns after the snapshot; "total" includes the commit DeepSpeed runs at the next step.
+Page cache warm, a shared machine: figures vary.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def record(
     )
     ROWS.append(row)
     print(
-        f"  {framework:12s} {variant:28s} blocked {row['blocked']:7.2f} s  total "
+        f"  {framework:12s} {variant:36s} blocked {row['blocked']:7.2f} s  total "
         f"{row['total']:7.2f} s  resume {resume:7.2f} s  {nbytes / 1e9:6.3f} GB  (blocked per "
         f"save: {', '.join(f'{b:.2f}' for b in blocked)}; the first one also allocates buffers)",
         flush=True,
@@ -186,10 +191,14 @@ def bench_hf(params: float, saves: int, root: Path) -> None:
         )
         return cls(model=gpt2(params), args=args, train_dataset=ds, **kw)
 
+    ours = with_shardpoint(Trainer)
+    packed = {"shardpoint_weights": "compressed"}
     variants = {
         "native Trainer": (Trainer, {}),
-        "ShardpointTrainer": (with_shardpoint(Trainer), {}),
-        "ShardpointTrainer async": (with_shardpoint(Trainer), {"shardpoint_blocking": False}),
+        "ShardpointTrainer": (ours, {}),
+        "ShardpointTrainer async": (ours, {"shardpoint_blocking": False}),
+        "ShardpointTrainer compressed": (ours, packed),
+        "ShardpointTrainer compressed async": (ours, {**packed, "shardpoint_blocking": False}),
     }
     for name, (cls, kw) in variants.items():
         out = root / name.replace(" ", "_")
@@ -221,10 +230,17 @@ def bench_accelerate(params: float, saves: int, root: Path) -> None:
 
     from shardpoint.integrations.accelerate import ShardpointAccelerator
 
+    packed = {"shardpoint_weights": "compressed"}
     variants = (
         ("native Accelerator", Accelerator, {}),
         ("ShardpointAccelerator", ShardpointAccelerator, {}),
         ("ShardpointAccelerator async", ShardpointAccelerator, {"shardpoint_blocking": False}),
+        ("ShardpointAccelerator compressed", ShardpointAccelerator, packed),
+        (
+            "ShardpointAccelerator compr. async",
+            ShardpointAccelerator,
+            {**packed, "shardpoint_blocking": False},
+        ),
     )
     for name, cls, kw in variants:
         acc = cls(cpu=True, **kw)
@@ -273,26 +289,35 @@ def bench_deepspeed(params: float, saves: int, root: Path) -> None:
         "steps_per_print": 10**6,
     }
 
-    def engine(ours: bool) -> Any:
+    def engine(ours: dict[str, Any] | None) -> Any:
         model = mlp(params)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         eng, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-        return use_shardpoint(eng) if ours else eng
+        return use_shardpoint(eng, **ours) if ours is not None else eng
 
-    for name, ours in (("native engine", False), ("ShardpointCheckpointEngine", True)):
+    variants = (
+        ("native engine", None),
+        ("ShardpointCheckpointEngine", {}),
+        ("ShardpointCheckpointEngine blocking=False", {"blocking": False}),
+    )
+    for name, ours in variants:
         eng = engine(ours)
         for _ in range(2):
             eng.backward(eng(torch.randn(2, 2048)).pow(2).mean())
             eng.step()
         out = root / name.replace(" ", "_")
-        blocked = [
-            timed(lambda: eng.save_checkpoint(str(out), tag=f"t{i}"))  # noqa: B023
-            for i in range(saves)
-        ]
+        blocked, total = [], []
+        for i in range(saves):
+            start = time.perf_counter()
+            eng.save_checkpoint(str(out), tag=f"t{i}")
+            blocked.append(time.perf_counter() - start)
+            if eng.checkpoint_engine.is_decoupled():  # what DeepSpeed runs at the next step
+                eng._commit_decoupled_checkpoint()
+            total.append(time.perf_counter() - start)
         nbytes = du(out / f"t{saves - 1}")
         again = engine(ours)
         resume = timed(lambda: again.load_checkpoint(str(out), tag=f"t{saves - 1}"))  # noqa: B023
-        record("deepspeed", name, blocked, blocked, resume, nbytes)
+        record("deepspeed", name, blocked, total, resume, nbytes)
         shutil.rmtree(out)
         gc.collect()
 
@@ -326,11 +351,12 @@ def main() -> None:
     for name in a.only or list(BENCHES):
         BENCHES[name](a.params, a.saves, root)
     print(
-        "\nratios to the native row of each framework (targets: blocked <= 0.5, bytes <= "
-        "0.85, resume <= 1.0)"
+        "\nratios to the native row of each framework (targets: blocked <= 0.5 for background "
+        "saves, resume <= 1.0, bytes <= 0.9 with the weights as safetensors files and <= 0.85 "
+        "with them compressed or, for Lightning and DeepSpeed, always)"
     )
     print(
-        f"{'framework':12s} {'variant':30s} {'blocked':>8s} {'total':>8s} {'resume':>8s} "
+        f"{'framework':12s} {'variant':36s} {'blocked':>8s} {'total':>8s} {'resume':>8s} "
         f"{'bytes':>8s}"
     )
     for row in ROWS:
@@ -344,7 +370,7 @@ def main() -> None:
             for k in ("blocked", "total", "resume", "bytes")
         }
         print(
-            f"{row['framework']:12s} {row['variant']:30s} {ratio['blocked']:8.2f} "
+            f"{row['framework']:12s} {row['variant']:36s} {ratio['blocked']:8.2f} "
             f"{ratio['total']:8.2f} {ratio['resume']:8.2f} {ratio['bytes']:8.2f}"
         )
     shutil.rmtree(root, ignore_errors=True)

@@ -81,6 +81,71 @@ def run_child_killed(module: str, *args: str, kill_at_save: int) -> subprocess.C
     )
 
 
+def run_ranks(
+    module: str,
+    *args: str,
+    world: int = 2,
+    env: dict[str, str] | None = None,
+    kill_rank0_at_save: int = 0,
+    timeout: float = 900,
+) -> list[Any]:
+    """Run ``python -m integration_helpers.<module> args...`` as ``world`` ranks of one job
+    (``RANK``/``WORLD_SIZE``/``MASTER_PORT`` set, gloo); each rank's last stdout line is JSON.
+    With ``kill_rank0_at_save=n`` rank 0 SIGKILLs itself during its n-th save (the mid-save
+    kill hook); the other ranks, left waiting in a collective, are then SIGKILLed too, and the
+    ranks' return codes are returned instead."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        full_env.update(env or {})
+        full_env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            MASTER_PORT=str(port),
+            MASTER_ADDR="127.0.0.1",
+        )
+        if kill_rank0_at_save and rank == 0:
+            full_env["SP_TEST_KILL_AT_SAVE"] = str(kill_rank0_at_save)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", f"integration_helpers.{module}", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=full_env,
+            )
+        )
+    try:
+        if kill_rank0_at_save:
+            out, err = procs[0].communicate(timeout=timeout)
+            assert procs[0].returncode == -9 and "SELFKILL mid-save" in out, err[-3000:]
+            for p in procs[1:]:
+                p.kill()
+                p.communicate(timeout=60)
+            return [p.returncode for p in procs]
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise AssertionError(f"rank exited {p.returncode}\n{out[-3000:]}\n{err[-3000:]}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def arm_kill_hook() -> None:
     """In a child: when ``SP_TEST_KILL_AT_SAVE=n``, SIGKILL this process during the n-th
     blocking shardpoint save, at its first progress report from the Rust writer (data being

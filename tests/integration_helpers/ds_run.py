@@ -1,11 +1,14 @@
-"""A tiny DeepSpeed ZeRO training run on the CPU (gloo, one rank), as a child process:
+"""A tiny DeepSpeed ZeRO training run on the CPU (gloo), as a child process per rank:
 
     python -m integration_helpers.ds_run JOB [; JOB ...]
 
 JOB is ``train KIND DIR STEPS STAGE`` (checkpoint every 3 steps), ``resume KIND DIR STEPS
 STAGE TAG`` (TAG ``latest`` reads DeepSpeed's ``latest`` file) or ``load KIND DIR STAGE TAG``
-(only load: reports the error, if any). KIND is ``shardpoint`` or ``native``. Prints one JSON
+(only load: reports the error, if any). KIND is ``shardpoint``, ``shardpoint-async``
+(``blocking=False``: DeepSpeed's decoupled commit) or ``native``. Prints one JSON
 line: per job, the losses (hex floats) and a digest of the final parameters, or the error.
+One rank unless the parent sets ``RANK``/``WORLD_SIZE``/``MASTER_PORT`` (each rank then feeds
+its own micro-batches; the global batch is 4 per rank).
 """
 
 from __future__ import annotations
@@ -43,19 +46,19 @@ def engine(kind: str, stage: int) -> Any:
     opt = torch.optim.AdamW(model.parameters(), lr=0.02)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     cfg = {
-        "train_batch_size": 4,
+        "train_batch_size": 4 * int(os.environ["WORLD_SIZE"]),
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10_000,
     }
     eng, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg)
-    if kind == "shardpoint":
-        use_shardpoint(eng)
+    if kind.startswith("shardpoint"):
+        use_shardpoint(eng, blocking=kind != "shardpoint-async")
     return eng
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
+    g = torch.Generator().manual_seed(100 + step + 1000 * int(os.environ.get("RANK", "0")))
     x = torch.randn(4, 8, generator=g)
     return x, x.sum(1, keepdim=True).sin()
 

@@ -134,3 +134,18 @@ def test_objects_outside_the_allow_list_are_refused(tmp_path: Path) -> None:
     with pytest.raises(sp.CorruptCheckpointError, match="allow-list"):
         decode_objects(forged)
     assert decode_objects(encode_objects({"s": {"b", "a"}})) == {"s": {"a", "b"}}
+
+
+def test_background_saves_commit_at_the_next_step(runs: dict[str, Any], tmp_path: Path) -> None:
+    """blocking=False: save_checkpoint returns after the snapshot; DeepSpeed commits (our
+    commit waits for the writes) and moves ``latest`` at the next optimizer step."""
+    (got,) = run_child("ds_run", "train", "shardpoint-async", str(tmp_path), "6", "1", env=ENV)
+    assert got["losses"] == runs["shardpoint1"]["losses"]
+    # global_step6 was written (and committed at exit) but no step followed it
+    assert (tmp_path / "latest").read_text() == "global_step3"
+    assert sp.exists(str(tmp_path / MODEL.replace("3", "6") / "state"))
+    (resumed,) = run_child(
+        "ds_run", "resume", "shardpoint", str(tmp_path), "6", "1", "global_step3", env=ENV
+    )
+    assert resumed["losses"] == runs["shardpoint1"]["losses"][3:]
+    assert resumed["digest"] == runs["shardpoint1"]["digest"]

@@ -11,8 +11,8 @@ from typing import Any
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
+from ._deepspeed_objects import decode_objects, encode_objects
 from ._state import PendingSaves, load_tree, module_targets, part_prefix, save_tree
-from .deepspeed import decode_objects, encode_objects
 
 __all__ = ["ShardpointCheckpointEngine"]
 
@@ -26,9 +26,12 @@ class ShardpointCheckpointEngine(CheckpointEngine):
 
     Args:
         config_params: DeepSpeed's config (unused; DeepSpeed's engines take it).
-        blocking: ``False`` returns from ``save`` once the state is snapshotted; ``commit``
-            (which DeepSpeed calls before it writes the ``latest`` file) waits for every
-            write, so ``latest`` never names a checkpoint that is not complete.
+        blocking: ``False`` returns from ``save`` once the state is snapshotted and makes the
+            engine *decoupled* in DeepSpeed's sense: ``save_checkpoint`` returns without
+            committing, and DeepSpeed commits at the next optimizer step (or when the engine is
+            destroyed), calling ``commit``, which waits for every write, before it writes the
+            ``latest`` file: ``latest`` never names a checkpoint that is not complete. The
+            writes overlap the next step's forward and backward passes.
         compression, level: as :func:`shardpoint.torch.save`.
     """
 
@@ -49,9 +52,21 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         self._engine: weakref.ref[Any] | None = None
         self._load_args: dict[str, Any] | None = None
         self._loaded: dict[str, Any] | None = None  # path -> state, during load_checkpoint
+        self._commit_info: Any = None  # the checkpoint a decoupled commit is due for
 
     def create(self, info: Any) -> None:
-        """Start of a checkpoint (DeepSpeed's ``CheckpointCommitInfo``): nothing to prepare."""
+        """Start of a checkpoint (DeepSpeed's ``CheckpointCommitInfo``): remembered for the
+        decoupled commit (``blocking=False``)."""
+        if not self.blocking:
+            self._commit_info = info
+
+    def is_decoupled(self) -> bool:
+        """Whether DeepSpeed commits later (``blocking=False``): at its next optimizer step."""
+        return not self.blocking
+
+    def get_commit_info(self) -> Any:
+        """The checkpoint awaiting its decoupled commit, or None."""
+        return self._commit_info
 
     def save(self, state_dict: Any, path: str) -> None:
         """Write ``state_dict`` as directory ``path``."""
@@ -147,6 +162,7 @@ class ShardpointCheckpointEngine(CheckpointEngine):
     def commit(self, info: Any) -> bool:
         """Wait until every file of the checkpoint is committed (re-raises a failed write)."""
         self._pending.wait()
+        self._commit_info = None
         return True
 
     def wait(self) -> None:
@@ -154,7 +170,10 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         self._pending.wait()
 
     def cleanup(self) -> None:
+        """DeepSpeed's end of the engine: every write finishes (a decoupled checkpoint is
+        committed; ``latest`` moves only at a step, as with DeepSpeed's own decoupled engine)."""
         self._pending.wait()
+        self._commit_info = None
 
     def preserves_storage_sharing(self) -> bool:
         # tensors that share storage are stored once and come back sharing it

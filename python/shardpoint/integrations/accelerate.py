@@ -151,10 +151,12 @@ class ShardpointAcceleratorMixin:
                 for folder in folders[: len(folders) + 1 - limit]:
                     shutil.rmtree(folder)
             output_dir = os.path.join(root, f"checkpoint_{a.save_iteration}")
-            if os.path.isdir(output_dir) and not has_part(output_dir, _PART) and a.is_main_process:
+            leftover = os.path.isdir(output_dir) and not has_part(output_dir, _PART)
+            if leftover and a.is_main_process:
                 # what a save killed before its commit left: not a checkpoint, replaced
                 shutil.rmtree(output_dir)
-            if os.path.exists(output_dir):
+            # (another process may look before the main one removed a leftover: not an error)
+            if os.path.exists(output_dir) and not leftover:
                 raise ValueError(
                     f"Checkpoint directory {output_dir} ({a.save_iteration}) already exists. "
                     "Please manually override `self.save_iteration` with what iteration to start "

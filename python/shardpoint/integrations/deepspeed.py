@@ -11,36 +11,27 @@ existence, so directories keep its discovery (``latest``, globbing the ZeRO part
 DeepSpeed chooses its engine from its config and has no setting for a third-party one; the
 attribute it keeps (``engine.checkpoint_engine``) is what ``use_shardpoint`` sets.
 
-DeepSpeed's state holds a few Python objects besides tensors and plain values (the loss
-scaler, the ZeRO stage enum, ``fragment_address`` records, a set of module names): they are
-stored as tagged plain entries from an allow-list (:data:`OBJECT_TYPES`) and rebuilt on load;
-anything else is refused at save time with an error naming the entry. Never pickled.
+DeepSpeed's state holds a few Python objects besides tensors and plain values: they are stored
+as tagged plain entries from an allow-list (:mod:`._deepspeed_objects`). Never pickled.
+Consolidating a ZeRO checkpoint (DeepSpeed's ``zero_to_fp32``): :mod:`.zero_to_fp32`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import importlib
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CorruptCheckpointError
+from ._deepspeed_objects import OBJECT_TYPES, decode_objects, encode_objects
 
 if TYPE_CHECKING:
     from ._deepspeed_engine import ShardpointCheckpointEngine
 
-__all__ = ["ShardpointCheckpointEngine", "use_shardpoint", "encode_objects", "decode_objects"]
-
-_TAG = "__shardpoint_object__"
-
-#: the Python objects of DeepSpeed checkpoints stored as tagged entries: name -> (module, class)
-OBJECT_TYPES = {
-    "ZeroStageEnum": ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
-    "fragment_address": ("deepspeed.utils.tensor_fragment", "fragment_address"),
-    "LossScaler": ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
-    "DynamicLossScaler": ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
-}
+__all__ = [
+    "ShardpointCheckpointEngine",
+    "use_shardpoint",
+    "encode_objects",
+    "decode_objects",
+    "OBJECT_TYPES",
+]
 
 
 def _deepspeed() -> Any:
@@ -51,63 +42,6 @@ def _deepspeed() -> Any:
             "shardpoint.integrations.deepspeed needs DeepSpeed: pip install 'shardpoint[deepspeed]'"
         ) from exc
     return deepspeed
-
-
-def _known(obj: Any) -> str | None:
-    for name, (module, cls) in OBJECT_TYPES.items():
-        if type(obj).__name__ == cls and type(obj).__module__ == module:
-            return name
-    return None
-
-
-def encode_objects(tree: Any, path: str = "") -> Any:
-    """``tree`` with the allow-listed DeepSpeed objects (and sets) as tagged dicts."""
-    if isinstance(tree, Mapping):
-        return {k: encode_objects(v, f"{path}/{k}") for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [encode_objects(v, f"{path}/{i}") for i, v in enumerate(tree)]
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
-        return tuple(encode_objects(v, f"{path}/{i}") for i, v in enumerate(tree))
-    if isinstance(tree, set | frozenset):
-        return {_TAG: "set", "items": sorted(tree, key=repr)}
-    name = _known(tree)
-    if name is None:
-        return tree
-    if isinstance(tree, enum.Enum):
-        return {_TAG: name, "value": tree.value}
-    if dataclasses.is_dataclass(tree):
-        fields = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
-        return {_TAG: name, "fields": encode_objects(fields, path)}
-    return {_TAG: name, "attributes": encode_objects(dict(vars(tree)), path)}
-
-
-def decode_objects(tree: Any, path: str = "") -> Any:
-    """Inverse of :func:`encode_objects`: builds only allow-listed classes."""
-    if isinstance(tree, Mapping):
-        if _TAG not in tree:
-            return {k: decode_objects(v, f"{path}/{k}") for k, v in tree.items()}
-        name = tree[_TAG]
-        if name == "set":
-            return set(tree["items"])
-        if name not in OBJECT_TYPES:
-            raise CorruptCheckpointError(
-                f"deepspeed: entry {path or '/'!r} names object type {name!r}, which is not in "
-                f"the allow-list {sorted(OBJECT_TYPES)}"
-            )
-        module, cls_name = OBJECT_TYPES[name]
-        cls = getattr(importlib.import_module(module), cls_name)
-        if "value" in tree:
-            return cls(tree["value"])
-        if "fields" in tree:
-            return cls(**decode_objects(tree["fields"], path))
-        obj = cls.__new__(cls)
-        obj.__dict__.update(decode_objects(tree["attributes"], path))
-        return obj
-    if isinstance(tree, list):
-        return [decode_objects(v, f"{path}/{i}") for i, v in enumerate(tree)]
-    if isinstance(tree, tuple):
-        return tuple(decode_objects(v, f"{path}/{i}") for i, v in enumerate(tree))
-    return tree
 
 
 def use_shardpoint(engine: Any, **options: Any) -> Any:
@@ -124,6 +58,12 @@ def use_shardpoint(engine: Any, **options: Any) -> Any:
 
     ours = ShardpointCheckpointEngine(getattr(engine, "_config", None), **options)
     ours.attach(engine)
+    if hasattr(engine, "_copy_recovery_script"):
+        # DeepSpeed copies its zero_to_fp32.py into each ZeRO checkpoint; that copy torch.loads
+        # files these directories replace: put the one that reads them (zero_to_fp32.py here)
+        from .zero_to_fp32 import write_recovery_scripts
+
+        engine._copy_recovery_script = write_recovery_scripts
     engine.checkpoint_engine = ours
     return engine
 
