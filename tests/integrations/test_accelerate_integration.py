@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,12 @@ from integration_helpers.common import (  # noqa: E402
 from shardpoint.integrations import accelerate as spacc  # noqa: E402
 
 CK0 = "checkpoints/checkpoint_0"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardpoint", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +150,12 @@ def test_damaged_checkpoint_fails_clearly_through_load_state(
 ) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(runs["base"] / "shardpoint" / CK0, bad)
+    ok = _cli("verify", str(bad))
+    assert ok.returncode == 0 and "accelerate" in ok.stdout, ok.stderr
+    assert "weight tensors checked" in ok.stdout
     damage_safetensors(bad / "model.safetensors", "3.weight")
+    failed = _cli("verify", str(bad))
+    assert failed.returncode == 1 and "3.weight" in failed.stderr, failed.stderr
     with pytest.raises(sp.ChecksumMismatchError, match="3.weight"):
         accel_run.train("shardpoint", str(tmp_path / "run"), 2, resume=str(bad))
     shutil.copy(runs["base"] / "shardpoint" / CK0 / "model.safetensors", bad)

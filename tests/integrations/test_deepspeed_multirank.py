@@ -94,3 +94,12 @@ def test_zero_to_fp32_consolidates_our_checkpoint(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_tree(load_file(tmp_path / "out" / "model.safetensors"), reference)
+    # `shardpoint verify` of a tag folder checks every rank's files
+    ok = subprocess.run(
+        [sys.executable, "-m", "shardpoint", "verify", str(ours_dir / "global_step6")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("deepspeed") == len(list((ours_dir / "global_step6").glob("*.pt")))

@@ -135,6 +135,9 @@ def test_verify_checks_the_weights_too(runs: dict[str, Any], tmp_path: Path) -> 
     damage_safetensors(ckpt / "model.safetensors", "transformer.h.1.mlp.c_fc.weight")
     bad = _cli("verify", str(ckpt))
     assert bad.returncode == 1 and "transformer.h.1.mlp.c_fc.weight" in bad.stderr, bad.stderr
+    index = ckpt / "shardpoint.index"
+    index.write_bytes(index.read_bytes()[:-9])  # a damaged part index is reported, not skipped
+    assert _cli("verify", str(ckpt)).returncode == 1
 
 
 def test_sharded_weights_as_save_pretrained_shards(tmp_path: Path) -> None:
@@ -191,6 +194,13 @@ def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:
     resumed = hf_run.train("peft-shardpoint", str(tmp_path / "ours"), 6, str(mine))
     assert resumed["losses"] == ours["losses"][3:] and resumed["digest"] == ours["digest"]
     assert pickles_under(tmp_path / "ours") == []
+    # the adapter's tensors are checked against their crc32c on resume and by verify
+    key = next(iter(load_file(mine / "adapter_model.safetensors")))
+    damage_safetensors(mine / "adapter_model.safetensors", key)
+    with pytest.raises(sp.ChecksumMismatchError, match=key):
+        hf_run.train("peft-shardpoint", str(tmp_path / "ours"), 6, str(mine))
+    bad = _cli("verify", str(mine))
+    assert bad.returncode == 1 and key in bad.stderr, bad.stderr
 
 
 def test_from_pretrained_and_export(runs: dict[str, Any], tmp_path: Path) -> None:

@@ -74,9 +74,9 @@ class WeightsGroup:
 
 def _encode(groups: list[WeightsGroup], keep_device: bool) -> tuple[list[_Item], dict[str, Any]]:
     """Host items and device tensors of every group's tensors, keyed ``<group>/<name>``."""
+    from ..storage.values import encode
     from ..torch.staging import is_device_tensor
     from ..torch.tensors import tensor_to_numpy
-    from ..values import encode
 
     items: list[_Item] = []
     device: dict[str, Any] = {}
@@ -115,7 +115,7 @@ def _write_group(root: str, group: WeightsGroup, staged: Mapping[str, _Item], g:
             return out
 
         def read(self, key: str) -> Any:
-            from ..dtypes import numpy_dtype
+            from ..storage.dtypes import numpy_dtype
 
             _, dtype, _, shape, raw = staged[f"{g}/{key}"]
             return raw.view(numpy_dtype(dtype)).reshape(shape)

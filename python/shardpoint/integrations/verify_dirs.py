@@ -11,6 +11,7 @@ crc32c), so one command covers the whole checkpoint.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from .. import storage
@@ -32,12 +33,18 @@ class PartReport:
     weights: int
 
 
+#: the part names the integrations write (their indexes are checked even when unreadable)
+_PART_NAMES = re.compile(r"^(shardpoint|state|rng_\d+)$")
+
+
 def _integration(prefix: str) -> str | None:
     try:
         with storage.open(prefix) as r:
             who = r.metadata.get(WRITER_KEY)
-    except Exception:  # not ours to judge here: verify reports it when it checks the part
-        return "?"
+    except Exception:
+        # an integration's part that does not open is damage that verify must report; any
+        # other unreadable index is not a trainer's and is left to the generic path
+        return "?" if _PART_NAMES.match(os.path.basename(prefix)) else None
     return who if isinstance(who, str) else None
 
 
