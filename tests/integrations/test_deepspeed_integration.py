@@ -136,6 +136,31 @@ def test_objects_outside_the_allow_list_are_refused(tmp_path: Path) -> None:
     assert decode_objects(encode_objects({"s": {"b", "a"}})) == {"s": {"a", "b"}}
 
 
+def test_param_shapes_come_back_as_torch_size(tmp_path: Path) -> None:
+    """DeepSpeed's ``param_shapes`` (per group, name -> ``torch.Size``) round trip with their
+    type through the engine and through the consolidation's reads (ZeRO-3's merge calls
+    ``shape.numel()``); plain tuples stay tuples."""
+    from shardpoint.integrations.deepspeed import ShardpointCheckpointEngine
+    from shardpoint.integrations.zero_to_fp32 import reading_shardpoint
+
+    state = {
+        "param_shapes": [{"0.weight": torch.Size([4, 3]), "0.bias": torch.Size([4])}],
+        "pair": (1, torch.Size([2, 2])),
+        "w": torch.ones(2),
+    }
+    path = str(tmp_path / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    engine = ShardpointCheckpointEngine()
+    engine.save(state, path)
+    with reading_shardpoint() as ds:
+        read = ds.torch.load(path, map_location="cpu")
+    for got in (engine.load(path), read):
+        shapes = got["param_shapes"][0]
+        assert {k: type(v) for k, v in shapes.items()} == dict.fromkeys(shapes, torch.Size)
+        assert shapes == state["param_shapes"][0] and shapes["0.weight"].numel() == 12
+        assert type(got["pair"]) is tuple and type(got["pair"][1]) is torch.Size
+        assert got["pair"] == state["pair"]
+
+
 def test_background_saves_commit_at_the_next_step(runs: dict[str, Any], tmp_path: Path) -> None:
     """blocking=False: save_checkpoint returns after the snapshot; DeepSpeed commits (our
     commit waits for the writes) and moves ``latest`` at the next optimizer step."""

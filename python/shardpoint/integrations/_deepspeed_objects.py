@@ -43,7 +43,10 @@ def encode_objects(tree: Any, path: str = "") -> Any:
         return {k: encode_objects(v, f"{path}/{k}") for k, v in tree.items()}
     if isinstance(tree, list):
         return [encode_objects(v, f"{path}/{i}") for i, v in enumerate(tree)]
-    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+    if type(tree) is tuple:
+        # plain tuples only: a tuple subclass (torch.Size in param_shapes, a namedtuple) is
+        # kept as itself for the storage layer's own tags; rebuilding it as a tuple loses
+        # its type (DeepSpeed's ZeRO-3 merge calls shape.numel())
         return tuple(encode_objects(v, f"{path}/{i}") for i, v in enumerate(tree))
     if isinstance(tree, set | frozenset):
         return {_TAG: "set", "items": sorted(tree, key=repr)}
@@ -82,6 +85,6 @@ def decode_objects(tree: Any, path: str = "") -> Any:
         return obj
     if isinstance(tree, list):
         return [decode_objects(v, f"{path}/{i}") for i, v in enumerate(tree)]
-    if isinstance(tree, tuple):
+    if type(tree) is tuple:  # not torch.Size (see encode_objects)
         return tuple(decode_objects(v, f"{path}/{i}") for i, v in enumerate(tree))
     return tree
