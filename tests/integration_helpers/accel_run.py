@@ -81,7 +81,9 @@ def train(
             sched.step()
             opt.zero_grad()
             losses.append(loss.item())
-            progress.mean = progress.mean * 0.9 + loss.detach() * 0.1
+            # the mean over processes: accelerate saves a registered object from process 0
+            # only, so its state must be the same on every process
+            progress.mean = progress.mean * 0.9 + acc.reduce(loss.detach(), "mean") * 0.1
         progress.epochs += 1
         acc.save_state()
     if hasattr(acc, "wait_for_saves"):  # shardpoint_blocking=False: the last write

@@ -2,7 +2,9 @@
 epoch, is SIGKILLed mid-save (process 0 kills itself while writing checkpoint_1, process 1 is
 killed waiting for it) and a new 2-process job resumes from the newest committed checkpoint
 exactly — each process's losses, the final parameters and the registered object equal the
-uninterrupted run's and accelerate's own. Each process's RNG states are kept (rng_<i>)."""
+uninterrupted run's and accelerate's own. Each process's RNG states are kept (rng_<i>), and
+the shuffling sampler's generator that accelerate synchronizes across processes (accelerate's
+own checkpoints do not keep it: resumed, they shuffle epoch 2 as epoch 1)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ def test_two_processes_killed_mid_save_resume_exactly(tmp_path: Path) -> None:
     # 2 saves per process per checkpoint (the part or nothing, and its rng_<i>): the 3rd is
     # process 0's part of checkpoint_1
     assert run_ranks("accel_run", "shardpoint", str(killed), "2", kill_rank0_at_save=3) == [-9, -9]
+    # the kill landed where meant: checkpoint_0 committed, checkpoint_1's part not
+    checkpoints = killed / "checkpoints"
+    assert (checkpoints / "checkpoint_0/shardpoint.index").exists()
+    assert not (checkpoints / "checkpoint_1/shardpoint.index").exists()
     resumed = run_ranks("accel_run", "shardpoint", str(killed), "2", "latest")
     for rank in (0, 1):
         (got,) = resumed[rank]

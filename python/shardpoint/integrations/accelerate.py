@@ -317,7 +317,10 @@ def _check_counts(tree: dict[str, Any], a: Any, input_dir: str) -> None:
 
 def _dataloader_state(dl: Any) -> dict[str, Any]:
     """What accelerate keeps of a dataloader: a seedable sampler's seed and epoch (it pickles
-    the sampler object), a stateful dataloader's ``state_dict()``."""
+    the sampler object), a stateful dataloader's ``state_dict()``; and, which accelerate does
+    not keep, the state of the generator it synchronizes across processes (with several
+    processes a shuffling sampler draws from it: without it a resumed job shuffles the next
+    epoch as the first one was, not as the uninterrupted job does)."""
     from accelerate.data_loader import SeedableRandomSampler
 
     out: dict[str, Any] = {}
@@ -327,6 +330,9 @@ def _dataloader_state(dl: Any) -> dict[str, Any]:
         out["sampler"] = {"initial_seed": int(sampler.initial_seed), "epoch": int(sampler.epoch)}
     if getattr(dl, "use_stateful_dataloader", False):
         out["state"] = dl.state_dict()
+    generator = getattr(dl, "synchronized_generator", None)
+    if generator is not None:
+        out["generator"] = generator.get_state()
     return out
 
 
@@ -337,6 +343,9 @@ def _load_dataloader_state(dl: Any, state: dict[str, Any]) -> None:
         sampler.set_epoch(state["sampler"]["epoch"])
     if "state" in state and getattr(dl, "use_stateful_dataloader", False):
         dl.load_state_dict(state["state"])
+    generator = getattr(dl, "synchronized_generator", None)
+    if "generator" in state and generator is not None:
+        generator.set_state(state["generator"])
 
 
 def __getattr__(name: str) -> Any:
