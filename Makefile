@@ -11,7 +11,7 @@ BROWSER_STAMP := $(VENV)/.browser-stamp
 RUST_SRC := $(shell find rust -name '*.rs') Cargo.toml rust/py/Cargo.toml
 
 PHONY_SERVING := vllm-venv sglang-venv
-.PHONY: $(PHONY_SERVING) bench-deps all venv develop demo test test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
+.PHONY: $(PHONY_SERVING) bench-deps all venv develop demo test test-quick test-rust test-python test-wheel wheel sdist lint fmt bench bench-activation clean fuzz-smoke
 
 all: develop
 
@@ -22,7 +22,9 @@ UV := $(VENV)/bin/uv
 $(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
-	$(UV) pip install -q --python $(PY) -r requirements-dev.txt -r requirements-torch.txt -r requirements-extras.txt
+	# --compile-bytecode: uv writes no .pyc by default and PYTHONDONTWRITEBYTECODE may forbid
+	# writing them later, so every test process would import torch, transformers... from source.
+	$(UV) pip install -q --compile-bytecode --python $(PY) -r requirements-dev.txt -r requirements-torch.txt -r requirements-extras.txt
 	# DeepSpeed's CPU communication op is JIT-built (ninja from the venv, the system C++ compiler)
 	# on first use; build it once here so tests/integrations/test_deepspeed_integration.py does not.
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
@@ -117,8 +119,17 @@ sglang-venv: $(SGLANG_STAMP)
 # Hypothesis runs under the `ci` profile (docs/TESTING.md): derandomized, so a failure
 # reproduces on every run; `SHARDPOINT_HYPOTHESIS_PROFILE=nightly make test-python` for the long run.
 SHARDPOINT_HYPOTHESIS_PROFILE ?= ci
+# The suite runs on every core (pytest-xdist): a file is one scheduling group (its module
+# fixtures are built once), and the multi-process and timing tests share one serial group
+# (tests/conftest.py). `PYTEST_WORKERS=0` runs it in one process. `make test-quick` leaves out
+# the tests marked `slow` (exhaustive sweeps); `make test` runs everything.
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS = -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
 test-python: develop $(BROWSER_STAMP) vllm-venv sglang-venv
-	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_HYPOTHESIS_PROFILE=$(SHARDPOINT_HYPOTHESIS_PROFILE) SHARDPOINT_VLLM_PYTHON=$(VLLM_VENV)/bin/python SHARDPOINT_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest -q -p no:cacheprovider tests
+	SHARDPOINT_REQUIRE_OPTIONAL=1 SHARDPOINT_HYPOTHESIS_PROFILE=$(SHARDPOINT_HYPOTHESIS_PROFILE) SHARDPOINT_VLLM_PYTHON=$(VLLM_VENV)/bin/python SHARDPOINT_SGLANG_PYTHON=$(SGLANG_VENV)/bin/python $(PY) -m pytest $(PYTEST_ARGS) tests
+
+test-quick: develop
+	SHARDPOINT_HYPOTHESIS_PROFILE=dev $(PY) -m pytest $(PYTEST_ARGS) -m "not slow" tests
 
 # Part of `make test`: formatting, clippy, ruff, the import layering of the Python package
 # (import-linter contracts in pyproject.toml: imports only point down), mypy on the package

@@ -70,3 +70,32 @@ def _torch_deterministic_mode_reset():
     torch = sys.modules.get("torch")
     if torch is not None and torch.are_deterministic_algorithms_enabled():
         torch.use_deterministic_algorithms(False)
+
+
+# Tests that must not share the machine's processes with each other: the multi-process runs
+# (DeepSpeed/Lightning/accelerate/torch.distributed ranks on gloo, each rank a process) and the
+# GIL-release measurements. Under `pytest -n N --dist loadgroup` (make test) every test of one
+# group runs on one worker, in order, so two of them never compete.
+SERIAL_GROUPS = {
+    "multiprocess": (
+        "test_deepspeed_integration.py",
+        "test_deepspeed_multirank.py",
+        "test_torch_distributed.py",
+        "test_lightning_multiprocess.py",
+        "test_accelerate_multiprocess.py",
+    ),
+    "timing": ("test_gil.py",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for ``--dist loadgroup``: by default a file is one group, so a
+    module-scoped fixture (a trained tiny model, a started server) is built once, on one
+    worker; the files named in SERIAL_GROUPS share a group across files. An explicit
+    ``@pytest.mark.xdist_group`` wins."""
+    by_file = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(by_file.get(name, name)))
