@@ -81,7 +81,7 @@ SERIAL_GROUPS = {
         "test_deepspeed_integration.py",
         "test_deepspeed_multirank.py",
         "test_torch_distributed.py",
-        "test_lightning_multiprocess.py",
+        "test_lightning_ddp.py",
         "test_accelerate_multiprocess.py",
     ),
     "timing": ("test_gil.py",),
