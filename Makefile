@@ -22,12 +22,13 @@ UV := $(VENV)/bin/uv
 $(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
-	# --compile-bytecode: uv writes no .pyc by default and PYTHONDONTWRITEBYTECODE may forbid
-	# writing them later, so every test process would import torch, transformers... from source.
-	$(UV) pip install -q --compile-bytecode --python $(PY) -r requirements-dev.txt -r requirements-torch.txt -r requirements-extras.txt
+	$(UV) pip install -q --python $(PY) -r requirements-dev.txt -r requirements-torch.txt -r requirements-extras.txt
 	# DeepSpeed's CPU communication op is JIT-built (ninja from the venv, the system C++ compiler)
 	# on first use; build it once here so tests/integrations/test_deepspeed_integration.py does not.
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -c "from deepspeed.accelerator import get_accelerator as g; b = g().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
+	# uv writes no .pyc and PYTHONDONTWRITEBYTECODE may forbid writing them later: without this
+	# every test process (and every rank it starts) imports torch, transformers... from source.
+	$(call COMPILE_VENV,$(VENV))
 	touch $@
 
 venv: $(STAMP)
