@@ -121,9 +121,6 @@ def fraction_of_free_rate(call, workers: int) -> list[tuple[float, int]]:
 def test_measurement_detects_a_held_gil() -> None:
     """The control: ``sum(range(n))`` runs in C holding the GIL (no eval-breaker checks)."""
     n = 3_000_000
-    t0 = time.perf_counter()
-    sum(range(n))
-    assert time.perf_counter() - t0 < 0.5
     rate = free_rate()
     during, calls = progress_during(lambda: sum(range(n)), workers=2)
     assert during / rate < THRESHOLD, (during / rate, calls)
