@@ -324,6 +324,7 @@ def _sweep_points(mode: str, d: str) -> list[tuple[str, int]]:
     return points
 
 
+@pytest.mark.slow  # an exhaustive sweep (every link, rename and unlink)
 @pytest.mark.parametrize("mode", MODES)
 def test_kill_at_every_link_rename_unlink(tmp_path, mode: str) -> None:
     """With strace's signal injection, kill the child exactly before each link, rename and

@@ -27,6 +27,9 @@ import shardpoint as sp
 from reference_reader import crc32c
 from reliability_helpers.craft import _seal
 
+# an exhaustive sweep: `make test` runs it, `make test-quick` leaves it out
+pytestmark = pytest.mark.slow
+
 EXAMPLES = int(os.environ.get("SHARDPOINT_FUZZ_EXAMPLES", "300"))
 EXECS: Counter[str] = Counter()
 INTERESTING = [0, 1, 63, 64, 4095, 4096, 2**31 - 1, 2**32 - 1, 2**32, 2**40, 2**63, 2**64 - 1]

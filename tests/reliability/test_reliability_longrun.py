@@ -12,9 +12,13 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 import shardpoint as sp
 from reliability_helpers.crash_child import make_checkpoint, state_for, step_of
+
+# an exhaustive sweep: `make test` runs it, `make test-quick` leaves it out
+pytestmark = pytest.mark.slow
 
 SAVES = int(os.environ.get("SHARDPOINT_LONGRUN_SAVES", "1000"))
 MAX_FD_GROWTH = 2
