@@ -3,10 +3,13 @@ proxy that counts requests and injects failures."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
@@ -168,3 +171,29 @@ class Proxy:
 def opts_for(proxy: Proxy, **extra: str) -> dict[str, str]:
     """storage_options sending every request through `proxy`."""
     return {"endpoint": proxy.endpoint, "allow_http": "true", **extra}
+
+
+@contextlib.contextmanager
+def moto_environment() -> Iterator[Moto]:
+    """A started moto server with the AWS_* variables that point the core's object-store
+    client (and boto3) at it; both are put back as they were, and the server stopped, after."""
+    m = Moto()
+    env = {
+        "AWS_ENDPOINT_URL": m.endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield m
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        m.server.stop()

@@ -276,28 +276,10 @@ def test_fsspec_memory_url(tmp_path: Path, monkeypatch: Any) -> None:
 @pytest.fixture(scope="module")
 def moto() -> Iterator[Any]:
     pytest.importorskip("moto.server")
-    from s3_server import Moto
+    from s3_server import moto_environment
 
-    m = Moto()
-    env = {
-        "AWS_ENDPOINT_URL": m.endpoint,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with moto_environment() as m:
         yield m
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        m.server.stop()
 
 
 def test_s3_url_goes_through_the_core(moto: Any, tmp_path: Path, monkeypatch: Any) -> None:
