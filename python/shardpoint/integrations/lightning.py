@@ -101,6 +101,7 @@ def load_from_checkpoint(
     from lightning.pytorch.core import saving  # the instantiation rules Lightning itself uses
 
     checkpoint = load_checkpoint(checkpoint_path, map_location)
+    # a LightningModule/DataModule class attribute; mypy sees `cls` as the plain type it is given
     hparams_key = cls.CHECKPOINT_HYPER_PARAMS_KEY  # type: ignore[attr-defined]
     checkpoint.setdefault(hparams_key, {})
     checkpoint[hparams_key] = dict(checkpoint[hparams_key])

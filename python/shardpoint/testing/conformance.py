@@ -372,6 +372,7 @@ class StorageTests:
         base = self.machine_class or CheckpointManagerMachine
         where = self.location
 
+        # the base is chosen at run time (the user's machine class): mypy cannot check it
         class OnThisStorage(base):  # type: ignore[misc, valid-type]
             def make_directory(self) -> str:
                 return where()
