@@ -46,6 +46,8 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations.hf_trainer": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",
+    "shardpoint.integrations.zero_to_fp32": "deepspeed",
+    "shardpoint.hf": "transformers",
     "shardpoint.integrations._deepspeed_engine": "deepspeed",
     "shardpoint.signing": "signing",
     "shardpoint.testing.strategies": "testing",
@@ -53,7 +55,17 @@ FEATURE_EXTRA: dict[str, str] = {
 }
 # Modules imported only when a value of their package is saved or read (shardpoint/__init__
 # declares them lazily): the user already has that package, so no extra installs it.
-ACTIVATED_BY_VALUES: dict[str, str] = {"shardpoint.storage.omegaconf_objects": "omegaconf"}
+ACTIVATED_BY_VALUES: dict[str, tuple[str, ...]] = {
+    "shardpoint.storage.omegaconf_objects": ("omegaconf",),
+    # PEFT adapters are written as PEFT writes them when the model is a PeftModel
+    "shardpoint.integrations._hf_weights": ("peft",),
+    # jax arrays are compared/round-tripped when the user's value holds some
+    "shardpoint.testing._frameworks": ("jax",),
+    "shardpoint.testing.roundtrip": ("jax",),
+}
+# Serving engines pin their own torch, so their extras are not installed beside the others
+# (Makefile EXTRAS): each engine module's imports must be named by its extra's metadata instead.
+ENGINE_EXTRA: dict[str, str] = {"shardpoint.vllm": "vllm", "shardpoint.sglang": "sglang"}
 # The extras the docs name (README, docs/*.md): each must exist in the wheel's metadata.
 DOCUMENTED_EXTRAS = ("torch", "jax", "orbax", "hf", "dtypes", "testing")
 # Frameworks an extra must make importable (checked after installing every extra).
@@ -66,6 +78,8 @@ EXTRA_PROVIDES: dict[str, tuple[str, ...]] = {
     "testing": ("hypothesis", "pytest", "ml_dtypes"),
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+# what the base install provides under its import names
+BASE_TOPS = {"numpy", "ml_dtypes"}
 
 
 def step(msg: str) -> float:
@@ -221,6 +235,24 @@ def present_features(pkg: Path) -> dict[str, str]:
     return out
 
 
+def engine_problems(module: str, extra: str, path: Path, meta: md.PackageMetadata) -> list[str]:
+    """An engine module may import its engine and what the engine itself requires (torch...):
+    its extra must name the engine; torch and the rest come with the engine."""
+    names = set()
+    for line in meta.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if req.marker is not None and req.marker.evaluate({"extra": extra}):
+            names.add(req.name.lower().replace("_", "-"))
+    if extra not in names:
+        return [f"extra [{extra}] does not require {extra}, which {module} loads into"]
+    engine_deps = {"torch", "transformers", extra}
+    return [
+        f"{module} imports {top!r}, which neither [{extra}] nor {extra} itself installs"
+        for top in sorted(third_party_imports(path))
+        if top not in engine_deps and top not in names and top not in BASE_TOPS
+    ]
+
+
 def check_extras(pkg: Path) -> None:
     meta = md.metadata("shardpoint")
     declared = set(meta.get_all("Provides-Extra") or [])
@@ -233,10 +265,16 @@ def check_extras(pkg: Path) -> None:
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg.parent).with_suffix("")
         module = ".".join(rel.parts).removesuffix(".__init__")
+        engine = next(
+            (e for m, e in ENGINE_EXTRA.items() if module.split(".")[:2] == m.split(".")), None
+        )
+        if engine is not None:
+            problems += engine_problems(module, engine, path, meta)
+            continue
         extra = extra_of(module)
         allowed = base | (closure("shardpoint", (extra,)) if extra else set())
         for top in sorted(third_party_imports(path)):
-            if ACTIVATED_BY_VALUES.get(module) == top:
+            if top in ACTIVATED_BY_VALUES.get(module, ()):
                 continue
             dists = prov.get(top)
             if not dists:
