@@ -13,32 +13,33 @@ import struct
 
 import numpy as np
 
-__all__ = ["NAMES", "special_codes", "element_bits", "float64_specials", "is_multi_byte_native"]
+__all__ = [
+    "FAMILIES",
+    "NAMES",
+    "special_codes",
+    "element_bits",
+    "float64_specials",
+    "is_multi_byte_native",
+]
 
-#: every dtype name of the format (FORMAT.md §4), simplest first
-NAMES: tuple[str, ...] = (
-    "bool",
-    "uint8",
-    "int8",
-    "uint16",
-    "int16",
-    "uint32",
-    "int32",
-    "uint64",
-    "int64",
-    "float32",
-    "float64",
-    "float16",
-    "bfloat16",
-    "complex64",
-    "complex128",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-    "float4_e2m1fn_x2",
+#: every dtype name of the format (FORMAT.md §4) in three families — integers and bool, the
+#: IEEE floats and complex, the ml_dtypes formats — each simplest first (strategies.dtypes draws
+#: a family, then a member: in one flat list the float8 formats were almost never drawn)
+FAMILIES: tuple[tuple[str, ...], ...] = (
+    ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"),
+    ("float32", "float64", "float16", "complex64", "complex128"),
+    (
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+    ),
 )
+#: every dtype name of the format, simplest first
+NAMES: tuple[str, ...] = tuple(n for family in FAMILIES for n in family)
 
 # exponent and mantissa bits of the IEEE-style formats wider than a byte
 _IEEE = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}

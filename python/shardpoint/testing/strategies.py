@@ -42,7 +42,7 @@ except ImportError as e:  # the kit's assertions work without it; the strategies
 
 from ..storage.dtypes import numpy_dtype
 from ..storage.objects import register_type
-from ._bits import element_bits, float64_specials, special_codes, uint_dtype
+from ._bits import FAMILIES, element_bits, float64_specials, special_codes, uint_dtype
 from ._frameworks import LAYOUTS, apply_layout, framework_dtype, layout_base_shape, name_of
 from ._frameworks import supported_names as _supported
 
@@ -91,25 +91,8 @@ def _names(framework: str, include: Iterable[Any] | None, exclude: Iterable[Any]
     return names
 
 
-# three families, each drawn about a third of the time (Hypothesis favours the first choices
-# of a sampled_from; in one flat list of 21 the float8 formats were almost never drawn)
-_FAMILIES = (
-    ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"),
-    ("float32", "float64", "float16", "complex64", "complex128"),
-    (
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-        "float4_e2m1fn_x2",
-    ),
-)
-
-
 def _families(framework: str, names: list[str]) -> SearchStrategy[Any]:
-    parts = [[n for n in fam if n in names] for fam in _FAMILIES]
+    parts = [[n for n in fam if n in names] for fam in FAMILIES]
     return st.one_of(
         *(st.sampled_from([framework_dtype(n, framework) for n in part]) for part in parts if part)
     )
