@@ -88,6 +88,9 @@ SERIAL_GROUPS = {
 }
 
 
+# tryfirst: xdist's worker turns xdist_group marks into scheduling scopes in its own hook of
+# this name; ours must have marked every item before that runs
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests for ``--dist loadgroup``: by default a file is one group, so a
     module-scoped fixture (a trained tiny model, a started server) is built once, on one
