@@ -86,19 +86,30 @@ SERIAL_GROUPS = {
     ),
     "timing": ("test_gil.py",),
 }
+_GROUP_OF_FILE = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
 
 
-# tryfirst: xdist's worker turns xdist_group marks into scheduling scopes in its own hook of
-# this name; ours must have marked every item before that runs
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for ``--dist loadgroup``: by default a file is one group, so a
-    module-scoped fixture (a trained tiny model, a started server) is built once, on one
-    worker; the files named in SERIAL_GROUPS share a group across files. An explicit
-    ``@pytest.mark.xdist_group`` wins."""
-    by_file = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(by_file.get(name, name)))
+def scheduling_group(nodeid: str) -> str:
+    """The unit of work a test belongs to under ``--dist loadgroup``: its file, or the serial
+    group its file is named in (SERIAL_GROUPS)."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP_OF_FILE.get(path.rsplit("/", 1)[-1], path)
+
+
+# Why a scheduler of our own and not `xdist_group` marks: xdist (3.8) carries a mark's group to
+# the controller by appending "@group" to `item._nodeid` on the worker, and pytest 9.2 reads the
+# node id from elsewhere, so the marks were silently dropped and every test was scheduled alone
+# (module fixtures built on both workers; a file's tests split across them). The controller
+# only ever sees node ids, so the grouping is computed from them, through xdist's public hook.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadgroup``: schedule whole groups (scheduling_group) on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduling_group(nodeid)
+
+    return FileGroupScheduling(config, log)

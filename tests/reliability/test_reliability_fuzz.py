@@ -170,22 +170,34 @@ def _fuzz_file(pristine: dict[str, bytes], which: str, ops, resealed: bool) -> N
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), resealed=st.booleans())
-def test_fuzz_index(pristine, data, resealed: bool) -> None:
+def _fuzz_index_examples(pristine, data, resealed: bool) -> None:
     size = len(next(v for n, v in pristine.items() if n.endswith(".index")))
     _fuzz_file(pristine, ".index", data.draw(mutations(size)), resealed)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
-def test_fuzz_shard(pristine, data) -> None:
+def _fuzz_shard_examples(pristine, data) -> None:
     name = sorted(n for n in pristine if ".data-" in n)[0]
     size = len(pristine[name])
     _fuzz_file(pristine, name[-len(".data-00000-of-00002") :], data.draw(mutations(size)), False)
 
 
-def test_fuzz_counts_are_reported() -> None:
-    """Runs last in this file: prints the execution counts and checks the fuzzers did run."""
-    print(f"\npython fuzz executions: {dict(EXECS)}")
+# Each test counts its own executions (no state shared between tests: under pytest-xdist two
+# tests of this file may run in different processes). The counts print with `-s`.
+def test_fuzz_index(pristine) -> None:
+    EXECS.clear()
+    _fuzz_index_examples(pristine)
+    print(f"\npython fuzz executions (.index): {dict(EXECS)}")
     assert EXECS[".index"] >= EXAMPLES
     # mutations of both kinds were seen: some are refused, some (padding, unused bytes) harmless
     assert EXECS[".index:refused"] > 0
+
+
+def test_fuzz_shard(pristine) -> None:
+    EXECS.clear()
+    _fuzz_shard_examples(pristine)
+    print(f"\npython fuzz executions (shard): {dict(EXECS)}")
+    shard = ".data-00000-of-00002"
+    assert EXECS[shard] >= EXAMPLES
+    assert EXECS[f"{shard}:refused"] > 0
