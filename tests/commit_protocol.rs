@@ -261,3 +261,27 @@ fn merge_refuses_partials_of_different_saves() {
     assert!(e.contains("\"step-3\""), "{e}");
     assert!(Reader::open(&p).is_err(), "nothing was committed");
 }
+
+/// Several processes' worth of writers saving to one prefix at once: each save must commit
+/// (a concurrent commit's cleanup once found a temp shard in the moment between its create
+/// and its lock and unlinked it, failing that save with "not found"), and what is there at the
+/// end is one whole save.
+#[test]
+fn concurrent_savers_of_one_prefix_all_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ck");
+    let sets = [sample_values(), new_values()];
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (p, vals) = (&p, &sets[t % 2]);
+            s.spawn(move || {
+                for i in 0..40 {
+                    save(p, &items(vals), opts(Codec::Zstd, 2))
+                        .unwrap_or_else(|e| panic!("writer {t}, save {i}: {e}"));
+                }
+            });
+        }
+    });
+    let got = read_all(&p).unwrap();
+    assert!(got == sets[0] || got == sets[1], "a mix of two saves");
+}

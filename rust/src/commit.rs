@@ -38,6 +38,59 @@ pub fn lock_temp(f: &File, path: &Path) -> Result<()> {
     }
 }
 
+/// Create the temp file `tmp` (it must not exist) and lock it ([`lock_temp`]) so that a
+/// concurrent commit's cleanup never takes it for a crashed save's leftover. A cleanup may find
+/// it in the moment between the create and the lock, still unlocked, and unlink it (holding its
+/// own lock on it while it does, see [`claim_abandoned`]); so once locked, the path is checked
+/// to still name this file, and if it does not the file is created again. Errors name
+/// `user_path` (the user's file, not the temp name) and `what` was being done.
+pub fn create_locked_temp(tmp: &Path, user_path: &Path, what: &'static str) -> Result<File> {
+    create_locked_temp_with(tmp, user_path, what, &|_| {})
+}
+
+/// [`create_locked_temp`], calling `between(tmp)` after each create and before the lock (tests
+/// put a concurrent cleanup there).
+fn create_locked_temp_with(
+    tmp: &Path,
+    user_path: &Path,
+    what: &'static str,
+    between: &dyn Fn(&Path),
+) -> Result<File> {
+    const TRIES: usize = 16;
+    for _ in 0..TRIES {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(tmp)
+            .map_err(|e| Error::io(user_path, what, e))?;
+        between(tmp);
+        if let Err(e) = lock_temp(&f, tmp) {
+            drop(f);
+            let _ = fs::remove_file(tmp);
+            return Err(e);
+        }
+        if still_named(&f, tmp) {
+            return Ok(f);
+        }
+    }
+    Err(Error::io(
+        user_path,
+        what,
+        std::io::Error::other(format!(
+            "its temporary file was removed by a concurrent cleanup {TRIES} times in a row"
+        )),
+    ))
+}
+
+/// Whether `path` still names the open file `f` (same device and inode).
+fn still_named(f: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// The per-prefix commit lock: an exclusive `flock` on `P.lock`, held while a writer publishes
 /// its shards, commits the index and cleans up, and while `remove` deletes. The lock file is
 /// created with mode 0666 minus the umask and is never rewritten; `remove` unlinks it while
@@ -199,18 +252,18 @@ pub fn sync_dir_after_commit(dir: &Path) -> Result<()> {
 /// `dest`. On any error the temp file is removed and `dest` is untouched.
 pub fn replace_file(dest: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let tmp = temp_path(dest, random_token());
+    // errors name `dest`, the user's file, not the temp name beside it
+    let mut f = create_locked_temp(&tmp, dest, "create")?;
     let res = (|| {
-        // errors name `dest`, the user's file, not the temp name beside it
-        let mut f = File::create(&tmp).map_err(|e| Error::io(dest, "create", e))?;
-        lock_temp(&f, &tmp)?; // see `cleanup`
         f.write_all(bytes)
             .map_err(|e| Error::io(dest, "write", e))?;
         if durable {
             f.sync_all().map_err(|e| Error::io(dest, "fsync", e))?;
         }
-        drop(f);
+        // renamed while still open, so still locked: a cleanup never sees it unlocked
         fs::rename(&tmp, dest).map_err(|e| Error::io(dest, "rename into place", e))
     })();
+    drop(f);
     if res.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -301,26 +354,24 @@ pub fn remove_stale_temps(dest: &Path) {
         else {
             continue;
         };
-        if tok.len() == 16
-            && tok.bytes().all(|c| c.is_ascii_hexdigit())
-            && !temp_in_use(&ent.path())
-        {
-            let _ = fs::remove_file(ent.path());
+        if tok.len() == 16 && tok.bytes().all(|c| c.is_ascii_hexdigit()) {
+            if let Some(_held) = claim_abandoned(&ent.path()) {
+                let _ = fs::remove_file(ent.path());
+            }
         }
     }
 }
 
-/// Whether the temp file at `path` may still be in use: a live writer holds an exclusive
-/// advisory lock on its temp files until it closes them (a killed writer's lock dies with it).
-/// Where locks are unsupported nothing can be proven, so the file counts as in use.
-fn temp_in_use(path: &Path) -> bool {
-    match File::open(path) {
-        Ok(f) => match f.try_lock() {
-            Ok(()) => false,
-            Err(std::fs::TryLockError::WouldBlock) => true,
-            Err(std::fs::TryLockError::Error(_)) => true,
-        },
-        Err(_) => false,
+/// Take a temp file that no live writer holds: a live writer holds an exclusive advisory lock on
+/// its temp files until it closes them (a killed writer's lock dies with it). Returns the file,
+/// locked by us, to be held while the caller unlinks it: a writer that created it a moment ago
+/// and locks it next then finds the path gone and starts over ([`create_locked_temp`]). None if
+/// it is in use, already gone, or nothing can be proven (no flock support).
+fn claim_abandoned(path: &Path) -> Option<File> {
+    let f = File::open(path).ok()?;
+    match f.try_lock() {
+        Ok(()) => Some(f),
+        Err(_) => None,
     }
 }
 
@@ -379,10 +430,16 @@ pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
                 return;
             };
             for (suffix, path) in names {
-                if keep.contains(&suffix) || (is_temp_suffix(&suffix) && temp_in_use(&path)) {
+                if keep.contains(&suffix) {
                     continue;
                 }
-                let _ = fs::remove_file(path);
+                if is_temp_suffix(&suffix) {
+                    if let Some(_held) = claim_abandoned(&path) {
+                        let _ = fs::remove_file(&path);
+                    }
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
             }
         }
     }
@@ -395,10 +452,14 @@ pub fn remove(prefix: &Path) -> Result<()> {
     let idx = index_path(prefix);
     fs::remove_file(&idx).map_err(|e| Error::io(&idx, "remove checkpoint index", e))?;
     for (suffix, path) in owned_names(prefix)? {
-        if is_temp_suffix(&suffix) && temp_in_use(&path) {
-            continue; // a writer that started after us: its save will commit
+        if is_temp_suffix(&suffix) {
+            // a temp a live writer holds is one that started after us: its save will commit
+            if let Some(_held) = claim_abandoned(&path) {
+                let _ = fs::remove_file(&path);
+            }
+        } else {
+            let _ = fs::remove_file(path);
         }
-        let _ = fs::remove_file(path);
     }
     drop(lock);
     Ok(())
@@ -445,4 +506,43 @@ pub fn commit_index(
     let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
     cleanup(prefix, &keep, &orphans);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::io::Read;
+
+    /// A concurrent cleanup that finds the temp file in the moment between its create and its
+    /// lock unlinks it; the writer must notice and end up holding a file the path still names.
+    #[test]
+    fn temp_unlinked_before_its_lock_is_created_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = dir
+            .path()
+            .join("ck.data-00000-of-00001.tmp-00000000000000aa");
+        let swept = Cell::new(0);
+        let cleanup = |p: &Path| {
+            if swept.get() == 0 {
+                let held = claim_abandoned(p).expect("not locked yet: cleanup may take it");
+                fs::remove_file(p).unwrap();
+                drop(held);
+            }
+            swept.set(swept.get() + 1);
+        };
+        let mut f = create_locked_temp_with(&tmp, &tmp, "create", &cleanup).unwrap();
+        assert_eq!(swept.get(), 2, "created a second time");
+        f.write_all(b"payload").unwrap();
+        let mut got = String::new();
+        File::open(&tmp).unwrap().read_to_string(&mut got).unwrap();
+        assert_eq!(got, "payload", "the writes reach the file the path names");
+        // and now that it is locked, no cleanup can take it
+        assert!(claim_abandoned(&tmp).is_none());
+        drop(f);
+        assert!(
+            claim_abandoned(&tmp).is_some(),
+            "its writer gone, it is abandoned"
+        );
+    }
 }

@@ -541,18 +541,21 @@ fn link_checked(
     Err(last.expect("two names tried"))
 }
 
-/// Copy a shard to `dest` through a temp name (never exposing a partial file), fsynced.
+/// Copy a shard to `dest` through a temp name (never exposing a partial file), fsynced. The
+/// temp file stays locked until it is in place (a concurrent cleanup leaves it alone).
 fn copy_shard(src: &Path, dest: &Path, token: u64) -> Result<()> {
     let tmp = crate::naming::temp_path(dest, token);
+    let mut out = crate::commit::create_locked_temp(&tmp, dest, "create copied shard")?;
     let res = (|| {
-        fs::copy(src, &tmp).map_err(|e| Error::io(src, "copy base shard", e))?;
-        File::open(&tmp)
-            .and_then(|f| f.sync_all())
+        let mut inp = File::open(src).map_err(|e| Error::io(src, "open base shard", e))?;
+        std::io::copy(&mut inp, &mut out).map_err(|e| Error::io(src, "copy base shard", e))?;
+        out.sync_all()
             .map_err(|e| Error::io(dest, "fsync copied shard", e))?;
         fs::hard_link(&tmp, dest)
             .or_else(|_| fs::rename(&tmp, dest))
             .map_err(|e| Error::io(dest, "publish copied shard", e))
     })();
+    drop(out);
     let _ = fs::remove_file(&tmp);
     res
 }

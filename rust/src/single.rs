@@ -10,7 +10,7 @@
 
 use crate::cancel;
 use crate::commit::{
-    lock_temp, parent_dir, random_token, remove_stale_temps, sync_dir_after_commit,
+    create_locked_temp, parent_dir, random_token, remove_stale_temps, sync_dir_after_commit,
 };
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -106,13 +106,9 @@ pub fn save_single(
     let token = random_token();
     let tmp = temp_path(path, token);
     // errors below name `path`, the user's file, not the temp name beside it
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| Error::io(path, "create", e))?;
+    // locked: a concurrent save's cleanup leaves it alone
+    let mut file = create_locked_temp(&tmp, path, "create")?;
     let mut guard = TempGuard(&tmp, false);
-    lock_temp(&file, &tmp)?; // a concurrent save's cleanup leaves a locked temp alone
     file.write_all(&[0u8; SINGLE_SHARD_OFF as usize])
         .map_err(|e| Error::io(path, "write", e))?;
     let sink = RegionSink {

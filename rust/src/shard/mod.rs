@@ -129,10 +129,10 @@ impl ShardWriter {
         let dest = with_suffix(prefix, &shard_name(index, count, None));
         let tmp = temp_path(&dest, token);
         // errors name the shard's final name (the user's prefix), not the temp name
-        let file = File::create(&tmp).map_err(|e| Error::io(&dest, "create shard", e))?;
-        // Held until the file is closed: tells a concurrent commit's cleanup that this temp
+        // Locked until the file is closed: tells a concurrent commit's cleanup that this temp
         // file is in use (a crashed writer's lock dies with it). Without flock support it is
-        // skipped, and cleanup leaves temp files alone.
+        // not locked, and cleanup leaves temp files alone.
+        let file = crate::commit::create_locked_temp(&tmp, &dest, "create shard")?;
         let mut w = ShardWriter {
             sink: None,
             prefix: prefix.to_path_buf(),
@@ -153,7 +153,6 @@ impl ShardWriter {
             cancel: Default::default(),
         };
         // From here on an error drops `w`, whose Drop removes the temp file.
-        crate::commit::lock_temp(w.file.as_ref().expect("just created"), &w.tmp)?;
         let (hdr, header_crc) = ShardHeader {
             save_token: token,
             shard_index: index,
