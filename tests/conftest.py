@@ -87,6 +87,15 @@ SERIAL_GROUPS = {
     "timing": ("test_gil.py",),
 }
 _GROUP_OF_FILE = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
+# The longest units of work (minutes each on 2 cores), handed out first so that none of them
+# starts last and runs on alone at the end; the rest go largest-first by test count (xdist).
+LONGEST_FIRST = (
+    "multiprocess",
+    "test_keras_backends.py",
+    "test_hf_trainer_integration.py",
+    "test_docs_examples.py",
+    "test_vllm_loader.py",
+)
 
 
 def scheduling_group(nodeid: str) -> str:
@@ -111,5 +120,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     class FileGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scheduling_group(nodeid)
+
+        def _assign_work_unit(self, node: object) -> None:
+            for name in reversed(LONGEST_FIRST):
+                for scope in [s for s in self.workqueue if s.rsplit("/", 1)[-1] == name]:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return FileGroupScheduling(config, log)
