@@ -117,7 +117,7 @@ impl PrefixLock {
     /// Block until the lock of `prefix` is ours. Where locks are unsupported, returns an
     /// unheld lock (`held() == false`) instead of failing: the save goes on in degraded mode.
     pub fn acquire(prefix: &Path) -> Result<PrefixLock> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         let path = lock_path(prefix);
         loop {
             let f = match fs::OpenOptions::new()
@@ -145,11 +145,7 @@ impl PrefixLock {
                 }
                 Err(e) => return Err(Error::io(&path, "lock prefix for commit", e)),
             }
-            let same = match (f.metadata(), fs::metadata(&path)) {
-                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-                _ => false,
-            };
-            if same {
+            if still_named(&f, &path) {
                 return Ok(PrefixLock {
                     file: Some(f),
                     path,
@@ -355,9 +351,7 @@ pub fn remove_stale_temps(dest: &Path) {
             continue;
         };
         if tok.len() == 16 && tok.bytes().all(|c| c.is_ascii_hexdigit()) {
-            if let Some(_held) = claim_abandoned(&ent.path()) {
-                let _ = fs::remove_file(ent.path());
-            }
+            remove_if_abandoned(&ent.path());
         }
     }
 }
@@ -372,6 +366,14 @@ fn claim_abandoned(path: &Path) -> Option<File> {
     match f.try_lock() {
         Ok(()) => Some(f),
         Err(_) => None,
+    }
+}
+
+/// Unlink the temp file at `path` if no live writer holds it ([`claim_abandoned`]), holding
+/// its lock while unlinking. Best effort.
+fn remove_if_abandoned(path: &Path) {
+    if let Some(_held) = claim_abandoned(path) {
+        let _ = fs::remove_file(path);
     }
 }
 
@@ -434,9 +436,7 @@ pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
                     continue;
                 }
                 if is_temp_suffix(&suffix) {
-                    if let Some(_held) = claim_abandoned(&path) {
-                        let _ = fs::remove_file(&path);
-                    }
+                    remove_if_abandoned(&path);
                 } else {
                     let _ = fs::remove_file(&path);
                 }
@@ -454,9 +454,7 @@ pub fn remove(prefix: &Path) -> Result<()> {
     for (suffix, path) in owned_names(prefix)? {
         if is_temp_suffix(&suffix) {
             // a temp a live writer holds is one that started after us: its save will commit
-            if let Some(_held) = claim_abandoned(&path) {
-                let _ = fs::remove_file(&path);
-            }
+            remove_if_abandoned(&path);
         } else {
             let _ = fs::remove_file(path);
         }
