@@ -34,8 +34,11 @@ $(STAMP): requirements-dev.txt requirements-torch.txt requirements-extras.txt py
 venv: $(STAMP)
 
 # Build the extension in release mode and install the package (editable) into .venv.
-$(EXT_STAMP): $(STAMP) $(RUST_SRC)
+# An editable install leaves out the wheel's startup file (torch.load reads shardpoint's files
+# in every process: python/_shardpoint_plugin/loaders.py): put it in place as the wheel would.
+$(EXT_STAMP): $(STAMP) $(RUST_SRC) python/shardpoint_loaders.pth
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH maturin develop --release -q
+	cp python/shardpoint_loaders.pth $$($(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))")/
 	touch $@
 
 develop: $(EXT_STAMP)

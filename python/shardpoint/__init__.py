@@ -217,3 +217,17 @@ def export_hf(
 
 
 __all__ += ["export_hf"]
+
+
+# --- torch.load and Lightning's loaders read shardpoint's files (docs/INTEGRATIONS.md) ---
+def _install_loaders() -> None:
+    # The wheel installs this hook at interpreter start (shardpoint-loaders.pth); a source
+    # checkout on PYTHONPATH gets it here. Imports nothing heavy (see _shardpoint_loaders).
+    try:
+        import _shardpoint_loaders as loaders
+    except ImportError:  # a copy of the package without its sibling plugin folder
+        return
+    loaders.install()
+
+
+_install_loaders()

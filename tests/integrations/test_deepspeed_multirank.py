@@ -103,3 +103,50 @@ def test_zero_to_fp32_consolidates_our_checkpoint(
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("deepspeed") == len(list((ours_dir / "global_step6").glob("*.pt")))
+
+
+#: a user's script: DeepSpeed's own consolidation functions, nothing of shardpoint imported
+DEEPSPEED_OWN = """
+import sys
+from deepspeed.utils.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+)
+from safetensors.torch import save_file
+
+state = get_fp32_state_dict_from_zero_checkpoint(sys.argv[1])
+save_file({k: v.contiguous() for k, v in state.items()}, sys.argv[2])
+convert_zero_checkpoint_to_fp32_state_dict(sys.argv[1], sys.argv[3], safe_serialization=True)
+"""
+
+
+@pytest.mark.parametrize("stage", ["2"])
+def test_deepspeeds_own_functions_read_our_checkpoint_in_a_fresh_process(
+    full: dict[str, Any], tmp_path: Path, stage: str
+) -> None:
+    """DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` and
+    ``convert_zero_checkpoint_to_fp32_state_dict`` (what Lightning's converter and users'
+    scripts call), in a new process that never imports shardpoint: torch.load's front (the
+    startup file the wheel installs) serves the ``*_states.pt`` directories."""
+    from deepspeed.utils import zero_to_fp32 as deepspeeds
+    from safetensors.torch import load_file
+
+    ours_dir, native_dir = full["base"] / f"shardpoint{stage}", full["base"] / f"native{stage}"
+    assert (ours_dir / "global_step6" / "mp_rank_00_model_states.pt").is_dir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DEEPSPEED_OWN,
+            str(ours_dir),
+            str(tmp_path / "a.safetensors"),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = deepspeeds.get_fp32_state_dict_from_zero_checkpoint(str(native_dir))
+    assert_same_tree(load_file(tmp_path / "a.safetensors"), reference)
+    assert_same_tree(load_file(tmp_path / "out" / "model.safetensors"), reference)

@@ -24,6 +24,7 @@ import importlib.metadata as md
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -317,6 +318,29 @@ def check_plugin() -> None:
     assert out.returncode == 0, out.stderr
 
 
+def check_torch_load(tmp: Path) -> None:
+    """The startup file shipped at site-packages' root makes a fresh interpreter's torch.load
+    read a shardpoint single file, without importing shardpoint in the script."""
+    import torch
+
+    import shardpoint.torch as sptorch
+
+    path = tmp / "model.pt"
+    sptorch.save({"w": torch.arange(6.0)}, str(path))
+    assert path.read_bytes()[:8] == b"SPSINGLE"
+    code = (
+        "import sys, torch\n"
+        "d = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
+        "assert d['w'].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], d\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    site = Path(sysconfig.get_path("purelib"))
+    assert (site / "shardpoint_loaders.pth").is_file(), sorted(p.name for p in site.iterdir())
+
+
 def main() -> None:
     t0 = step(f"python {sys.version.split()[0]} at {sys.executable}")
     pkg = check_installed_location()
@@ -333,6 +357,9 @@ def main() -> None:
     check_imports(pkg)
     step("pytest plugin and Hypothesis profiles (shardpoint[testing])")
     check_plugin()
+    step("torch.load in a fresh interpreter reads a shardpoint file (startup file)")
+    with tempfile.TemporaryDirectory() as d:
+        check_torch_load(Path(d))
     print(f"[wheel-smoke] passed in {time.perf_counter() - t0:.1f} s", flush=True)
 
 

@@ -60,7 +60,15 @@ _WARNED: set[str] = set()
 
 
 def _version(package: str) -> tuple[int, ...]:
-    text = str(getattr(sys.modules[package], "__version__", "0"))
+    text = getattr(sys.modules[package], "__version__", None)
+    if text is None:  # mid-import (the startup hook runs while `lightning` still imports)
+        from importlib import metadata
+
+        try:
+            text = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            text = "0"
+    text = str(text)
     parts = []
     for piece in text.split(".")[:2]:
         digits = "".join(c for c in piece if c.isdigit())
@@ -79,8 +87,8 @@ def _front(fallback: Callable[..., Any]) -> Callable[..., Any]:
     return _load
 
 
-def _refuse(package: str, why: str) -> None:
-    if package not in _WARNED:
+def _refuse(package: str, why: str, quiet: bool = False) -> None:
+    if package not in _WARNED and not quiet:
         _WARNED.add(package)
         warnings.warn(
             f"shardpoint: {why}; {package}'s load_from_checkpoint and TorchCheckpointIO will "
@@ -101,10 +109,12 @@ def installed() -> bool:
     return False
 
 
-def install() -> bool:
+def install(*, quiet: bool = False) -> bool:
     """Front the loader of each imported Lightning distribution (``lightning`` and the
     standalone ``pytorch_lightning``) with the reader; idempotent. Whether ``lightning`` (or,
-    without it, ``pytorch_lightning``) now reads shardpoint checkpoints."""
+    without it, ``pytorch_lightning``) now reads shardpoint checkpoints. ``quiet``: no
+    warning for an untested release (the import hook's call: files still load through
+    ``torch.load``'s front)."""
     done = []
     with _LOCK:
         for package, sites in _SITES:
@@ -112,14 +122,20 @@ def install() -> bool:
                 continue
             version = _version(package)
             if not TESTED[0] <= version < TESTED[1]:
-                _refuse(package, f"{package} {version} is not a release the reader was tested with")
+                _refuse(
+                    package,
+                    f"{package} {version} is not a release the reader was tested with",
+                    quiet,
+                )
                 continue
             modules = [importlib.import_module(m) for m, _ in sites]
             base = getattr(modules[0], sites[0][1])
             base = getattr(base, _MARK, base)
             params = tuple(inspect.signature(base).parameters)
             if params != _PARAMS:
-                _refuse(package, f"{package}'s checkpoint loader takes {params}, not {_PARAMS}")
+                _refuse(
+                    package, f"{package}'s checkpoint loader takes {params}, not {_PARAMS}", quiet
+                )
                 continue
             for mod, (_, attr) in zip(modules, sites, strict=True):
                 current = getattr(mod, attr)

@@ -1,0 +1,227 @@
+"""``torch.load`` — and every loader built on it (Lightning's ``load_from_checkpoint``,
+``Trainer.fit(ckpt_path=)``, ``Fabric.load``, DeepSpeed's ``zero_to_fp32``) — reads checkpoints
+shardpoint wrote, in any process where shardpoint is installed.
+
+Why a top-level package of its own and not inside ``shardpoint``: the hook is installed at
+interpreter start by ``shardpoint_loaders.pth`` (a site-packages startup file the wheel ships),
+so a user's *next* script — ``import torch; torch.load("epoch=3.ckpt")`` or
+``MyModel.load_from_checkpoint(path)``, which never imports shardpoint — reads what the plugin
+wrote. It must cost nothing until used: this module imports only the standard library, and it
+imports ``shardpoint`` only when a file turns out to be one of ours.
+
+How: a ``sys.meta_path`` finder wraps the loader of a few modules so that, once such a module
+has run, its loader function is replaced by a front that sniffs the argument by content
+(:func:`is_shardpoint`: 8 bytes of a file, or the index of a directory/prefix form) and hands
+shardpoint's files to ``shardpoint.integrations.loaders``; every other argument goes to the
+original function untouched (same arguments, same errors). Modules already imported when the
+hook is installed are patched at once. ``SHARDPOINT_TORCH_LOAD=0`` in the environment turns
+the reading off: ``torch.load`` of one of our files then raises ``pickle.UnpicklingError``
+naming shardpoint and ``shardpoint.torch.load``, the call that reads it.
+"""
+
+from __future__ import annotations
+
+# Only modules every interpreter has loaded by the time site runs (this file is imported at
+# startup in every process: importlib.abc, typing, functools or threading would add tens of
+# milliseconds to each `python -c pass`).
+import _thread
+import os
+import sys
+
+# typing itself costs ~8 ms to import: mypy's own constant guards the type-only imports
+MYPY = False
+if MYPY:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+__all__ = ["ENV", "INDEX_MAGIC", "MAGIC", "install", "installed", "is_shardpoint", "patch_torch"]
+
+#: set to ``0`` to leave ``torch.load`` and Lightning's loader alone
+ENV = "SHARDPOINT_TORCH_LOAD"
+#: the first bytes of a single-file checkpoint (FORMAT.md §10)
+MAGIC = b"SPSINGLE"
+#: the first bytes of an index file (FORMAT.md §3)
+INDEX_MAGIC = b"SPINDEX\0"
+#: the part name the trainer integrations give the checkpoint inside a directory
+#: (``epoch=1.ckpt/state.index``, ``mp_rank_00_model_states.pt/state.index``)
+_DIR_PART = "state"
+_MARK = "__shardpoint_front__"
+_LOCK = _thread.RLock()
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
+def is_shardpoint(f: Any) -> bool:
+    """Whether ``f`` (a path or a seekable binary file object) holds a checkpoint shardpoint
+    wrote: a single file (by its first bytes), a directory holding ``state.index`` (the
+    trainer integrations' directory form), or a prefix ``P`` whose ``P.index`` exists. Never
+    raises: anything unreadable is not ours to answer."""
+    try:
+        if isinstance(f, str | os.PathLike):
+            p = os.fspath(f)
+            if not isinstance(p, str) or "://" in p:
+                return False
+            if os.path.isdir(p):
+                return _starts_with(os.path.join(p, _DIR_PART + ".index"), INDEX_MAGIC)
+            if os.path.isfile(p):
+                return _starts_with(p, MAGIC)
+            # a prefix: ours only if its index is ours (TensorFlow's `model.ckpt.index` is not)
+            return _starts_with(p + ".index", INDEX_MAGIC)
+        seekable = getattr(f, "seekable", None)
+        if callable(seekable) and seekable() and callable(getattr(f, "read", None)):
+            start = f.tell()
+            try:
+                head = f.read(len(MAGIC))
+            finally:
+                f.seek(start)
+            return bool(head == MAGIC)
+    except (OSError, ValueError, TypeError):
+        return False
+    return False
+
+
+def _name(f: Any) -> str:
+    if isinstance(f, str | os.PathLike):
+        return repr(os.fspath(f))
+    return repr(getattr(f, "name", f))
+
+
+def _front(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.load`` reading shardpoint's files, everything else passed through unchanged."""
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        f = args[0] if args else kwargs.get("f")
+        if not is_shardpoint(f):
+            return original(*args, **kwargs)
+        if not _enabled():
+            import pickle
+
+            raise pickle.UnpicklingError(
+                f"{_name(f)} is a shardpoint checkpoint, and torch.load's reading of "
+                f"shardpoint files is turned off ({ENV}=0): read it with "
+                "shardpoint.torch.load(path, map_location=...), or unset "
+                f"{ENV}"
+            )
+        map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
+        from shardpoint.integrations import loaders  # only now: a file of ours is being read
+
+        return loaders.torch_load(f, map_location, mmap=kwargs.get("mmap"))
+
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(load, attr, getattr(original, attr, None))
+    load.__dict__.update(getattr(original, "__dict__", {}))
+    load.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
+    setattr(load, _MARK, original)
+    return load
+
+
+def patch_torch(serialization: ModuleType) -> None:
+    """Front ``torch.serialization.load`` (and ``torch.load`` when torch is imported)."""
+    with _LOCK:
+        current = getattr(serialization, "load", None)
+        if current is None or hasattr(current, _MARK):
+            return
+        front = _front(current)
+        serialization.load = front  # type: ignore[attr-defined]
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch, "load", None) is current:
+            torch.load = front  # type: ignore[attr-defined]
+
+
+def _patch_lightning(_module: ModuleType) -> None:
+    """Let Lightning's loader read object-store prefixes and directory forms too (files
+    already go through ``torch.load``)."""
+    if not _enabled():
+        return
+    try:
+        from shardpoint.integrations import _lightning_reader
+    except Exception:  # shardpoint or its dependencies broken: torch.load's front still works
+        return
+    _lightning_reader.install(quiet=True)
+
+
+#: module name -> what to do once it has run
+_TARGETS: dict[str, Callable[[ModuleType], None]] = {
+    "torch.serialization": patch_torch,
+    "lightning.pytorch.core.saving": _patch_lightning,
+    "pytorch_lightning.core.saving": _patch_lightning,
+}
+
+
+class _AfterImport:
+    """Finds nothing itself: for a target module it asks the other finders for the spec and
+    wraps the loader so that the patch runs right after the module has executed."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        action = _TARGETS.get(fullname)
+        if action is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    # a loader is a protocol: _Loader has its methods, not importlib.abc's base
+                    spec.loader = _Loader(spec.loader, action)  # type: ignore[assignment]
+                return spec
+        return None
+
+
+class _Loader:
+    """The real loader, with the patch run after ``exec_module`` (a meta path finder and a
+    loader are protocols: no importlib.abc base needed)."""
+
+    def __init__(self, inner: Any, action: Callable[[ModuleType], None]) -> None:
+        self._inner = inner
+        self._action = action
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        module: ModuleType | None = self._inner.create_module(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        try:
+            self._action(module)
+        except Exception:  # never break the user's import over our convenience
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package... as the real loader
+        return getattr(self._inner, name)
+
+
+def installed() -> bool:
+    """Whether the import hook is in place."""
+    return any(isinstance(f, _AfterImport) for f in sys.meta_path)
+
+
+def install() -> None:
+    """Put the hook in place (idempotent) and patch the target modules already imported.
+    With ``SHARDPOINT_TORCH_LOAD=0`` the front only refuses shardpoint's files with an error
+    naming the call that reads them (``torch.load``'s own error would be "Unsupported
+    operand 83"); every other file is read by torch as before."""
+    with _LOCK:
+        if not installed():
+            sys.meta_path.insert(0, _AfterImport())
+        for name, action in _TARGETS.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                try:
+                    action(module)
+                except Exception:
+                    pass
