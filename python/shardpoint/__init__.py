@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ._core import FORMAT_VERSION
 from .errors import (
+    BaseMismatchError,
     CheckpointError,
     CheckpointIOError,
     ChecksumMismatchError,
@@ -53,6 +54,7 @@ __all__ = [
     "CheckpointIOError",
     "ChecksumMismatchError",
     "CorruptCheckpointError",
+    "BaseMismatchError",
     "DigestMismatchError",
     "DigestMissingError",
     "DuplicateKeyError",
@@ -117,6 +119,7 @@ from .objgraph import (
     unregister_trackable_adapter,
 )
 from .objgraph.trackable import declare_adapter_module as _declare_adapter_module
+from .storage import declare_delta as _declare_delta
 from .storage import declare_framework as _declare_framework
 from .storage import declare_in_place_reader as _declare_in_place_reader
 from .storage.objects import declare_tags as _declare_object_tags
@@ -124,6 +127,8 @@ from .storage.objects import declare_tags as _declare_object_tags
 # sp.open reads Hugging Face safetensors checkpoints in place (shardpoint.convert.hf, imported
 # only when a path without a P.index needs it).
 _declare_in_place_reader("shardpoint.convert.hf", "is_hf_path", "HFReader")
+# save_file(..., delta=True) writes, and sp.open resolves, delta checkpoints with shardpoint.delta
+_declare_delta("shardpoint.delta")
 
 # Once torch is imported, the first adapter lookup imports shardpoint.torch, which registers the
 # torch adapters: every torch object (user subclasses included) gets them whatever the import

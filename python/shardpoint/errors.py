@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointIOError",
     "DigestMissingError",
     "DigestMismatchError",
+    "BaseMismatchError",
     "SignatureError",
     "SignatureMissingError",
 ]
@@ -127,6 +128,11 @@ class DigestMissingError(CheckpointError, ValueError):
 class DigestMismatchError(CorruptCheckpointError):
     """A file's strong digest (SHA-256/BLAKE3) differs from the manifest recorded at save time,
     or the root digest differs from the one expected: the bytes changed after they were written."""
+
+
+class BaseMismatchError(DigestMismatchError):
+    """A delta checkpoint's (or weight-sync delta's) base is not the one it was made against:
+    its digest (or a value's crc32c) differs from the one recorded (docs/DELTA.md)."""
 
 
 class SignatureError(CheckpointError, ValueError):

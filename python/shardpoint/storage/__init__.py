@@ -10,7 +10,12 @@ the face the upper layers (object graph, frameworks, convert, CLI) use.
 
 from __future__ import annotations
 
-from .frameworks import declare_framework, declare_in_place_reader, framework_converter
+from .frameworks import (
+    declare_delta,
+    declare_framework,
+    declare_in_place_reader,
+    framework_converter,
+)
 from .paths import (
     SINGLE_FILE_SUFFIXES,
     PathLike,
@@ -67,5 +72,6 @@ __all__ = [
     "stats_dict",
     "declare_framework",
     "declare_in_place_reader",
+    "declare_delta",
     "framework_converter",
 ]

@@ -12,7 +12,14 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["declare_framework", "framework_converter", "declare_in_place_reader"]
+__all__ = [
+    "declare_framework",
+    "framework_converter",
+    "declare_in_place_reader",
+    "declare_delta",
+    "delta_hook",
+    "with_delta",
+]
 
 # Tensor converters of ``open(..., framework=)``, as ``name -> (module, function)``: declared by
 # ``shardpoint/__init__`` (``shardpoint.torch`` and ``shardpoint.jax`` provide them), imported
@@ -67,3 +74,31 @@ def declare_in_place_reader(module: str, predicate: str, reader: str) -> None:
     """Let :func:`open` read paths for which ``module.predicate(path)`` is true in place, as
     ``module.reader(path)`` (a Reader-like object)."""
     _IN_PLACE_READERS.append((module, predicate, reader))
+
+
+# Delta checkpoints (FORMAT.md §11) are written and resolved by ``shardpoint.delta``, a layer
+# above this one: ``shardpoint/__init__`` declares its module, and ``save_file(delta=True)`` and
+# ``open`` (on a checkpoint whose metadata names a delta table) import it on first use.
+_DELTA: list[str] = []
+
+
+def declare_delta(module: str) -> None:
+    """Let ``save_file(..., delta=True)`` and ``open`` use ``module.save_delta`` and
+    ``module.as_delta_reader``."""
+    _DELTA[:] = [module]
+
+
+def delta_hook(name: str) -> Callable[..., Any]:
+    """The declared delta module's function ``name``."""
+    if not _DELTA:
+        raise InvalidArgumentError("delta checkpoints need shardpoint.delta (import shardpoint)")
+    fn: Callable[..., Any] = getattr(importlib.import_module(_DELTA[0]), name)
+    return fn
+
+
+def with_delta(reader: Any) -> Any:
+    """``reader`` itself, or the delta module's reader over it when the checkpoint's metadata
+    names a delta table (a substring test of the metadata text first: no JSON is parsed for other checkpoints)."""
+    if _DELTA and "shardpoint.delta" in reader._core.metadata_json():
+        return delta_hook("as_delta_reader")(reader)
+    return reader

@@ -38,7 +38,7 @@ import numpy as np
 from .. import _core
 from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError
 from .dtypes import numpy_dtype
-from .frameworks import _IN_PLACE_READERS, framework_converter
+from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url
 from .progress import progress_bar, wanted
@@ -566,6 +566,9 @@ def open(  # noqa: A001 - the public name is a contract
     A single-file checkpoint (``sptorch.save(sd, "model.pt")``, FORMAT.md §10; recognised by
     its first bytes) opens the same way, and ``P.index`` means ``P``.
 
+    A delta checkpoint (``save_file(..., base=B, delta=True)``) opens as a reader that
+    resolves each value through its base (``shardpoint.delta.DeltaReader``).
+
     A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
     or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
     """
@@ -584,11 +587,8 @@ def open(  # noqa: A001 - the public name is a contract
                 in_place: Reader = getattr(module, reader)(p, io="pread" if copy else io)
                 in_place._out = framework_converter(framework)
                 return in_place
-    return Reader(
-        prefix,
-        verify=verify,
-        copy=copy,
-        storage_options=storage_options,
-        io=io,
+    r = Reader(
+        prefix, verify=verify, copy=copy, storage_options=storage_options, io=io,
         framework=framework,
-    )
+    )  # fmt: skip
+    return with_delta(r)  # a delta checkpoint (FORMAT.md §11) resolves through its base

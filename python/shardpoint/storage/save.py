@@ -98,6 +98,8 @@ def save_file(
     storage_options: StorageOptions = None,
     digest: str | None = None,
     single_file: bool | None = None,
+    delta: bool = False,
+    max_chain: int | None = None,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -141,12 +143,33 @@ def save_file(
             the name ends with ``.pt``, ``.pth``, ``.bin`` or ``.sp``. Local paths only; not
             with ``incremental``/``base``; ``shards`` is ignored (one shard, still encoded in
             parallel).
+        delta: with ``base``, store each tensor as whichever is smallest of: the same bytes
+            as ``base``'s value of its key, the XOR of its bits with that value, or whole
+            (FORMAT.md §11, docs/DELTA.md). Unlike ``base=`` alone the checkpoint then
+            *depends* on ``base`` (pinned by its index digest; reads resolve through it, and
+            check each rebuilt value's crc32c). Local paths, blocking saves only.
+        max_chain: with ``delta``, the longest chain of delta checkpoints below a new one
+            (default 8); a save that would make it longer writes a full checkpoint.
 
     ``prefix`` may be a local path, a ``file://`` URL or an object-store URL (``s3://b/run/ck``):
     shards stream up as multipart uploads and the index is committed last by a conditional put.
     The previous checkpoint at ``prefix`` stays readable until the new one is complete, and
     readers that have it open keep seeing it unchanged.
     """
+    if delta:
+        if base is None or not blocking or incremental or single_file or digest:
+            raise InvalidArgumentError(
+                "delta=True needs base= and a blocking save without incremental, single_file "
+                "or digest"
+            )
+        from .frameworks import delta_hook
+
+        delta_hook("save_delta")(
+            tensors, prefix, base=base, compression=compression, level=level,
+            metadata=metadata, durable=durable, chunk_bytes=chunk_bytes,
+            max_chain=8 if max_chain is None else max_chain, sections=_sections,
+        )  # fmt: skip
+        return None
     plan, items = plan_save(
         tensors,
         prefix,

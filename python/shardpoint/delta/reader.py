@@ -1,0 +1,238 @@
+"""Reading a delta checkpoint: :class:`DeltaReader`, what ``sp.open``/``load_file`` return for
+a checkpoint with a delta table (FORMAT.md §11).
+
+Each value is resolved lazily, per key, when it is read: a ``same`` key is read from the base,
+an ``xor`` key is its payload XOR the base's value (the base resolved the same way, so a chain
+costs one read per link), every other key is an ordinary entry. The base is opened on first use
+and refused unless its index digest is the one recorded. Whole values (``r[key]``, ``load``,
+``load_into``) are checked against the crc32c of the reconstructed value, so a wrong or damaged
+base raises instead of yielding a wrong tensor; slices read only the chunks they need from the
+payload and the base (both crc-checked chunk by chunk, the base pinned by its digest).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from ..errors import BaseMismatchError, ChecksumMismatchError, InvalidArgumentError, NotFoundError
+from ..storage import Reader
+from ..storage import open as open_checkpoint
+from ..storage.dtypes import numpy_dtype
+from ..storage.reader import stats_dict
+from ..storage.slicing import LazySlice
+from .bits import byte_view, crc32c, xor_into
+from .table import SECTION, DeltaTable, parse
+from .writer import index_digest
+
+__all__ = ["DeltaReader", "as_delta_reader"]
+
+
+def as_delta_reader(r: Reader) -> Reader:
+    """``r`` itself, or a :class:`DeltaReader` over the same open checkpoint when its metadata
+    holds a delta table (the hook ``sp.open`` calls)."""
+    if SECTION not in r.sections:
+        return r
+    d = DeltaReader.__new__(DeltaReader)
+    d.__dict__.update(r.__dict__)
+    d._attach(parse(r.sections[SECTION], f"{r.path}.index"))
+    return d
+
+
+class DeltaReader(Reader):
+    """A :class:`~shardpoint.storage.Reader` of a delta checkpoint (see the module docstring).
+    ``delta_table`` is its parsed table, ``delta_depth`` the length of its chain, ``base`` the
+    base opened on first use."""
+
+    delta_table: DeltaTable
+    _plain: Reader
+    _base_reader: Reader | None
+
+    def _attach(self, table: DeltaTable) -> None:
+        self.delta_table = table
+        self._base_reader = None
+        plain = Reader.__new__(Reader)  # the same checkpoint, read without resolution
+        plain.__dict__.update(self.__dict__)
+        plain._out = None
+        self._plain = plain
+
+    @property
+    def delta_depth(self) -> int:
+        """How many checkpoints lie below this one in its chain (a full checkpoint: 0)."""
+        return self.delta_table.depth
+
+    def delta_mode(self, key: str) -> str:
+        """How ``key`` is stored: ``"same"``, ``"xor"`` or ``"full"``."""
+        e = self.delta_table.entries.get(key)
+        return "full" if e is None else e.mode
+
+    @property
+    def base_path(self) -> str:
+        """The base checkpoint's prefix, resolved against this checkpoint's directory."""
+        rel = self.delta_table.base_path
+        if rel is None:
+            raise InvalidArgumentError(
+                f"{self.path}: a weight-sync delta has no base checkpoint; "
+                "apply it to the receiver's state with shardpoint.delta.apply"
+            )
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.path)), rel))
+
+    @property
+    def base(self) -> Reader:
+        """The base, opened (and its digest checked) on first use."""
+        if self._base_reader is None:
+            path = self.base_path
+            if not os.path.exists(path + ".index"):
+                raise NotFoundError(
+                    f"{self.path}: base checkpoint {path!r} (recorded as "
+                    f"{self.delta_table.base_path!r}) is missing: a delta checkpoint needs it"
+                )
+            found = index_digest(path)
+            if found != self.delta_table.base_digest:
+                raise BaseMismatchError(
+                    f"{self.path}: base {path!r} changed: its index digest is {found}, the "
+                    f"delta was made against {self.delta_table.base_digest}"
+                )
+            self._base_reader = open_checkpoint(path, verify=self._verify, copy=self._copy)
+        return self._base_reader
+
+    def close(self) -> None:
+        if self._base_reader is not None:
+            self._base_reader.close()
+            self._base_reader = None
+        super().close()
+
+    # -- whole values ----------------------------------------------------------------------
+
+    def _check(self, key: str, flat: np.ndarray) -> None:
+        """The reconstructed bytes against the recorded crc32c (always: cheap beside a read)."""
+        want = self.delta_table.entries[key].crc
+        got = crc32c(flat)
+        if got != want:
+            raise ChecksumMismatchError(
+                f"{self.path}: key {key!r}: the value rebuilt from base {self.base_path!r} has "
+                f"crc32c {got:#010x}, recorded {want:#010x} (wrong or damaged base, or payload)"
+            )
+
+    def _base_bytes(self, key: str) -> np.ndarray:
+        """A fresh, writable copy of the base's value of ``key`` as 1-d bytes."""
+        info = self._plain.info(key)
+        out = np.empty(info.raw_bytes, np.uint8)
+        self.base._read_into([key], [out], True)
+        return out
+
+    def _resolved(self, key: str) -> np.ndarray:
+        """The value of delta key ``key`` as 1-d bytes, checked."""
+        flat = self._base_bytes(key)
+        if self.delta_table.entries[key].mode == "xor":
+            payload = np.empty_like(flat)
+            self._plain._read_into([key], [payload], True)
+            xor_into(flat, payload)
+        self._check(key, flat)
+        return flat
+
+    def _value(self, key: str, verify: bool) -> Any:
+        if key not in self.delta_table.entries:
+            return super()._value(key, verify)
+        info = self._plain.info(key)
+        return self._resolved(key).view(numpy_dtype(info.dtype)).reshape(info.shape)
+
+    def load(
+        self, keys: list[str] | None = None, *, verify: bool | None = None,
+        progress: bool | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        ks = self.keys() if keys is None else list(keys)
+        plain = [k for k in ks if k not in self.delta_table.entries]
+        got = super().load(plain, verify=verify, progress=progress) if plain else {}
+        return {k: got[k] if k in got else self[k] for k in ks}
+
+    def _read_into(
+        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+    ) -> None:
+        plain = [
+            (k, o) for k, o in zip(keys, outs, strict=True) if k not in self.delta_table.entries
+        ]
+        if plain:
+            super()._read_into([k for k, _ in plain], [o for _, o in plain], verify, threads)
+        for key, out in zip(keys, outs, strict=True):
+            e = self.delta_table.entries.get(key)
+            if e is None:
+                continue
+            self.base._read_into([key], [out], True, threads)
+            if e.mode == "xor":
+                payload = np.empty_like(out)
+                self._plain._read_into([key], [payload], True, threads)
+                xor_into(out, payload)
+            self._check(key, out)
+
+    def _view_checked_once(self, key: str) -> Any:
+        if key in self.delta_table.entries:
+            return self._value(key, True)
+        return super()._view_checked_once(key)
+
+    # -- partial reads ---------------------------------------------------------------------
+
+    def slice(self, key: str, start: int, stop: int) -> Any:
+        if key not in self.delta_table.entries:
+            return super().slice(key, start, stop)
+        got = self.base.slice(key, start, stop)  # a fresh array (bases hand out numpy)
+        if self.delta_table.entries[key].mode == "xor":
+            xor_into(byte_view(got), byte_view(self._plain.slice(key, start, stop)))
+        return self._tensor_out(got)
+
+    def get_slice(self, key: str) -> LazySlice:
+        if key not in self.delta_table.entries:
+            return super().get_slice(key)
+        return _DeltaSlice(self, key)
+
+    # -- whole-checkpoint passes -----------------------------------------------------------
+
+    def stats(
+        self, keys: list[str] | None = None, *, progress: bool | None = None
+    ) -> dict[str, dict[str, Any]]:
+        if keys is None:
+            keys = [k for k in self.keys() if self._plain.info(k).kind == "tensor"]
+        plain = [k for k in keys if k not in self.delta_table.entries]
+        out = super().stats(plain, progress=progress) if plain else {}
+        for k in keys:
+            if k in self.delta_table.entries:
+                info = self._plain.info(k)
+                t = _core.stats_buffer(self._resolved(k), info.dtype)
+                out[k] = stats_dict(info.dtype, tuple(info.shape), t)
+        return {k: out[k] for k in keys}
+
+    def verify(self, *, strong: bool = False, expect: str | None = None) -> Any:
+        """Check this checkpoint as :meth:`Reader.verify` does, then its base (the whole chain)
+        and every delta value rebuilt against its recorded crc32c."""
+        found = super().verify(strong=strong, expect=expect)
+        self.base.verify()
+        for key in self.delta_table.entries:
+            self._resolved(key)
+        return found
+
+
+class _DeltaSlice:
+    """``get_slice`` of a delta key: the same selection read from the base and the payload
+    (each reading only the chunks it needs) and XORed."""
+
+    def __init__(self, reader: DeltaReader, key: str) -> None:
+        self._reader = reader
+        self.key = key
+        self._payload = reader._plain.get_slice(key)
+        self.shape = self._payload.shape
+        self.dtype = self._payload.dtype
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self._payload.get_dtype()
+
+    def __getitem__(self, index: Any) -> Any:
+        got = np.ascontiguousarray(self._reader.base.get_slice(self.key)[index])
+        if self._reader.delta_table.entries[self.key].mode == "xor":
+            xor_into(byte_view(got), byte_view(np.ascontiguousarray(self._payload[index])))
+        return self._reader._tensor_out(got)
