@@ -140,3 +140,19 @@ def test_sync_of_torch_tensors_in_place() -> None:
     assert counts["xor"] == 1 and counts["same"] == 1
     assert target["w"].untyped_storage().data_ptr() == storage  # written in place
     assert torch.equal(target["w"].view(torch.int16), new["w"].view(torch.int16))
+
+
+def test_torch_save_with_delta_loads_back(tmp_path: os.PathLike[str]) -> None:
+    torch = __import__("pytest").importorskip("torch")
+    import shardpoint.torch as sptorch
+
+    model = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    base, p = os.path.join(tmp_path, "b"), os.path.join(tmp_path, "p")
+    sptorch.save(model, base)
+    with torch.no_grad():
+        model.weight[0, :4] += 1.0
+    sptorch.save(model, p, base=base, delta=True)
+    assert {v["mode"] for v in spd.describe(p)["tensors"].values()} == {"xor", "same"}
+    got = sptorch.load(p)
+    for k, v in model.state_dict().items():
+        assert torch.equal(got[k].view(torch.int16), v.view(torch.int16))

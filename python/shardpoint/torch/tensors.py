@@ -106,6 +106,8 @@ def save(
     blocking: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     single_file: bool | None = None,
+    base: str | os.PathLike[str] | None = None,
+    delta: bool = False,
 ) -> SaveFuture | None:
     """Save a (nested) state dict of tensors and plain values as checkpoint ``prefix``.
 
@@ -130,6 +132,10 @@ def save(
             (``s3://bucket/run/model``; docs/OBJECT_STORE.md).
         single_file: force (``True``) or refuse (``False``) the single-file form; ``None``
             decides by the name's suffix.
+        base, delta: as :func:`shardpoint.save_file`: ``base=`` alone re-uses unchanged shard
+            files of ``base`` by hard link (the checkpoint never depends on it); with
+            ``delta=True`` tensors may be stored as the same bytes as, or the XOR against,
+            ``base``'s (docs/DELTA.md; blocking saves to a path).
 
     Ctrl-C during the write stops it within a fraction of a second: nothing is committed,
     no temp file stays, the previous checkpoint at ``prefix`` is intact.
@@ -156,6 +162,14 @@ def save(
         save_to_stream(write, prefix)
         return None
     path = cast("str | os.PathLike[str]", prefix)
+    if base is not None:
+        payload, meta = _prepare(tensors)
+        storage.save_file(
+            payload, path, compression=compression, level=level, metadata=metadata,
+            durable=durable, chunk_bytes=chunk_bytes, blocking=blocking, base=base,
+            delta=delta, _sections={METADATA_KEY: meta},
+        )  # fmt: skip
+        return None
     payload, meta = _prepare(tensors, keep_device=not blocking)
     from .staging import TorchStagingBuffers, is_device_tensor
 
