@@ -223,7 +223,7 @@ class _DeltaSlice:
         self.key = key
         self._payload = reader._plain.get_slice(key)
         self.shape = self._payload.shape
-        self.dtype = self._payload.dtype
+        self.dtype = numpy_dtype(reader._plain.info(key).dtype)
 
     def get_shape(self) -> list[int]:
         return list(self.shape)

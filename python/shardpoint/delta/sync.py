@@ -26,6 +26,7 @@ from ..storage.save import save_file
 from ..storage.values import check_key
 from ..storage.values import encode as encode_value
 from .bits import byte_view, crc32c, xor_bytes, xor_into
+from .reader import DeltaReader
 from .table import SECTION, DeltaEntry, DeltaTable
 from .writer import XOR_CODEC, XOR_LEVEL, choose
 
@@ -88,14 +89,14 @@ def encode(
     table = DeltaTable(None, "", 1, removed=[k for k in old if k not in new])
     tree: dict[str, Any] = dict(whole)
     for key, mode in modes.items():
-        dtype, nb, ob = pairs[key]
+        np_dtype, nb, ob = pairs[key]
         shape = flat_new[key][1]
         if mode == "full":
-            tree[key] = nb.view(dtype).reshape(shape)
+            tree[key] = nb.view(np_dtype).reshape(shape)
             continue
         table.entries[key] = DeltaEntry(mode, crc32c(nb), crc32c(ob))
         payload = np.zeros(nb.shape, np.uint8) if mode == "same" else xor_bytes(nb, ob)
-        tree[key] = payload.view(dtype).reshape(shape)
+        tree[key] = payload.view(np_dtype).reshape(shape)
     table.base_digest = state_digest({k: e.base_crc for k, e in table.entries.items()})
     sections = {SECTION: table.to_json()}
     if path is not None:
@@ -172,7 +173,7 @@ def _apply(
     """:func:`apply` of a delta file (``where`` names it in errors)."""
     with open_checkpoint(path) as r:
         table = getattr(r, "delta_table", None)
-        if table is None or table.base_path is not None:
+        if not isinstance(r, DeltaReader) or table is None or table.base_path is not None:
             raise InvalidArgumentError(
                 f"{where}: not a weight-sync delta (shardpoint.delta.encode)"
             )

@@ -10,6 +10,7 @@ from typing import Any
 from ..storage import Writer
 from ..storage import open as open_checkpoint
 from ..storage.paths import _prefix
+from .reader import DeltaReader
 
 __all__ = ["describe", "needed_bases", "to_full"]
 
@@ -19,9 +20,9 @@ def describe(prefix: Any) -> dict[str, Any]:
     "tensors": {key: {"mode", "stored_bytes", "raw_bytes"}}}`` (``{}`` for a checkpoint that is
     not a delta)."""
     with open_checkpoint(prefix) as r:
-        table = getattr(r, "delta_table", None)
-        if table is None:
+        if not isinstance(r, DeltaReader):
             return {}
+        table = r.delta_table
         tensors = {}
         for key in r.keys():
             info = r.info(key)
@@ -43,8 +44,7 @@ def needed_bases(prefix: Any) -> list[str]:
     p = os.path.abspath(_prefix(prefix))
     while True:
         with open_checkpoint(p) as r:
-            table = getattr(r, "delta_table", None)
-            if table is None or table.base_path is None:
+            if not isinstance(r, DeltaReader) or r.delta_table.base_path is None:
                 return out
             p = r.base_path
         if p in out or len(out) > 1000:

@@ -38,7 +38,7 @@ XOR_CODEC = "zstd-bytegroup"
 XOR_LEVEL = 1
 #: the longest chain ``save_file(delta=True)`` builds before it writes a full checkpoint
 DEFAULT_MAX_CHAIN = 8
-#: the bytes of each of a few windows a tensor's encodings are compared on (whole below 4x)
+#: the bytes of each of a few windows a tensor's encodings are compared on (whole below 2x)
 _SAMPLE = 256 << 10
 _WINDOWS = 4
 
@@ -55,7 +55,7 @@ def index_digest(prefix: str) -> str:
 
 def _windows(b: np.ndarray, itemsize: int) -> list[np.ndarray]:
     """A few evenly spaced windows of a byte array (the whole array when small)."""
-    if b.size <= _WINDOWS * _SAMPLE * 4:
+    if b.size <= _WINDOWS * _SAMPLE * 2:
         return [b]
     step = (b.size - _SAMPLE) // (_WINDOWS - 1)
     step -= step % itemsize
@@ -63,7 +63,7 @@ def _windows(b: np.ndarray, itemsize: int) -> list[np.ndarray]:
 
 
 def _stored_sizes(
-    samples: dict[str, tuple[str, list[np.ndarray]]], compression: Any, level: Any, tmp: str
+    samples: dict[str, tuple[Any, list[np.ndarray]]], compression: Any, level: Any, tmp: str
 ) -> dict[str, int]:
     """Stored bytes of each sample set (key -> (dtype, windows)) under one codec, measured by
     writing a scratch checkpoint (the real encoder: no model of it to drift from it)."""
@@ -82,7 +82,7 @@ def _stored_sizes(
     return out
 
 
-def _typed(b: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _typed(b: np.ndarray, dtype: Any) -> np.ndarray:
     return b.view(dtype) if b.size % dtype.itemsize == 0 else b
 
 
@@ -168,7 +168,9 @@ def save_delta(
     all_sections = dict(sections or {})
     all_sections[SECTION] = table.to_json()
     token = os.urandom(8).hex()
-    opts = dict(durable=durable, chunk_bytes=chunk_bytes, world_size=2, merge_token=token)
+    opts: dict[str, Any] = dict(
+        durable=durable, chunk_bytes=chunk_bytes, world_size=2, merge_token=token
+    )
     with Writer(p, compression=compression, level=level, rank=0, metadata=metadata,
                 _sections=all_sections, **opts) as whole:  # fmt: skip
         for key, v in tree.items():
