@@ -70,12 +70,12 @@ def test_damaged_base_data_never_yields_a_value(tmp_path: os.PathLike[str]) -> N
 def forge(p: str, edit: object) -> None:
     """Rewrite checkpoint ``p`` with the same values and an edited delta table."""
     with sp.open(p) as r:
-        plain = r._plain
-        values = {k: plain[k] for k in r.keys()}
+        plain = r._plain  # the stored entries, payloads under their reserved keys
+        values = {k: plain[k] for k in plain.keys()}
         sections = dict(r.sections)
     table = sections[SECTION]
     edit(table)  # type: ignore[operator]
-    sp.save_file(values, p, _sections=sections)
+    sp.save_file(values, p, _sections=sections, _internal_keys=True)
 
 
 @pytest.mark.parametrize(
@@ -126,10 +126,10 @@ def test_forged_result_crc_restores_the_target(tmp_path: os.PathLike[str]) -> No
     f = os.path.join(tmp_path, "d.sp")
     spd.encode(a, b, f)
     with sp.open(f) as r:
-        values = {k: r._plain[k] for k in r.keys()}
+        values = {k: r._plain[k] for k in r._plain.keys()}
         sections = json.loads(json.dumps(r.sections))
     sections[SECTION]["entries"]["w"][1] ^= 1
-    sp.save_file(values, f, _sections=sections)
+    sp.save_file(values, f, _sections=sections, _internal_keys=True)
     target = {k: v.copy() for k, v in a.items()}
     with pytest.raises(sp.ChecksumMismatchError, match="restored"):
         spd.apply(f, target)

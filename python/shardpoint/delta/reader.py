@@ -1,6 +1,10 @@
 """Reading a delta checkpoint: :class:`DeltaReader`, what ``sp.open``/``load_file`` return for
 a checkpoint with a delta table (FORMAT.md §11).
 
+Delta payloads are stored under reserved keys (``payload_key``: FORMAT.md §11), so an older
+reader finds nothing under the user's key; this reader maps them back: ``keys()``, ``in``,
+``info``, reads, slices and ``load_into`` see the user's keys only.
+
 Each value is resolved lazily, per key, when it is read: a ``same`` key is read from the base,
 an ``xor`` key is its payload XOR the base's value (the base resolved the same way, so a chain
 costs one read per link), every other key is an ordinary entry. The base is opened on first use
@@ -12,20 +16,31 @@ payload and the base (both crc-checked chunk by chunk, the base pinned by its di
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from .. import _core
-from ..errors import BaseMismatchError, ChecksumMismatchError, InvalidArgumentError, NotFoundError
+from ..errors import (
+    BaseMismatchError,
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    MissingKeyError,
+    NotFoundError,
+)
 from ..storage import Reader
 from ..storage import open as open_checkpoint
 from ..storage.dtypes import numpy_dtype
-from ..storage.reader import stats_dict
+from ..storage.reader import EntryInfo, stats_dict
 from ..storage.slicing import LazySlice
+from ..storage.values import RESERVED_KEY_PREFIX, check_key
 from .bits import byte_view, crc32c, xor_into
-from .table import SECTION, DeltaTable, parse
+from .table import SECTION, DeltaTable, parse, payload_key
 from .writer import index_digest
 
 __all__ = ["DeltaReader", "as_delta_reader"]
@@ -58,6 +73,64 @@ class DeltaReader(Reader):
         plain.__dict__.update(self.__dict__)
         plain._out = None
         self._plain = plain
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """Every delta key has its payload under its reserved key and no whole entry, and no
+        other reserved key exists (a forged table cannot show a payload as a value)."""
+        core, where = self._plain._core, f"{self.path}.index"
+        stored = set(core.keys_with_prefix(RESERVED_KEY_PREFIX))
+        want = {payload_key(k) for k in self.delta_table.entries}
+        for k in sorted(want - stored)[:1]:
+            raise CorruptCheckpointError(
+                f"{where}: delta key {k[len(payload_key('')) :]!r} has no payload entry {k!r}"
+            )
+        for k in sorted(stored - want)[:1]:
+            raise CorruptCheckpointError(f"{where}: reserved key {k!r} is not in the delta table")
+        for k in self.delta_table.entries:
+            if k in core:
+                raise CorruptCheckpointError(
+                    f"{where}: key {k!r} is stored both whole and as a delta"
+                )
+
+    # -- keys: the user's, payloads mapped back ---------------------------------------------
+
+    def _plain_key(self, key: str) -> str:
+        """``key`` for a read of an ordinary entry: reserved keys are not the user's."""
+        if key.startswith(RESERVED_KEY_PREFIX):
+            raise MissingKeyError(f"key {key!r} is not in checkpoint {self.path}.index")
+        return key
+
+    def _sorted(self, plain: Iterable[str], delta: Iterable[str]) -> list[str]:
+        keys = [k for k in plain if not k.startswith(RESERVED_KEY_PREFIX)]
+        keys.extend(delta)
+        return sorted(keys, key=lambda k: k.encode("utf-8"))  # the index's order
+
+    def keys(self) -> list[str]:
+        return self._sorted(self._core.keys(), self.delta_table.entries)
+
+    def prefix(self, key_prefix: str) -> list[str]:
+        if not isinstance(key_prefix, str):
+            raise InvalidKeyError(f"key prefixes must be str, got {type(key_prefix).__name__}")
+        delta = [k for k in self.delta_table.entries if k.startswith(key_prefix)]
+        return self._sorted(self._core.keys_with_prefix(key_prefix), delta)
+
+    def __len__(self) -> int:
+        return len(self._core)  # one entry per key: payloads replace their keys (checked)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        if key in self.delta_table.entries:
+            return True
+        return not key.startswith(RESERVED_KEY_PREFIX) and key in self._core
+
+    def info(self, key: str) -> EntryInfo:
+        """The index record of ``key`` (a delta key: its payload's record under its name)."""
+        check_key(key)
+        if key in self.delta_table.entries:
+            return dataclasses.replace(super().info(payload_key(key)), key=key)
+        return super().info(self._plain_key(key))
 
     @property
     def delta_depth(self) -> int:
@@ -119,7 +192,7 @@ class DeltaReader(Reader):
 
     def _base_bytes(self, key: str) -> np.ndarray:
         """A fresh, writable copy of the base's value of ``key`` as 1-d bytes."""
-        info = self._plain.info(key)
+        info = self.info(key)
         out = np.empty(info.raw_bytes, np.uint8)
         self.base._read_into([key], [out], True)
         return out
@@ -129,15 +202,15 @@ class DeltaReader(Reader):
         flat = self._base_bytes(key)
         if self.delta_table.entries[key].mode == "xor":
             payload = np.empty_like(flat)
-            self._plain._read_into([key], [payload], True)
+            self._plain._read_into([payload_key(key)], [payload], True)
             xor_into(flat, payload)
         self._check(key, flat)
         return flat
 
     def _value(self, key: str, verify: bool) -> Any:
         if key not in self.delta_table.entries:
-            return super()._value(key, verify)
-        info = self._plain.info(key)
+            return super()._value(self._plain_key(key), verify)
+        info = self.info(key)
         return self._resolved(key).view(numpy_dtype(info.dtype)).reshape(info.shape)
 
     def load(
@@ -145,7 +218,7 @@ class DeltaReader(Reader):
         progress: bool | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         ks = self.keys() if keys is None else list(keys)
-        plain = [k for k in ks if k not in self.delta_table.entries]
+        plain = [self._plain_key(k) for k in ks if k not in self.delta_table.entries]
         got = super().load(plain, verify=verify, progress=progress) if plain else {}
         return {k: got[k] if k in got else self[k] for k in ks}
 
@@ -153,7 +226,9 @@ class DeltaReader(Reader):
         self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
     ) -> None:
         plain = [
-            (k, o) for k, o in zip(keys, outs, strict=True) if k not in self.delta_table.entries
+            (self._plain_key(k), o)
+            for k, o in zip(keys, outs, strict=True)
+            if k not in self.delta_table.entries
         ]
         if plain:
             super()._read_into([k for k, _ in plain], [o for _, o in plain], verify, threads)
@@ -164,7 +239,7 @@ class DeltaReader(Reader):
             self.base._read_into([key], [out], True, threads)
             if e.mode == "xor":
                 payload = np.empty_like(out)
-                self._plain._read_into([key], [payload], True, threads)
+                self._plain._read_into([payload_key(key)], [payload], True, threads)
                 xor_into(out, payload)
             self._check(key, out)
 
@@ -177,15 +252,15 @@ class DeltaReader(Reader):
 
     def slice(self, key: str, start: int, stop: int) -> Any:
         if key not in self.delta_table.entries:
-            return super().slice(key, start, stop)
+            return super().slice(self._plain_key(key), start, stop)
         got = self.base.slice(key, start, stop)  # a fresh array (bases hand out numpy)
         if self.delta_table.entries[key].mode == "xor":
-            xor_into(byte_view(got), byte_view(self._plain.slice(key, start, stop)))
+            xor_into(byte_view(got), byte_view(self._plain.slice(payload_key(key), start, stop)))
         return self._tensor_out(got)
 
     def get_slice(self, key: str) -> LazySlice:
         if key not in self.delta_table.entries:
-            return super().get_slice(key)
+            return super().get_slice(self._plain_key(check_key(key)))
         return _DeltaSlice(self, key)
 
     # -- whole-checkpoint passes -----------------------------------------------------------
@@ -194,12 +269,12 @@ class DeltaReader(Reader):
         self, keys: list[str] | None = None, *, progress: bool | None = None
     ) -> dict[str, dict[str, Any]]:
         if keys is None:
-            keys = [k for k in self.keys() if self._plain.info(k).kind == "tensor"]
-        plain = [k for k in keys if k not in self.delta_table.entries]
+            keys = [k for k in self.keys() if self.info(k).kind == "tensor"]
+        plain = [self._plain_key(k) for k in keys if k not in self.delta_table.entries]
         out = super().stats(plain, progress=progress) if plain else {}
         for k in keys:
             if k in self.delta_table.entries:
-                info = self._plain.info(k)
+                info = self.info(k)
                 t = _core.stats_buffer(self._resolved(k), info.dtype)
                 out[k] = stats_dict(info.dtype, tuple(info.shape), t)
         return {k: out[k] for k in keys}
@@ -221,9 +296,9 @@ class _DeltaSlice:
     def __init__(self, reader: DeltaReader, key: str) -> None:
         self._reader = reader
         self.key = key
-        self._payload = reader._plain.get_slice(key)
+        self._payload = reader._plain.get_slice(payload_key(key))
         self.shape = self._payload.shape
-        self.dtype = numpy_dtype(reader._plain.info(key).dtype)
+        self.dtype = numpy_dtype(reader.info(key).dtype)
 
     def get_shape(self) -> list[int]:
         return list(self.shape)

@@ -27,7 +27,7 @@ from ..storage.values import check_key
 from ..storage.values import encode as encode_value
 from .bits import byte_view, crc32c, xor_bytes, xor_into
 from .reader import DeltaReader
-from .table import SECTION, DeltaEntry, DeltaTable
+from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
 from .writer import XOR_CODEC, XOR_LEVEL, choose
 
 __all__ = ["encode", "apply", "state_digest"]
@@ -79,7 +79,11 @@ def encode(
     flat_new = {k: _flat(k, v) for k, v in tensors.items()}
     pairs, whole = {}, {k: v for k, v in new.items() if k not in tensors}
     for key, (dtype, shape, raw) in flat_new.items():
-        if key in old and (_is_torch(old[key]) or isinstance(old[key], np.ndarray)):
+        if (
+            key in old
+            and has_payload_key(key)
+            and (_is_torch(old[key]) or isinstance(old[key], np.ndarray))
+        ):
             od, oshape, oraw = _flat(key, old[key])
             if (od, oshape) == (dtype, shape):
                 pairs[key] = (numpy_dtype(dtype), raw, oraw)
@@ -96,17 +100,17 @@ def encode(
             continue
         table.entries[key] = DeltaEntry(mode, crc32c(nb), crc32c(ob))
         payload = np.zeros(nb.shape, np.uint8) if mode == "same" else xor_bytes(nb, ob)
-        tree[key] = payload.view(np_dtype).reshape(shape)
+        tree[payload_key(key)] = payload.view(np_dtype).reshape(shape)
     table.base_digest = state_digest({k: e.base_crc for k, e in table.entries.items()})
     sections = {SECTION: table.to_json()}
     if path is not None:
         save_file(tree, path, compression=XOR_CODEC, level=XOR_LEVEL, single_file=True,
-                  _sections=sections)  # fmt: skip
+                  _sections=sections, _internal_keys=True)  # fmt: skip
         return None
     with tempfile.TemporaryDirectory(prefix="shardpoint-sync-") as tmp:
         f = os.path.join(tmp, "delta.sp")
         save_file(tree, f, compression=XOR_CODEC, level=XOR_LEVEL, single_file=True,
-                  durable=False, _sections=sections)  # fmt: skip
+                  durable=False, _sections=sections, _internal_keys=True)  # fmt: skip
         with open(f, "rb") as fh:
             return fh.read()
 
@@ -185,7 +189,7 @@ def _apply(
                     f"{where}: key {key!r} of the delta's base is missing from the target"
                 )
             t = _Target(key, target[key])
-            info = plain.info(key)
+            info = plain.info(payload_key(key))
             if (t.dtype, t.shape) != (info.dtype, tuple(info.shape)):
                 raise BaseMismatchError(
                     f"{where}: key {key!r}: target is {t.dtype}{list(t.shape)}, the delta's base "
@@ -208,7 +212,7 @@ def _apply(
                 continue
             t = targets[key]
             payload = np.empty_like(t.bytes)
-            plain._read_into([key], [payload], True)
+            plain._read_into([payload_key(key)], [payload], True)
             xor_into(t.bytes, payload)
             got = crc32c(t.bytes)
             if got != e.crc:
@@ -218,7 +222,7 @@ def _apply(
                     f"{e.crc:#010x}; the target value was restored"
                 )
             t.commit()
-        for key in plain.keys():
+        for key in r.keys():
             if key in table.entries:
                 continue
             counts["full"] += 1

@@ -9,8 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from ..storage.values import RESERVED_KEY_PREFIX
 
-__all__ = ["SECTION", "VERSION", "MAX_DEPTH", "MODES", "DeltaEntry", "DeltaTable", "parse"]
+__all__ = [
+    "SECTION",
+    "VERSION",
+    "MAX_DEPTH",
+    "MODES",
+    "PAYLOAD_PREFIX",
+    "payload_key",
+    "has_payload_key",
+    "DeltaEntry",
+    "DeltaTable",
+    "parse",
+]
 
 #: the metadata section's name (FORMAT.md §7: sections are keyed by layer)
 SECTION = "shardpoint.delta"
@@ -21,6 +33,23 @@ MAX_DEPTH = 1000
 #: how an entry is stored: ``same`` (its payload is all zero, the value is the base's),
 #: ``xor`` (its payload is the XOR of its bits with the base's value of the same key)
 MODES = ("same", "xor")
+
+#: the stored key of a delta entry's payload is this + the user's key: under the library's
+#: reserved prefix (FORMAT.md §11), so a reader that does not know delta tables finds nothing
+#: under the user's key (a missing key, never the XOR payload as if it were the value)
+PAYLOAD_PREFIX = RESERVED_KEY_PREFIX + "delta:"
+_MAX_KEY = 65535
+
+
+def payload_key(key: str) -> str:
+    """The stored key of ``key``'s delta payload."""
+    return PAYLOAD_PREFIX + key
+
+
+def has_payload_key(key: str) -> bool:
+    """Whether ``key``'s payload key fits the format's key length (else it is stored whole)."""
+    return len(key.encode("utf-8")) + len(PAYLOAD_PREFIX.encode("utf-8")) <= _MAX_KEY
+
 
 _DIGEST = re.compile(r"^(sha256|state):[0-9a-f]{64}$")
 _U32 = 1 << 32
@@ -101,6 +130,13 @@ def parse(section: Any, where: str) -> DeltaTable:
         raise _bad(where, "'entries' must be an object")
     entries = {}
     for key, rec in raw.items():
+        if (
+            not key
+            or "\x00" in key
+            or key.startswith(RESERVED_KEY_PREFIX)
+            or not has_payload_key(key)
+        ):
+            raise _bad(where, f"key {key[:80]!r} cannot be a delta key")
         if not isinstance(rec, list) or len(rec) != 3 or rec[0] not in MODES:
             raise _bad(where, f"key {key!r}: want [mode, crc, base_crc] with mode in {MODES}")
         entries[key] = DeltaEntry(

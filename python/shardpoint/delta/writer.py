@@ -29,7 +29,7 @@ from ..storage.paths import _prefix
 from ..storage.save import save_file
 from ..storage.values import check_key, encode
 from .bits import byte_view, crc32c, same_bytes, xor_bytes
-from .table import SECTION, DeltaEntry, DeltaTable
+from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
 
 __all__ = ["save_delta", "index_digest", "choose", "XOR_CODEC", "XOR_LEVEL", "DEFAULT_MAX_CHAIN"]
 
@@ -119,7 +119,7 @@ def _pairs(
     read resolved and crc-checked)."""
     out = {}
     for key, v in tree.items():
-        if not isinstance(v, np.ndarray) or key not in base:
+        if not isinstance(v, np.ndarray) or key not in base or not has_payload_key(key):
             continue
         _, dtype, _, shape, raw = encode(key, v)
         info = base.info(key)
@@ -183,7 +183,9 @@ def save_delta(
                 payload = np.zeros(nb.shape, np.uint8)  # calloc: zero pages, no memory touched
             else:
                 payload = xor_bytes(nb, ob)
-            deltas.add(key, payload.view(dtype).reshape(tree[key].shape))
+            deltas._add(
+                payload_key(key), payload.view(dtype).reshape(tree[key].shape), internal=True
+            )
             del payload
     merge(p, 2, durable=durable, token=token)
     return table

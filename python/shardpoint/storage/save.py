@@ -15,7 +15,7 @@ from .. import _core
 from ..errors import InvalidArgumentError
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url, wants_single_file
 from .progress import progress_bar, wanted
-from .values import check_key, encode, json_depth
+from .values import check_user_key, encode, json_depth
 
 if TYPE_CHECKING:
     from .async_save import SaveFuture
@@ -98,6 +98,7 @@ def save_file(
     storage_options: StorageOptions = None,
     digest: str | None = None,
     single_file: bool | None = None,
+    _internal_keys: bool = False,
     delta: bool = False,
     max_chain: int | None = None,
 ) -> SaveFuture | None:
@@ -130,6 +131,7 @@ def save_file(
             values are all unchanged (same key, dtype, shape and crc32c of the bytes) are
             hard-linked instead of written again (FORMAT.md §8.1). Deleting ``base`` later
             never affects this checkpoint. A missing or unusable base means a full save.
+        _internal_keys: allow keys under the reserved prefix (shardpoint's own entries).
         _sections: reserved for shardpoint's own layers (``shardpoint.torch`` keeps its nesting
             there): stored beside the user metadata, read back by ``Reader.sections``.
         storage_options: credentials/endpoint/knobs when ``prefix`` is an object-store URL
@@ -186,6 +188,7 @@ def save_file(
         storage_options=storage_options,
         digest=digest,
         single_file=single_file,
+        _internal_keys=_internal_keys,
     )
     if blocking:
         plan.write(items, None)
@@ -212,6 +215,7 @@ def plan_save(
     storage_options: StorageOptions = None,
     digest: str | None = None,
     single_file: bool | None = None,
+    _internal_keys: bool = False,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -222,7 +226,7 @@ def plan_save(
             f"tensors must be a mapping of str to values, got {type(tensors).__name__}"
         )
     codec, lvl = _opts(compression, level)
-    items = [encode(check_key(k), v) for k, v in tensors.items()]
+    items = [encode(check_user_key(k, internal=_internal_keys), v) for k, v in tensors.items()]
     meta = _metadata_json(metadata)
     base_p = None if base is None else _prefix(base)
     if is_url(p) and (incremental or base_p is not None):

@@ -21,7 +21,7 @@ from ..errors import (
 from .dtypes import format_name, numpy_dtype
 from .objects import decode_object, encode_object, is_odd_nan, is_plain_json
 
-__all__ = ["check_key", "encode", "decode", "json_depth"]
+__all__ = ["check_key", "check_user_key", "RESERVED_KEY_PREFIX", "encode", "decode", "json_depth"]
 
 _FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
 _INT_RE = re.compile(r"^-?(\d+|0x[0-9a-f]+)$")
@@ -42,6 +42,23 @@ def check_key(key: object) -> str:
     if "\0" in key:
         raise InvalidKeyError(f"key {key!r} contains a NUL character")
     return key
+
+
+#: Keys beginning with this character (U+FDD0, a Unicode noncharacter: "for internal use") are
+#: the library's own (FORMAT.md §2.1, §11: delta payloads). Writers refuse them in user trees, so
+#: no user key collides with one, and a reader that does not know them finds no user key there.
+RESERVED_KEY_PREFIX = "\ufdd0"
+
+
+def check_user_key(key: object, *, internal: bool = False) -> str:
+    """:func:`check_key`, also refusing keys under :data:`RESERVED_KEY_PREFIX` (unless
+    ``internal``: the library's own writers)."""
+    k = check_key(key)
+    if not internal and k.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidKeyError(
+            f"key {k!r} begins with U+FDD0, reserved for shardpoint's own entries (FORMAT.md §11)"
+        )
+    return k
 
 
 def _int_text(v: int) -> str:

@@ -10,7 +10,7 @@ from .. import _core
 from ..errors import InvalidArgumentError
 from .paths import PathLike, StorageOptions, _prefix, _storage
 from .save import _digest, _metadata_json, _opts, _sections_json
-from .values import check_key, encode
+from .values import check_user_key, encode
 
 __all__ = ["Writer", "merge"]
 
@@ -75,7 +75,11 @@ class Writer:
 
     def add(self, key: str, value: Any) -> None:
         """Write one value now."""
-        k, dtype, kind, shape, data = encode(check_key(key), value)
+        self._add(key, value)
+
+    def _add(self, key: str, value: Any, *, internal: bool = False) -> None:
+        """``add``; ``internal``: a key under the reserved prefix (the library's own entries)."""
+        k, dtype, kind, shape, data = encode(check_user_key(key, internal=internal), value)
         self._writer().add(k, dtype, kind, list(shape), data)
 
     __setitem__ = add
