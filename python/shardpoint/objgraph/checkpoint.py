@@ -229,10 +229,13 @@ class Checkpoint(Module):
         then: Callable[[], None] | None,
         base: Callable[[], str | None] | None = None,
         digest: str | None = None,
+        delta: int | None = None,
     ) -> Any:
         """Write at ``path`` (then run ``then``): now, or through this object's saver.
         ``base()`` names the checkpoint an incremental save re-uses (default: this object's
-        previous committed save); asynchronously it is asked just before the write."""
+        previous committed save); asynchronously it is asked just before the write. ``delta``: a
+        delta checkpoint against ``base()`` with chains of at most that many links (blocking
+        saves only)."""
         if base is None:
             base = lambda: self._sp_last_written  # noqa: E731
         values, document = serialize(self)
@@ -244,12 +247,15 @@ class Checkpoint(Module):
             elif saver is not None:
                 saver.check()
             storage_io.write_checkpoint(
-                path, values, graph, incremental=incremental, base=base(), digest=digest
-            )
+                path, values, graph, incremental=incremental, base=base(), digest=digest,
+                delta=delta,
+            )  # fmt: skip
             object.__setattr__(self, "_sp_last_written", path)
             if then is not None:
                 then()
             return path
+        if delta is not None:
+            raise ValueError("delta checkpoints are written by blocking saves only")
 
         def committed() -> None:
             object.__setattr__(self, "_sp_last_written", path)

@@ -49,6 +49,7 @@ from .checkpoint_state import (
     update_checkpoint_state,
 )
 from .errors import DirectoryInUseError
+from .manager_delta import check_options, max_chain, protect_bases
 
 __all__ = ["CheckpointManager", "PENDING_DELETIONS_FILENAME"]
 
@@ -75,6 +76,10 @@ class CheckpointManager:
     check (as the ``last_checkpoint_step`` property, e.g. after restoring a step counter).
     ``digest`` (``"sha256"``/``"blake3"``) records strong digests of every save's files
     (FORMAT.md §7.1), checked by ``verify(strong=True)`` and ``shardpoint verify --strong``.
+    ``delta=True`` stores each save as a delta checkpoint against the previous one (FORMAT.md
+    §11: unchanged tensors cost ~0, slightly changed ones their XOR), a full one every
+    ``full_every`` saves (default 8); retention never deletes a checkpoint a kept one needs as
+    its base (:mod:`.manager_delta`). Local directories and blocking saves only.
 
     A manager created over an existing directory takes over (may later delete) only the listed
     checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
@@ -96,6 +101,8 @@ class CheckpointManager:
         incremental: bool = False,
         max_in_flight: int | None = None,
         digest: str | None = None,
+        delta: bool = False,
+        full_every: int | None = None,
     ) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep <= 0
@@ -139,6 +146,11 @@ class CheckpointManager:
         self._checkpoint_interval = checkpoint_interval
         self._init_fn = init_fn
         self._incremental = bool(incremental)
+        # delta saves: the longest chain below a save (None: delta off)
+        self._delta_chain: int | None = None
+        if delta:
+            k = check_options(full_every, self._remote, self._incremental, digest)
+            self._delta_chain = max_chain(k)
         if max_in_flight is not None:
             checkpoint.max_in_flight = max_in_flight
         self._last_checkpoint_step: int | None = (
@@ -337,6 +349,8 @@ class CheckpointManager:
         self._ensure_lease()
         try:
             if not hasattr(self._checkpoint, "_write"):  # a duck-typed checkpoint: write() only
+                if self._delta_chain is not None:
+                    raise ValueError("delta=True needs an sp.Checkpoint")
                 if not blocking:
                     raise ValueError("blocking=False needs an sp.Checkpoint")
                 path = self._checkpoint.write(path)
@@ -350,6 +364,7 @@ class CheckpointManager:
                     then=lambda: self._record_and_sweep(path, stamp),
                     base=lambda: self._latest_checkpoint,
                     digest=self._digest,
+                    **({} if self._delta_chain is None else {"delta": self._delta_chain}),
                 )
         except BaseException as e:
             uncount_failed_save(counter, path)
@@ -401,6 +416,7 @@ class CheckpointManager:
         kept[path] = timestamp
         preserved = self._last_preserved_timestamp
         doomed: list[str] = []
+        stamps: dict[str, float] = {}
         if self._max_to_keep is not None:
             while len(kept) > self._max_to_keep:
                 old_path, old_stamp = kept.popitem(last=False)
@@ -410,6 +426,9 @@ class CheckpointManager:
                     preserved = old_stamp
                     continue  # preserved: stays on disk, no longer listed
                 doomed.append(old_path)
+                stamps[old_path] = old_stamp
+        if self._delta_chain is not None:  # a base a kept checkpoint needs stays
+            doomed = protect_bases(doomed, kept, self._on_disk, stamps)
         # one atomic state write that already excludes the doomed checkpoints, then delete
         args = (self._directory, path, list(kept), list(kept.values()), preserved)
         if not self._remote:
@@ -435,6 +454,13 @@ class CheckpointManager:
         # the new checkpoint is committed and listed: deletion failures no longer fail the save
         self._delete(self._pending_deletions + doomed, keep=path)
         self._sweep_orphans(path)
+
+    def _on_disk(self) -> list[str]:
+        """Every checkpoint of this manager's prefix that has an index (listed or not)."""
+        base = os.path.basename(self._prefix)
+        names = storage_io.list_names(self._directory)
+        heads = [n[: -len(".index")] for n in names if n.endswith(".index")]
+        return [os.path.join(self._directory, h) for h in heads if _number_of(h, base) is not None]
 
     def _sweep_orphans(self, path: str) -> None:
         """Remove shard files of numbered checkpoints below the one just saved that have no

@@ -50,8 +50,11 @@ def write_checkpoint(
     incremental: bool = False,
     base: str | None = None,
     digest: str | None = None,
+    delta: int | None = None,
 ) -> None:
     """Write ``values`` plus the object graph atomically at ``prefix`` (parents created).
+    ``delta``: a delta checkpoint against ``base`` with chains of at most that many links
+    (FORMAT.md §11; a full save when there is no base or the chain is that long).
     ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
     (FORMAT.md §8.1). ``digest``: record strong digests of the files (FORMAT.md §7.1)."""
     parent = os.path.dirname(prefix)
@@ -59,6 +62,12 @@ def write_checkpoint(
         os.makedirs(parent, exist_ok=True)
     payload = dict(values)
     payload[OBJECT_GRAPH_KEY] = graph_json
+    if delta is not None:
+        if base is not None and storage.exists(base):
+            storage.save_file(payload, prefix, base=base, delta=True, max_chain=delta)
+        else:
+            storage.save_file(payload, prefix)
+        return
     if not incremental:
         storage.save_file(payload, prefix, digest=digest)
         return
