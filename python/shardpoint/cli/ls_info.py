@@ -217,6 +217,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             "metadata": r.metadata,
             "object_graph": _graph_summary(r),
         }
+    from ..delta import describe
+
+    delta = describe(path)  # {} unless a delta checkpoint (FORMAT.md §11)
+    if delta:
+        doc["delta"] = delta
     if args.json:
         _emit(json.dumps(doc, indent=1, default=str))
         return EXIT_OK
@@ -236,6 +241,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']} bytes)")
     meta = json.dumps(doc["metadata"], sort_keys=True) if doc["metadata"] else "(none)"
     _emit(f"metadata:       {meta}")
+    if delta:
+        _emit_delta(delta)
     g = doc["object_graph"]
     if g is None:
         _emit("object graph:   (none)")
@@ -247,6 +254,20 @@ def cmd_info(args: argparse.Namespace) -> int:
             f"root children: {', '.join(g['root_children']) or '(none)'}"
         )
     return EXIT_OK
+
+
+def _emit_delta(d: dict[str, Any]) -> None:
+    """The text form of a delta checkpoint's table: its base and each tensor's choice."""
+    ts = d["tensors"]
+    modes = [t["mode"] for t in ts.values()]
+    _emit(
+        f"delta:          against {d['base']} (depth {d['depth']}, {d['base_digest'][:19]}…); "
+        f"{modes.count('same')} same, {modes.count('xor')} xor, {modes.count('full')} whole"
+    )
+    for key, t in ts.items():
+        _emit(
+            f"  {t['mode']:<5} {human(t['stored_bytes']):>10} of {human(t['raw_bytes']):>10}  {key}"
+        )
 
 
 def _info_hf(path: str, as_json: bool) -> int:

@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="--to hf: largest shard, e.g. 5GB, 500MB (decimal units; default 5GB)",
     )
+    c.add_argument(
+        "--base",
+        metavar="BASE",
+        help="store DST as a delta checkpoint against shardpoint checkpoint BASE (a fine-tune "
+        "against its base model: each tensor same, XOR or whole, whichever is smallest; "
+        "DST then needs BASE to be read; docs/DELTA.md)",
+    )
     c.add_argument("--force", action="store_true", help="replace an existing destination")
     c.add_argument("--no-fsync", action="store_true", help="skip fsync (scratch conversions)")
     c.set_defaults(func=cmd_convert)
