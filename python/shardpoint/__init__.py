@@ -29,6 +29,7 @@ from .errors import (
     PickleRefusedError,
     SignatureError,
     SignatureMissingError,
+    TierError,
     UnregisteredTypeError,
     UnsupportedDTypeError,
     UnsupportedFormatError,
@@ -52,6 +53,8 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
     "CheckpointIOError",
+    "TierError",
+    "TieredCheckpointManager",
     "ChecksumMismatchError",
     "CorruptCheckpointError",
     "BaseMismatchError",
@@ -190,6 +193,9 @@ __all__ += [
     "Variable",
 ]
 # --- end object graph API ---
+
+# --- multi-tier checkpoints (issue 43): local, peer and persistent tiers; docs/TIERS.md ---
+from .tiers import TieredCheckpointManager  # noqa: E402
 
 
 # --- Hugging Face export (issue 18); reading is sp.open(directory), declared above ---

@@ -27,6 +27,7 @@ __all__ = [
     "InvalidSliceError",
     "PickleRefusedError",
     "CheckpointIOError",
+    "TierError",
     "DigestMissingError",
     "DigestMismatchError",
     "BaseMismatchError",
@@ -114,6 +115,12 @@ class InvalidSliceError(InvalidArgumentError, IndexError):
 class PickleRefusedError(CheckpointError, pickle.UnpicklingError):
     """A checkpoint holds pickled data and the caller did not opt in with ``allow_pickle=True``
     (unpickling runs code chosen by whoever wrote the file)."""
+
+
+class TierError(CheckpointError, RuntimeError):
+    """A tiered save did not commit on every rank (a peer failed to write or replicate its
+    part, or died mid-save), or no tier holds a step complete for every rank when one was
+    required. The message names the ranks and what they reported (docs/TIERS.md)."""
 
 
 class CheckpointIOError(CheckpointError, OSError):

@@ -1,0 +1,108 @@
+"""The collectives the tiers need, over the job's own ``torch.distributed`` group.
+
+Nothing here starts a service: a tiered manager in a job with an initialized process group
+makes two gloo subgroups of it (``dist.new_group``, a collective every rank makes at
+construction), one for the local tier's background thread and one for the persistent tier's,
+so the two threads never interleave collectives on one group. Each thread runs its saves in
+call order, so every rank issues the same collectives in the same order. Without an
+initialized group (one process), :class:`SingleProcess` answers the same calls locally.
+
+torch is imported only when a group is used, so the tiers work without it in one process.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+__all__ = ["Collective", "SingleProcess", "TorchGroup", "job_groups"]
+
+
+class Collective:
+    """What the tiers ask of a group: rank, size, gathering small objects, sending bytes."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (small, JSON-able), in rank order."""
+        raise NotImplementedError
+
+    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+        """Send ``sends[dst]`` to each ``dst`` while receiving one message from each rank in
+        ``sources``; every rank calls it in the same collective step. At most one message
+        per ordered pair of ranks."""
+        raise NotImplementedError
+
+
+class SingleProcess(Collective):
+    """The group of one process: gathering returns the object, nothing is ever sent."""
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+        if sends or sources:
+            raise ValueError("a single process has no peers to send to")
+        return {}
+
+
+class TorchGroup(Collective):
+    """A gloo group over every rank of the job's default group (CPU tensors, any device)."""
+
+    def __init__(self, timeout: datetime.timedelta | None = None) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        kwargs: dict[str, Any] = {"backend": "gloo"}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        self._pg = dist.new_group(**kwargs)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj, group=self._pg)
+        return out
+
+    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+        import torch
+
+        dist = self._dist
+        works = []
+        keep = []  # the tensors of pending sends must stay alive until they complete
+        for dst, data in sorted(sends.items()):
+            n = torch.tensor([len(data)], dtype=torch.int64)
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            keep += [n, buf]
+            works.append(dist.isend(n, dst, group=self._pg, tag=1))
+            works.append(dist.isend(buf, dst, group=self._pg, tag=2))
+        out: dict[int, memoryview] = {}
+        for src in sorted(sources):
+            n = torch.empty(1, dtype=torch.int64)
+            dist.recv(n, src, group=self._pg, tag=1)
+            size = int(n.item())
+            if size <= 0 or size > (1 << 40):
+                raise ValueError(f"rank {src} announced a message of {size} bytes")
+            buf = torch.empty(size, dtype=torch.uint8)
+            dist.recv(buf, src, group=self._pg, tag=2)
+            out[src] = memoryview(buf.numpy()).cast("B")
+        for w in works:
+            w.wait()
+        return out
+
+
+def job_groups(process_group: Any, timeout: datetime.timedelta | None) -> tuple[Collective, Collective]:
+    """Two collectives (local tier, persistent tier) for this job: gloo subgroups of the
+    initialized default group, else single-process ones. ``process_group=False`` forces the
+    single-process form even inside a job (every rank then works alone)."""
+    if process_group is False:
+        return SingleProcess(), SingleProcess()
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return SingleProcess(), SingleProcess()
+    if not (dist.is_available() and dist.is_initialized()):
+        return SingleProcess(), SingleProcess()
+    return TorchGroup(timeout), TorchGroup(timeout)

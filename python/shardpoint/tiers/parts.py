@@ -1,0 +1,245 @@
+"""A rank's checkpoint part as files: read with checksums, sent as one message, written back.
+
+A part is an ordinary shardpoint checkpoint at a prefix ``P`` (FORMAT.md §1: shard files
+``P.data-SSSSS-of-NNNNN[.<token>]`` and ``P.index``). The index stores each shard's name
+*suffix*, so the same bytes written under another prefix are the same checkpoint: that is how
+a part is replicated to a peer or uploaded to the persistent tier, byte for byte, without
+decoding or recompressing anything.
+
+Every file travels with its crc32c, computed from the bytes read at the source; the receiver
+checks it before a byte is written (so a replica damaged on the wire or on the peer's disk is
+refused), and the index is written last, so a part is complete or absent (FORMAT.md §8).
+Messages come from other processes and are hostile input: every length and name is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _core, storage
+from ..errors import ChecksumMismatchError, CorruptCheckpointError
+from ..storage.atomic_files import create_temp, make_dirs
+
+__all__ = [
+    "PartFile",
+    "Part",
+    "read_part",
+    "write_part",
+    "encode_parts",
+    "decode_parts",
+    "join",
+    "file_list",
+]
+
+_SUFFIX = re.compile(r"\.(index|data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?)")
+_MAGIC = b"SPTIERS1"
+_HEAD = struct.Struct("<8sQ")
+#: caps on what a message may claim before anything is allocated for it
+_MAX_HEADER = 16 << 20
+_MAX_FILES = 1 << 16
+
+
+@dataclass
+class PartFile:
+    """One file of a part: its name suffix, its bytes and their crc32c."""
+
+    suffix: str
+    data: bytes | memoryview
+    crc: int
+
+    def check(self, where: str) -> None:
+        got = _core.crc32c(self.data)
+        if got != self.crc:
+            raise ChecksumMismatchError(
+                f"{where}{self.suffix}: crc32c {got:#010x} of the {len(self.data)} bytes "
+                f"received differs from {self.crc:#010x} recorded at the source"
+            )
+
+
+@dataclass
+class Part:
+    """One rank's part of one step: the owner rank, the step, the save's token, its files
+    (data shards first, the index last)."""
+
+    owner: int
+    step: int
+    token: str
+    files: list[PartFile] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(f.data) for f in self.files)
+
+
+def join(directory: str, name: str) -> str:
+    """``directory/name`` for a local path or an object-store URL."""
+    if storage.is_url(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
+
+
+def _check_suffix(suffix: str, where: str) -> None:
+    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+        raise CorruptCheckpointError(f"{where}: {suffix!r} is not a checkpoint file suffix")
+
+
+def _read_whole(path: str) -> bytes:
+    if storage.is_url(path):
+        return bytes(storage.read_object(path)[0])
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_part(
+    prefix: str, owner: int, step: int, token: str, *, expect: list[Any] | None = None
+) -> Part:
+    """The files of the checkpoint at ``prefix`` (local or URL) with their crc32c, index last.
+    The shard list comes from the index itself (never from a directory listing, which may hold
+    leftovers), and the index's own checksums are checked as it is opened. ``expect``: the
+    ``[suffix, length, crc]`` list of the copy's commit record; the files then carry those
+    crcs (not ones computed from what is on disk now), so damage since the commit is caught
+    by whoever checks them (:meth:`PartFile.check`)."""
+    with storage.open(prefix, verify=True) as r:
+        shards = [os.path.basename(os.fspath(p)) for p, _ in r.format_info["shards"]]
+    base = prefix.rstrip("/").rsplit("/", 1)[-1] if storage.is_url(prefix) else os.path.basename(prefix)
+    part = Part(owner, step, token)
+    for name in shards:
+        suffix = name[len(base) :] if name.startswith(base) else name
+        _check_suffix(suffix, prefix)
+        data = _read_whole(prefix + suffix)
+        part.files.append(PartFile(suffix, data, _core.crc32c(data)))
+    data = _read_whole(prefix + ".index")
+    part.files.append(PartFile(".index", data, _core.crc32c(data)))
+    if expect is not None:
+        recorded = {str(s): (int(n), int(c)) for s, n, c in expect}
+        if sorted(recorded) != sorted(f.suffix for f in part.files):
+            raise CorruptCheckpointError(
+                f"{prefix}: files {sorted(f.suffix for f in part.files)} differ from the "
+                f"commit record's {sorted(recorded)}"
+            )
+        for f in part.files:
+            f.crc = recorded[f.suffix][1]
+    return part
+
+
+def file_list(part: Part) -> list[list[Any]]:
+    """``[suffix, length, crc]`` of each file (what a commit record keeps)."""
+    return [[f.suffix, len(f.data), f.crc] for f in part.files]
+
+
+def _write_local(path: str, data: bytes | memoryview) -> None:
+    """Write ``path`` through a temp file: fsync, rename, so it is whole or absent."""
+    directory = os.path.dirname(path)
+    fd, tmp = create_temp(directory, os.path.basename(path) + ".tmp-", "")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def fsync_dir(directory: str) -> None:
+    """Make the renames in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_part(
+    part: Part, prefix: str, *, after_data: object = None
+) -> None:
+    """Write ``part``'s files at ``prefix`` (local or URL), every crc checked first, data
+    shards before the index: the part is committed when its index appears. ``after_data``
+    (a callable) runs between the shards and the index (a fault point)."""
+    for f in part.files:
+        f.check(prefix)
+    if not part.files or part.files[-1].suffix != ".index":
+        raise CorruptCheckpointError(f"{prefix}: a part must end with its index")
+    remote = storage.is_url(prefix)
+    if not remote:
+        make_dirs(os.path.dirname(prefix))
+    for f in part.files:
+        if f.suffix == ".index":
+            if callable(after_data):
+                after_data()
+            if not remote:
+                fsync_dir(os.path.dirname(prefix))  # shards durable before the commit
+        if remote:
+            storage.write_object(prefix + f.suffix, bytes(f.data))
+        else:
+            _write_local(prefix + f.suffix, f.data)
+    if not remote:
+        fsync_dir(os.path.dirname(prefix))
+
+
+def encode_parts(parts: list[Part]) -> bytes:
+    """One message holding ``parts``: magic, header length, a JSON header (owner, step, token,
+    and per file its suffix, length and crc32c), then the files' bytes in header order."""
+    header = [
+        {
+            "owner": p.owner,
+            "step": p.step,
+            "token": p.token,
+            "files": [[f.suffix, len(f.data), f.crc] for f in p.files],
+        }
+        for p in parts
+    ]
+    head = json.dumps({"parts": header}).encode("utf-8")
+    return b"".join([_HEAD.pack(_MAGIC, len(head)), head, *(f.data for p in parts for f in p.files)])
+
+
+def decode_parts(message: bytes | memoryview, sender: str) -> list[Part]:
+    """The parts of a message from ``sender`` (named in errors). Lengths are checked against
+    the message before any slice, names against the checkpoint file suffixes; crcs are checked
+    when the part is written (:func:`write_part`)."""
+    view = memoryview(message)
+    where = f"message from {sender}"
+    if len(view) < _HEAD.size:
+        raise CorruptCheckpointError(f"{where}: {len(view)} bytes, shorter than its header")
+    magic, n = _HEAD.unpack_from(view, 0)
+    if magic != _MAGIC or n > min(_MAX_HEADER, len(view) - _HEAD.size):
+        raise CorruptCheckpointError(f"{where}: bad magic or header length {n}")
+    try:
+        header = json.loads(bytes(view[_HEAD.size : _HEAD.size + n]).decode("utf-8"))
+        records = header["parts"]
+        assert isinstance(records, list)
+    except (ValueError, KeyError, TypeError, AssertionError) as e:
+        raise CorruptCheckpointError(f"{where}: unreadable header ({e})") from None
+    pos = _HEAD.size + n
+    out: list[Part] = []
+    for rec in records:
+        try:
+            part = Part(int(rec["owner"]), int(rec["step"]), str(rec["token"]))
+            files = rec["files"]
+            if not isinstance(files, list) or len(files) > _MAX_FILES:
+                raise ValueError("bad file list")
+            for suffix, length, crc in files:
+                _check_suffix(suffix, where)
+                length, crc = int(length), int(crc)
+                if length < 0 or length > len(view) - pos:
+                    raise CorruptCheckpointError(
+                        f"{where}: file {suffix!r} of {length} bytes at offset {pos} runs past "
+                        f"the end of the {len(view)}-byte message"
+                    )
+                part.files.append(PartFile(suffix, view[pos : pos + length], crc))
+                pos += length
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptCheckpointError(f"{where}: bad part record ({e})") from None
+        out.append(part)
+    if pos != len(view):
+        raise CorruptCheckpointError(f"{where}: {len(view) - pos} trailing bytes at offset {pos}")
+    return out
