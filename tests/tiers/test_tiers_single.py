@@ -1,0 +1,195 @@
+"""The tiered manager in one process (no process group), its restore plan and its message
+decoder: local and persistent tiers, retention per tier, a wiped or damaged local tier, the
+persistent tier on a directory and on the local S3 server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import shardpoint as sp
+from shardpoint.errors import CorruptCheckpointError
+from shardpoint.tiers import FAULT_ENV
+from shardpoint.tiers.layout import COMMIT_SUFFIX, own_dir, part_prefix
+from shardpoint.tiers.parts import Part, PartFile, decode_parts, encode_parts
+from shardpoint.tiers.plan import choose_plan
+
+
+def _state(step: int) -> np.ndarray:
+    return np.arange(5000, dtype=np.float32) * 3 + step
+
+
+def _manager(tmp, persistent=None, **kw):
+    w = sp.Variable(np.zeros(5000, dtype=np.float32))
+    step = sp.Variable(np.int64(-1))
+    ckpt = sp.Checkpoint(w=w, step=step)
+    kw.setdefault("local_every", 2)
+    kw.setdefault("persistent_every", 4)
+    m = sp.TieredCheckpointManager(
+        ckpt,
+        persistent or str(tmp / "persistent"),
+        local_directory=str(tmp / "local"),
+        **kw,
+    )
+    return m, w, step
+
+
+def _save(m, w, step_var, steps):
+    for s in steps:
+        w.assign(_state(s))
+        step_var.assign(np.int64(s))
+        m.save(s)
+    m.wait()
+
+
+def _committed(directory):
+    return sorted(
+        int(n[len("ckpt-") : -len(COMMIT_SUFFIX)])
+        for n in os.listdir(directory)
+        if n.endswith(COMMIT_SUFFIX)
+    )
+
+
+def test_every_k_local_every_m_persistent_and_retention_per_tier(tmp_path):
+    m, w, s = _manager(tmp_path, local_max_to_keep=2, max_to_keep=2)
+    fut = m.save(1)
+    assert fut is None  # not due: 1 % 2
+    _save(m, w, s, range(1, 17))
+    m.close()
+    assert _committed(own_dir(str(tmp_path / "local"), 0))[-2:] == [14, 16]
+    assert len(_committed(own_dir(str(tmp_path / "local"), 0))) <= 3  # one may be pinned
+    assert sorted(os.listdir(tmp_path / "persistent")) == ["ckpt-12", "ckpt-16"]
+    m2, w2, s2 = _manager(tmp_path)
+    assert m2.restore_or_initialize() == 16
+    assert np.array_equal(w2.numpy(), _state(16)) and int(s2.numpy()) == 16
+    assert [p.tier for p in m2.restore_plan().sources] == ["local"]
+    m2.close()
+
+
+def test_wiped_local_tier_restores_from_persistent_and_refills_local(tmp_path):
+    m, w, s = _manager(tmp_path)
+    _save(m, w, s, range(1, 11))  # local 2..10, persistent 4 and 8
+    m.close()
+    shutil.rmtree(tmp_path / "local")
+    m2, w2, s2 = _manager(tmp_path)
+    assert m2.restore_or_initialize() == 8
+    assert np.array_equal(w2.numpy(), _state(8))
+    assert [p.tier for p in m2.restore_plan().sources] == ["persistent"]
+    # the local tier holds the restored part again (committed)
+    assert _committed(own_dir(str(tmp_path / "local"), 0)) == [8]
+    m2.close()
+
+
+def test_damaged_local_part_falls_back_to_an_intact_copy(tmp_path):
+    m, w, s = _manager(tmp_path, persistent_every=8)
+    _save(m, w, s, range(1, 9))  # local 6, 8; persistent 8
+    m.close()
+    prefix = part_prefix(own_dir(str(tmp_path / "local"), 0), 8)
+    shard = next(p for p in os.listdir(os.path.dirname(prefix)) if ".data-" in p and "ckpt-8." in p)
+    path = os.path.join(os.path.dirname(prefix), shard)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    m2, w2, s2 = _manager(tmp_path, persistent_every=8)
+    assert m2.restore_or_initialize() == 8
+    assert np.array_equal(w2.numpy(), _state(8))
+    plan = m2.restore_plan()
+    assert [p.tier for p in plan.sources] == ["persistent"]
+    assert plan.excluded and "local" in plan.excluded[0]
+    m2.close()
+
+
+def test_nothing_anywhere_calls_init_fn(tmp_path):
+    called = []
+    m, _, _ = _manager(tmp_path, init_fn=lambda: called.append(1))
+    assert m.restore_or_initialize() is None and called == [1]
+    assert m.restore_plan().step is None
+    m.close()
+
+
+def test_bad_arguments_name_the_argument(tmp_path):
+    with pytest.raises(sp.InvalidArgumentError, match="local_every"):
+        _manager(tmp_path, local_every=0)
+    with pytest.raises(sp.InvalidArgumentError, match="replicas"):
+        _manager(tmp_path, replicas=-1)
+
+
+def test_plan_never_mixes_saves_and_prefers_cheap_tiers():
+    def c(owner, step, token, prefix="p"):
+        return {"owner": owner, "step": step, "token": token, "prefix": prefix}
+
+    node_of = [0, 0, 1, 1]
+    inv = [
+        [c(0, 30, "b"), c(0, 20, "a"), c(2, 20, "a")],
+        [c(1, 30, "b"), c(1, 20, "a"), c(3, 20, "a")],
+        [c(2, 30, "OTHER")],  # a part of step 30 from another save: must not combine
+        [],
+    ]
+    persistent = [{"step": 20, "token": "a", "world": 4}]
+    plan = choose_plan(4, node_of, inv, persistent, lambda s, o: f"url/{s}/{o}", set())
+    assert plan.step == 20 and plan.token == "a"
+    assert [s.tier for s in plan.sources] == ["local", "local", "peer", "peer"]
+    excluded = {(20, 2, "peer", 0)}
+    plan = choose_plan(4, node_of, inv, persistent, lambda s, o: f"url/{s}/{o}", excluded)
+    assert [s.tier for s in plan.sources] == ["local", "local", "persistent", "peer"]
+    assert choose_plan(4, node_of, inv, [], lambda s, o: "", {(20, 2, "peer", 0)}).step is None
+
+
+def test_messages_are_checked_as_hostile_input():
+    part = Part(1, 10, "t", [PartFile(".data-00000-of-00001", b"abc", 0), PartFile(".index", b"ix", 0)])
+    msg = encode_parts([part])
+    (got,) = decode_parts(msg, "rank 1")
+    assert bytes(got.files[0].data) == b"abc" and got.files[1].suffix == ".index"
+    with pytest.raises(CorruptCheckpointError, match="past the end"):
+        decode_parts(msg[:-1], "rank 1")
+    with pytest.raises(CorruptCheckpointError, match="trailing"):
+        decode_parts(msg + b"x", "rank 1")
+    evil = encode_parts([Part(1, 10, "t", [PartFile("/../../etc/x", b"a", 0)])])
+    with pytest.raises(CorruptCheckpointError, match="not a checkpoint file suffix"):
+        decode_parts(evil, "rank 1")
+    with pytest.raises(CorruptCheckpointError, match="magic"):
+        decode_parts(b"NOTTIERS" + bytes(8), "rank 1")
+    with pytest.raises(sp.ChecksumMismatchError, match="crc32c"):
+        part.files[0].check("x")
+
+
+def test_fault_point_kills_by_signal_only_where_named(tmp_path):
+    code = (
+        "import sys; sys.path[:0] = [%r]\n"
+        "from shardpoint.tiers.faults import fault_point\n"
+        "fault_point('local:after-part', 1, 10)\n"
+        "fault_point('commit:after-agree', 0, 10)\n"
+        "fault_point('commit:after-agree', 1, 20)\n"
+        "print('alive')\n"
+        "fault_point('commit:after-agree', 1, 10)\n"
+        "print('not reached')\n"
+    ) % os.path.dirname(os.path.dirname(sp.__file__))
+    env = dict(os.environ, **{FAULT_ENV: "commit:after-agree@1#10"})
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == -9 and r.stdout == "alive\n"
+
+
+def test_persistent_tier_on_s3(tmp_path):
+    pytest.importorskip("moto.server")
+    from s3_server import moto_environment
+
+    with moto_environment() as moto:
+        bucket = moto.bucket()
+        url = f"s3://{bucket}/run"
+        m, w, s = _manager(tmp_path, persistent=url, max_to_keep=1)
+        _save(m, w, s, range(1, 9))
+        m.close()
+        keys = moto.keys(bucket)
+        assert "run/ckpt-8/tier-commit.json" in keys
+        assert not any(k.startswith("run/ckpt-4/") for k in keys)  # retention
+        shutil.rmtree(tmp_path / "local")
+        m2, w2, _ = _manager(tmp_path, persistent=url)
+        assert m2.restore_or_initialize() == 8
+        assert np.array_equal(w2.numpy(), _state(8))
+        assert [p.tier for p in m2.restore_plan().sources] == ["persistent"]
+        m2.close()
