@@ -83,6 +83,7 @@ SERIAL_GROUPS = {
         "test_torch_distributed.py",
         "test_lightning_ddp.py",
         "test_accelerate_multiprocess.py",
+        "test_tiers_multiprocess.py",
     ),
     "timing": ("test_gil.py",),
 }

@@ -8,6 +8,7 @@ import http.client
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,13 +54,17 @@ class Moto:
 
 
 class Proxy:
-    """HTTP forwarder in front of moto: counts requests; `fail_next(n, mode)` makes the next n
+    """HTTP forwarder in front of moto (``rate_bytes_per_s``: a rate-limited link): counts requests; `fail_next(n, mode)` makes the next n
     requests fail with a 503 ("503"), a 403 that is not retried ("403") or a dropped connection
     ("drop"), `fail_after(n, mode)` the one after the next n; `flip_ranged_get(n, bit)`
     flips one bit of the n-th ranged GET's response body (bytes damaged in transit)."""
 
-    def __init__(self, backend_port: int) -> None:
+    def __init__(self, backend_port: int, rate_bytes_per_s: float | None = None) -> None:
         self.backend_port = backend_port
+        # a link of this many bytes per second, shared by every connection (None: unlimited):
+        # each body chunk waits for its slot on the link before it is sent
+        self.rate = rate_bytes_per_s
+        self._link_free = 0.0
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.fail: list[str] = []
         # transit damage: flip bit `flip[1]` of the body of ranged GET number `flip[0]`
@@ -79,6 +84,7 @@ class Proxy:
             def _any(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
+                proxy.throttle(n)
                 with proxy.lock:
                     proxy.log.append((self.command, self.path, self.headers.get("Range")))
                     mode = proxy.fail.pop(0) if proxy.fail else None
@@ -123,7 +129,9 @@ class Proxy:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(data)
+                    for i in range(0, len(data), 1 << 16):
+                        proxy.throttle(min(1 << 16, len(data) - i))
+                        self.wfile.write(data[i : i + (1 << 16)])
                 c.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
@@ -134,6 +142,18 @@ class Proxy:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def throttle(self, nbytes: int) -> None:
+        """Wait for ``nbytes`` worth of time on the shared rate-limited link."""
+        if self.rate is None or nbytes <= 0:
+            return
+        with self.lock:
+            start = max(time.monotonic(), self._link_free)
+            self._link_free = start + nbytes / self.rate
+            until = self._link_free
+        delay = until - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
 
     def reset(self) -> None:
         with self.lock:
