@@ -30,9 +30,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def state_of(rank: int, step: int, n: int) -> Any:
+def state_of(rank: int, step: int, n: int, noise: bool = False) -> Any:
+    """Rank ``rank``'s state at ``step``: a ramp, or (``noise``) incompressible values."""
     import numpy as np
 
+    if noise:
+        return np.random.default_rng(rank * 100003 + step).standard_normal(n, dtype=np.float32)
     return (np.arange(n, dtype=np.float32) * (rank + 1) + step).astype(np.float32)
 
 
@@ -69,7 +72,7 @@ def _rank_main(rank: int, port: int, tmp: str, script: list[Any], cfg: dict[str,
         for action in script:
             if action[0] == "save":
                 for step in action[1]:
-                    w.assign(state_of(rank, step, n))
+                    w.assign(state_of(rank, step, n, bool(cfg.get("noise"))))
                     step_var.assign(np.int64(step))
                     t0 = time.perf_counter()
                     m.save(step)
@@ -86,7 +89,7 @@ def _rank_main(rank: int, port: int, tmp: str, script: list[Any], cfg: dict[str,
                 plan = m.restore_plan()
                 exact = got is not None and bool(
                     int(step_var.numpy()) == got
-                    and np.array_equal(w.numpy(), state_of(rank, got, n))
+                    and np.array_equal(w.numpy(), state_of(rank, got, n, bool(cfg.get("noise"))))
                 )
                 out["events"].append(
                     [

@@ -28,7 +28,7 @@ class Collective:
         """Every rank's ``obj`` (small, JSON-able), in rank order."""
         raise NotImplementedError
 
-    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
         """Send ``sends[dst]`` to each ``dst`` while receiving one message from each rank in
         ``sources``; every rank calls it in the same collective step. At most one message
         per ordered pair of ranks."""
@@ -41,7 +41,7 @@ class SingleProcess(Collective):
     def all_gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
         if sends or sources:
             raise ValueError("a single process has no peers to send to")
         return {}
@@ -66,7 +66,7 @@ class TorchGroup(Collective):
         self._dist.all_gather_object(out, obj, group=self._pg)
         return out
 
-    def exchange(self, sends: dict[int, bytes], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
         import torch
 
         dist = self._dist
@@ -74,7 +74,7 @@ class TorchGroup(Collective):
         keep = []  # the tensors of pending sends must stay alive until they complete
         for dst, data in sorted(sends.items()):
             n = torch.tensor([len(data)], dtype=torch.int64)
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            buf = torch.frombuffer(data, dtype=torch.uint8)  # no copy: data is writable
             keep += [n, buf]
             works.append(dist.isend(n, dst, group=self._pg, tag=1))
             works.append(dist.isend(buf, dst, group=self._pg, tag=2))

@@ -49,7 +49,15 @@ from .layout import (
     replica_dir,
     write_record,
 )
-from .parts import Part, decode_parts, encode_parts, file_list, read_part, write_part
+from .parts import (
+    Part,
+    decode_parts,
+    encode_parts,
+    file_list,
+    read_part,
+    sync_part,
+    write_part,
+)
 from .persistent import apply_retention, persistent_part_of, upload_step
 from .plan import PartSource, RestorePlan, choose_plan
 
@@ -376,12 +384,17 @@ class TieredCheckpointManager:
         )
         own = part_prefix(own_dir(self._local, rank), step)
         try:
-            if mine.tier != "local":
+            if mine.tier == "local":
+                self._checkpoint.restore(own)  # every value's crc32c checked as it is read
+            else:
                 part = self._fetch(mine, received, step, token, records)
                 remove_copy(own)
-                write_part(part, own)  # checks every file's crc; the local tier is whole again
+                # every file checked against its commit record's crc32c as it is written
+                # (so the values need no second check), the local tier refilled
+                write_part(part, own, durable=False)
+                self._checkpoint.restore(own, verify=False)
+                sync_part(part, own)
                 write_record(own + COMMIT_SUFFIX, _record(step, token, rank, self.world_size, part))
-            self._checkpoint.restore(own)
         except _ERRORS as e:
             logger.warning("tiers: rank %d could not restore step %d from %s: %s", rank, step, mine.tier, e)
             return (rank, f"{type(e).__name__}: {e}")

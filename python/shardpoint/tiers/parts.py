@@ -34,6 +34,7 @@ __all__ = [
     "decode_parts",
     "join",
     "file_list",
+    "sync_part",
 ]
 
 _SUFFIX = re.compile(r"\.(index|data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?)")
@@ -112,9 +113,9 @@ def read_part(
         suffix = name[len(base) :] if name.startswith(base) else name
         _check_suffix(suffix, prefix)
         data = _read_whole(prefix + suffix)
-        part.files.append(PartFile(suffix, data, _core.crc32c(data)))
+        part.files.append(PartFile(suffix, data, 0 if expect is not None else _core.crc32c(data)))
     data = _read_whole(prefix + ".index")
-    part.files.append(PartFile(".index", data, _core.crc32c(data)))
+    part.files.append(PartFile(".index", data, 0 if expect is not None else _core.crc32c(data)))
     if expect is not None:
         recorded = {str(s): (int(n), int(c)) for s, n, c in expect}
         if sorted(recorded) != sorted(f.suffix for f in part.files):
@@ -132,15 +133,17 @@ def file_list(part: Part) -> list[list[Any]]:
     return [[f.suffix, len(f.data), f.crc] for f in part.files]
 
 
-def _write_local(path: str, data: bytes | memoryview) -> None:
-    """Write ``path`` through a temp file: fsync, rename, so it is whole or absent."""
+def _write_local(path: str, data: bytes | memoryview, durable: bool = True) -> None:
+    """Write ``path`` through a temp file: fsync (``durable``), rename, so it is whole or
+    absent."""
     directory = os.path.dirname(path)
     fd, tmp = create_temp(directory, os.path.basename(path) + ".tmp-", "")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -160,11 +163,12 @@ def fsync_dir(directory: str) -> None:
 
 
 def write_part(
-    part: Part, prefix: str, *, after_data: object = None
+    part: Part, prefix: str, *, after_data: object = None, durable: bool = True
 ) -> None:
     """Write ``part``'s files at ``prefix`` (local or URL), every crc checked first, data
     shards before the index: the part is committed when its index appears. ``after_data``
-    (a callable) runs between the shards and the index (a fault point)."""
+    (a callable) runs between the shards and the index (a fault point). ``durable=False``
+    leaves the fsyncs to a later :func:`sync_part` (a restore reads first, syncs after)."""
     for f in part.files:
         f.check(prefix)
     if not part.files or part.files[-1].suffix != ".index":
@@ -176,17 +180,29 @@ def write_part(
         if f.suffix == ".index":
             if callable(after_data):
                 after_data()
-            if not remote:
+            if not remote and durable:
                 fsync_dir(os.path.dirname(prefix))  # shards durable before the commit
         if remote:
             storage.write_object(prefix + f.suffix, bytes(f.data))
         else:
-            _write_local(prefix + f.suffix, f.data)
-    if not remote:
+            _write_local(prefix + f.suffix, f.data, durable)
+    if not remote and durable:
         fsync_dir(os.path.dirname(prefix))
 
 
-def encode_parts(parts: list[Part]) -> bytes:
+def sync_part(part: Part, prefix: str) -> None:
+    """fsync the files of ``part`` written at ``prefix`` with ``durable=False``, then their
+    directory."""
+    for f in part.files:
+        fd = os.open(prefix + f.suffix, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(os.path.dirname(prefix))
+
+
+def encode_parts(parts: list[Part]) -> bytearray:
     """One message holding ``parts``: magic, header length, a JSON header (owner, step, token,
     and per file its suffix, length and crc32c), then the files' bytes in header order."""
     header = [
@@ -199,7 +215,13 @@ def encode_parts(parts: list[Part]) -> bytes:
         for p in parts
     ]
     head = json.dumps({"parts": header}).encode("utf-8")
-    return b"".join([_HEAD.pack(_MAGIC, len(head)), head, *(f.data for p in parts for f in p.files)])
+    pieces = [_HEAD.pack(_MAGIC, len(head)), head, *(f.data for p in parts for f in p.files)]
+    out = bytearray(sum(len(x) for x in pieces))  # one copy, writable: sent without another
+    pos = 0
+    for x in pieces:
+        out[pos : pos + len(x)] = x
+        pos += len(x)
+    return out
 
 
 def decode_parts(message: bytes | memoryview, sender: str) -> list[Part]:

@@ -1,0 +1,177 @@
+"""Multi-tier checkpoint benchmark (issue 43): three figures, measured side by side in one run.
+
+    python benches/bench_tiers.py [--quick] [--mb 64]
+
+1. ``blocking_ratio``: the time a local-tier save blocks the caller (``manager.save``: the
+   values copied into reusable host buffers) over one memcpy of the same state (``np.copyto``
+   into preallocated arrays); best of several, one process. Target <= 1.5.
+2. ``restore_speedup``: 4 ranks as 2 nodes (gloo), the persistent tier on the local S3 server
+   behind a real proxy limited to 150 MB/s. Restore time (slowest rank) with every local tier
+   wiped (everything from the persistent tier) over the restore time with one node of two
+   wiped (its parts from the other node's replicas). Incompressible state. Target >= 5.
+3. ``wrong_restores``: restores that were not exact or not the same step on every rank, over a
+   kill (SIGKILL) at every named fault point, a wiped node, both nodes wiped and a corrupted
+   replica. Target 0.
+
+The last line is ``blocking_ratio=.. restore_speedup=.. wrong_restores=..``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import shardpoint as sp  # noqa: E402
+from shardpoint.tiers import FAULT_POINTS  # noqa: E402
+
+
+def blocking_ratio(mb: int, tmp: str) -> float:
+    rng = np.random.default_rng(0)
+    n = mb * (1 << 20) // 4 // 16
+    values = [rng.standard_normal(n, dtype=np.float32) for _ in range(16)]
+    variables = [sp.Variable(v) for v in values]
+    ckpt = sp.Checkpoint(**{f"w{i}": v for i, v in enumerate(variables)})
+    m = sp.TieredCheckpointManager(
+        ckpt, os.path.join(tmp, "persist"), local_directory=os.path.join(tmp, "local"),
+        local_every=1, persistent_every=10**9, local_max_to_keep=1,
+    )  # fmt: skip
+    dst = [np.empty_like(v) for v in values]
+    copies, blocks = [], []
+    for step in range(1, 7):
+        t0 = time.perf_counter()
+        for d, v in zip(dst, values, strict=True):
+            np.copyto(d, v)
+        copies.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        m.save(step)
+        blocks.append(time.perf_counter() - t0)
+        m.wait()  # measure the call alone, not the previous save's background write
+    m.close()
+    # the first save allocates the reusable buffers (as the first memcpy faults its pages in)
+    ratio = min(blocks[1:]) / min(copies[1:])
+    print(f"blocking: save {min(blocks[1:]) * 1e3:.1f} ms, memcpy {min(copies[1:]) * 1e3:.1f} ms "
+          f"of {mb} MiB -> ratio {ratio:.2f}")  # fmt: skip
+    return ratio
+
+
+def _slowest_restore(outs: list[dict]) -> tuple[float, bool]:
+    events = [o["events"][-1] for o in outs]
+    same = len({e[1] for e in events}) == 1 and all(e[2] for e in events)
+    return max(e[3] for e in events), same
+
+
+def restore_speedup(mb_per_rank: int, tmp: str) -> tuple[float, int]:
+    from s3_server import Proxy, moto_environment
+    from tiers_helpers.job import WORLD, run_job
+
+    wrong = 0
+    with moto_environment() as moto:
+        proxy = Proxy(moto.port, rate_bytes_per_s=150e6)
+        try:
+            env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+            env["AWS_ENDPOINT_URL"] = proxy.endpoint
+            cfg = {
+                "persistent": f"s3://{moto.bucket()}/job", "env": env, "noise": True,
+                "n": mb_per_rank * (1 << 20) // 4, "local_every": 10, "persistent_every": 10,
+            }  # fmt: skip
+            codes, outs = run_job(tmp, [["save", [10]]], cfg, timeout=240)
+            assert codes == [0] * WORLD, [o.get("error") for o in outs]
+            base = tmp + "-base"
+            shutil.copytree(tmp, base)
+            shutil.rmtree(os.path.join(tmp, "node-1"))
+            codes, outs = run_job(tmp, [["restore"]], cfg, timeout=240)
+            assert codes == [0] * WORLD, [o.get("error") for o in outs]
+            tiered, ok = _slowest_restore(outs)
+            wrong += not ok
+            shutil.rmtree(tmp)
+            shutil.copytree(base, tmp)
+            for n in (0, 1):
+                shutil.rmtree(os.path.join(tmp, f"node-{n}"))
+            codes, outs = run_job(tmp, [["restore"]], cfg, timeout=240)
+            assert codes == [0] * WORLD, [o.get("error") for o in outs]
+            persistent, ok = _slowest_restore(outs)
+            wrong += not ok
+        finally:
+            proxy.close()
+    total = WORLD * mb_per_rank
+    print(f"restore of {total} MiB on 4 ranks: one node wiped {tiered:.2f} s, all from the "
+          f"persistent tier (150 MB/s link) {persistent:.2f} s -> speed-up {persistent / tiered:.1f}x")  # fmt: skip
+    return persistent / tiered, wrong
+
+
+def wrong_restores(tmp: str) -> tuple[int, int]:
+    """(wrong restores, restores) over every fault point and damaged tier (tests/tiers has the
+    same scenarios as assertions)."""
+    sys.path.insert(0, str(ROOT / "tests" / "tiers"))
+    from test_tiers_multiprocess import KILLS
+    from tiers_helpers.job import WORLD, run_job
+
+    base = os.path.join(tmp, "base")
+    cfg = lambda d, **kw: {"local_every": 10, "persistent_every": 20, "n": 20000,  # noqa: E731
+                           "persistent": os.path.join(d, "persist"), **kw}  # fmt: skip
+    codes, _ = run_job(base, [["save", [10, 20]]], cfg(base))
+    assert codes == [0] * WORLD
+    wrong = total = 0
+
+    def restore(d: str, expected: int) -> None:
+        nonlocal wrong, total
+        codes, outs = run_job(d, [["restore"]], cfg(d))
+        total += 1
+        if codes != [0] * WORLD:
+            wrong += 1
+            return
+        events = [o["events"][-1] for o in outs]
+        if {e[1] for e in events} != {expected} or not all(e[2] for e in events):
+            wrong += 1
+
+    for i, point in enumerate(FAULT_POINTS):
+        rank, steps, wipe, expected = KILLS[point]
+        d = os.path.join(tmp, f"kill-{i}")
+        shutil.copytree(base, d)
+        fault = f"{point}@{rank}#{steps[-1] if point.startswith('persistent') else 30}"
+        run_job(d, [["save", steps]], cfg(d, fault=fault), timeout=60)
+        for n in wipe:
+            shutil.rmtree(os.path.join(d, f"node-{n}"))
+        restore(d, expected)
+    for name, wipe, corrupt in (("wipe1", [1], False), ("wipe2", [0, 1], False), ("corrupt", [1], True)):
+        d = os.path.join(tmp, name)
+        shutil.copytree(base, d)
+        for n in wipe:
+            shutil.rmtree(os.path.join(d, f"node-{n}"))
+        if corrupt:
+            r = os.path.join(d, "node-0", "rank-00000", "replica-00002")
+            path = os.path.join(r, next(x for x in os.listdir(r) if x.startswith("ckpt-20.data-")))
+            data = bytearray(open(path, "rb").read())
+            data[len(data) // 2] ^= 1
+            open(path, "wb").write(bytes(data))
+        restore(d, 20)
+    print(f"fault scenarios: {total} restores, {wrong} wrong")
+    return wrong, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller state (about a minute)")
+    ap.add_argument("--mb", type=int, default=None, help="state per rank in MiB")
+    args = ap.parse_args()
+    mb = args.mb or (32 if args.quick else 256)
+    with tempfile.TemporaryDirectory() as tmp:
+        ratio = blocking_ratio(mb * 2, os.path.join(tmp, "blocking"))
+        speedup, wrong_speed = restore_speedup(mb, os.path.join(tmp, "restore"))
+        wrong, _ = wrong_restores(os.path.join(tmp, "faults"))
+    print(f"blocking_ratio={ratio:.2f} restore_speedup={speedup:.1f} wrong_restores={wrong + wrong_speed}")
+
+
+if __name__ == "__main__":
+    main()
