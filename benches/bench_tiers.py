@@ -115,6 +115,7 @@ def wrong_restores(tmp: str) -> tuple[int, int]:
     same scenarios as assertions)."""
     sys.path.insert(0, str(ROOT / "tests" / "tiers"))
     from test_tiers_multiprocess import KILLS
+
     from tiers_helpers.job import WORLD, run_job
 
     base = os.path.join(tmp, "base")
@@ -144,7 +145,11 @@ def wrong_restores(tmp: str) -> tuple[int, int]:
         for n in wipe:
             shutil.rmtree(os.path.join(d, f"node-{n}"))
         restore(d, expected)
-    for name, wipe, corrupt in (("wipe1", [1], False), ("wipe2", [0, 1], False), ("corrupt", [1], True)):
+    for name, wipe, corrupt in (
+        ("wipe1", [1], False),
+        ("wipe2", [0, 1], False),
+        ("corrupt", [1], True),
+    ):
         d = os.path.join(tmp, name)
         shutil.copytree(base, d)
         for n in wipe:
@@ -170,7 +175,9 @@ def main() -> None:
         ratio = blocking_ratio(mb * 2, os.path.join(tmp, "blocking"))
         speedup, wrong_speed = restore_speedup(mb, os.path.join(tmp, "restore"))
         wrong, _ = wrong_restores(os.path.join(tmp, "faults"))
-    print(f"blocking_ratio={ratio:.2f} restore_speedup={speedup:.1f} wrong_restores={wrong + wrong_speed}")
+    print(
+        f"blocking_ratio={ratio:.2f} restore_speedup={speedup:.1f} wrong_restores={wrong + wrong_speed}"
+    )
 
 
 if __name__ == "__main__":

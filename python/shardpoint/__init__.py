@@ -194,13 +194,12 @@ __all__ += [
 ]
 # --- end object graph API ---
 
-# --- multi-tier checkpoints (issue 43): local, peer and persistent tiers; docs/TIERS.md ---
-from .tiers import TieredCheckpointManager  # noqa: E402
-
-
 # --- Hugging Face export (issue 18); reading is sp.open(directory), declared above ---
 import os as _os  # noqa: E402
 from typing import Any as _Any  # noqa: E402
+
+# multi-tier checkpoints (issue 43): local, peer and persistent tiers; docs/TIERS.md
+from .tiers import TieredCheckpointManager  # noqa: E402
 
 
 def export_hf(

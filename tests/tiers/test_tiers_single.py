@@ -141,7 +141,9 @@ def test_plan_never_mixes_saves_and_prefers_cheap_tiers():
 
 
 def test_messages_are_checked_as_hostile_input():
-    part = Part(1, 10, "t", [PartFile(".data-00000-of-00001", b"abc", 0), PartFile(".index", b"ix", 0)])
+    part = Part(
+        1, 10, "t", [PartFile(".data-00000-of-00001", b"abc", 0), PartFile(".index", b"ix", 0)]
+    )
     msg = encode_parts([part])
     (got,) = decode_parts(msg, "rank 1")
     assert bytes(got.files[0].data) == b"abc" and got.files[1].suffix == ".index"
@@ -160,7 +162,7 @@ def test_messages_are_checked_as_hostile_input():
 
 def test_fault_point_kills_by_signal_only_where_named(tmp_path):
     code = (
-        "import sys; sys.path[:0] = [%r]\n"
+        f"import sys; sys.path[:0] = [{os.path.dirname(os.path.dirname(sp.__file__))!r}]\n"
         "from shardpoint.tiers.faults import fault_point\n"
         "fault_point('local:after-part', 1, 10)\n"
         "fault_point('commit:after-agree', 0, 10)\n"
@@ -168,7 +170,7 @@ def test_fault_point_kills_by_signal_only_where_named(tmp_path):
         "print('alive')\n"
         "fault_point('commit:after-agree', 1, 10)\n"
         "print('not reached')\n"
-    ) % os.path.dirname(os.path.dirname(sp.__file__))
+    )
     env = dict(os.environ, **{FAULT_ENV: "commit:after-agree@1#10"})
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == -9 and r.stdout == "alive\n"

@@ -142,9 +142,7 @@ def run_job(
             pass
     ctx = _context()
     port = free_port()
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, port, tmp, script, cfg)) for r in range(WORLD)
-    ]
+    procs = [ctx.Process(target=_rank_main, args=(r, port, tmp, script, cfg)) for r in range(WORLD)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -106,6 +106,13 @@ def remove(prefix: PathLike, *, storage_options: StorageOptions = None) -> None:
     _core.remove(_prefix(prefix), storage_options=_storage(storage_options))
 
 
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """crc32c (Castagnoli, the checksum of FORMAT.md) of a bytes-like, continuing ``crc``;
+    computed in the core with the GIL released. For callers that check whole files, such as
+    the tiers' part copies."""
+    return int(_core.crc32c(data, crc))
+
+
 # --- small objects and listings of object stores (the object graph's state object, the CLI) ---
 def read_object(url: str, *, storage_options: StorageOptions = None) -> tuple[bytes, str | None]:
     """A whole (small) object and its etag; ``NotFoundError`` when absent."""

@@ -93,7 +93,9 @@ class TorchGroup(Collective):
         return out
 
 
-def job_groups(process_group: Any, timeout: datetime.timedelta | None) -> tuple[Collective, Collective]:
+def job_groups(
+    process_group: Any, timeout: datetime.timedelta | None
+) -> tuple[Collective, Collective]:
     """Two collectives (local tier, persistent tier) for this job: gloo subgroups of the
     initialized default group, else single-process ones. ``process_group=False`` forces the
     single-process form even inside a job (every rank then works alone)."""

@@ -152,7 +152,9 @@ def committed_copies(local: str, rank: int) -> list[dict[str, Any]]:
                 continue
             if int(record.get("owner", -1)) != owner or not storage.exists(prefix):
                 continue
-            out.append({"owner": owner, "step": step, "token": str(record["token"]), "prefix": prefix})
+            out.append(
+                {"owner": owner, "step": step, "token": str(record["token"]), "prefix": prefix}
+            )
     return out
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import storage
-from ..errors import CheckpointError, InvalidArgumentError, TierError
+from ..errors import InvalidArgumentError, TierError
 from ..storage.async_save import SaveFuture
 from .faults import fault_point
 from .group import job_groups
@@ -199,7 +199,9 @@ class TieredCheckpointManager:
         return self._plan
 
     # -- saving ----------------------------------------------------------------------------------
-    def save(self, step: int, *, force: bool = False, persistent: bool | None = None) -> SaveFuture | None:
+    def save(
+        self, step: int, *, force: bool = False, persistent: bool | None = None
+    ) -> SaveFuture | None:
         """Save ``step`` if it is due (``step % local_every == 0``, or ``force``) and return a
         future of the step once committed in the local tier (replicas included); None if not
         due. Every rank must call it with the same arguments. ``persistent``: also (True) or
@@ -257,7 +259,9 @@ class TieredCheckpointManager:
         outcomes = self._group.all_gather(error)
         failed = [o for o in outcomes if o is not None]
         if failed:
-            raise TierError(f"step {step} was not committed in the local tier: " + "; ".join(failed))
+            raise TierError(
+                f"step {step} was not committed in the local tier: " + "; ".join(failed)
+            )
         assert part is not None
         fault_point("commit:after-agree", rank, step)
         world = self.world_size
@@ -350,7 +354,7 @@ class TieredCheckpointManager:
                 self._plan = plan
                 self._latest = plan.step
                 logger.info("tiers: rank %d restored %s", self.rank, plan.describe())
-                self._drop_newer(plan.step, plan.token)
+                self._drop_newer(plan.step, plan.token or "")
                 return plan.step
             for f in failures:
                 if f is not None:
@@ -374,9 +378,13 @@ class TieredCheckpointManager:
         for src in plan.sources:
             if src.tier == "peer" and src.holder == rank:
                 try:
-                    sends.setdefault(src.owner, []).append(_read_committed(src.path, src.owner, step, token))
+                    sends.setdefault(src.owner, []).append(
+                        _read_committed(src.path, src.owner, step, token)
+                    )
                 except _ERRORS as e:
-                    logger.warning("tiers: %s: cannot send it to rank %d: %s", src.path, src.owner, e)
+                    logger.warning(
+                        "tiers: %s: cannot send it to rank %d: %s", src.path, src.owner, e
+                    )
                     sends.setdefault(src.owner, [])
         sources = [mine.holder] if mine.tier == "peer" and mine.holder is not None else []
         received = self._group.exchange(
@@ -396,16 +404,27 @@ class TieredCheckpointManager:
                 sync_part(part, own)
                 write_record(own + COMMIT_SUFFIX, _record(step, token, rank, self.world_size, part))
         except _ERRORS as e:
-            logger.warning("tiers: rank %d could not restore step %d from %s: %s", rank, step, mine.tier, e)
+            logger.warning(
+                "tiers: rank %d could not restore step %d from %s: %s", rank, step, mine.tier, e
+            )
             return (rank, f"{type(e).__name__}: {e}")
         return None
 
     def _fetch(
-        self, src: PartSource, received: dict[int, Any], step: int, token: str, records: list[dict[str, Any]]
+        self,
+        src: PartSource,
+        received: dict[int, Any],
+        step: int,
+        token: str,
+        records: list[dict[str, Any]],
     ) -> Part:
         if src.tier == "peer":
             assert src.holder is not None
-            parts = [p for p in decode_parts(received[src.holder], f"rank {src.holder}") if p.owner == src.owner]
+            parts = [
+                p
+                for p in decode_parts(received[src.holder], f"rank {src.holder}")
+                if p.owner == src.owner
+            ]
             if len(parts) != 1 or parts[0].step != step or parts[0].token != token:
                 raise TierError(f"rank {src.holder} could not send its replica of step {step}")
             return parts[0]

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _core, storage
+from .. import storage
 from ..errors import ChecksumMismatchError, CorruptCheckpointError
 from ..storage.atomic_files import create_temp, make_dirs
 
@@ -54,7 +54,7 @@ class PartFile:
     crc: int
 
     def check(self, where: str) -> None:
-        got = _core.crc32c(self.data)
+        got = storage.crc32c(self.data)
         if got != self.crc:
             raise ChecksumMismatchError(
                 f"{where}{self.suffix}: crc32c {got:#010x} of the {len(self.data)} bytes "
@@ -107,15 +107,19 @@ def read_part(
     by whoever checks them (:meth:`PartFile.check`)."""
     with storage.open(prefix, verify=True) as r:
         shards = [os.path.basename(os.fspath(p)) for p, _ in r.format_info["shards"]]
-    base = prefix.rstrip("/").rsplit("/", 1)[-1] if storage.is_url(prefix) else os.path.basename(prefix)
+    base = (
+        prefix.rstrip("/").rsplit("/", 1)[-1]
+        if storage.is_url(prefix)
+        else os.path.basename(prefix)
+    )
     part = Part(owner, step, token)
     for name in shards:
         suffix = name[len(base) :] if name.startswith(base) else name
         _check_suffix(suffix, prefix)
         data = _read_whole(prefix + suffix)
-        part.files.append(PartFile(suffix, data, 0 if expect is not None else _core.crc32c(data)))
+        part.files.append(PartFile(suffix, data, 0 if expect is not None else storage.crc32c(data)))
     data = _read_whole(prefix + ".index")
-    part.files.append(PartFile(".index", data, 0 if expect is not None else _core.crc32c(data)))
+    part.files.append(PartFile(".index", data, 0 if expect is not None else storage.crc32c(data)))
     if expect is not None:
         recorded = {str(s): (int(n), int(c)) for s, n, c in expect}
         if sorted(recorded) != sorted(f.suffix for f in part.files):
@@ -162,9 +166,7 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_part(
-    part: Part, prefix: str, *, after_data: object = None, durable: bool = True
-) -> None:
+def write_part(part: Part, prefix: str, *, after_data: object = None, durable: bool = True) -> None:
     """Write ``part``'s files at ``prefix`` (local or URL), every crc checked first, data
     shards before the index: the part is committed when its index appears. ``after_data``
     (a callable) runs between the shards and the index (a fault point). ``durable=False``

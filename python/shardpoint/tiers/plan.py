@@ -52,7 +52,8 @@ class RestorePlan:
         if self.step is None:
             return "nothing to restore in any tier"
         parts = ", ".join(
-            f"rank {s.owner}: {s.tier}" + (f" (from rank {s.holder})" if s.tier in ("node", "peer") else "")
+            f"rank {s.owner}: {s.tier}"
+            + (f" (from rank {s.holder})" if s.tier in ("node", "peer") else "")
             for s in self.sources
         )
         return f"step {self.step}: {parts}"
@@ -93,7 +94,7 @@ def choose_plan(
             slot.setdefault(owner, []).append(
                 PartSource(owner, "persistent", None, persistent_part(step, owner))
             )
-    for (step, token) in sorted(by_step, reverse=True):
+    for step, token in sorted(by_step, reverse=True):
         slot = by_step[(step, token)]
         chosen: list[PartSource] = []
         for owner in range(world):

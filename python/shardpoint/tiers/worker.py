@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent import futures
 from collections.abc import Callable
+from concurrent import futures
 from typing import Any
 
 from ..storage.async_save import SaveFuture
