@@ -125,7 +125,7 @@ pub struct CheckpointWriter {
     keys: Mutex<HashSet<String>>,
     /// For an object-store prefix: where, and the condition of the index PUT (what `P.index`
     /// was when this save started; FORMAT.md §8.2).
-    remote: Option<(RemotePrefix, object_store::PutMode)>,
+    remote: Option<(RemotePrefix, remote_commit::Observed)>,
     /// Cancelled by [`CheckpointWriter::cancel`]: `add`s running on other threads stop at
     /// their next chunk (joined with each call's own token).
     stop: crate::cancel::Token,
@@ -168,7 +168,11 @@ impl CheckpointWriter {
         let mode = if opts.world_size == 1 {
             remote_commit::observe(rp)?
         } else {
-            object_store::PutMode::Overwrite // partial indexes: plain puts
+            // partial indexes: plain puts, nothing observed (the merge observes `P.index`)
+            remote_commit::Observed {
+                mode: object_store::PutMode::Overwrite,
+                replaced: Vec::new(),
+            }
         };
         let token = random_token();
         let global = opts.world_size * opts.shards;
@@ -426,7 +430,7 @@ impl CheckpointWriter {
     fn commit_remote(
         &self,
         rp: &RemotePrefix,
-        mode: object_store::PutMode,
+        mode: remote_commit::Observed,
         sealed: Vec<ShardWriter>,
     ) -> Result<()> {
         let digests = shard_digests(&sealed);
@@ -475,6 +479,7 @@ impl CheckpointWriter {
                     entries,
                     self.opts.chunk_bytes,
                     meta.as_bytes(),
+                    &[],
                 );
             }
             None => build_index(
@@ -492,9 +497,8 @@ impl CheckpointWriter {
         };
         if res.is_err() {
             // Uploaded shards no index will reference.
-            for r in &recs {
-                let _ = rp.store.delete(&rp.key_of(&r.name));
-            }
+            let ours: Vec<String> = recs.iter().map(|r| rp.key_of(&r.name)).collect();
+            let _ = rp.store.delete_many(&ours);
         }
         res
     }

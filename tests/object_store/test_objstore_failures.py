@@ -51,13 +51,17 @@ def _kill_mid_upload(moto: Moto, bucket: str, url: str) -> None:
     assert any(k.endswith(".upload") for k in moto.keys(bucket))
 
 
-def test_killed_writer_next_save_cleans_up(moto, bucket: str) -> None:
+def test_killed_writer_next_save_succeeds_and_gc_cleans_up(moto, bucket: str) -> None:
+    """A save never lists (docs/SCALE.md): the next save succeeds beside the killed writer's
+    leftovers, and `gc` (which lists) aborts its upload and removes its marker."""
     url = f"s3://{bucket}/kill/ckpt"
     sp.save_file({"v": np.arange(8)}, url)
     _kill_mid_upload(moto, bucket, url)
     np.testing.assert_array_equal(sp.load_file(url)["v"], np.arange(8))  # previous intact
-    time.sleep(1.1)  # store timestamps have 1 s granularity: the leftovers must be older
     sp.save_file({"v": np.arange(9)}, url)
+    np.testing.assert_array_equal(sp.load_file(url)["v"], np.arange(9))
+    assert moto.uploads(bucket), "a save aborts nobody else's upload"
+    assert cli(["gc", f"s3://{bucket}/kill", "--older-than", "0"]) == 0
     assert moto.uploads(bucket) == []
     keys = moto.keys(bucket)
     assert not any(k.endswith(".upload") for k in keys), keys

@@ -275,6 +275,56 @@ impl Store {
         .map_err(|e| self.err(key, "get", e))
     }
 
+    /// A future fetching a whole object, for many reads in flight at once (the merge of N
+    /// partial indexes: read one by one, 4,096 of them at 20 ms a request take 80 s).
+    pub fn get_future(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> BoxFuture<'static, Result<(Vec<u8>, ObjectMeta)>> {
+        let me = self.clone();
+        let key = key.to_string();
+        Box::pin(async move {
+            let p = me.obj(&key)?;
+            let inner = me.clients()?.inner.clone();
+            async {
+                let r = inner.get(&p).await?;
+                let meta = r.meta.clone();
+                let b = r.bytes().await?;
+                Ok::<_, object_store::Error>((b.to_vec(), meta))
+            }
+            .await
+            .map_err(|e| me.err(&key, "get", e))
+        })
+    }
+
+    /// Delete many objects (missing ones are not an error) with the store's bulk request
+    /// where it has one (S3's DeleteObjects takes 1,000 keys a request); elsewhere
+    /// object_store sends up to 10 deletes at once. Returns the first error, after trying all.
+    pub fn delete_many(&self, keys: &[String]) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let paths = keys
+            .iter()
+            .map(|k| self.obj(k))
+            .collect::<Result<Vec<_>>>()?;
+        let inner = &self.clients()?.inner;
+        let results: Vec<object_store::Result<ObjPath>> = block_on(
+            inner
+                .delete_stream(futures::stream::iter(paths.into_iter().map(Ok)).boxed())
+                .into_stream()
+                .collect::<Vec<_>>(),
+        );
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.err(&keys[0], "delete", e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Metadata of an object, `None` if it does not exist.
     pub fn head(&self, key: &str) -> Result<Option<ObjectMeta>> {
         let p = self.obj(key)?;

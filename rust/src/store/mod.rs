@@ -28,6 +28,8 @@ mod runtime;
 pub mod upload;
 
 pub use client::Store;
-pub use config::{StoreConfig, COALESCE_GAP, DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE};
+pub use config::{
+    StoreConfig, COALESCE_GAP, DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, MERGE_READS_IN_FLIGHT,
+};
 pub use location::{is_remote_url, parse_dir, Location, RemotePrefix};
 pub(crate) use runtime::{block_on, spawn};

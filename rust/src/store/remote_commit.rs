@@ -6,53 +6,77 @@
 //!    (`If-None-Match: *`) when no checkpoint existed at `P` when the save started, else
 //!    `PutMode::Update` (`If-Match: <etag seen at start>`). Of two concurrent writers of one
 //!    prefix exactly one wins; the other gets a clear error and removes its shards;
-//! 3. cleanup deletes objects of `P` the new index does not reference and that are older than
-//!    the new index (a concurrent save that started after our commit keeps its objects), and
-//!    aborts multipart uploads left by killed writers.
+//! 3. after the commit, the shards of the checkpoint it replaced (read from the index seen at
+//!    the start, the exact version the condition replaced) and the consumed partial indexes
+//!    are deleted in one bulk request. A save never LISTs nor HEADs (docs/SCALE.md: 512 ranks
+//!    listing one prefix got 503s); the leftovers of killed writers (their multipart uploads,
+//!    shards and partial indexes no index references) are `gc`'s work ([`gc`]), which lists.
 
 use super::upload::UPLOAD_MARKER;
 use super::{block_on, RemotePrefix, Store};
 use crate::error::{Error, Result};
-use crate::index::{build_index, EntryMeta, ShardRec};
+use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
 use crate::naming::{DATA_MARK, PARTIAL_MARK};
 use object_store::{ObjectMeta, PutMode, UpdateVersion};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-/// What a save saw at `P.index` when it started: the condition of its commit.
-pub fn observe(prefix: &RemotePrefix) -> Result<PutMode> {
-    Ok(match prefix.store.head(&prefix.key_of(".index"))? {
-        None => PutMode::Create,
-        Some(m) => PutMode::Update(UpdateVersion {
-            e_tag: m.e_tag,
-            version: m.version,
+/// What a save saw at `P.index` when it started: the condition of its commit and the shards
+/// its commit replaces.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The condition of the commit's PUT.
+    pub mode: PutMode,
+    /// Shard names (suffixes) of the checkpoint at `P` when the save started.
+    pub replaced: Vec<String>,
+}
+
+/// Read `P.index` once (one GET, no HEAD): its version conditions the commit and its shard
+/// list says what the commit replaces. An unreadable index is replaced without deleting
+/// anything (`gc` finds its shards later).
+pub fn observe(prefix: &RemotePrefix) -> Result<Observed> {
+    let key = prefix.key_of(".index");
+    let (bytes, meta) = match prefix.store.get(&key) {
+        Ok(got) => got,
+        Err(Error::NotFound { .. }) => {
+            return Ok(Observed {
+                mode: PutMode::Create,
+                replaced: Vec::new(),
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let replaced = match IndexView::open(bytes, &prefix.url_of(".index")) {
+        Ok(v) => v.shards().iter().map(|s| s.name.clone()).collect(),
+        Err(_) => Vec::new(),
+    };
+    Ok(Observed {
+        mode: PutMode::Update(UpdateVersion {
+            e_tag: meta.e_tag,
+            version: meta.version,
         }),
+        replaced,
     })
 }
 
-/// Build and conditionally put `P.index`, then clean up. On a lost race the shards of this
-/// save are deleted and the error names the URL.
+/// Build and conditionally put `P.index`, then delete the shards it replaced and the
+/// `consumed` objects (suffixes: a merge's partial indexes) in one bulk delete. On a lost race
+/// the shards of this save are deleted and the error names the URL.
 pub fn commit_index(
     prefix: &RemotePrefix,
-    mode: PutMode,
+    seen: Observed,
     shards: &[ShardRec],
     entries: Vec<EntryMeta>,
     chunk_bytes: u32,
     meta: &[u8],
+    consumed: &[String],
 ) -> Result<()> {
     let bytes = build_index(shards, entries, chunk_bytes, meta)?;
     let key = prefix.key_of(".index");
-    // The shards of the checkpoint this commit replaces are garbage once it succeeds (the
-    // condition guarantees it replaces exactly that version), whatever their timestamps.
-    let replaced = match &mode {
-        PutMode::Update(_) => previous_shards(prefix),
-        _ => Vec::new(),
-    };
-    if let Err(e) = prefix.store.put(&key, bytes, mode) {
+    if let Err(e) = prefix.store.put(&key, bytes, seen.mode) {
         if let Error::Io { source, .. } = &e {
             if source.kind() == std::io::ErrorKind::AlreadyExists {
-                for s in shards {
-                    let _ = prefix.store.delete(&prefix.key_of(&s.name));
-                }
+                let ours: Vec<String> = shards.iter().map(|s| prefix.key_of(&s.name)).collect();
+                let _ = prefix.store.delete_many(&ours);
                 return Err(Error::Io {
                     path: prefix.url_of(".index"),
                     op: "commit",
@@ -66,24 +90,18 @@ pub fn commit_index(
         }
         return Err(e);
     }
-    let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
-    for name in replaced.iter().filter(|n| !keep.contains(*n)) {
-        let _ = prefix.store.delete(&prefix.key_of(name));
-    }
-    cleanup(prefix, &keep);
+    // The replaced shards are garbage now (the condition guarantees the commit replaced
+    // exactly the version they belong to); best effort: `gc` finds what a failure leaves.
+    let keep: HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
+    let garbage: Vec<String> = seen
+        .replaced
+        .iter()
+        .filter(|n| !keep.contains(n.as_str()))
+        .chain(consumed.iter())
+        .map(|n| prefix.key_of(n))
+        .collect();
+    let _ = prefix.store.delete_many(&garbage);
     Ok(())
-}
-
-/// Shard names of the checkpoint currently at `P` (empty if unreadable: cleanup is best
-/// effort and the time rule still applies).
-fn previous_shards(prefix: &RemotePrefix) -> Vec<String> {
-    let Ok((bytes, _)) = prefix.store.get(&prefix.key_of(".index")) else {
-        return Vec::new();
-    };
-    match crate::index::IndexView::open(bytes, &prefix.url_of(".index")) {
-        Ok(v) => v.shards().iter().map(|s| s.name.clone()).collect(),
-        Err(_) => Vec::new(),
-    }
 }
 
 /// Objects of `P` with their suffixes, and `P.index`'s metadata.
@@ -107,24 +125,6 @@ fn owned(prefix: &RemotePrefix) -> Result<Owned> {
         }
     }
     Ok((out, index))
-}
-
-/// After a commit: delete unreferenced objects of `P` older than the index, aborting the
-/// uploads their markers name. Best effort: a committed save never fails here.
-pub fn cleanup(prefix: &RemotePrefix, keep: &HashSet<String>) {
-    let Ok((objs, Some(index))) = owned(prefix) else {
-        return;
-    };
-    let stale: Vec<&(String, ObjectMeta)> = objs
-        .iter()
-        .filter(|(name, m)| !keep.contains(name) && m.last_modified < index.last_modified)
-        .collect();
-    abort_stale_uploads(&prefix.store, stale.iter().map(|(_, m)| m));
-    for (name, _) in stale {
-        if !name.ends_with(UPLOAD_MARKER) {
-            let _ = prefix.store.delete(&prefix.key_of(name));
-        }
-    }
 }
 
 /// For each upload marker among `objects`: abort the multipart upload it names and delete it.
@@ -183,17 +183,56 @@ pub fn remove(prefix: &RemotePrefix) -> Result<()> {
     Ok(())
 }
 
-/// `shardpoint gc`: under key prefix `dir` of `store`, abort the multipart uploads of writers
-/// that died (upload markers older than `older_than_s` seconds) and delete their markers.
-/// Returns the number of uploads aborted.
+/// `shardpoint gc`: under key prefix `dir` of `store`, clear what killed or failed writers
+/// left, when older than `older_than_s` seconds: abort the multipart uploads their markers
+/// name (and delete the markers), and delete shards and partial indexes that no committed
+/// index references (a checkpoint's own shards are never touched). One listing of `dir`, one
+/// GET per index found, bulk deletes. Returns the number of uploads aborted plus objects
+/// deleted.
 pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
     let now = std::time::SystemTime::now();
     let objs = store.list(dir)?;
-    let old = objs.iter().filter(|m| {
+    let is_old = |m: &ObjectMeta| {
         let t: std::time::SystemTime = m.last_modified.into();
         now.duration_since(t)
             .map(|d| d.as_secs_f64() >= older_than_s)
             .unwrap_or(older_than_s <= 0.0)
-    });
-    Ok(abort_stale_uploads(store, old))
+    };
+    let aborted = abort_stale_uploads(store, objs.iter().filter(|m| is_old(m)));
+    // Checkpoint prefixes with a committed index, and the shards each references.
+    let mut referenced: HashMap<String, Option<HashSet<String>>> = HashMap::new();
+    for m in &objs {
+        let key = m.location.to_string();
+        if let Some(p) = key.strip_suffix(".index") {
+            let names = store.get(&key).ok().and_then(|(bytes, _)| {
+                IndexView::open(bytes, &store.url_path(&key))
+                    .ok()
+                    .map(|v| v.shards().iter().map(|s| s.name.clone()).collect())
+            });
+            referenced.insert(p.to_string(), names);
+        }
+    }
+    let mut garbage = Vec::new();
+    for m in objs.iter().filter(|m| is_old(m)) {
+        let key = m.location.to_string();
+        if key.ends_with(UPLOAD_MARKER) {
+            continue; // handled above (kept when its upload could not be aborted)
+        }
+        let (p, suffix) = match (key.rfind(DATA_MARK), key.rfind(PARTIAL_MARK)) {
+            (Some(i), _) | (None, Some(i)) => (&key[..i], &key[i..]),
+            _ => continue,
+        };
+        let orphan = match referenced.get(p) {
+            // an unreadable index: leave its prefix alone
+            Some(None) => false,
+            Some(Some(names)) => suffix.starts_with(PARTIAL_MARK) || !names.contains(suffix),
+            None => true,
+        };
+        if orphan {
+            garbage.push(key);
+        }
+    }
+    let n = garbage.len();
+    store.delete_many(&garbage)?;
+    Ok(aborted + n)
 }
