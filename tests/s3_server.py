@@ -53,8 +53,35 @@ class Moto:
         return [u["Key"] for u in self.s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
+def request_kind(method: str, path: str) -> str:
+    """The S3 operation of a request, from its method and query: ``PUT``, ``GET``, ``HEAD``,
+    ``LIST`` (objects or multipart uploads), ``DELETE``, ``BULK_DELETE`` (DeleteObjects),
+    ``MP_CREATE``, ``MP_PART``, ``MP_COMPLETE``, ``MP_ABORT``."""
+    query = path.partition("?")[2]
+    args = {a.partition("=")[0] for a in query.split("&") if a}
+    if method == "HEAD":
+        return "HEAD"
+    if method == "GET":
+        bucket_level = path.partition("?")[0].strip("/").count("/") == 0
+        return "LIST" if "uploads" in args or "list-type" in args or bucket_level else "GET"
+    if method == "PUT":
+        return "MP_PART" if "partNumber" in args else "PUT"
+    if method == "POST":
+        if "uploads" in args:
+            return "MP_CREATE"
+        if "delete" in args:
+            return "BULK_DELETE"
+        return "MP_COMPLETE" if "uploadId" in args else "POST"
+    if method == "DELETE":
+        return "MP_ABORT" if "uploadId" in args else "DELETE"
+    return method
+
+
 class Proxy:
-    """HTTP forwarder in front of moto (``rate_bytes_per_s``: a rate-limited link): counts requests; `fail_next(n, mode)` makes the next n
+    """HTTP forwarder in front of moto: counts requests (`counts()`: by S3 operation, see
+    `request_kind`); `latency` seconds are added to every request (a far-away store);
+    ``rate_bytes_per_s``: a rate-limited link shared by every connection;
+    `fail_next(n, mode)` makes the next n
     requests fail with a 503 ("503"), a 403 that is not retried ("403") or a dropped connection
     ("drop"), `fail_after(n, mode)` the one after the next n; `flip_ranged_get(n, bit)`
     flips one bit of the n-th ranged GET's response body (bytes damaged in transit)."""
@@ -73,6 +100,10 @@ class Proxy:
         self.ranged_gets = 0
         self.flipped: list[tuple[str, str, int]] = []
         self.lock = threading.Lock()
+        self.latency = 0.0
+        # requests being answered now, and the most at once since the last reset
+        self.inflight = 0
+        self.max_inflight = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +119,18 @@ class Proxy:
                 with proxy.lock:
                     proxy.log.append((self.command, self.path, self.headers.get("Range")))
                     mode = proxy.fail.pop(0) if proxy.fail else None
+                    latency = proxy.latency
+                    proxy.inflight += 1
+                    proxy.max_inflight = max(proxy.max_inflight, proxy.inflight)
+                try:
+                    if latency:
+                        time.sleep(latency)
+                    self._answer(mode, body)
+                finally:
+                    with proxy.lock:
+                        proxy.inflight -= 1
+
+            def _answer(self, mode: str | None, body: bytes | None) -> None:
                 if mode == "403":  # not retried: the request fails for good
                     msg = b"<Error><Code>AccessDenied</Code></Error>"
                     self.send_response(403)
@@ -158,6 +201,7 @@ class Proxy:
     def reset(self) -> None:
         with self.lock:
             self.log.clear()
+            self.max_inflight = self.inflight
             self.ranged_gets = 0
             self.flipped.clear()
 
@@ -172,6 +216,14 @@ class Proxy:
     def requests(self, method: str | None = None) -> list[tuple[str, str, str | None]]:
         with self.lock:
             return [r for r in self.log if method is None or r[0] == method]
+
+    def counts(self) -> dict[str, int]:
+        """Requests since the last reset, by S3 operation (`request_kind`)."""
+        out: dict[str, int] = {}
+        for method, path, _ in self.requests():
+            k = request_kind(method, path)
+            out[k] = out.get(k, 0) + 1
+        return out
 
     def fail_next(self, n: int, mode: str) -> None:
         with self.lock:

@@ -1,0 +1,126 @@
+"""Thousands of ranks on one machine (docs/SCALE.md): N simulated ranks (threads, tiny payloads)
+save one checkpoint through the code a real rank calls, and the coordinator's side is measured.
+The harness itself is tests/scale_harness.py (the tests run it at N = 64).
+
+    python benches/bench_scale.py                        # local dir, writer + DCP, N = 512..4096
+    python benches/bench_scale.py --store s3 --latency 0.02 --paths writer --ns 192 4096
+
+Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish),
+the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
+and results, pickled as DCP sends them), requests per rank and per commit by S3 operation
+(``--store s3``: moto behind the counting proxy of tests/s3_server.py, ``--latency`` seconds
+added per request), objects per rank. ``--dcp-max`` caps N for DCP's own planner (its global
+step grows faster than linearly; see docs/SCALE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import scale_harness as h  # noqa: E402
+
+
+def _row(run: h.SaveRun) -> str:
+    steps = " ".join(f"{k}={v:.3f}" for k, v in run.steps.items())
+    return (
+        f"{run.path:6s} N={run.n:5d} coord_cpu={run.coordinator_cpu_s:7.3f}s "
+        f"commit_wall={run.commit_wall_s:7.3f}s save_wall={run.save_wall_s:7.2f}s "
+        f"to_coord={run.bytes_to_coordinator:7.0f}B from_coord={run.bytes_from_coordinator:7.0f}B "
+        f"objects/rank={run.objects_per_rank:.3f} rank_req={run.rank_requests} "
+        f"commit_req={run.commit_requests} [{steps}]"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ns", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    ap.add_argument("--paths", nargs="+", default=["writer", "dcp"], choices=["writer", "dcp"])
+    ap.add_argument("--store", choices=["local", "s3"], default="local")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds added per S3 request")
+    ap.add_argument("--tensors", type=int, default=100, help="tensors per rank")
+    ap.add_argument("--dcp-max", type=int, default=4096, help="largest N for the DCP path")
+    ap.add_argument("--json", help="write the runs here as JSON")
+    args = ap.parse_args()
+
+    runs: list[h.SaveRun] = []
+    tmp = tempfile.mkdtemp(prefix="bench_scale-")
+    moto = proxy = None
+    opts = None
+    env = None
+    try:
+        if args.store == "s3":
+            from s3_server import Proxy, moto_environment, opts_for
+
+            env = moto_environment()
+            moto = env.__enter__()
+            proxy = Proxy(moto.port)
+            opts = opts_for(proxy)
+        for n in args.ns:
+            for path in args.paths:
+                if path == "dcp" and n > args.dcp_max:
+                    continue
+                if args.store == "s3":
+                    assert moto is not None and proxy is not None
+                    prefix = f"s3://{moto.bucket()}/{path}/ckpt"
+                    proxy.latency = 0.0
+                else:
+                    d = os.path.join(tmp, f"{path}-{n}")
+                    os.makedirs(d)
+                    prefix = os.path.join(d, "ckpt")
+                if proxy is not None:
+                    # latency on the coordinator's commit only: N ranks' PUTs at 20 ms each
+                    # through 8 threads would measure the harness, not the commit
+                    proxy.latency = 0.0
+                fn = h.writer_save if path == "writer" else h.dcp_save
+                if proxy is not None and args.latency:
+                    run = _with_commit_latency(fn, prefix, n, args, proxy, moto, opts)
+                else:
+                    run = fn(
+                        prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts
+                    )
+                runs.append(run)
+                print(_row(run), flush=True)
+                if args.store == "local":
+                    shutil.rmtree(os.path.dirname(prefix))
+    finally:
+        if proxy is not None:
+            proxy.close()
+        if env is not None:
+            env.__exit__(None, None, None)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+
+
+def _with_commit_latency(fn, prefix, n, args, proxy, moto, opts):  # type: ignore[no-untyped-def]
+    """Run ``fn`` with ``args.latency`` added to the coordinator's requests only: the proxy's
+    latency is switched on by the harness's reset before the commit."""
+    orig_reset = proxy.reset
+    calls = {"n": 0}
+
+    def reset() -> None:
+        orig_reset()
+        calls["n"] += 1
+        # writer_save resets before the ranks and before the merge; dcp_save the same
+        proxy.latency = args.latency if calls["n"] >= 2 else 0.0
+
+    proxy.reset = reset
+    try:
+        return fn(prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts)
+    finally:
+        proxy.reset = orig_reset
+        proxy.latency = 0.0
+
+
+if __name__ == "__main__":
+    main()

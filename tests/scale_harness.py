@@ -1,0 +1,267 @@
+"""The scale harness (docs/SCALE.md): N simulated ranks save one checkpoint through exactly the
+code a real rank calls, and the coordinator's side is measured.
+
+Ranks are threads (a tiny payload each: ``tensors`` float32 vectors of ``elems`` values), so
+thousands of them fit on one machine. Two paths:
+
+- ``writer``: each rank runs ``sp.Writer(prefix, rank=r, world_size=N)`` + ``add`` + ``commit``
+  (its shard and partial index), then the coordinator runs ``sp.merge``;
+- ``dcp``: each rank's ``SavePlan`` is the one DCP's planners produce for a row-sharded tensor
+  (one ``WriteItem`` of type SHARD per tensor, offsets ``r * rows``); the coordinator runs
+  DCP's ``DefaultSavePlanner.create_global_plan`` over the N plans and our
+  ``StorageWriter.prepare_global_plan``; each rank runs our ``StorageWriter.write_data``; the
+  coordinator runs ``StorageWriter.finish`` (metadata entry + merge). Plans and results are
+  pickled as DCP's gather/scatter would send them, for the bytes per rank.
+
+Requests are counted by a counting proxy in front of a moto S3 server (tests/s3_server.py) when
+``proxy`` is given; ``latency`` seconds are added per request there. Coordinator CPU is
+``time.process_time`` around the coordinator's calls: meaningful against a local directory
+(against moto, the server runs in this process and its CPU is counted too).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import shardpoint as sp
+
+#: threads running the simulated ranks
+RANK_THREADS = 8
+
+
+@dataclass
+class SaveRun:
+    """What one simulated save measured."""
+
+    path: str
+    n: int
+    coordinator_cpu_s: float
+    commit_wall_s: float
+    save_wall_s: float
+    #: requests of the ranks' phase, divided by N, by S3 operation (empty against a directory)
+    rank_requests: dict[str, float] = field(default_factory=dict)
+    #: requests of the coordinator's commit, by S3 operation
+    commit_requests: dict[str, int] = field(default_factory=dict)
+    #: objects (or files) the checkpoint left per rank
+    objects_per_rank: float = 0.0
+    #: bytes each rank sends to / receives from the coordinator (DCP: pickled plans, results)
+    bytes_to_coordinator: float = 0.0
+    bytes_from_coordinator: float = 0.0
+    #: coordinator CPU split by step, for the report
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+def _tensors(rank: int, tensors: int, elems: int) -> dict[str, np.ndarray]:
+    return {
+        f"r{rank:05d}/t{i:03d}": np.full(elems, rank * 1000 + i, dtype=np.float32)
+        for i in range(tensors)
+    }
+
+
+def _per_rank(counts: dict[str, int], n: int) -> dict[str, float]:
+    return {k: v / n for k, v in sorted(counts.items())}
+
+
+def _count_objects(prefix: str, proxy: Any, moto: Any) -> int:
+    if not prefix.startswith("s3://"):
+        d, base = os.path.split(prefix)
+        return sum(1 for f in os.listdir(d) if f.startswith(base))
+    if moto is None:
+        return 0
+    bucket, _, key = prefix.removeprefix("s3://").partition("/")
+    return sum(1 for k in moto.keys(bucket) if k.startswith(key))
+
+
+def _in_ranks(n: int, fn: Callable[[int], Any]) -> list[Any]:
+    with ThreadPoolExecutor(min(RANK_THREADS, n)) as pool:
+        return list(pool.map(fn, range(n)))
+
+
+def writer_save(
+    prefix: str,
+    n: int,
+    *,
+    tensors: int = 100,
+    elems: int = 4,
+    proxy: Any = None,
+    moto: Any = None,
+    options: dict[str, str] | None = None,
+    token: str = "s",
+) -> SaveRun:
+    """N ranks through ``sp.Writer(rank=, world_size=)``, then ``sp.merge`` on the coordinator."""
+
+    def rank_save(r: int) -> None:
+        with sp.Writer(
+            prefix,
+            rank=r,
+            world_size=n,
+            compression="none",
+            merge_token=token,
+            storage_options=options,
+        ) as w:
+            for k, v in _tensors(r, tensors, elems).items():
+                w.add(k, v)
+
+    t0 = time.perf_counter()
+    if proxy is not None:
+        proxy.reset()
+    _in_ranks(n, rank_save)
+    rank_counts = proxy.counts() if proxy is not None else {}
+    if proxy is not None:
+        proxy.reset()
+    c0, w0 = time.process_time(), time.perf_counter()
+    sp.merge(prefix, n, token=token, storage_options=options)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    return SaveRun(
+        path="writer",
+        n=n,
+        coordinator_cpu_s=cpu,
+        commit_wall_s=wall,
+        save_wall_s=time.perf_counter() - t0,
+        rank_requests=_per_rank(rank_counts, n),
+        commit_requests=proxy.counts() if proxy is not None else {},
+        objects_per_rank=_count_objects(prefix, proxy, moto) / n,
+        steps={"merge": cpu},
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# DCP
+# --------------------------------------------------------------------------------------------
+
+
+def dcp_rank_plans(n: int, tensors: int, rows: int, cols: int) -> list[Any]:
+    """The SavePlans DCP's planner makes for N ranks each holding rows ``[r*rows, (r+1)*rows)``
+    of ``tensors`` row-sharded float32 tensors of shape ``(n*rows, cols)`` (FSDP's layout):
+    the WriteItems ``_create_write_items_for_dtensor`` builds for such shards."""
+    import torch
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    props = TensorProperties(dtype=torch.float32)
+    size = torch.Size([n * rows, cols])
+    plans = []
+    for r in range(n):
+        offsets = torch.Size([r * rows, 0])
+        items = [
+            WriteItem(
+                index=MetadataIndex(f"t{i:03d}", offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([rows, cols])),
+                    properties=props,
+                    size=size,
+                ),
+            )
+            for i in range(tensors)
+        ]
+        plans.append(SavePlan(items, planner_data={}))
+    return plans
+
+
+class _Shards:
+    """The rank side's data source: what ``planner.resolve_data`` hands ``write_data``."""
+
+    def __init__(self, rank: int, rows: int, cols: int) -> None:
+        import torch
+
+        self.value = torch.full((rows, cols), float(rank))
+
+    def resolve_data(self, item: Any) -> Any:
+        return self.value
+
+
+def dcp_save(
+    prefix: str,
+    n: int,
+    *,
+    tensors: int = 100,
+    rows: int = 1,
+    cols: int = 4,
+    planner: Any = None,
+    plans: list[Any] | None = None,
+    proxy: Any = None,
+    moto: Any = None,
+    options: dict[str, str] | None = None,
+) -> SaveRun:
+    """One DCP save of N simulated ranks: DCP's global planning (``planner``, default a fresh
+    ``DefaultSavePlanner``; pass the same one twice to measure its plan cache), our
+    StorageWriter's ``prepare_global_plan`` / ``write_data`` / ``finish``."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from shardpoint.torch.dcp import StorageWriter
+
+    plans = plans if plans is not None else dcp_rank_plans(n, tensors, rows, cols)
+    if planner is None:
+        planner = DefaultSavePlanner()
+        planner.set_up_planner({}, None, True)
+    coord = StorageWriter(prefix, compression="none", threads=1, storage_options=options)
+    coord.set_up_storage_writer(True, rank=0)
+    t0 = time.perf_counter()
+    sent = sum(len(pickle.dumps(p)) for p in plans)  # DCP gathers these on the coordinator
+    c0 = time.process_time()
+    global_plans, metadata = planner.create_global_plan(plans)
+    c1 = time.process_time()
+    global_plans = coord.prepare_global_plan(global_plans)
+    c2 = time.process_time()
+    received = sum(len(pickle.dumps(p)) for p in global_plans)  # scattered back
+    if proxy is not None:
+        proxy.reset()
+
+    def rank_write(r: int) -> list[Any]:
+        w = StorageWriter(prefix, compression="none", threads=1, storage_options=options)
+        w.set_up_storage_writer(r == 0, rank=r)
+        plan = global_plans[r]
+        if not plan.items and getattr(plan, "usable", True) is False:
+            plan = global_plans[r]  # a cached plan: DCP reuses the rank's previous final plan
+        return list(w.write_data(plan, _Shards(r, rows, cols)).value())  # type: ignore[arg-type]
+
+    results = _in_ranks(n, rank_write)
+    sent += sum(len(pickle.dumps(r)) for r in results)  # gathered for finish
+    rank_counts = proxy.counts() if proxy is not None else {}
+    if proxy is not None:
+        proxy.reset()
+    c3, w0 = time.process_time(), time.perf_counter()
+    coord.finish(metadata, results)
+    c4, wall = time.process_time(), time.perf_counter() - w0
+    return SaveRun(
+        path="dcp",
+        n=n,
+        coordinator_cpu_s=(c2 - c0) + (c4 - c3),
+        commit_wall_s=wall,
+        save_wall_s=time.perf_counter() - t0,
+        rank_requests=_per_rank(rank_counts, n),
+        commit_requests=proxy.counts() if proxy is not None else {},
+        objects_per_rank=_count_objects(prefix, proxy, moto) / n,
+        bytes_to_coordinator=sent / n,
+        bytes_from_coordinator=received / n,
+        steps={"global_plan": c1 - c0, "prepare_global_plan": c2 - c1, "finish": c4 - c3},
+    )
+
+
+def check_writer_checkpoint(
+    prefix: str, n: int, tensors: int, elems: int, options: dict[str, str] | None = None
+) -> None:
+    """Every value of a ``writer_save`` checkpoint is there and bit-exact."""
+    got = sp.load_file(prefix, storage_options=options)
+    assert len(got) == n * tensors, (len(got), n * tensors)
+    for r in range(n):
+        for k, v in _tensors(r, tensors, elems).items():
+            np.testing.assert_array_equal(got[k], v)
