@@ -59,7 +59,11 @@ def main() -> None:
     env = None
     try:
         if args.store == "s3":
+            import logging
+
             from s3_server import Proxy, moto_environment, opts_for
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request
 
             env = moto_environment()
             moto = env.__enter__()
@@ -85,9 +89,7 @@ def main() -> None:
                 if proxy is not None and args.latency:
                     run = _with_commit_latency(fn, prefix, n, args, proxy, moto, opts)
                 else:
-                    run = fn(
-                        prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts
-                    )
+                    run = fn(prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts)
                 runs.append(run)
                 print(_row(run), flush=True)
                 if args.store == "local":

@@ -179,7 +179,12 @@ class Proxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # many clients connect at once (a merge reads 64 objects in flight): the default
+            # backlog of 5 drops their SYNs and the kernel retries them a second later
+            request_queue_size = 1024
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"

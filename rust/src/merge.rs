@@ -125,11 +125,11 @@ pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&s
     // (spawned, so they progress while this thread validates the ones already here) and
     // consumed in rank order: the merge's wall time is about N / MERGE_READS_IN_FLIGHT
     // round trips instead of N, and at most that many partials are held in memory unread.
+    // (`map` is lazy: `buffered` spawns a read only when one of the 64 slots is free.)
     let mut reads = futures::stream::iter(
         suffixes
             .iter()
-            .map(|s| spawn(rp.store.get_future(&rp.key_of(s))))
-            .collect::<Vec<_>>(),
+            .map(|s| spawn(rp.store.get_future(&rp.key_of(s)))),
     )
     .buffered(MERGE_READS_IN_FLIGHT);
     let m = merge_partials(world_size, token, |rank| {
