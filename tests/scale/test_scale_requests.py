@@ -12,9 +12,8 @@ pytest.importorskip("moto.server", reason="needs moto[server] (requirements-dev)
 pytest.importorskip("boto3", reason="needs boto3 (requirements-dev)")
 
 import scale_harness as h  # noqa: E402 - after the importorskips
-from s3_server import Moto, Proxy, moto_environment, opts_for  # noqa: E402
-
 import shardpoint as sp  # noqa: E402
+from s3_server import Moto, Proxy, moto_environment, opts_for  # noqa: E402
 from shardpoint.errors import NotFoundError  # noqa: E402
 
 N = 64
