@@ -31,6 +31,7 @@ from .errors import (
     SignatureMissingError,
     TierError,
     UnregisteredTypeError,
+    UnregisteredTypeWarning,
     UnsupportedDTypeError,
     UnsupportedFormatError,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "SignatureError",
     "SignatureMissingError",
     "UnregisteredTypeError",
+    "UnregisteredTypeWarning",
     "UnsupportedDTypeError",
     "UnsupportedFormatError",
     "EntryInfo",

@@ -15,6 +15,7 @@ __all__ = [
     "CorruptCheckpointError",
     "ChecksumMismatchError",
     "UnsupportedFormatError",
+    "UnregisteredTypeWarning",
     "MissingKeyError",
     "DuplicateKeyError",
     "UnsupportedDTypeError",
@@ -97,6 +98,12 @@ class UnregisteredTypeError(UnsupportedDTypeError):
     """A checkpoint holds an object of a type that is not on the allow-list: it is not built
     (``shardpoint.register_type`` / ``add_safe_types`` allow it; nothing is ever imported
     because a file names it)."""
+
+
+class UnregisteredTypeWarning(UserWarning):
+    """A save stored an object of a type that no load builds until it is allowed
+    (``shardpoint.add_safe_types`` or ``torch.serialization.add_safe_globals``): warned once
+    per type per process, at save time rather than at resume time."""
 
 
 class InvalidKeyError(CheckpointError, TypeError):

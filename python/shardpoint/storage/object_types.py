@@ -11,13 +11,16 @@ import dataclasses
 import enum
 import importlib
 import os
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import (
     InvalidArgumentError,
+    UnregisteredTypeWarning,
 )
 
 __all__ = [
@@ -27,6 +30,9 @@ __all__ = [
     "registered_types",
     "register_tag",
     "declare_tags",
+    "allowed_type_named",
+    "allowed_class_named",
+    "warn_if_not_loadable",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -87,6 +93,17 @@ def _is_namedtuple_class(cls: type) -> bool:
     return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
 
 
+def _field_tag(cls: type) -> str | None:
+    """The user tag of a class described by its fields or members, without functions."""
+    if dataclasses.is_dataclass(cls):
+        return "dataclass"
+    if issubclass(cls, enum.Enum):
+        return "enum"
+    if _is_namedtuple_class(cls):
+        return "namedtuple"
+    return None
+
+
 def register_type(
     cls: type,
     *,
@@ -108,15 +125,8 @@ def register_type(
         raise InvalidArgumentError(f"register_type expects a class, got {cls!r}")
     if (encode is None) != (decode is None):
         raise InvalidArgumentError(f"{cls.__qualname__}: give both encode= and decode=, or neither")
-    if encode is not None:
-        tag = "object"
-    elif dataclasses.is_dataclass(cls):
-        tag = "dataclass"
-    elif issubclass(cls, enum.Enum):
-        tag = "enum"
-    elif _is_namedtuple_class(cls):
-        tag = "namedtuple"
-    else:
+    tag = "object" if encode is not None else _field_tag(cls)
+    if tag is None:
         raise InvalidArgumentError(
             f"{cls.__qualname__} is not a dataclass, Enum or named tuple: give "
             "encode=(obj -> storable state) and decode=(state -> obj)"
@@ -175,6 +185,82 @@ def registered_types() -> dict[str, type]:
     """The allow-list: registered name -> class."""
     with _LOCK:
         return {name: e.cls for name, e in _USER_BY_NAME.items()}
+
+
+def _torch_allowed() -> dict[str, type]:
+    """The classes the user allowed for ``torch.load(weights_only=True)``
+    (``torch.serialization.add_safe_globals`` or its ``safe_globals`` context), by the name
+    a file records them under. Read at each use, so torch's scoped context is honoured; only
+    when torch is imported already: allowing a type for torch means torch is in use, and
+    importing torch to find out would cost a second or more of every load."""
+    ser = sys.modules.get("torch.serialization")
+    get = getattr(ser, "get_safe_globals", None)
+    if get is None:
+        return {}
+    try:
+        items = list(get())
+    except Exception:  # a torch without the list, or one changed under us: nothing allowed
+        return {}
+    out: dict[str, type] = {}
+    for item in items:
+        # an entry is a class, or (class, "module.Name") naming where a file finds it
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], type):
+            cls, name = item
+            if isinstance(name, str):
+                out[name] = cls
+            out.setdefault(_default_name(cls), cls)
+        elif isinstance(item, type):
+            out.setdefault(_default_name(item), item)
+    return out
+
+
+def allowed_type_named(name: str) -> _UserType | None:
+    """The allow-list entry a load builds ``name`` with: a registered type, else a
+    dataclass, Enum or named tuple allowed for torch's loads (our allow-list is the user's
+    allow-list, however they gave it); ``None`` when neither."""
+    entry = _USER_BY_NAME.get(name)
+    if entry is not None:
+        return entry
+    cls = _torch_allowed().get(name)
+    tag = None if cls is None else _field_tag(cls)
+    return None if cls is None or tag is None else _UserType(cls, name, tag)
+
+
+def allowed_class_named(name: str) -> type | None:
+    """A class a ``type`` node may name: registered, or allowed for torch's loads."""
+    entry = _USER_BY_NAME.get(name)
+    return entry.cls if entry is not None else _torch_allowed().get(name)
+
+
+_WARNED: set[type] = set()
+
+
+def warn_if_not_loadable(cls: type) -> None:
+    """Warn once per class per process when a save stores an instance of ``cls`` that no load
+    builds without the user allowing it first: better said at save time than found at resume
+    time, in another process, hours later."""
+    if cls in _USER_BY_CLASS or cls in _WARNED:
+        return
+    if cls in _torch_allowed().values():
+        return
+    with _LOCK:
+        if cls in _WARNED:
+            return
+        _WARNED.add(cls)
+    what = cls.__qualname__
+    # point at the user's save call, however deep inside shardpoint the object was met
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"shardpoint: saved an object of type {_default_name(cls)}, which is not on the "
+        f"allow-list: a load will refuse to build it (UnregisteredTypeError) until the loading "
+        f"process calls shardpoint.add_safe_types([{what}]) (or "
+        f"torch.serialization.add_safe_globals([{what}])); this is said once per type",
+        UnregisteredTypeWarning,
+        stacklevel=level,
+    )
 
 
 def register_tag(

@@ -47,18 +47,20 @@ from .object_types import (
     _HANDLERS,
     _PLAIN_CLASSES,
     _USER_BY_CLASS,
-    _USER_BY_NAME,
     _default_name,
     _Handler,
     _import_declared,
     _is_namedtuple_class,
     _Members,
     add_safe_types,
+    allowed_class_named,
+    allowed_type_named,
     declare_tags,
     register_tag,
     register_type,
     registered_types,
     safe_types,
+    warn_if_not_loadable,
 )
 
 __all__ = [
@@ -289,6 +291,8 @@ class _Encoder:
     def user(self, value: Any, t: type, path: str, depth: int) -> Any:
         entry = _USER_BY_CLASS.get(t)
         name = entry.name if entry is not None else _default_name(t)
+        if entry is None:
+            warn_if_not_loadable(t)
 
         def child(v: Any, suffix: str) -> Any:
             return self.node(v, path + suffix, depth + 1)
@@ -398,13 +402,14 @@ class _Decoder:
         if not (isinstance(payload, list) and len(payload) == 2 and isinstance(payload[0], str)):
             self.corrupt(path, f"of tag {tag!r} must be [type name, state]")
         name, state = payload
-        entry = _USER_BY_NAME.get(name)
+        entry = allowed_type_named(name)
         if entry is None:
             raise UnregisteredTypeError(
                 f"{_path_text(self.where, path)}: type {name[:200]!r} is not registered, so it "
                 "is not built (shardpoint builds only allow-listed types and never imports a "
                 "name a file gives); call shardpoint.register_type(<that class>) or "
-                "shardpoint.add_safe_types([...]) before loading"
+                "shardpoint.add_safe_types([...]) (or torch.serialization.add_safe_globals) "
+                "before loading"
             )
         if entry.tag != tag:
             self.corrupt(path, f"says {tag} but {name!r} is registered as a {entry.tag}")
@@ -435,9 +440,8 @@ class _Decoder:
         if not isinstance(name, str):
             return self.corrupt(path, "of tag 'type' must be a class name")
         cls = _PLAIN_CLASSES.get(name)
-        entry = _USER_BY_NAME.get(name)
-        if cls is None and entry is not None:
-            cls = entry.cls
+        if cls is None:
+            cls = allowed_class_named(name)
         if cls is None and name not in _CLASS_OF_TAG:
             _import_declared(tag=name)
         cls = cls or _CLASS_OF_TAG.get(name)
