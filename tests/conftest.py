@@ -84,6 +84,7 @@ SERIAL_GROUPS = {
         "test_lightning_ddp.py",
         "test_accelerate_multiprocess.py",
         "test_tiers_multiprocess.py",
+        "test_reader_pickle.py",  # DataLoaders with spawned and forkserver workers
     ),
     "timing": ("test_gil.py",),
 }

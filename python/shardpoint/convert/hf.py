@@ -231,6 +231,9 @@ class HFReader(Reader):
         self._closed = True
         self._shards = {}
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     def __len__(self) -> int:
         return len(self._keys)
 

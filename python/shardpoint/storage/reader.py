@@ -30,14 +30,14 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import _core
-from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError
+from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError, NotFoundError
 from .dtypes import numpy_dtype
+from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url
@@ -84,28 +84,6 @@ def load_file(
         return r.load(keys, progress=progress)
 
 
-@dataclass(frozen=True)
-class EntryInfo:
-    """What the index records about one key."""
-
-    key: str
-    dtype: str
-    shape: tuple[int, ...]
-    kind: str
-    codec: str
-    stored_bytes: int
-    raw_bytes: int
-    shard: int
-    offset: int
-    crc32c: int
-    chunks: int
-
-    @property
-    def ratio(self) -> float:
-        """raw / stored size (1.0 for uncompressed or empty entries)."""
-        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
-
-
 class Reader:
     """A lazily opened checkpoint: the index is searched in place and only the bytes of the
     values you read are touched. Use ``sp.open(prefix)``.
@@ -131,6 +109,13 @@ class Reader:
         framework: str = "np",
     ) -> None:
         self._prefix = _prefix(prefix)
+        self._open_args = {
+            "verify": verify,
+            "copy": copy,
+            "storage_options": storage_options,
+            "io": io,
+            "framework": framework,
+        }
         self._out = framework_converter(framework)
         self._r: _core.CheckpointReader | _core.RemoteReader | None
         if is_url(self._prefix):
@@ -138,7 +123,10 @@ class Reader:
             self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
         else:
             check_io(io)
-            self._r = _core.CheckpointReader(self._prefix)
+            try:
+                self._r = _core.CheckpointReader(self._prefix)
+            except NotFoundError as e:
+                raise _not_found(self._prefix, e) from e
             # the shard list is only looked at on network mounts (local opens stay ~50 us)
             if not copy and resolve_io(io, self._prefix) == "pread":
                 shards = [f for f, _ in self._r.shard_files()]
@@ -151,6 +139,18 @@ class Reader:
 
     #: numpy array -> the framework's tensor (``framework=``); None: numpy out
     _out: Callable[[np.ndarray], Any] | None = None
+    #: the options it was opened with: what a pickled reader is reopened with
+    _open_args: dict[str, Any] | None = None
+
+    def _is_closed(self) -> bool:
+        return self._r is None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference: the path and the options it was opened with, never its
+        mappings or index (a torch ``DataLoader`` with ``spawn``/``forkserver`` workers pickles
+        the dataset holding it). The copy reopens the checkpoint, which validates its index
+        and shards again in the process that unpickles it; a closed reader stays closed."""
+        return (_reopen, (self._prefix, dict(self._open_args or {}), self._is_closed()))
 
     def _tensor_out(self, value: Any) -> Any:
         """A value as the reader's framework hands it out."""
@@ -513,33 +513,32 @@ def read_ranges_into(
     _core.read_file_ranges(paths, ranges, outs, threads)
 
 
-#: Field names of the statistics tuple the core returns (``_core.stats_buffer``).
-STATS_FIELDS = (
-    "count", "finite", "nan", "posinf", "neginf", "zeros", "min", "max", "mean", "std", "l2",
-)  # fmt: skip
+def _not_found(path: str, err: NotFoundError) -> NotFoundError:
+    """The error for a checkpoint that is not there, naming what the user typed and both
+    forms looked for (a single file at ``path``, the prefix form's ``path.index``); the core
+    names only the last one tried, a name the user never typed. A missing shard of an index
+    that exists keeps the core's error, which names that shard."""
+    if os.path.exists(path) or os.path.exists(path + ".index"):
+        return err
+    parent = os.path.dirname(os.path.abspath(path))
+    where = "" if os.path.isdir(parent) else f"; the directory {parent!r} does not exist"
+    return NotFoundError(
+        f"no checkpoint at {path!r}: looked for the single file {path!r} and for the index "
+        f"of a prefix checkpoint, {path + '.index'!r}; neither exists{where}"
+    )
 
 
-def stats_dict(dtype: str, shape: tuple[int, ...], t: tuple[Any, ...]) -> dict[str, Any]:
-    """One tensor's statistics as a JSON-able dict (NaN moments of an all-non-finite tensor
-    become ``None``)."""
-    d: dict[str, Any] = {"dtype": dtype, "shape": list(shape)}
-    for name, v in zip(STATS_FIELDS, t, strict=True):
-        d[name] = None if isinstance(v, float) and math.isnan(v) else v
-    return d
-
-
-def _batches(infos: list[EntryInfo], limit: int) -> Iterator[list[EntryInfo]]:
-    """Consecutive groups of about ``limit`` raw bytes (one core call each)."""
-    cur: list[EntryInfo] = []
-    acc = 0
-    for i in infos:
-        cur.append(i)
-        acc += i.raw_bytes
-        if acc >= limit:
-            yield cur
-            cur, acc = [], 0
-    if cur:
-        yield cur
+def _reopen(prefix: str, options: dict[str, Any], closed: bool) -> Reader:
+    """A pickled reader in the unpickling process: opened afresh, or closed as it was."""
+    if not closed:
+        return open(prefix, **options)
+    r = Reader.__new__(Reader)  # a closed reader touches no file: nothing to open
+    r._prefix, r._r, r._open_args = prefix, None, options
+    r._out = framework_converter(options.get("framework", "np"))
+    r._meta = r._sections = None
+    r._verify, r._copy = bool(options.get("verify", True)), bool(options.get("copy", False))
+    r._sliced_ok = set()
+    return r
 
 
 def open(  # noqa: A001 - the public name is a contract
@@ -586,6 +585,7 @@ def open(  # noqa: A001 - the public name is a contract
             if getattr(module, predicate)(p):
                 in_place: Reader = getattr(module, reader)(p, io="pread" if copy else io)
                 in_place._out = framework_converter(framework)
+                in_place._open_args = {"copy": copy, "io": io, "framework": framework}
                 return in_place
     r = Reader(
         prefix, verify=verify, copy=copy, storage_options=storage_options, io=io,
