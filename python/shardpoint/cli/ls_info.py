@@ -117,9 +117,7 @@ def _list_directory(directory: str, as_json: bool) -> None:
         try:
             with storage.open(prefix) as r:
                 row["keys"] = len(r)
-                row["bytes"] = r.format_info["index_bytes"] + sum(
-                    n for _, n in r.format_info["shards"]
-                )
+                row["bytes"] = _total_bytes(prefix, r.format_info)
                 row["status"] = "ok"
         except CorruptCheckpointError as e:
             row.update(
@@ -177,6 +175,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 # --- info ------------------------------------------------------------------------------------
+def _total_bytes(path: str, fi: dict[str, Any]) -> int:
+    """What a checkpoint occupies: a single file's own size (index and data share the one
+    file, so index + shard would count neither its header nor its padding), else the index
+    plus every shard."""
+    if not storage.is_url(path) and storage.is_single_file(path):
+        return os.path.getsize(path)
+    return int(fi["index_bytes"]) + sum(int(n) for _, n in fi["shards"])
+
+
 def _graph_summary(r: storage.Reader) -> dict[str, Any] | None:
     from ..objgraph.naming import OBJECT_GRAPH_KEY, parse_object_graph
 
@@ -211,6 +218,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             "tensors": sum(1 for x in rows if x["shape"] is not None),
             "raw_bytes": sum(x["raw_bytes"] for x in rows),
             "stored_bytes": sum(x["stored_bytes"] for x in rows),
+            "total_bytes": _total_bytes(path, fi),
             "index_bytes": fi["index_bytes"],
             "chunk_bytes": fi["chunk_bytes"],
             "shards": [{"file": f, "bytes": n} for f, n in fi["shards"]],
@@ -236,9 +244,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"size:           stored {human(doc['stored_bytes'])}, raw {human(doc['raw_bytes'])}, "
         f"ratio {ratio:.2f}; index {human(doc['index_bytes'])}, chunks of {human(doc['chunk_bytes'])}"
     )
-    _emit(f"shards:         {len(doc['shards'])}")
+    total = doc["total_bytes"]
+    _emit(f"on disk:        {human(total)} ({total:,} bytes)")
+    single = not storage.is_url(path) and storage.is_single_file(path)
+    _emit(f"shards:         {len(doc['shards'])}" + (" (inside the single file)" if single else ""))
     for s in doc["shards"]:
-        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']} bytes)")
+        what = " in its data section" if single else ""
+        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']:,} bytes{what})")
     meta = json.dumps(doc["metadata"], sort_keys=True) if doc["metadata"] else "(none)"
     _emit(f"metadata:       {meta}")
     if delta:
@@ -292,9 +304,13 @@ def _info_hf(path: str, as_json: bool) -> int:
     _emit(f"checkpoint:     {path}")
     _emit(f"format:         Hugging Face safetensors (index {doc['index'] or '(single file)'})")
     _emit(f"entries:        {doc['entries']} tensors, {human(doc['raw_bytes'])}")
-    _emit(f"shards:         {len(doc['shards'])}")
+    total = doc["total_bytes"]
+    _emit(f"on disk:        {human(total)} ({total:,} bytes)")
+    single = not storage.is_url(path) and storage.is_single_file(path)
+    _emit(f"shards:         {len(doc['shards'])}" + (" (inside the single file)" if single else ""))
     for s in doc["shards"]:
-        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']} bytes)")
+        what = " in its data section" if single else ""
+        _emit(f"  {s['file']}  {human(s['bytes'])} ({s['bytes']:,} bytes{what})")
     meta = json.dumps(doc["metadata"], sort_keys=True) if doc["metadata"] else "(none)"
     _emit(f"metadata:       {meta}")
     _emit("checksums:      none in this format (`shardpoint convert` adds them)")
