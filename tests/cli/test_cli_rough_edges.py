@@ -84,3 +84,14 @@ def test_the_demo_prints_a_rate_only_for_steps_that_move_bytes(
     assert "ms" in line and "GB/s" not in line
     _timed("load", lambda: None, 1 << 30)
     assert "GB/s" in capsys.readouterr().out
+
+
+def test_every_command_is_listed_in_the_cli_page() -> None:
+    import argparse
+
+    from shardpoint.cli.parser import build_parser
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "CLI.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [name for name in sub.choices if f"| `shardpoint {name}" not in page]
+    assert not missing, f"docs/CLI.md's table lacks {missing}"
