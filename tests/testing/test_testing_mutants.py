@@ -15,7 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from kit_budget import scaled
 from shardpoint.errors import DuplicateKeyError
@@ -42,6 +42,32 @@ def canonical_nans(tree: Any) -> Any:
             except TypeError:  # packed float4 and other dtypes without isnan
                 return x
             x[mask] = np.nan
+        return x
+
+    return _map(tree, leaf)
+
+
+def canonical_nans_16_32(tree: Any) -> Any:
+    """A user's save/load canonicalising NaNs of float16/float32 arrays only (a NaN-cleaning
+    pass keyed on the dtypes a model trains in): found in 1 run of 100 examples out of 5 by
+    the kit as it was."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, np.ndarray) and x.dtype in (np.float16, np.float32):
+            x[np.isnan(x)] = np.nan
+        return x
+
+    return _map(tree, leaf)
+
+
+def bfloat16_through_float16(tree: Any) -> Any:
+    """bfloat16 stored through float16: exact for the values a model mostly holds, wrong for
+    the extreme exponents (and NaN payloads) that float16 cannot hold."""
+
+    def leaf(x: Any) -> Any:
+        if getattr(x, "dtype", None) == ml_dtypes.bfloat16:
+            with np.errstate(all="ignore"):
+                return x.astype(np.float16).astype(ml_dtypes.bfloat16)
         return x
 
     return _map(tree, leaf)
@@ -101,6 +127,8 @@ def round_big_ints(tree: Any) -> Any:
 
 MUTANTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "canonicalises NaNs": (canonical_nans, "bits|float differs"),
+    "canonicalises float16/float32 NaNs": (canonical_nans_16_32, "bits"),
+    "rounds bfloat16 through float16": (bfloat16_through_float16, "bits"),
     "flips -0.0": (flip_negative_zero, "0x8|float differs"),
     "widens bfloat16 to float32": (widen_bfloat16, "dtype differs: expected bfloat16"),
     "loses a zero-size shape": (lose_zero_size_shape, "shape differs"),
@@ -123,6 +151,41 @@ def test_the_kit_finds_the_mutant(name: str) -> None:
 
     with pytest.raises(AssertionError, match=message):
         round_trip_is_exact()
+
+
+#: Seeds of the detection sweep and the share of them that must find each mutant.
+_SEEDS, _FOUND = 40, 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_the_kit_finds_each_mutant_under_most_seeds(name: str) -> None:
+    """The ci profile's settings (100 examples) with random generation, as a user's run with
+    another seed: each mutant is found in >= 95% of 40 seeds (docs/TESTING.md records the
+    rates). Generation only: finding is what is measured, not shrinking."""
+    mutant, _ = MUTANTS[name]
+    aliasing = mutant is drop_aliases
+    found = 0
+    for s in range(_SEEDS):
+
+        @seed(s)
+        @settings(
+            max_examples=100,
+            derandomize=False,
+            database=None,
+            deadline=None,
+            phases=(Phase.explicit, Phase.generate),
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(state_dicts())
+        def round_trip_is_exact(state: dict[str, Any]) -> None:
+            assert_identical(state, mutant(state), check_aliasing=aliasing)
+
+        try:
+            round_trip_is_exact()
+        except AssertionError:
+            found += 1
+    assert found >= _FOUND * _SEEDS, f"{name}: found under {found} of {_SEEDS} seeds"
 
 
 @given(state_dicts())

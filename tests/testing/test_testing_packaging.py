@@ -89,3 +89,38 @@ def test_environment_variable_picks_the_profile_in_pytest(tmp_path: pathlib.Path
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "hypothesis profile 'dev'" in r.stdout, r.stdout
+
+
+def test_ci_and_dev_bound_shrinking_and_the_others_do_not() -> None:
+    r = _run(
+        """
+        import _shardpoint_plugin as plugin
+        from hypothesis.internal.conjecture import engine
+        own = engine.MAX_SHRINKING_SECONDS
+        plugin.load_profile("ci")
+        assert engine.MAX_SHRINKING_SECONDS == plugin.SHRINK_SECONDS["ci"] < own
+        plugin.load_profile("nightly")
+        assert engine.MAX_SHRINKING_SECONDS == own
+        plugin.load_profile("dev")
+        assert engine.MAX_SHRINKING_SECONDS == plugin.SHRINK_SECONDS["dev"]
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_hypothesis_profile_option_bounds_shrinking_in_pytest(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "test_bound.py").write_text(
+        "from hypothesis.internal.conjecture import engine\n\n"
+        "def test_shrinking_is_bounded():\n"
+        "    assert engine.MAX_SHRINKING_SECONDS == 10\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-profile=ci"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "SHARDPOINT_HYPOTHESIS_PROFILE"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -19,6 +19,7 @@ __all__ = [
     "special_codes",
     "element_bits",
     "float64_specials",
+    "planted_groups",
     "is_multi_byte_native",
 ]
 
@@ -124,6 +125,21 @@ def special_codes(name: str) -> list[int]:
     if name.startswith(("int", "uint")):
         return _integers(_WIDTH[name])
     return list(_BYTE)
+
+
+def planted_groups(name: str) -> list[list[int]]:
+    """Special codes of ``name`` (of each half, for complex) worth planting into drawn
+    arrays, in groups a bug treats alike: NaNs (the canonical one and four others: negative,
+    with a payload, signalling, all ones), ``-0.0``, subnormals, infinities, the extremes of
+    the exponent (the codes a narrower format cannot hold). One-byte formats: the codes
+    around the sign bit and the all-ones corners. ``[]`` for integers and bool, whose special
+    values are drawn often enough."""
+    if name == "bool" or name.startswith(("int", "uint")):
+        return []
+    if name in _IEEE or name.startswith("complex"):
+        c = special_codes(name)
+        return [c[4:9], [c[1]], c[11:14], c[9:11], c[14:17]]
+    return [[0x80], [0x7F, 0xFF], [0x7E, 0xFE, 0x7C, 0xFC, 0x7D], [0x01, 0x81, 0x78, 0x88, 0x08]]
 
 
 def float64_specials() -> list[float]:

@@ -42,7 +42,14 @@ except ImportError as e:  # the kit's assertions work without it; the strategies
 
 from ..storage.dtypes import numpy_dtype
 from ..storage.objects import register_type
-from ._bits import FAMILIES, element_bits, float64_specials, special_codes, uint_dtype
+from ._bits import (
+    FAMILIES,
+    element_bits,
+    float64_specials,
+    planted_groups,
+    special_codes,
+    uint_dtype,
+)
 from ._frameworks import LAYOUTS, apply_layout, framework_dtype, layout_base_shape, name_of
 from ._frameworks import supported_names as _supported
 
@@ -161,6 +168,37 @@ def _codes(name: str, width: int) -> SearchStrategy[int]:
     return st.one_of(_specials(special_codes(name)), st.integers(0, (1 << width) - 1))
 
 
+def _plant_specials(draw: st.DrawFn, name: str, raw: np.ndarray) -> None:
+    """Three times in four, overwrite up to ten elements of a float array's codes with
+    special codes drawn from ``planted_groups`` (a NaN half the time; else -0.0, a
+    subnormal, an infinity or an extreme of the exponent). Elements drawn one by one hit them too
+    rarely: arrays hold a few elements, mostly one fill value (how ``hypothesis.extra.numpy``
+    draws arrays), and a bug that canonicalised float32 NaNs went unnoticed in one run of 100
+    examples out of five.
+
+    One 32-bit draw decides everything (whether, where, which codes): Hypothesis leans
+    towards the simplest choice of each small draw (``False``, the first of a list) for a
+    whole run, which starved whole runs of NaNs; a wide integer is near uniform. It shrinks
+    to 0, "planted nothing"."""
+    groups = planted_groups(name)
+    if not groups or raw.size == 0:
+        return
+    plan = draw(st.integers(0, 2**32 - 1))
+    if plan % 4 == 0:
+        return
+    rng = np.random.default_rng(plan)
+    flat = raw.reshape(-1)
+    if name == "complex64":  # complex values plant into one half (a float of half the width)
+        flat = flat.view(np.uint32)
+    # NaNs are the group bugs treat worst (canonicalised, payload or sign dropped): drawn
+    # as often as all the others together, so that an array of one element gets one too
+    weights = np.full(len(groups), 0.5 / max(1, len(groups) - 1))
+    weights[0] = 0.5 if len(groups) > 1 else 1.0
+    for g in rng.choice(len(groups), size=min(flat.size, 2 * len(groups)), p=weights):
+        group = groups[g]
+        flat[rng.integers(flat.size)] = group[rng.integers(len(group))]
+
+
 def _bits_array(draw: st.DrawFn, name: str, shape: tuple[int, ...]) -> np.ndarray:
     dtype = numpy_dtype(name)
     if name == "complex64":  # a float32 pair: real in the low half (little-endian order)
@@ -172,6 +210,7 @@ def _bits_array(draw: st.DrawFn, name: str, shape: tuple[int, ...]) -> np.ndarra
     else:
         width = element_bits(name)
         raw = draw(npst.arrays(uint_dtype(width), shape, elements=_codes(name, width)))
+    _plant_specials(draw, name, raw)
     if name == "bool":
         return raw.astype(np.bool_)
     if not np.little_endian:  # the codes are little-endian element values
@@ -385,8 +424,11 @@ def state_dicts(
     @st.composite
     def draw_state(draw: st.DrawFn) -> dict[str, Any]:
         tensor = tensors(shape=_STATE_SHAPES) if values is None else _as_strategy(values)
-        # tensors twice as often as scalars: a state dict is mostly tensors
-        leaf = st.one_of(tensor, _scalars() if scalars is None else _as_strategy(scalars), tensor)
+        scalar = _scalars() if scalars is None else _as_strategy(scalars)
+        # tensors twice as often as scalars: a state dict is mostly tensors. (Not
+        # ``one_of(tensor, scalar, tensor)``: one_of drops the repeat and flattens the
+        # scalars' own one_of, so a leaf was a tensor one time in seven.)
+        leaf = st.integers(0, 2).flatmap(lambda i: scalar if i == 2 else tensor)
         budget = int(_get(draw, max_leaves))
         n = draw(st.integers(0, min(budget, 8)))
         # the default keys never run out: exactly n names; a few given names may
