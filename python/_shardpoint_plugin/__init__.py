@@ -50,8 +50,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 #: Seconds of shrinking a failure gets under the profiles that bound it (measured: a failing
 #: round-trip property reports within 20 s on two cores; docs/TESTING.md).
-SHRINK_SECONDS: dict[str, float] = {"ci": 10.0, "dev": 10.0}
-_UNBOUNDED: list[float] = []  # Hypothesis' own bound, kept when first replaced
+SHRINK_SECONDS: dict[str, int] = {"ci": 10, "dev": 10}
+_UNBOUNDED: list[int] = []  # Hypothesis' own bound, kept when first replaced
 
 
 def bound_shrinking(name: str | None) -> None:
@@ -60,7 +60,7 @@ def bound_shrinking(name: str | None) -> None:
         from hypothesis.internal.conjecture import engine
     except ImportError:  # a Hypothesis laid out otherwise: its own bound stays
         return
-    if not isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), int | float):
+    if not isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), int):
         return
     if not _UNBOUNDED:
         _UNBOUNDED.append(engine.MAX_SHRINKING_SECONDS)
