@@ -40,6 +40,7 @@ from .dtypes import numpy_dtype
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
+from .numpy_views import restore_views
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url
 from .progress import progress_bar, wanted
 from .slicing import LazySlice, TensorSlice
@@ -81,7 +82,7 @@ def load_file(
     network and FUSE file systems, where mapping faults are slow; :mod:`shardpoint.storage.io_mode`).
     """
     with open(prefix, verify=verify, copy=copy, storage_options=storage_options, io=io) as r:
-        return r.load(keys, progress=progress)
+        return restore_views(r, r.load(keys, progress=progress))  # views of one buffer again
 
 
 class Reader:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..errors import InvalidArgumentError
+from .numpy_views import SECTION, plan_views
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url, wants_single_file
 from .progress import progress_bar, wanted
 from .values import check_user_key, encode, json_depth
@@ -172,6 +173,9 @@ def save_file(
             max_chain=8 if max_chain is None else max_chain, sections=_sections,
         )  # fmt: skip
         return None
+    if _sections is None:  # a user's arrays viewing one buffer: recorded to load as views
+        views = plan_views(tensors)
+        _sections = None if views is None else {SECTION: views}
     plan, items = plan_save(
         tensors,
         prefix,
