@@ -144,7 +144,10 @@ def test_the_kit_finds_the_mutant(name: str) -> None:
     mutant, message = MUTANTS[name]
     aliasing = mutant is drop_aliases
 
-    @settings(database=None, phases=tuple(Phase)[:3])  # generate only, nothing replayed or shrunk
+    # the ci profile's draw (100 examples, derandomized) whatever profile runs the suite: the
+    # dev profile's 20 random examples find some mutants only most of the time (a flaky test);
+    # generate only, nothing replayed or shrunk
+    @settings(database=None, max_examples=100, derandomize=True, phases=tuple(Phase)[:3])
     @given(state_dicts())
     def round_trip_is_exact(state: dict[str, Any]) -> None:
         assert_identical(state, mutant(state), check_aliasing=aliasing)
@@ -193,6 +196,7 @@ def test_a_correct_copy_passes(state: dict[str, Any]) -> None:
     assert_identical(state, copy.deepcopy(state))  # (a deep copy keeps no views: no aliasing)
 
 
+@settings(deadline=None)  # writes and reads files: no per-example deadline, in any profile
 @given(state_dicts())
 def test_save_file_round_trips_state_dicts(state: dict[str, Any]) -> None:
     assert_roundtrip(state)
