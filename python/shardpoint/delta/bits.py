@@ -27,8 +27,10 @@ def byte_view(arr: np.ndarray, *, writable: bool = False) -> np.ndarray:
 
 def _wide(b: np.ndarray) -> np.ndarray:
     """``b`` (1-d uint8) as uint64 when its length and address allow: 8x fewer loop steps."""
-    if b.size % 8 == 0 and b.ctypes.data % 8 == 0:
-        return b.view(np.uint64)
+    if b.size % 8 == 0:
+        w = b.view(np.uint64)
+        if w.flags.aligned:  # (``ctypes.data`` would cost ~20 us a call: a ctypes object)
+            return w
     return b
 
 

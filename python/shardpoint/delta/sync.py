@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -25,10 +26,10 @@ from ..storage.dtypes import numpy_dtype
 from ..storage.save import save_file
 from ..storage.values import check_key
 from ..storage.values import encode as encode_value
-from .bits import byte_view, crc32c, xor_bytes, xor_into
+from .bits import byte_view, crc32c, xor_into
+from .choice import XOR_CODEC, XOR_LEVEL, choose, pool_map
 from .reader import DeltaReader
 from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
-from .writer import XOR_CODEC, XOR_LEVEL, choose
 
 __all__ = ["encode", "apply", "state_digest"]
 
@@ -89,17 +90,19 @@ def encode(
                 pairs[key] = (numpy_dtype(dtype), raw, oraw)
                 continue
         whole[key] = raw.view(numpy_dtype(dtype)).reshape(shape)
-    modes = choose(pairs, XOR_CODEC, XOR_LEVEL)
+    choices = choose(pairs, XOR_CODEC, XOR_LEVEL, keep_payloads=True)
     table = DeltaTable(None, "", 1, removed=[k for k in old if k not in new])
     tree: dict[str, Any] = dict(whole)
-    for key, mode in modes.items():
+    for key, c in choices.items():
         np_dtype, nb, ob = pairs[key]
         shape = flat_new[key][1]
-        if mode == "full":
+        if c.mode == "full":
             tree[key] = nb.view(np_dtype).reshape(shape)
             continue
-        table.entries[key] = DeltaEntry(mode, crc32c(nb), crc32c(ob))
-        payload = np.zeros(nb.shape, np.uint8) if mode == "same" else xor_bytes(nb, ob)
+        table.entries[key] = DeltaEntry(c.mode, c.crc, c.base_crc)
+        payload = c.payload
+        if payload is None:  # "same": zeros (calloc: no memory touched)
+            payload = np.zeros(nb.shape, np.uint8)
         tree[payload_key(key)] = payload.view(np_dtype).reshape(shape)
     table.base_digest = state_digest({k: e.base_crc for k, e in table.entries.items()})
     sections = {SECTION: table.to_json()}
@@ -197,7 +200,8 @@ def _apply(
                 )
             targets[key] = t
         if check_base:
-            crcs = {k: crc32c(t.bytes) for k, t in targets.items()}
+            keys = list(targets)
+            crcs = dict(zip(keys, pool_map(lambda k: crc32c(targets[k].bytes), keys), strict=True))
             found = state_digest(crcs)
             if found != table.base_digest:
                 bad = next(k for k, e in table.entries.items() if crcs[k] != e.base_crc)
@@ -206,13 +210,19 @@ def _apply(
                     f"{table.base_digest} (first differing key: {bad!r})"
                 )
         counts = {"same": 0, "xor": 0, "full": 0, "removed": 0}
-        for key, e in table.entries.items():
+        for e in table.entries.values():
             counts[e.mode] += 1
-            if e.mode == "same":
-                continue
-            t = targets[key]
-            payload = np.empty_like(t.bytes)
-            plain._read_into([payload_key(key)], [payload], True)
+        scratch = threading.local()
+
+        def xor_in(key: str) -> None:
+            # the payload is decoded into this thread's scratch buffer (reused: no fresh pages
+            # to fault in per key) and XORed into the target in place
+            t, e = targets[key], table.entries[key]
+            buf = getattr(scratch, "buf", None)
+            if buf is None or buf.size < t.bytes.size:
+                buf = scratch.buf = np.empty(max(t.bytes.size, 1 << 20), np.uint8)
+            payload = buf[: t.bytes.size]
+            plain._read_into([payload_key(key)], [payload], True, 1)
             xor_into(t.bytes, payload)
             got = crc32c(t.bytes)
             if got != e.crc:
@@ -222,6 +232,8 @@ def _apply(
                     f"{e.crc:#010x}; the target value was restored"
                 )
             t.commit()
+
+        pool_map(xor_in, [k for k, e in table.entries.items() if e.mode == "xor"])
         for key in r.keys():
             if key in table.entries:
                 continue

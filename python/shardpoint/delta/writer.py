@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,19 +27,14 @@ from ..storage.dtypes import numpy_dtype
 from ..storage.paths import _prefix
 from ..storage.save import save_file
 from ..storage.values import check_key, encode
-from .bits import byte_view, crc32c, same_bytes, xor_bytes
+from .bits import byte_view, xor_bytes
+from .choice import XOR_CODEC, XOR_LEVEL, choose, pool_map
 from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
 
-__all__ = ["save_delta", "index_digest", "choose", "XOR_CODEC", "XOR_LEVEL", "DEFAULT_MAX_CHAIN"]
+__all__ = ["save_delta", "index_digest", "XOR_CODEC", "XOR_LEVEL", "DEFAULT_MAX_CHAIN"]
 
-#: the codec of XOR payloads: byte-grouped zstd (runs of zero bytes cost next to nothing)
-XOR_CODEC = "zstd-bytegroup"
-XOR_LEVEL = 1
 #: the longest chain ``save_file(delta=True)`` builds before it writes a full checkpoint
 DEFAULT_MAX_CHAIN = 8
-#: the bytes of each of a few windows a tensor's encodings are compared on (whole below 2x)
-_SAMPLE = 256 << 10
-_WINDOWS = 4
 
 
 def index_digest(prefix: str) -> str:
@@ -53,71 +47,17 @@ def index_digest(prefix: str) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _windows(b: np.ndarray, itemsize: int) -> list[np.ndarray]:
-    """A few evenly spaced windows of a byte array (the whole array when small)."""
-    if b.size <= _WINDOWS * _SAMPLE * 2:
-        return [b]
-    step = (b.size - _SAMPLE) // (_WINDOWS - 1)
-    step -= step % itemsize
-    return [b[i * step : i * step + _SAMPLE] for i in range(_WINDOWS)]
-
-
-def _stored_sizes(
-    samples: dict[str, tuple[Any, list[np.ndarray]]], compression: Any, level: Any, tmp: str
-) -> dict[str, int]:
-    """Stored bytes of each sample set (key -> (dtype, windows)) under one codec, measured by
-    writing a scratch checkpoint (the real encoder: no model of it to drift from it)."""
-    if not samples:
-        return {}
-    tree: dict[str, np.ndarray] = {}
-    for key, (dtype, wins) in samples.items():
-        for i, w in enumerate(wins):
-            tree[f"{i}/{key}"] = _typed(w, dtype)
-    path = os.path.join(tmp, f"s{len(os.listdir(tmp))}")
-    save_file(tree, path, compression=compression, level=level, durable=False)
-    out = dict.fromkeys(samples, 0)
-    with open_checkpoint(path) as r:
-        for name in tree:
-            out[name.split("/", 1)[1]] += r.info(name).stored_bytes
-    return out
-
-
-def _typed(b: np.ndarray, dtype: Any) -> np.ndarray:
-    return b.view(dtype) if b.size % dtype.itemsize == 0 else b
-
-
-def choose(
-    pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]], compression: Any, level: Any
-) -> dict[str, str]:
-    """The encoding of each key of ``pairs`` (``key -> (dtype, new bytes, base bytes)``):
-    ``"same"``, ``"xor"`` or ``"full"``, whichever stores fewer bytes (``xor`` only when it is
-    smaller than the whole value on the sampled windows, so a dense change costs at most what
-    a full save does, plus the windows' sampling error)."""
-    modes: dict[str, str] = {}
-    fulls: dict[str, tuple[Any, list[np.ndarray]]] = {}
-    xors: dict[str, tuple[Any, list[np.ndarray]]] = {}
-    for key, (dtype, nb, ob) in pairs.items():
-        if same_bytes(nb, ob):
-            modes[key] = "same"
-            continue
-        wn, wo = _windows(nb, dtype.itemsize), _windows(ob, dtype.itemsize)
-        fulls[key] = (dtype, wn)
-        xors[key] = (dtype, [xor_bytes(x, y) for x, y in zip(wn, wo, strict=True)])
-    with tempfile.TemporaryDirectory(prefix="shardpoint-delta-") as tmp:
-        full_sz = _stored_sizes(fulls, compression, level, tmp)
-        xor_sz = _stored_sizes(xors, XOR_CODEC, XOR_LEVEL, tmp)
-    for key in fulls:
-        modes[key] = "xor" if xor_sz[key] < full_sz[key] else "full"
-    return modes
-
-
 def _pairs(
-    base: Any, tree: Mapping[str, Any]
-) -> dict[str, tuple[np.dtype, np.ndarray, np.ndarray]]:
+    base: Any, tree: Mapping[str, Any], compression: Any
+) -> tuple[dict[str, tuple[np.dtype, np.ndarray, np.ndarray]], dict[str, int]]:
     """``key -> (dtype, new bytes, base bytes)`` (1-d uint8, little-endian as stored) for the tensor
     keys of ``tree`` that the base holds with the same dtype tag and shape (each base value
-    read resolved and crc-checked)."""
-    out = {}
+    read resolved and crc-checked), and the whole values' expected stored bytes where known
+    (``choice.choose``'s hints: the raw size when whole values are stored uncompressed, else
+    the base's stored size of a value it holds whole with a compressing codec)."""
+    out, hints = {}, {}
+    plain_codec = compression in (None, "none", False)
+    mode_of = getattr(base, "delta_mode", lambda key: "full")
     for key, v in tree.items():
         if not isinstance(v, np.ndarray) or key not in base or not has_payload_key(key):
             continue
@@ -126,7 +66,11 @@ def _pairs(
         if info.kind != "tensor" or tuple(info.shape) != tuple(shape) or info.dtype != dtype:
             continue
         out[key] = (numpy_dtype(dtype), raw, byte_view(np.ascontiguousarray(base[key])))
-    return out
+        if plain_codec:
+            hints[key] = info.raw_bytes
+        elif mode_of(key) == "full" and info.codec != "none":
+            hints[key] = info.stored_bytes
+    return out, hints
 
 
 def save_delta(
@@ -158,13 +102,12 @@ def save_delta(
             save_file(tree, p, compression=compression, level=level, metadata=metadata,
                       durable=durable, chunk_bytes=chunk_bytes, _sections=sections)  # fmt: skip
             return None
-        pairs = _pairs(r, tree)
-        modes = choose(pairs, compression, level)
+        pairs, hints = _pairs(r, tree, compression)
+        choices = choose(pairs, compression, level, hints=hints)
     table = DeltaTable(_relative(b, p), digest, depth)
-    for key, mode in modes.items():
-        if mode != "full":
-            _, nb, ob = pairs[key]
-            table.entries[key] = DeltaEntry(mode, crc32c(nb), crc32c(ob))
+    for key, c in choices.items():
+        if c.mode != "full":
+            table.entries[key] = DeltaEntry(c.mode, c.crc, c.base_crc)
     all_sections = dict(sections or {})
     all_sections[SECTION] = table.to_json()
     token = os.urandom(8).hex()
@@ -173,20 +116,21 @@ def save_delta(
     )
     with Writer(p, compression=compression, level=level, rank=0, metadata=metadata,
                 _sections=all_sections, **opts) as whole:  # fmt: skip
-        for key, v in tree.items():
-            if key not in table.entries:
-                whole.add(key, v)
+        pool_map(lambda key: whole.add(key, tree[key]),
+                 [k for k in tree if k not in table.entries])  # fmt: skip
     with Writer(p, compression=XOR_CODEC, level=XOR_LEVEL, rank=1, **opts) as deltas:
-        for key, e in table.entries.items():
+
+        def put(key: str) -> None:
+            # the XOR again (not kept from the choice): memory stays one payload per thread
             dtype, nb, ob = pairs[key]
-            if e.mode == "same":
+            if table.entries[key].mode == "same":
                 payload = np.zeros(nb.shape, np.uint8)  # calloc: zero pages, no memory touched
             else:
                 payload = xor_bytes(nb, ob)
-            deltas._add(
-                payload_key(key), payload.view(dtype).reshape(tree[key].shape), internal=True
-            )
-            del payload
+            shape = tree[key].shape
+            deltas._add(payload_key(key), payload.view(dtype).reshape(shape), internal=True)
+
+        pool_map(put, list(table.entries))
     merge(p, 2, durable=durable, token=token)
     return table
 

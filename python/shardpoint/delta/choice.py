@@ -1,0 +1,237 @@
+"""The per-tensor choice of a delta: ``same``, ``xor`` or whole (FORMAT.md §11, writer rules),
+decided from the XOR's statistics instead of trial compressions.
+
+One pass per tensor, on a thread pool (numpy's XOR and count loops and the core's crc32c
+release the GIL): the XOR of the bit patterns, the count of nonzero elements (zero: ``same``)
+and, per byte plane, a bound on its nonzero bytes. Byte-grouped zstd (the XOR codec) stores a
+plane of ``n`` bytes with ``k`` nonzero ones in about ``k * c(k/n)`` bytes, ``c`` measured on
+planes of random nonzero bytes at random positions (the costly case: clustered changes and
+small XOR values, what real updates give, store smaller), capped at ``n`` (chunks that do not
+compress are stored raw). That estimate is compared with the whole value's stored size:
+
+- a **hint**, when the caller has one: the base's own value stored with a compressing codec
+  (its ``stored_bytes``: the real encoder's output on a value a small drift away), or the raw
+  size when whole values are stored uncompressed. The XOR is chosen when its estimate is at
+  most 0.9x the hint, the whole value when it is at least 1.5x; in between (a dense change:
+  the two are close) both are measured on a few windows with the real encoders, as before.
+- no hint (weight sync): the XOR when its estimate is at most 1/4 of the raw bytes (a sparse
+  change) and at least half the value's elements are nonzero (such a value, float weights
+  above all, stores at least about half its bytes whole: the low mantissa bytes are noise;
+  a value with many zeros may store far smaller, so it is measured); whole when the
+  estimate reaches the raw bytes; windows measured otherwise. A whole value that is nearly
+  all nonzero yet compresses below its XOR's estimate (an integer ramp, say) can thus cost
+  up to that estimate (at most 1/4 of its raw bytes) more than stored whole.
+
+Close-band tensors under 16 KiB (biases, norms) are stored whole without a measurement: the
+most it can cost is their raw bytes. So a sparse change, the case deltas are for, costs one XOR, one count and one compression;
+only tensors near the break-even point pay for trial compressions.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..storage import open as open_checkpoint
+from ..storage.save import save_file
+from .bits import crc32c, xor_bytes
+
+__all__ = ["Choice", "choose", "estimate_xor_bytes", "pool_map", "XOR_CODEC", "XOR_LEVEL"]
+
+#: the codec of XOR payloads: byte-grouped zstd (runs of zero bytes cost next to nothing)
+XOR_CODEC = "zstd-bytegroup"
+XOR_LEVEL = 1
+
+# Stored bytes per nonzero byte of a plane against log10 of the plane's nonzero fraction:
+# zstd-bytegroup level 1 on 1 Mi-element planes of random nonzero bytes at random positions
+# (measured for this module; rounded up). Sparse planes pay a match and a literal per
+# nonzero byte (~4-5 bytes), dense ones approach a byte per byte.
+_LOG_FRACTION = np.array([-7.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.2, 0.0])
+_BYTES_PER_NONZERO = np.array([16.0, 12.5, 5.2, 4.7, 4.1, 3.0, 1.95, 1.45, 1.1])
+#: per chunk and plane: frame and table headers (also what an all-zero plane costs)
+_CHUNK_OVERHEAD = 64
+_CHUNK = 1 << 20
+#: the hint bands (see the module docstring)
+_XOR_BELOW, _FULL_ABOVE = 0.9, 1.5
+_SPARSE_OF_RAW = 1 / 4
+#: tensors in the close band below this many bytes are stored whole, unmeasured
+_SMALL = 16 << 10
+#: trial windows for tensors in the close band: a few windows of this size (whole when small)
+_SAMPLE = 256 << 10
+_WINDOWS = 4
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class Choice:
+    """How one key is stored: ``mode`` (``"same"``, ``"xor"`` or ``"full"``), the crc32c of
+    the new and the base value, and (when asked for) the XOR payload of an ``xor`` key."""
+
+    mode: str
+    crc: int
+    base_crc: int
+    payload: np.ndarray | None = None
+
+
+def pool_map(fn: Callable[[T], R], items: list[T], threads: int | None = None) -> list[R]:
+    """``[fn(x) for x in items]`` on ``threads`` threads (default: one per CPU), in order."""
+    n = min(len(items), threads or os.cpu_count() or 1)
+    if n <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(n, thread_name_prefix="shardpoint-delta") as ex:
+        return list(ex.map(fn, items))
+
+
+def _plane_nonzeros(x: np.ndarray, itemsize: int) -> tuple[int, np.ndarray]:
+    """Nonzero elements of XOR bytes ``x`` (1-d uint8) and, per byte plane (least significant
+    first), a bound on its nonzero bytes: the elements with a nonzero byte at that plane or
+    above (one compare-and-count pass per plane above the first, no index arrays). Small
+    updates change low bytes, so the bound is close where it matters: an element whose top
+    changed byte is plane j has its lower bytes changed too, nearly always."""
+    uint = _UINT.get(itemsize)
+    if uint is None or x.size % itemsize:  # odd itemsizes (complex128: 16): planes of 8
+        uint, itemsize = (np.uint64, 8) if x.size % 8 == 0 else (np.uint8, 1)
+    e = x.view(uint)
+    k = int(np.count_nonzero(e))
+    counts = np.zeros(itemsize, np.int64)
+    if k:
+        counts[0] = k
+        for j in range(1, itemsize):
+            counts[j] = np.count_nonzero(e >= uint(1 << (8 * j)))
+            if counts[j] == 0:
+                break
+    return k, counts
+
+
+def estimate_xor_bytes(x: np.ndarray, itemsize: int) -> tuple[int, int]:
+    """(nonzero elements, estimated stored bytes) of XOR payload ``x`` (1-d uint8) under
+    byte-grouped zstd level 1 (see the module docstring)."""
+    k, planes = _plane_nonzeros(x, itemsize)
+    if k == 0:
+        return 0, 0
+    n = x.size / max(1, len(planes))
+    frac = np.maximum(planes / n, 1e-7)
+    per = np.interp(np.log10(frac), _LOG_FRACTION, _BYTES_PER_NONZERO)
+    cost = np.minimum(planes * per, n).sum()
+    chunks = -(-x.size // _CHUNK)
+    return k, int(cost) + _CHUNK_OVERHEAD * chunks * len(planes)
+
+
+def _nonzero_fraction(b: np.ndarray, itemsize: int) -> float:
+    """Fraction of nonzero elements of the value with bytes ``b`` (1-d uint8)."""
+    uint = _UINT.get(itemsize)
+    e = b.view(uint) if uint is not None and b.size % itemsize == 0 else b
+    return int(np.count_nonzero(e)) / max(1, e.size)
+
+
+def _band(est: int, nb: np.ndarray, itemsize: int, hint: int | None) -> str:
+    """``"xor"``, ``"full"`` or ``"close"`` (measure) for an XOR estimate (module docstring)."""
+    raw = nb.size
+    if hint is not None:
+        if est <= _XOR_BELOW * hint:
+            return "xor"
+        return "full" if est >= _FULL_ABOVE * hint else "close"
+    if est >= raw:
+        return "full"
+    # a value with few zero elements stores at least about half its bytes whole (float
+    # mantissas are noise); zero-rich values can store far smaller, so they are measured
+    if est <= _SPARSE_OF_RAW * raw and _nonzero_fraction(nb, itemsize) >= 0.5:
+        return "xor"
+    return "close"
+
+
+def choose(
+    pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]],
+    compression: Any,
+    level: Any,
+    *,
+    hints: Mapping[str, int] | None = None,
+    keep_payloads: bool = False,
+    threads: int | None = None,
+) -> dict[str, Choice]:
+    """The :class:`Choice` of each key of ``pairs`` (``key -> (dtype, new bytes, base
+    bytes)``, 1-d uint8) for whole values stored with ``compression``/``level``. ``hints``:
+    the whole value's expected stored bytes per key, where known (module docstring).
+    ``keep_payloads``: keep each ``xor`` key's XOR in its choice (else it is dropped after
+    the statistics and the writer computes it again, so memory stays one tensor per thread)."""
+    hints = hints or {}
+
+    def one(key: str) -> tuple[str, Choice]:
+        dtype, nb, ob = pairs[key]
+        x = xor_bytes(nb, ob)
+        k, est = estimate_xor_bytes(x, dtype.itemsize)
+        mode = "same" if k == 0 else _band(est, nb, dtype.itemsize, hints.get(key))
+        keep = keep_payloads and mode in ("xor", "close")
+        return key, Choice(mode, crc32c(nb), crc32c(ob), x if keep else None)
+
+    out = dict(pool_map(one, list(pairs), threads))
+    close = [k for k, c in out.items() if c.mode == "close"]
+    small = [k for k in close if pairs[k][1].size < _SMALL]
+    close = [k for k in close if pairs[k][1].size >= _SMALL]
+    for k in small:  # not worth a measurement: whole costs at most its raw bytes
+        out[k].mode, out[k].payload = "full", None
+    if close:
+        measured = _measure({k: pairs[k] for k in close}, compression, level)
+        for k in close:
+            c = out[k]
+            c.mode = measured[k]
+            if c.mode != "xor":
+                c.payload = None
+    return out
+
+
+def _windows(b: np.ndarray, itemsize: int) -> list[np.ndarray]:
+    """A few evenly spaced windows of a byte array (the whole array when small)."""
+    if b.size <= _WINDOWS * _SAMPLE * 2:
+        return [b]
+    step = (b.size - _SAMPLE) // (_WINDOWS - 1)
+    step -= step % itemsize
+    return [b[i * step : i * step + _SAMPLE] for i in range(_WINDOWS)]
+
+
+def _typed(b: np.ndarray, dtype: Any) -> np.ndarray:
+    return b.view(dtype) if b.size % dtype.itemsize == 0 else b
+
+
+def _stored_sizes(
+    samples: dict[str, tuple[Any, list[np.ndarray]]], compression: Any, level: Any, tmp: str
+) -> dict[str, int]:
+    """Stored bytes of each sample set (key -> (dtype, windows)) under one codec, measured by
+    writing a scratch checkpoint (the real encoder: no model of it to drift from it)."""
+    tree: dict[str, np.ndarray] = {}
+    for key, (dtype, wins) in samples.items():
+        for i, w in enumerate(wins):
+            tree[f"{i}/{key}"] = _typed(w, dtype)
+    path = os.path.join(tmp, f"s{len(os.listdir(tmp))}")
+    save_file(tree, path, compression=compression, level=level, durable=False)
+    out = dict.fromkeys(samples, 0)
+    with open_checkpoint(path) as r:
+        for name in tree:
+            out[name.split("/", 1)[1]] += r.info(name).stored_bytes
+    return out
+
+
+def _measure(
+    pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]], compression: Any, level: Any
+) -> dict[str, str]:
+    """``"xor"`` or ``"full"`` per key, from both encodings of a few windows through the real
+    encoders (the close band: a dense change still stores at most what a full save does,
+    within the windows' sampling error)."""
+    fulls, xors = {}, {}
+    for key, (dtype, nb, ob) in pairs.items():
+        wn, wo = _windows(nb, dtype.itemsize), _windows(ob, dtype.itemsize)
+        fulls[key] = (dtype, wn)
+        xors[key] = (dtype, [xor_bytes(x, y) for x, y in zip(wn, wo, strict=True)])
+    with tempfile.TemporaryDirectory(prefix="shardpoint-delta-") as tmp:
+        full_sz = _stored_sizes(fulls, compression, level, tmp)
+        xor_sz = _stored_sizes(xors, XOR_CODEC, XOR_LEVEL, tmp)
+    return {k: "xor" if xor_sz[k] < full_sz[k] else "full" for k in pairs}
