@@ -1,4 +1,5 @@
-"""``shardpoint convert`` (between formats) and ``shardpoint gc`` (stale object-store uploads)."""
+"""``shardpoint convert`` (between formats) and ``shardpoint gc`` (stale object-store uploads;
+local directories: cli/gc_dir.py)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,11 @@ def _convert_delta(args: argparse.Namespace) -> int:
 # --- gc --------------------------------------------------------------------------------------
 def cmd_gc(args: argparse.Namespace) -> int:
     if not storage.is_url(args.url):
-        raise InvalidArgumentError(f"{args.url}: gc cleans object-store URLs (s3://, gs://, az://)")
+        from .gc_dir import gc_directory
+
+        return gc_directory(args)
+    if getattr(args, "keep_last", None) is not None:
+        raise InvalidArgumentError(f"{args.url}: --keep-last is for local directories")
     n = storage.gc(args.url, older_than=float(args.older_than))
     _emit(f"aborted {n} incomplete multipart upload(s) under {args.url}")
     return EXIT_OK

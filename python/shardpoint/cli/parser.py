@@ -264,16 +264,27 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "gc",
         parents=[common],
-        help="abort incomplete multipart uploads of dead writers under a URL",
-        description="Abort the multipart uploads that writers killed mid-save left under an object-store URL (found through their .upload marker objects), and delete the markers.",
+        help="abort stale multipart uploads under a URL; delete unneeded checkpoints in a DIR",
+        description="Under an object-store URL: abort the multipart uploads that writers killed "
+        "mid-save left (found through their .upload marker objects), and delete the markers. "
+        "In a local DIR: delete the checkpoints that are neither kept (those a CheckpointManager "
+        "state file lists, else the --keep-last N newest) nor a base that a kept delta "
+        "checkpoint's chain needs.",
     )
-    g.add_argument("url", metavar="URL", help="s3://bucket/dir (every checkpoint below it)")
+    g.add_argument("url", metavar="URL|DIR", help="s3://bucket/dir, or a local directory")
     g.add_argument(
         "--older-than",
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="only uploads started at least this long ago (default 3600: spares live saves)",
+        help="only uploads/checkpoints at least this old (default 3600: spares live saves)",
     )
+    g.add_argument(
+        "--keep-last",
+        type=int,
+        metavar="N",
+        help="DIR without a state file: keep the N newest checkpoints (and their bases)",
+    )
+    g.add_argument("--dry-run", action="store_true", help="DIR: list what would be deleted")
     g.set_defaults(func=cmd_gc)
     return p
