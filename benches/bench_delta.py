@@ -224,7 +224,7 @@ def finetune(steps: int, lr: float, batch: int, seq: int) -> None:
         loss.backward()
         opt.step()
         if step in (0, steps - 1):
-            print(f"  fine-tune step {step + 1}: loss {float(loss):.4f}")
+            print(f"  fine-tune step {step + 1}: loss {loss.item():.4f}")
     print(f"  {steps} steps in {time.perf_counter() - t0:.0f} s")
     with tempfile.TemporaryDirectory() as d:
         ft = os.path.join(d, "ft.safetensors")
