@@ -15,7 +15,7 @@ import pytest
 import shardpoint as sp
 from shardpoint.errors import CorruptCheckpointError
 from shardpoint.tiers import FAULT_ENV
-from shardpoint.tiers.layout import COMMIT_SUFFIX, own_dir, part_prefix
+from shardpoint.tiers.layout import COMMIT_SUFFIX, own_dir, part_prefix, read_record, write_record
 from shardpoint.tiers.parts import Part, PartFile, decode_parts, encode_parts
 from shardpoint.tiers.plan import choose_plan
 
@@ -117,6 +117,19 @@ def test_bad_arguments_name_the_argument(tmp_path):
         _manager(tmp_path, local_every=0)
     with pytest.raises(sp.InvalidArgumentError, match="replicas"):
         _manager(tmp_path, replicas=-1)
+
+
+def test_commit_records_absent_or_malformed_do_not_count(tmp_path):
+    # absent: a local file and an object (NotFoundError from the store), never an error
+    assert read_record(str(tmp_path / "none.json")) is None
+    assert read_record("memory://tiers-records/none.json") is None
+    write_record("memory://tiers-records/ok.json", {"step": 3, "token": "a.0"})
+    assert read_record("memory://tiers-records/ok.json") == {"step": 3, "token": "a.0"}
+    for bad in (b"[1, 2]", b'{"step": "3", "token": "a"}', b'{"step": true, "token": "a"}',
+                b'{"step": 3}', b"\xff not json"):  # fmt: skip
+        path = tmp_path / "bad.json"
+        path.write_bytes(bad)
+        assert read_record(str(path)) is None, bad
 
 
 def test_plan_never_mixes_saves_and_prefers_cheap_tiers():

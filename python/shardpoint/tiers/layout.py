@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from .. import storage
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NotFoundError
 from .parts import _write_local, fsync_dir, join
 
 __all__ = [
@@ -95,13 +95,13 @@ def read_record(path: str) -> dict[str, Any] | None:
         record = json.loads(raw.decode("utf-8"))
         if not isinstance(record, dict):
             raise ValueError("not a JSON object")
-        int(record["step"]), str(record["token"])
+        step, token = record.get("step"), record.get("token")
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(token, str):
+            raise ValueError(f"step {step!r} and token {token!r} are not an integer and a string")
         return record
-    except FileNotFoundError:
+    except (FileNotFoundError, NotFoundError):  # absent: a local file or an object
         return None
     except (OSError, ValueError, KeyError, TypeError, CheckpointError) as e:
-        if isinstance(e, CheckpointError) and "NotFound" in type(e).__name__:
-            return None
         logger.warning("%s: ignoring an unreadable tier commit record (%s)", path, e)
         return None
 

@@ -234,7 +234,8 @@ class TieredCheckpointManager:
         error: str | None = None
         part: Part | None = None
         try:
-            written.result() if hasattr(written, "result") else None
+            if hasattr(written, "result"):  # a future of the non-blocking write
+                written.result()
             fault_point("local:after-part", rank, step)
             part = read_part(prefix, rank, step, token)
         except _ERRORS as e:

@@ -17,6 +17,7 @@ stalls training or the next local save. One step's upload:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from .. import storage
@@ -47,9 +48,7 @@ def upload_step(
     if rank == 0:
         old = read_record(record_path)
         if old is not None and str(old["token"]) != token:
-            storage.delete_object(record_path) if storage.is_url(record_path) else _unlink(
-                record_path
-            )
+            _remove_record(record_path)
     group.all_gather(None)  # nobody uploads before an older record of this step is gone
     error = None
     try:
@@ -84,9 +83,11 @@ def upload_step(
     return step
 
 
-def _unlink(path: str) -> None:
-    import os
-
+def _remove_record(path: str) -> None:
+    """Delete a commit record (an object or a local file); an absent one is fine."""
+    if storage.is_url(path):
+        storage.delete_object(path)
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -103,14 +104,12 @@ def apply_retention(directory: str, world: int, max_to_keep: int | None) -> None
         step_dir = persistent_step_dir(directory, step)
         try:
             path = join(step_dir, PERSISTENT_RECORD)
-            storage.delete_object(path) if storage.is_url(path) else _unlink(path)
+            _remove_record(path)
             for owner in range(int(rec.get("world", world))):
                 prefix = persistent_part(directory, step, owner)
                 if storage.exists(prefix):
                     storage.remove(prefix)
             if not storage.is_url(step_dir):
-                import os
-
                 try:
                     os.rmdir(step_dir)
                 except OSError:
