@@ -50,6 +50,7 @@ from .checkpoint_state import (
 )
 from .errors import DirectoryInUseError
 from .manager_delta import check_options, max_chain, protect_bases
+from .manager_tiers import TIER_ARGUMENTS, tiered_manager
 
 __all__ = ["CheckpointManager", "PENDING_DELETIONS_FILENAME"]
 
@@ -84,7 +85,18 @@ class CheckpointManager:
     A manager created over an existing directory takes over (may later delete) only the listed
     checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
     after the clock went backwards, none, so checkpoints kept so far are never deleted.
+
+    With a tier argument (``local_directory=...``, :data:`.manager_tiers.TIER_ARGUMENTS`) the
+    call returns a :class:`shardpoint.TieredCheckpointManager` instead, not an instance of this
+    class: ``directory`` is its persistent tier (docs/TIERS.md).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # the factory shardpoint.tiers registered (never imported here); a subclass keeps its
+        # own construction, whatever its keyword arguments are called
+        if cls is CheckpointManager and not TIER_ARGUMENTS.isdisjoint(kwargs):
+            return tiered_manager(args, kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -8,7 +8,10 @@ group (gloo subgroups of it), never a service of its own. See docs/TIERS.md.
 from __future__ import annotations
 
 from .faults import FAULT_ENV, FAULT_POINTS
+from .from_manager import register as _register
 from .manager import TieredCheckpointManager
 from .plan import PartSource, RestorePlan
+
+_register()  # sp.CheckpointManager(..., local_directory=...) builds a TieredCheckpointManager
 
 __all__ = ["TieredCheckpointManager", "RestorePlan", "PartSource", "FAULT_ENV", "FAULT_POINTS"]
