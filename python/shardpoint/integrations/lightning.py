@@ -12,6 +12,9 @@ loader, so ``LightningModule.load_from_checkpoint``, ``LightningDataModule.load_
 and ``Fabric.load`` read shardpoint files too, and every other file as before
 (``_lightning_reader``; a script that only loads calls :func:`install_reader`). Lightning's own
 ``.ckpt`` files load through the plugin with ``torch.load(weights_only=True)``.
+``ShardpointTiers(directory, local_directory=...)``, a callback, turns the multi-tier
+checkpoints on (docs/TIERS.md): a node-local tier every few steps, peer replicas, a persistent
+tier every many steps, and ``fit`` resuming from the cheapest tier by itself.
 Importing this module does not import Lightning.
 """
 
@@ -22,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._lightning_io import ShardpointCheckpointIO
+    from ._lightning_tiers import ShardpointTiers
 
 # The CheckpointIO subclass lives in _lightning_io (it imports Lightning); it is loaded on first
 # use of the name, so that this module imports without Lightning.
-_LAZY = {"ShardpointCheckpointIO": "._lightning_io"}
+_LAZY = {"ShardpointCheckpointIO": "._lightning_io", "ShardpointTiers": "._lightning_tiers"}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +46,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ShardpointCheckpointIO",
     "ShardpointLoadable",
+    "ShardpointTiers",
     "install_reader",
     "load_checkpoint",
     "load_from_checkpoint",
