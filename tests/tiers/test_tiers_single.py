@@ -80,7 +80,9 @@ def test_wiped_local_tier_restores_from_persistent_and_refills_local(tmp_path):
     assert m2.restore_or_initialize() == 8
     assert np.array_equal(w2.numpy(), _state(8))
     assert [p.tier for p in m2.restore_plan().sources] == ["persistent"]
-    # the local tier holds the restored part again (committed)
+    # the local tier holds the restored part again, committed in the background
+    assert _committed(own_dir(str(tmp_path / "local"), 0)) in ([], [8])
+    m2.wait()
     assert _committed(own_dir(str(tmp_path / "local"), 0)) == [8]
     m2.close()
 

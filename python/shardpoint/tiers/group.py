@@ -28,7 +28,9 @@ class Collective:
         """Every rank's ``obj`` (small, JSON-able), in rank order."""
         raise NotImplementedError
 
-    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(
+        self, sends: dict[int, bytearray | memoryview], sources: list[int]
+    ) -> dict[int, memoryview]:
         """Send ``sends[dst]`` to each ``dst`` while receiving one message from each rank in
         ``sources``; every rank calls it in the same collective step. At most one message
         per ordered pair of ranks."""
@@ -41,7 +43,9 @@ class SingleProcess(Collective):
     def all_gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(
+        self, sends: dict[int, bytearray | memoryview], sources: list[int]
+    ) -> dict[int, memoryview]:
         if sends or sources:
             raise ValueError("a single process has no peers to send to")
         return {}
@@ -66,7 +70,9 @@ class TorchGroup(Collective):
         self._dist.all_gather_object(out, obj, group=self._pg)
         return out
 
-    def exchange(self, sends: dict[int, bytearray], sources: list[int]) -> dict[int, memoryview]:
+    def exchange(
+        self, sends: dict[int, bytearray | memoryview], sources: list[int]
+    ) -> dict[int, memoryview]:
         import torch
 
         dist = self._dist

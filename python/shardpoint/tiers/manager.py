@@ -51,10 +51,12 @@ from .layout import (
 )
 from .parts import (
     Part,
+    PartSpec,
     decode_parts,
     encode_parts,
     file_list,
     read_part,
+    read_parts_message,
     sync_part,
     write_part,
 )
@@ -237,12 +239,14 @@ class TieredCheckpointManager:
             if hasattr(written, "result"):  # a future of the non-blocking write
                 written.result()
             fault_point("local:after-part", rank, step)
-            part = read_part(prefix, rank, step, token)
+            # read straight into the message to the replica peers; `part` views it
+            message: bytearray | memoryview
+            message, [part] = read_parts_message([(prefix, rank, step, token, None)])
         except _ERRORS as e:
             error = f"rank {rank}: own part: {type(e).__name__}: {e}"
+            message = encode_parts([])
         for owner in self._sources:  # stale replicas of this step number, record first
             remove_copy(part_prefix(replica_dir(self._local, rank, owner), step))
-        message = encode_parts([part] if part is not None else [])
         received = self._group.exchange({t: message for t in self._targets[rank]}, self._sources)
         fault_point("replicate:after-send", rank, step)
         held: list[tuple[str, Part]] = []
@@ -375,22 +379,20 @@ class TieredCheckpointManager:
         assert plan.step is not None and plan.token is not None
         step, token, rank = plan.step, plan.token, self.rank
         mine = plan.source_of(rank)
-        sends: dict[int, list[Part]] = {}
+        sends: dict[int, bytearray | memoryview] = {}
         for src in plan.sources:
             if src.tier == "peer" and src.holder == rank:
+                # the owner gets its own part, read from disk straight into the message
                 try:
-                    sends.setdefault(src.owner, []).append(
-                        _read_committed(src.path, src.owner, step, token)
-                    )
+                    spec = _committed(src.path, src.owner, step, token)
+                    sends[src.owner] = read_parts_message([spec])[0]
                 except _ERRORS as e:
                     logger.warning(
                         "tiers: %s: cannot send it to rank %d: %s", src.path, src.owner, e
                     )
-                    sends.setdefault(src.owner, [])
+                    sends[src.owner] = encode_parts([])
         sources = [mine.holder] if mine.tier == "peer" and mine.holder is not None else []
-        received = self._group.exchange(
-            {dst: encode_parts(parts) for dst, parts in sends.items()}, sources
-        )
+        received = self._group.exchange(sends, sources)
         own = part_prefix(own_dir(self._local, rank), step)
         try:
             if mine.tier == "local":
@@ -402,8 +404,10 @@ class TieredCheckpointManager:
                 # (so the values need no second check), the local tier refilled
                 write_part(part, own, durable=False)
                 self._checkpoint.restore(own, verify=False)
-                sync_part(part, own)
-                write_record(own + COMMIT_SUFFIX, _record(step, token, rank, self.world_size, part))
+                # made durable and committed in the background: training resumes now, and
+                # until its record exists the copy does not count (a crash only loses it)
+                record = _record(step, token, rank, self.world_size, part)
+                self._local_worker.submit(lambda: _commit_refill(part, own, record))
         except _ERRORS as e:
             logger.warning(
                 "tiers: rank %d could not restore step %d from %s: %s", rank, step, mine.tier, e
@@ -430,7 +434,8 @@ class TieredCheckpointManager:
                 raise TierError(f"rank {src.holder} could not send its replica of step {step}")
             return parts[0]
         if src.tier == "node":
-            return _read_committed(src.path, src.owner, step, token)
+            path, owner, _, _, files = _committed(src.path, src.owner, step, token)
+            return read_part(path, owner, step, token, expect=files)
         rec = next(r for r in records if int(r["step"]) == step and str(r["token"]) == token)
         files = rec.get("parts", {}).get(str(src.owner))
         if not isinstance(files, list):
@@ -448,12 +453,22 @@ class TieredCheckpointManager:
                     remove_copy(prefix)
 
 
-def _read_committed(prefix: str, owner: int, step: int, token: str) -> Part:
-    """A committed local copy, its files carrying the crcs of its record."""
+def _commit_refill(part: Part, prefix: str, record: dict[str, Any]) -> None:
+    """fsync a part a restore wrote into the local tier, then write its commit record. A
+    failure is logged, not raised: the restore succeeded, the copy just does not count."""
+    try:
+        sync_part(part, prefix)
+        write_record(prefix + COMMIT_SUFFIX, record)
+    except OSError as e:
+        logger.warning("tiers: %s: the restored copy was not committed locally: %s", prefix, e)
+
+
+def _committed(prefix: str, owner: int, step: int, token: str) -> PartSpec:
+    """A committed local copy to read, its files to carry the crcs of its record."""
     record = read_record(prefix + COMMIT_SUFFIX)
     if record is None or str(record["token"]) != token:
         raise TierError(f"{prefix}: no commit record of this save")
-    return read_part(prefix, owner, step, token, expect=record.get("files"))
+    return (prefix, owner, step, token, record.get("files"))
 
 
 def _record(step: int, token: str, owner: int, world: int, part: Part) -> dict[str, Any]:

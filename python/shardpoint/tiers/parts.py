@@ -28,7 +28,9 @@ from ..storage.atomic_files import create_temp, make_dirs
 __all__ = [
     "PartFile",
     "Part",
+    "PartSpec",
     "read_part",
+    "read_parts_message",
     "write_part",
     "encode_parts",
     "decode_parts",
@@ -96,15 +98,10 @@ def _read_whole(path: str) -> bytes:
         return f.read()
 
 
-def read_part(
-    prefix: str, owner: int, step: int, token: str, *, expect: list[Any] | None = None
-) -> Part:
-    """The files of the checkpoint at ``prefix`` (local or URL) with their crc32c, index last.
+def _suffixes(prefix: str) -> list[str]:
+    """The file suffixes of the checkpoint at ``prefix``, data shards first, the index last.
     The shard list comes from the index itself (never from a directory listing, which may hold
-    leftovers), and the index's own checksums are checked as it is opened. ``expect``: the
-    ``[suffix, length, crc]`` list of the copy's commit record; the files then carry those
-    crcs (not ones computed from what is on disk now), so damage since the commit is caught
-    by whoever checks them (:meth:`PartFile.check`)."""
+    leftovers), and the index's own checksums are checked as it is opened."""
     with storage.open(prefix, verify=True) as r:
         shards = [os.path.basename(os.fspath(p)) for p, _ in r.format_info["shards"]]
     base = (
@@ -112,24 +109,115 @@ def read_part(
         if storage.is_url(prefix)
         else os.path.basename(prefix)
     )
-    part = Part(owner, step, token)
+    out = []
     for name in shards:
         suffix = name[len(base) :] if name.startswith(base) else name
         _check_suffix(suffix, prefix)
+        out.append(suffix)
+    return [*out, ".index"]
+
+
+def _recorded_crcs(prefix: str, suffixes: list[str], expect: list[Any]) -> dict[str, int]:
+    recorded = {str(s): (int(n), int(c)) for s, n, c in expect}
+    if sorted(recorded) != sorted(suffixes):
+        raise CorruptCheckpointError(
+            f"{prefix}: files {sorted(suffixes)} differ from the commit record's {sorted(recorded)}"
+        )
+    return {s: c for s, (_, c) in recorded.items()}
+
+
+def read_part(
+    prefix: str, owner: int, step: int, token: str, *, expect: list[Any] | None = None
+) -> Part:
+    """The files of the checkpoint at ``prefix`` (local or URL) with their crc32c, index last.
+    ``expect``: the ``[suffix, length, crc]`` list of the copy's commit record; the files then
+    carry those crcs (not ones computed from what is on disk now), so damage since the commit
+    is caught by whoever checks them (:meth:`PartFile.check`). A local part is read straight
+    into one message buffer (:func:`read_parts_message`), its files views of it."""
+    if not storage.is_url(prefix):
+        return read_parts_message([(prefix, owner, step, token, expect)])[1][0]
+    suffixes = _suffixes(prefix)
+    crcs = _recorded_crcs(prefix, suffixes, expect) if expect is not None else None
+    part = Part(owner, step, token)
+    for suffix in suffixes:
         data = _read_whole(prefix + suffix)
-        part.files.append(PartFile(suffix, data, 0 if expect is not None else storage.crc32c(data)))
-    data = _read_whole(prefix + ".index")
-    part.files.append(PartFile(".index", data, 0 if expect is not None else storage.crc32c(data)))
-    if expect is not None:
-        recorded = {str(s): (int(n), int(c)) for s, n, c in expect}
-        if sorted(recorded) != sorted(f.suffix for f in part.files):
-            raise CorruptCheckpointError(
-                f"{prefix}: files {sorted(f.suffix for f in part.files)} differ from the "
-                f"commit record's {sorted(recorded)}"
-            )
-        for f in part.files:
-            f.crc = recorded[f.suffix][1]
+        crc = crcs[suffix] if crcs is not None else storage.crc32c(data)
+        part.files.append(PartFile(suffix, data, crc))
     return part
+
+
+#: what :func:`read_parts_message` reads: (prefix, owner, step, token, expect)
+PartSpec = tuple[str, int, int, str, "list[Any] | None"]
+_CRC_WIDTH = 4294967295  # the widest crc: the header's room is reserved with it
+
+
+def read_parts_message(specs: list[PartSpec]) -> tuple[memoryview, list[Part]]:
+    """The local parts ``specs`` name, read straight into one message (the layout of
+    :func:`encode_parts`) and nothing copied again: the buffer is allocated once (not zeroed)
+    with room for the header, each file is read into its place with ``readinto``, and the
+    parts returned hold views of it. A file's crc is its commit record's (``expect``) or,
+    without one, computed from the bytes read. A file whose size changes while it is read is
+    an error naming it."""
+    import numpy as np
+
+    layout: list[tuple[PartSpec, list[tuple[str, int]], dict[str, int] | None]] = []
+    for spec in specs:
+        prefix, _, _, _, expect = spec
+        suffixes = _suffixes(prefix)
+        crcs = _recorded_crcs(prefix, suffixes, expect) if expect is not None else None
+        layout.append((spec, [(s, os.stat(prefix + s).st_size) for s in suffixes], crcs))
+
+    def header(crc_of: Any) -> bytes:
+        return json.dumps(
+            {
+                "parts": [
+                    {
+                        "owner": owner,
+                        "step": step,
+                        "token": token,
+                        "files": [[s, n, crc_of(prefix, s)] for s, n in files],
+                    }
+                    for (prefix, owner, step, token, _), files, _ in layout
+                ]
+            }
+        ).encode("utf-8")
+
+    room = len(header(lambda p, s: _CRC_WIDTH))
+    total = _HEAD.size + room + sum(n for _, files, _ in layout for _, n in files)
+    message = np.empty(total, dtype=np.uint8).data.cast("B")
+    pos = _HEAD.size + room
+    parts: list[Part] = []
+    crc_at: dict[tuple[str, str], int] = {}
+    for (prefix, owner, step, token, _), files, crcs in layout:
+        part = Part(owner, step, token)
+        for suffix, n in files:
+            view = message[pos : pos + n]
+            _read_into(prefix + suffix, view)
+            crc = crcs[suffix] if crcs is not None else storage.crc32c(view)
+            crc_at[(prefix, suffix)] = crc
+            part.files.append(PartFile(suffix, view, crc))
+            pos += n
+        parts.append(part)
+    head = header(lambda p, s: crc_at[(p, s)])
+    message[: _HEAD.size] = _HEAD.pack(_MAGIC, room)
+    # JSON allows trailing white space: the header is padded to its reserved room
+    message[_HEAD.size : _HEAD.size + room] = head + b" " * (room - len(head))
+    return message, parts
+
+
+def _read_into(path: str, view: memoryview) -> None:
+    """Fill ``view`` with the whole of file ``path`` (exactly its size)."""
+    with open(path, "rb", buffering=0) as f:
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise CorruptCheckpointError(
+                    f"{path}: {got} bytes, shorter than the {len(view)} it had a moment ago"
+                )
+            got += n
+        if f.read(1):
+            raise CorruptCheckpointError(f"{path}: longer than the {len(view)} bytes expected")
 
 
 def file_list(part: Part) -> list[list[Any]]:
