@@ -16,7 +16,13 @@ import shardpoint as sp
 from shardpoint.errors import CorruptCheckpointError
 from shardpoint.tiers import FAULT_ENV
 from shardpoint.tiers.layout import COMMIT_SUFFIX, own_dir, part_prefix, read_record, write_record
-from shardpoint.tiers.parts import Part, PartFile, decode_parts, encode_parts
+from shardpoint.tiers.parts import (
+    Part,
+    PartFile,
+    decode_parts,
+    encode_parts,
+    read_parts_message,
+)
 from shardpoint.tiers.plan import choose_plan
 
 
@@ -173,6 +179,30 @@ def test_messages_are_checked_as_hostile_input():
         decode_parts(b"NOTTIERS" + bytes(8), "rank 1")
     with pytest.raises(sp.ChecksumMismatchError, match="crc32c"):
         part.files[0].check("x")
+
+
+def test_parts_read_straight_into_a_message(tmp_path):
+    prefix = str(tmp_path / "ckpt-3")
+    sp.save_file({"a": np.arange(3000, dtype=np.float32), "b": np.ones(7)}, prefix)
+    message, (part,) = read_parts_message([(prefix, 2, 3, "t.0", None)])
+    (got,) = decode_parts(message, "rank 2")  # the header padded to its room decodes
+    assert (got.owner, got.step, got.token) == (2, 3, "t.0")
+    assert [f.suffix for f in got.files][-1] == ".index"
+    for mine, theirs in zip(part.files, got.files, strict=True):
+        assert bytes(mine.data) == bytes(theirs.data) == open(prefix + mine.suffix, "rb").read()
+        assert mine.crc == theirs.crc == sp.storage.crc32c(mine.data)
+        theirs.check("x")
+    # with a commit record the files carry its crcs: damage on disk since then is caught
+    record = [[f.suffix, len(f.data), f.crc] for f in part.files]
+    shard = prefix + part.files[0].suffix
+    raw = bytearray(open(shard, "rb").read())
+    raw[len(raw) // 2] ^= 1
+    open(shard, "wb").write(bytes(raw))
+    _, (damaged,) = read_parts_message([(prefix, 2, 3, "t.0", record)])
+    with pytest.raises(sp.ChecksumMismatchError, match="crc32c"):
+        damaged.files[0].check(prefix)
+    with pytest.raises(CorruptCheckpointError, match="commit record"):
+        read_parts_message([(prefix, 2, 3, "t.0", record[:-1])])
 
 
 def test_fault_point_kills_by_signal_only_where_named(tmp_path):
