@@ -1,4 +1,4 @@
-"""Multi-tier checkpoint benchmark (issue 43): three figures, measured side by side in one run.
+"""Multi-tier checkpoint benchmark (issue 43): four figures, measured side by side in one run.
 
     python benches/bench_tiers.py [--quick] [--mb 64]
 
@@ -13,9 +13,11 @@
 3. ``wrong_restores``: restores that were not exact or not the same step on every rank, over a
    kill (SIGKILL) at every named fault point, a wiped node, both nodes wiped and a corrupted
    replica. Target 0.
+4. ``peer_cpu_ms``: CPU time of the peer path's work on one rank's part (read into a message,
+   check, write, restore), one process: what bounds a peer restore given a core per rank.
 
-The last line is ``blocking_ratio=.. restore_speedup=.. wrong_restores=.. load_average=..
-cores=..`` (the 1-minute load average when it finished: the ratios are timings).
+The last line is ``blocking_ratio=.. restore_speedup=.. wrong_restores=.. peer_cpu_ms=..
+load_average=.. cores=..`` (the 1-minute load average when it finished: the ratios are timings).
 """
 
 from __future__ import annotations
@@ -65,6 +67,30 @@ def blocking_ratio(mb: int, tmp: str) -> float:
     print(f"blocking: save {min(blocks[1:]) * 1e3:.1f} ms, memcpy {min(copies[1:]) * 1e3:.1f} ms "
           f"of {mb} MiB -> ratio {ratio:.2f}")  # fmt: skip
     return ratio
+
+
+def peer_path_cpu(mb: int, tmp: str) -> float:
+    """CPU seconds (all threads, best of 5, one process) of what the peer path does with one
+    rank's part: the holder reads it into a message, the receiver checks and writes it and
+    restores from it (the transfer itself left out). With a core per rank this, not the
+    link, bounds a peer restore."""
+    from shardpoint.tiers.parts import decode_parts, read_parts_message, write_part
+
+    n = mb * (1 << 20) // 4
+    ckpt = sp.Checkpoint(w=sp.Variable(np.random.default_rng(0).standard_normal(n, np.float32)))
+    src = os.path.join(tmp, "holder", "ckpt-1")
+    ckpt.write(src)
+    best = float("inf")
+    for i in range(5):
+        dst = os.path.join(tmp, f"receiver-{i}", "ckpt-1")
+        t0 = time.process_time()
+        message, _ = read_parts_message([(src, 0, 1, "t", None)])
+        (part,) = decode_parts(message, "holder")
+        write_part(part, dst, durable=False)
+        ckpt.restore(dst, verify=False)
+        best = min(best, time.process_time() - t0)
+    print(f"peer path CPU per {mb} MiB part (read, check, write, restore): {best * 1e3:.0f} ms")
+    return best
 
 
 def _slowest_restore(outs: list[dict], tiers: list[str]) -> tuple[float, bool]:
@@ -193,12 +219,14 @@ def main() -> None:
     mb = args.mb or (32 if args.quick else 256)
     with tempfile.TemporaryDirectory() as tmp:
         ratio = blocking_ratio(mb * 2, os.path.join(tmp, "blocking"))
+        cpu = peer_path_cpu(mb, os.path.join(tmp, "cpu"))
         speedup, wrong_speed = restore_speedup(mb, os.path.join(tmp, "restore"))
         wrong, _ = wrong_restores(os.path.join(tmp, "faults"))
     load = os.getloadavg()[0]  # the figures are timings: say how busy the machine was
     print(
         f"blocking_ratio={ratio:.2f} restore_speedup={speedup:.1f} "
-        f"wrong_restores={wrong + wrong_speed} load_average={load:.1f} cores={os.cpu_count()}"
+        f"wrong_restores={wrong + wrong_speed} peer_cpu_ms={cpu * 1e3:.0f} "
+        f"load_average={load:.1f} cores={os.cpu_count()}"
     )
 
 
