@@ -112,6 +112,21 @@ def test_damaged_local_part_falls_back_to_an_intact_copy(tmp_path):
     m2.close()
 
 
+def test_a_newer_persistent_step_wins_over_an_older_local_one(tmp_path):
+    m, w, s = _manager(tmp_path)
+    _save(m, w, s, range(1, 9))  # local 6, 8; persistent 4, 8
+    m.close()
+    own = own_dir(str(tmp_path / "local"), 0)
+    os.unlink(part_prefix(own, 8) + COMMIT_SUFFIX)  # local step 8 lost: its record gone
+    m2, w2, s2 = _manager(tmp_path)
+    # the local tier's step 6 is restored while the persistent tier is listed; its step 8 is
+    # newer and complete, so it is restored after
+    assert m2.restore_or_initialize() == 8
+    assert np.array_equal(w2.numpy(), _state(8)) and int(s2.numpy()) == 8
+    assert [p.tier for p in m2.restore_plan().sources] == ["persistent"]
+    m2.close()
+
+
 def test_nothing_anywhere_calls_init_fn(tmp_path):
     called = []
     m, _, _ = _manager(tmp_path, init_fn=lambda: called.append(1))

@@ -30,6 +30,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
+from concurrent import futures
 from typing import Any
 
 from .. import storage
@@ -326,35 +327,42 @@ class TieredCheckpointManager:
         """Restore the newest step complete in some tier (the same step on every rank) and
         return it, else call ``init_fn`` and return None. A collective.
 
-        Every rank reports the committed copies it holds (rank 0 also the persistent tier's
-        commits) in one all-gather; each then computes the same plan (tiers/plan.py): per rank
-        the cheapest copy. Parts held by another node's rank are sent over the group; every
+        Every rank reports the committed copies it holds in one all-gather (rank 0 lists the
+        persistent tier's commits meanwhile, in the background; they join the outcome's
+        all-gather, and a newer complete step there is restored next); each rank computes the
+        same plan (tiers/plan.py): per rank the cheapest copy. Parts held by another node's rank are sent over the group; every
         file is checked against the crc32c of its commit record on the way in, and every value
         again as it is restored. A source that fails its checks is excluded, the ranks agree
         on that, and a new plan is made (an older step if needed): never a mix of steps.
         """
         self.wait()
-        inventory = committed_copies(self._local, self.rank)
-        persistent = persistent_steps(self._directory) if self.rank == 0 else []
-        reports = self._group.all_gather([inventory, persistent])
-        inventories = [r[0] for r in reports]
-        records = reports[0][1]
+        # rank 0 lists the persistent tier (object-store requests) in the background while the
+        # local and peer tiers are planned and restored from: it decides only when they hold no
+        # complete step, or when it holds a newer complete step (then that one is restored)
+        listing = (
+            _in_background(lambda: persistent_steps(self._directory)) if self.rank == 0 else None
+        )
+        inventories = self._group.all_gather(committed_copies(self._local, self.rank))
+        records: list[dict[str, Any]] | None = None  # None: not known on every rank yet
         excluded: set[tuple[int, int, str, int | None]] = set()
         notes: list[str] = []
         for _ in range(4 * self.world_size + 8):
-            plan = choose_plan(
-                self.world_size,
-                self._node_of,
-                inventories,
-                records,
-                persistent_part_of(self._directory),
-                excluded,
-            )
+            plan = self._plan_with(inventories, records or [], excluded)
             plan.excluded = list(notes)
             if plan.step is None:
+                if records is None:  # nothing complete nearer: the persistent tier decides
+                    records = self._group.all_gather(listing() if listing else None)[0] or []
+                    continue
                 break
-            error = self._execute(plan, records)
-            failures = self._group.all_gather(error)
+            error = self._execute(plan, records or [])
+            listed = listing() if listing is not None and records is None else None
+            outcomes = self._group.all_gather([error, listed])
+            failures = [o[0] for o in outcomes]
+            if records is None:
+                records = outcomes[0][1] or []
+                newest = self._plan_with(inventories, records, excluded)
+                if not any(failures) and (newest.step, newest.token) != (plan.step, plan.token):
+                    continue  # the persistent tier holds a newer complete step: that one
             if not any(failures):
                 self._plan = plan
                 self._latest = plan.step
@@ -372,6 +380,21 @@ class TieredCheckpointManager:
         if self._init_fn is not None:
             self._init_fn()
         return None
+
+    def _plan_with(
+        self,
+        inventories: list[Any],
+        records: list[dict[str, Any]],
+        excluded: set[tuple[int, int, str, int | None]],
+    ) -> RestorePlan:
+        return choose_plan(
+            self.world_size,
+            self._node_of,
+            inventories,
+            records,
+            persistent_part_of(self._directory),
+            excluded,
+        )
 
     def _execute(self, plan: RestorePlan, records: list[dict[str, Any]]) -> tuple[int, str] | None:
         """This rank's share of ``plan``: send what others fetch from here, get and check its
@@ -451,6 +474,20 @@ class TieredCheckpointManager:
                 record = read_record(prefix + COMMIT_SUFFIX)
                 if s > step or (s == step and record is not None and record["token"] != token):
                     remove_copy(prefix)
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Run ``fn`` on a thread now; the returned callable waits for its result (or error)."""
+    out: futures.Future[Any] = futures.Future()
+
+    def run() -> None:
+        try:
+            out.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - raised again by the caller's wait
+            out.set_exception(e)
+
+    threading.Thread(target=run, name="shardpoint-tier-listing", daemon=True).start()
+    return out.result
 
 
 def _commit_refill(part: Part, prefix: str, record: dict[str, Any]) -> None:
