@@ -85,6 +85,7 @@ SERIAL_GROUPS = {
         "test_accelerate_multiprocess.py",
         "test_tiers_multiprocess.py",
         "test_reader_pickle.py",  # DataLoaders with spawned and forkserver workers
+        "test_lightning_tiers_ddp.py",
     ),
     "timing": ("test_gil.py",),
 }

@@ -107,6 +107,8 @@ class ShardpointTiers(Callback):
         self.manager: TieredCheckpointManager | None = None
         #: the step ``fit`` resumed from (None: started fresh)
         self.restored_step: int | None = None
+        #: where each rank's part came from (``shardpoint.tiers.RestorePlan``; None: no restore)
+        self.restore_plan: Any = None
         self._last_step: int | None = None
 
     @property
@@ -119,6 +121,7 @@ class ShardpointTiers(Callback):
         state = _TrainerState(trainer)
         self.manager = TieredCheckpointManager(state, self.directory, **self._options)
         self.restored_step = self.manager.restore_or_initialize()
+        self.restore_plan = self.manager.restore_plan()
         self._last_step = self.restored_step
         if state.loaded is not None:
             loaded: dict[str, Any] = state.loaded
