@@ -21,7 +21,9 @@ from integration_helpers.common import digest, hexes  # noqa: E402
 from shardpoint.integrations.lightning import ShardpointTiers  # noqa: E402
 
 
-def _fit(root: Path, epochs: int, tiers: ShardpointTiers | None) -> dict[str, Any]:
+def _fit(
+    root: Path, epochs: int, tiers: ShardpointTiers | None, accumulate: int = 1
+) -> dict[str, Any]:
     model = lightning_run.make_module()
     seen: dict[str, Any] = {}
 
@@ -40,6 +42,7 @@ def _fit(root: Path, epochs: int, tiers: ShardpointTiers | None) -> dict[str, An
         callbacks=[Probe()] + ([tiers] if tiers is not None else []),
         default_root_dir=str(root),
         deterministic=True,
+        accumulate_grad_batches=accumulate,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -90,3 +93,17 @@ def test_one_callback_resumes_exactly_from_local_then_from_persistent(tmp_path: 
     # the local tier was refilled from the persistent copy, and saved into again
     own = b / "nvme" / "rank-00000" / "own"
     assert (own / "ckpt-16.tier-commit.json").exists()
+
+
+def test_saves_follow_optimizer_steps_under_gradient_accumulation(tmp_path: Path) -> None:
+    tiers = ShardpointTiers(
+        tmp_path / "bucket", local_directory=tmp_path / "nvme", local_every=1, local_max_to_keep=5
+    )
+    run = _fit(tmp_path, 1, tiers, accumulate=2)  # 4 batches, 2 optimizer steps
+    assert run["step"] == 2
+    own = tmp_path / "nvme" / "rank-00000" / "own"
+    # one save per optimizer step, none for the batches before the first one (step 0)
+    assert sorted(p.name for p in own.glob("*.tier-commit.json")) == [
+        "ckpt-1.tier-commit.json",
+        "ckpt-2.tier-commit.json",
+    ]

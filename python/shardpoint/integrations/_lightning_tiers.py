@@ -140,8 +140,10 @@ class ShardpointTiers(Callback):
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = int(trainer.global_step)
-        if self.manager is None or step == self._last_step:
-            return  # gradient accumulation: no optimizer step since the last call
+        if self.manager is None or step <= 0 or step == self._last_step:
+            # gradient accumulation: no optimizer step (yet, or since the last call); step 0
+            # would count as due (0 % k == 0) though nothing was trained
+            return
         self._last_step = step
         self.manager.save(step)
 
