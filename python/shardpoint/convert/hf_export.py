@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..storage import Reader
-from ..storage.atomic_files import make_dirs
+from ..storage.atomic_files import fsync_dir, make_dirs
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
@@ -99,14 +99,6 @@ class _ShardSource(Source):
 
 def _str_meta(meta: dict[str, Any]) -> dict[str, str]:
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_hf(
@@ -204,10 +196,10 @@ def write_hf(
             )
         os.chmod(tmp, 0o777 & ~_umask())
         if durable:
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
         _publish(tmp, out_dir)
         if durable:
-            _fsync_dir(parent)
+            fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 
 from .. import storage
-from ..storage.atomic_files import create_temp, try_lock_exclusive
+from ..storage.atomic_files import create_temp, fsync_dir, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
 from .storage_io import checkpoint_exists, is_url
 
@@ -124,19 +124,6 @@ def read_checkpoint_state(directory: str | os.PathLike) -> CheckpointState | Non
     return state
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint_state(
     directory: str | os.PathLike, state: CheckpointState, *, etag: object = _CACHED
 ) -> str | None:
@@ -179,7 +166,7 @@ def write_checkpoint_state(
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory, strict=False)
     _remove_stale_temps(directory)
     return None
 

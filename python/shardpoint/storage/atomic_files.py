@@ -13,7 +13,7 @@ import fcntl
 import os
 import secrets
 
-__all__ = ["create_temp", "try_lock_exclusive", "make_dirs"]
+__all__ = ["create_temp", "fsync_dir", "try_lock_exclusive", "make_dirs"]
 
 #: errnos meaning "this file system has no flock" (Lustre noflock, some FUSE/NFS setups)
 _NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL}
@@ -57,3 +57,21 @@ def try_lock_exclusive(fd: int) -> bool:
             return False
         raise
     return True
+
+
+def fsync_dir(directory: str, *, strict: bool = True) -> None:
+    """Make the renames in ``directory`` durable. ``strict=False``: a file system that cannot
+    open or sync a directory is not an error (the rename itself happened)."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        if strict:
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if strict:
+            raise
+    finally:
+        os.close(fd)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import storage
 from ..errors import ChecksumMismatchError, CorruptCheckpointError
-from ..storage.atomic_files import create_temp, make_dirs
+from ..storage.atomic_files import create_temp, fsync_dir, make_dirs
 
 __all__ = [
     "PartFile",
@@ -243,15 +243,6 @@ def _write_local(path: str, data: bytes | memoryview, durable: bool = True) -> N
         except OSError:
             pass
         raise
-
-
-def fsync_dir(directory: str) -> None:
-    """Make the renames in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_part(part: Part, prefix: str, *, after_data: object = None, durable: bool = True) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import storage
 from ..errors import CheckpointError, TierError
+from ..objgraph.storage_io import delete_name
 from .faults import fault_point
 from .group import Collective
 from .layout import (
@@ -48,7 +49,7 @@ def upload_step(
     if rank == 0:
         old = read_record(record_path)
         if old is not None and str(old["token"]) != token:
-            _remove_record(record_path)
+            delete_name(record_path)
     group.all_gather(None)  # nobody uploads before an older record of this step is gone
     error = None
     try:
@@ -83,17 +84,6 @@ def upload_step(
     return step
 
 
-def _remove_record(path: str) -> None:
-    """Delete a commit record (an object or a local file); an absent one is fine."""
-    if storage.is_url(path):
-        storage.delete_object(path)
-        return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def apply_retention(directory: str, world: int, max_to_keep: int | None) -> None:
     """Keep the newest ``max_to_keep`` committed steps of the persistent tier (rank 0 only):
     each older one loses its record first, then its parts."""
@@ -104,7 +94,7 @@ def apply_retention(directory: str, world: int, max_to_keep: int | None) -> None
         step_dir = persistent_step_dir(directory, step)
         try:
             path = join(step_dir, PERSISTENT_RECORD)
-            _remove_record(path)
+            delete_name(path)
             for owner in range(int(rec.get("world", world))):
                 prefix = persistent_part(directory, step, owner)
                 if storage.exists(prefix):
