@@ -23,6 +23,7 @@ __all__ = [
     "crc32c",
     "digest_bytes",
     "read_file_ranges",
+    "read_file_ranges_direct",
     "dtype_names",
     "error_class_names",
     "exists",
@@ -249,4 +250,10 @@ def read_file_ranges(
     outs: Sequence[_Buffer],
     threads: int | None = None,
 ) -> None: ...
+def read_file_ranges_direct(
+    paths: Sequence[str],
+    ranges: Sequence[tuple[int, int]],
+    outs: Sequence[_Buffer],
+    depth: int | None = None,
+) -> tuple[int, int, int]: ...
 def error_class_names() -> list[str]: ...

@@ -13,6 +13,7 @@
 //! - [`writer`]: multi-shard and multi-writer saves (one save path, optional progress);
 //! - [`merge`]: the multi-writer merge of partial indexes and the index metadata JSON;
 //! - [`load`]: the bulk-load engine (read-ahead, ordered work, fused read + crc);
+//! - [`direct`]: cold reads of plain files with `O_DIRECT`, several in flight, in place;
 //! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
 //! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
 //! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
@@ -35,6 +36,7 @@ pub mod codec;
 pub mod commit;
 pub mod crc_combine;
 pub mod digest;
+pub mod direct;
 pub mod error;
 pub mod format;
 pub mod incremental;

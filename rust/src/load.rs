@@ -232,14 +232,14 @@ type FileAt = (usize, u64);
 type Slot<'d> = Mutex<Option<&'d mut [u8]>>;
 
 /// One file of [`read_files_into`]: opened for reading, with its length at open.
-struct PlainFile {
-    path: std::path::PathBuf,
-    file: File,
-    len: u64,
+pub(crate) struct PlainFile {
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) file: File,
+    pub(crate) len: u64,
 }
 
 impl PlainFile {
-    fn open(path: &std::path::Path) -> Result<PlainFile> {
+    pub(crate) fn open(path: &std::path::Path) -> Result<PlainFile> {
         use std::os::unix::fs::OpenOptionsExt;
         // O_NONBLOCK: a FIFO planted under a shard name must not hang the open.
         let file = std::fs::OpenOptions::new()
@@ -258,7 +258,7 @@ impl PlainFile {
         })
     }
 
-    fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
         use std::os::unix::fs::FileExt;
         match self.file.read_exact_at(buf, off) {
             Ok(()) => Ok(()),

@@ -32,6 +32,7 @@ from .paths import (
     wants_single_file,
     write_object,
 )
+from .direct_reads import read_ranges_direct
 from .reader import (
     STATS_FIELDS,
     EntryInfo,
@@ -71,6 +72,7 @@ __all__ = [
     "list_url",
     "gc",
     "read_ranges_into",
+    "read_ranges_direct",
     "stats_dict",
     "declare_framework",
     "declare_in_place_reader",

@@ -205,6 +205,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(read::read_file_ranges, m)?)?;
+    m.add_function(wrap_pyfunction!(read::read_file_ranges_direct, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;

@@ -1,0 +1,462 @@
+//! Cold reads at the device's speed: byte ranges of plain files read with `O_DIRECT`, several
+//! large reads in flight, straight into their destinations where the addresses allow.
+//!
+//! Why not the page cache ([`crate::load::read_files_into`]) for files that are not cached: a
+//! buffered read of a cold file costs a page-cache allocation, the kernel's copy into the
+//! caller's memory, and a queue depth of whatever the kernel's read-ahead keeps in flight. On
+//! this project's machine (a virtio disk) a 1 GB file reads at 0.8 GB/s with `dd bs=16M`
+//! (buffered, one stream) and 1.5 GB/s with `fio --direct=1 --iodepth=8 --bs=16M`: the device
+//! wants many large requests at once, and a direct read is a DMA into the destination, no copy.
+//!
+//! How a range is read, piece by piece ([`DIRECT_PIECE`] bytes, cut at file offsets that are
+//! multiples of the piece size, so interior pieces are aligned at both ends):
+//! - a piece whose first and last pages are in the page cache is read with a plain `pread`
+//!   (a copy from memory beats a trip to the device; a warm load keeps its speed);
+//! - a piece whose destination address is congruent to its file offset modulo [`DIRECT_ALIGN`]
+//!   (the caller placed it so: the weights iterator allocates each tensor that way) is read
+//!   in place: its aligned interior with one `O_DIRECT` read, its partial first and last
+//!   blocks through a 4 KiB bounce block;
+//! - any other piece is read with `O_DIRECT` into the worker's aligned bounce buffer and copied
+//!   out (one copy, as the page cache would cost, but at the device's queue depth).
+//!
+//! [`DIRECT_DEPTH`] workers (blocking in the device, not on the CPUs) take pieces in file order
+//! from a shared cursor. A file system that refuses `O_DIRECT` (tmpfs before Linux 6.6, some
+//! FUSE mounts), or a read it refuses with `EINVAL`, falls back to `pread` for that piece.
+//! Every range is checked against its file's length before anything is read, and a file that
+//! shrinks under the load gives an error naming the file and offset.
+
+use crate::error::{Error, Result};
+use crate::load::PlainFile;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Alignment of `O_DIRECT` offsets, lengths and memory: the largest logical block size of
+/// common devices (512 or 4096), and the page size.
+pub const DIRECT_ALIGN: u64 = 4096;
+/// Bytes per direct read: large enough that the device streams, small enough that
+/// [`DIRECT_DEPTH`] of them spread a 64 MiB batch over every worker.
+pub const DIRECT_PIECE: u64 = 8 << 20;
+/// Reads in flight: what `fio` needs on a virtio disk or an NVMe drive to reach its sequential
+/// rate (measured in docs/SERVING.md, "Cold reads").
+pub const DIRECT_DEPTH: usize = 8;
+
+/// Where the bytes of a [`read_files_direct`] call came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirectStats {
+    /// Read by DMA straight into the destination.
+    pub in_place: u64,
+    /// Read with `O_DIRECT` into a bounce buffer, then copied.
+    pub bounced: u64,
+    /// Read with `pread` (already cached, or `O_DIRECT` refused).
+    pub buffered: u64,
+}
+
+/// A zeroed, [`DIRECT_ALIGN`]-aligned buffer (what `O_DIRECT` reads into).
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Result<Aligned> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN as usize)
+            .map_err(|e| Error::InvalidArgument(format!("bounce buffer of {len} bytes: {e}")))?;
+        // SAFETY: a non-zero size; the pointer is checked before use.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot allocate a {len}-byte bounce buffer"
+            )));
+        }
+        Ok(Aligned { ptr, layout })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `layout.size()` bytes owned by self, initialized (zeroed) at allocation.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// One file: the checked buffered handle and, where the file system allows, an `O_DIRECT` one.
+struct DirectFile {
+    plain: PlainFile,
+    direct: Option<File>,
+}
+
+fn open_direct(path: &std::path::Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_NONBLOCK)
+        .open(path)
+        .ok()
+}
+
+/// Why a direct read did not fill its buffer.
+enum DirectErr {
+    /// The kernel refused `O_DIRECT` for this request (alignment, file system): use `pread`.
+    Refused,
+    Io(std::io::Error),
+}
+
+/// `O_DIRECT` read of `buf` (aligned address and length) from aligned `off`, until it is full
+/// or the file ends; returns the bytes read.
+fn direct_read(file: &File, off: u64, buf: &mut [u8]) -> std::result::Result<usize, DirectErr> {
+    let mut got = 0usize;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(DirectErr::Refused),
+            Err(e) => return Err(DirectErr::Io(e)),
+        }
+        // A short read that leaves the position unaligned ends the direct part (only at the
+        // end of the file; a later read would be refused anyway).
+        if !(got as u64).is_multiple_of(DIRECT_ALIGN) {
+            break;
+        }
+    }
+    Ok(got)
+}
+
+/// Whether the page holding byte `off` is in the page cache (a one-byte non-blocking read).
+fn cached(file: &File, off: u64) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let mut b = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: one iovec over a live one-byte buffer; the fd is open for the call.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off as i64, libc::RWF_NOWAIT) };
+    n == 1
+}
+
+const fn align_down(x: u64) -> u64 {
+    x / DIRECT_ALIGN * DIRECT_ALIGN
+}
+
+const fn align_up(x: u64) -> u64 {
+    x.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN
+}
+
+struct Worker<'f> {
+    files: &'f [DirectFile],
+    bounce: Aligned,
+    stats: DirectStats,
+}
+
+impl Worker<'_> {
+    fn short(&self, fi: usize, off: u64, want: u64) -> Error {
+        let f = &self.files[fi].plain;
+        Error::corrupt(
+            &f.path,
+            off,
+            format!(
+                "file ends before offset {} ({} bytes when opened): truncated while loading",
+                off + want,
+                f.len
+            ),
+        )
+    }
+
+    /// `dst` <- bytes [off, off + dst.len()) through the bounce buffer (aligned direct reads,
+    /// then a copy). `Ok(false)`: the kernel refused `O_DIRECT`.
+    fn bounced(&mut self, fi: usize, direct: &File, off: u64, dst: &mut [u8]) -> Result<bool> {
+        let cap = self.bounce.layout.size() as u64;
+        let end = off + dst.len() as u64;
+        let mut at = off;
+        while at < end {
+            let start = align_down(at);
+            let stop = align_up(end).min(start + cap);
+            let buf = &mut self.bounce.bytes()[..(stop - start) as usize];
+            let got = match direct_read(direct, start, buf) {
+                Ok(n) => n as u64,
+                Err(DirectErr::Refused) => return Ok(false),
+                Err(DirectErr::Io(e)) => {
+                    return Err(Error::io(&self.files[fi].plain.path, "read file", e))
+                }
+            };
+            let upto = end.min(stop);
+            if start + got < upto {
+                return Err(self.short(fi, at, upto - at));
+            }
+            let from = (at - start) as usize;
+            let n = (upto - at) as usize;
+            let d = (at - off) as usize;
+            dst[d..d + n].copy_from_slice(&buf[from..from + n]);
+            at = upto;
+        }
+        self.stats.bounced += dst.len() as u64;
+        Ok(true)
+    }
+
+    /// One piece: from the page cache, in place, or bounced (see the module doc).
+    fn piece(&mut self, fi: usize, off: u64, dst: &mut [u8]) -> Result<()> {
+        let len = dst.len() as u64;
+        let file = &self.files[fi];
+        let direct = match &file.direct {
+            Some(d)
+                if !(cached(&file.plain.file, off) && cached(&file.plain.file, off + len - 1)) =>
+            {
+                d
+            }
+            _ => return self.buffered(fi, off, dst),
+        };
+        let congruent = (dst.as_ptr() as u64) % DIRECT_ALIGN == off % DIRECT_ALIGN;
+        let (lo, hi) = (align_up(off), align_down(off + len));
+        if !congruent || hi <= lo {
+            if !self.bounced(fi, direct, off, dst)? {
+                return self.buffered(fi, off, dst);
+            }
+            return Ok(());
+        }
+        let (head, rest) = dst.split_at_mut((lo - off) as usize);
+        let (mid, tail) = rest.split_at_mut((hi - lo) as usize);
+        match direct_read(direct, lo, mid) {
+            Ok(n) if n == mid.len() => {}
+            Ok(n) => return Err(self.short(fi, lo + n as u64, (mid.len() - n) as u64)),
+            Err(DirectErr::Refused) => return self.buffered(fi, off, dst),
+            Err(DirectErr::Io(e)) => return Err(Error::io(&file.plain.path, "read file", e)),
+        }
+        self.stats.in_place += mid.len() as u64;
+        for (at, part) in [(off, head), (hi, tail)] {
+            if !part.is_empty() && !self.bounced(fi, direct, at, part)? {
+                self.buffered(fi, at, part)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn buffered(&mut self, fi: usize, off: u64, dst: &mut [u8]) -> Result<()> {
+        self.files[fi].plain.read_at(off, dst)?;
+        self.stats.buffered += dst.len() as u64;
+        Ok(())
+    }
+}
+
+/// Read byte ranges of plain files (`(file index, offset)` + a destination of the range's
+/// length each) into caller-owned, non-overlapping buffers: cold pieces with `O_DIRECT`,
+/// `depth` reads in flight, cached pieces with `pread` (see the module doc). Every range is
+/// checked against its file's length before anything is read. Returns where the bytes came
+/// from.
+pub fn read_files_direct(
+    paths: &[std::path::PathBuf],
+    ranges: &[(usize, u64)],
+    dsts: Vec<&mut [u8]>,
+    depth: usize,
+) -> Result<DirectStats> {
+    if ranges.len() != dsts.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} ranges but {} output buffers",
+            ranges.len(),
+            dsts.len()
+        )));
+    }
+    let files = paths
+        .iter()
+        .map(|p| {
+            Ok(DirectFile {
+                plain: PlainFile::open(p)?,
+                direct: open_direct(p),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    type Item<'d> = ((usize, u64), Mutex<Option<&'d mut [u8]>>);
+    let mut items: Vec<Item<'_>> = Vec::new();
+    let mut total = 0u64;
+    for (&(fi, off), dst) in ranges.iter().zip(dsts) {
+        let f = files.get(fi).ok_or_else(|| {
+            Error::InvalidArgument(format!("file index {fi} but {} files", files.len()))
+        })?;
+        let len = dst.len() as u64;
+        if off.checked_add(len).is_none_or(|end| end > f.plain.len) {
+            return Err(Error::corrupt(
+                &f.plain.path,
+                off,
+                format!(
+                    "range [{off}, +{len}) lies past the end of the {}-byte file",
+                    f.plain.len
+                ),
+            ));
+        }
+        total += len;
+        // cut at file offsets that are multiples of the piece size
+        let mut rest = dst;
+        let mut at = off;
+        while !rest.is_empty() {
+            let next = ((at / DIRECT_PIECE + 1) * DIRECT_PIECE).min(at + rest.len() as u64);
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut((next - at) as usize);
+            items.push(((fi, at), Mutex::new(Some(piece))));
+            rest = tail;
+            at = next;
+        }
+    }
+    items.sort_unstable_by_key(|it| it.0);
+    let workers = depth.clamp(1, 64).min(items.len().max(1));
+    let bounce_len = (DIRECT_PIECE + 2 * DIRECT_ALIGN).min(align_up(total) + 2 * DIRECT_ALIGN);
+    let cancel = crate::cancel::current();
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    let sums = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let work = |w: &mut Worker<'_>| -> Result<()> {
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            cancel.check()?;
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(((fi, off), slot)) = items.get(i) else {
+                return Ok(());
+            };
+            let dst = slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .expect("each piece is taken once");
+            w.piece(*fi, *off, dst)?;
+        }
+    };
+    let run = || {
+        let mut w = match Aligned::new(bounce_len as usize) {
+            Ok(bounce) => Worker {
+                files: &files,
+                bounce,
+                stats: DirectStats::default(),
+            },
+            Err(e) => return Err(e),
+        };
+        let out = work(&mut w);
+        sums[0].fetch_add(w.stats.in_place, Ordering::Relaxed);
+        sums[1].fetch_add(w.stats.bounced, Ordering::Relaxed);
+        sums[2].fetch_add(w.stats.buffered, Ordering::Relaxed);
+        out
+    };
+    let record = |r: Result<()>| {
+        if let Err(e) = r {
+            stop.store(true, Ordering::Relaxed);
+            let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(e);
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..workers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("shardpoint-direct".into())
+                    .spawn_scoped(s, || record(run()))
+                    .ok()
+            })
+            .collect();
+        record(run());
+        for h in helpers {
+            let _ = h.join();
+        }
+    });
+    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(DirectStats {
+        in_place: sums[0].load(Ordering::Relaxed),
+        bounced: sums[1].load(Ordering::Relaxed),
+        buffered: sums[2].load(Ordering::Relaxed),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evict(path: &std::path::Path) {
+        use std::os::unix::io::AsRawFd;
+        let f = File::open(path).unwrap();
+        f.sync_all().unwrap(); // dirty pages are not dropped
+                               // SAFETY: a hint on an open fd.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+
+    #[test]
+    fn reads_every_kind_of_range_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let n = (DIRECT_PIECE * 2 + 12345) as usize;
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        evict(&p);
+        // congruent destinations (in place), unaligned ones (bounced), tiny and file-end ones
+        let mut big = Aligned::new(n + 2 * DIRECT_ALIGN as usize).unwrap();
+        let whole = big.bytes();
+        let (a_off, a_len) = (100u64, DIRECT_PIECE as usize + 5000);
+        let (b_off, b_len) = (a_off + a_len as u64 + 3, 3 << 20);
+        let (c_off, c_len) = (n as u64 - 10, 10);
+        let (first, _) = whole.split_at_mut(a_off as usize + a_len);
+        let a = &mut first[a_off as usize..];
+        let mut b = vec![0u8; b_len + 1];
+        let mut c = vec![0u8; c_len];
+        let stats = read_files_direct(
+            std::slice::from_ref(&p),
+            &[(0, a_off), (0, b_off), (0, c_off)],
+            vec![a, &mut b[1..], &mut c[..]],
+            4,
+        )
+        .unwrap();
+        assert_eq!(&first[a_off as usize..], &data[a_off as usize..][..a_len]);
+        assert_eq!(&b[1..], &data[b_off as usize..][..b_len]);
+        assert_eq!(&c[..], &data[c_off as usize..]);
+        let sum = stats.in_place + stats.bounced + stats.buffered;
+        assert_eq!(sum, (a_len + b_len + c_len) as u64);
+        if open_direct(&p).is_some() {
+            // a cold file on a file system that takes O_DIRECT: both direct kinds were used
+            assert!(
+                stats.in_place >= DIRECT_PIECE && stats.bounced >= b_len as u64,
+                "{stats:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_range_past_the_end_is_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("short");
+        std::fs::write(&p, [1u8; 100]).unwrap();
+        let mut out = [0u8; 50];
+        let err = read_files_direct(std::slice::from_ref(&p), &[(0, 60)], vec![&mut out[..]], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("past the end") && err.contains("short"),
+            "{err}"
+        );
+        let err = read_files_direct(std::slice::from_ref(&p), &[(3, 0)], vec![&mut out[..]], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("file index 3"), "{err}");
+    }
+
+    #[test]
+    fn a_warm_file_is_read_from_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("warm");
+        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 13) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let _ = std::fs::read(&p).unwrap(); // cached now
+        let mut out = vec![0u8; data.len()];
+        let stats =
+            read_files_direct(std::slice::from_ref(&p), &[(0, 0)], vec![&mut out[..]], 2).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(stats.buffered, data.len() as u64);
+    }
+}
