@@ -9,12 +9,16 @@ never maps a file (``/proc/self/maps``)."""
 
 from __future__ import annotations
 
+import gc
+import mmap
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 import shardpoint as sp
+from shardpoint.storage import read_ranges_direct
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -251,3 +255,101 @@ def test_io_pread_never_maps(formats: dict[str, str], fmt: str) -> None:
         views = [r[k] for k in r.keys()]
         assert _mapped(files), fmt
         del views
+
+
+def _evict(paths: list[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages are not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def big_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
+    """A safetensors file whose large values start at offsets no page boundary would give."""
+    g = torch.Generator().manual_seed(41)
+    state = {
+        "a.bias": torch.randn(7, generator=g),  # shifts what follows off any alignment
+        "b.weight": torch.randn(1000, 1500, generator=g).to(torch.bfloat16),  # 3 MB
+        "c.norm": torch.randn(3, generator=g).to(torch.float16),
+        "d.weight": torch.randn(700, 900, generator=g),  # 2.5 MB
+    }
+    path = tmp_path_factory.mktemp("big_hf") / "model.safetensors"
+    safetensors_torch.save_file(state, str(path))
+    return str(path), state
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_large_values_own_a_mapping_and_read_cold(
+    big_hf: tuple[str, dict[str, torch.Tensor]], direct: bool
+) -> None:
+    """Values of 1 MiB or more are read into a mapping of their own (huge pages asked for;
+    with ``direct`` placed for in-place ``O_DIRECT`` reads): bit for bit what was saved, from
+    cold files, and alive after the iterator is gone."""
+    path, state = big_hf
+    _evict([path])
+    it = sptorch.weights_iterator(path, io="pread", direct=direct)
+    got = dict(it)
+    kinds = it._reader.read_kinds
+    del it
+    gc.collect()
+    assert sorted(got) == sorted(state)
+    for k, v in state.items():
+        assert _same_bits(got[k], v), k
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    if not direct:
+        assert kinds == (0, 0, 0)
+        return
+    assert sum(kinds) == total
+    if _takes_o_direct(path):
+        # the interiors of the two large values were read where they lie
+        assert kinds[0] >= 5_000_000, kinds
+
+
+def _takes_o_direct(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False  # tmpfs before Linux 6.6, some FUSE mounts: the engine reads with pread
+    return True
+
+
+def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
+    """The cold-read engine DMAs a cold value straight into a destination placed congruent to
+    its file offset, and bounces one that is not; both exact."""
+    data = np.random.default_rng(41).integers(0, 255, 20 << 20, dtype=np.uint8)
+    f = tmp_path / "blob"
+    f.write_bytes(data.tobytes())
+    _evict([str(f)])
+    off, n = 12345, 9 << 20
+    m = mmap.mmap(-1, n + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    placed = np.frombuffer(m, dtype=np.uint8, count=n, offset=off % 4096)
+    other = np.empty(3 << 20, dtype=np.uint8)
+    in_place, bounced, cached = read_ranges_direct(
+        [str(f)], [(0, off), (0, 15 << 20)], [placed, other]
+    )
+    assert np.array_equal(placed, data[off : off + n])
+    assert np.array_equal(other, data[15 << 20 : 18 << 20])
+    assert in_place + bounced + cached == n + (3 << 20)
+    if not _takes_o_direct(str(f)):
+        return  # every piece was read with pread (checked above)
+    assert in_place > 8 << 20 and bounced >= 3 << 20, (in_place, bounced, cached)
+    del placed
+
+
+def test_direct_range_past_the_end_names_the_file(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "short.safetensors"
+    f.write_bytes(b"x" * 100)
+    with pytest.raises(sp.CorruptCheckpointError, match="short.safetensors"):
+        read_ranges_direct([str(f)], [(0, 60)], [np.empty(50, dtype=np.uint8)])
+
+
+def test_loader_option_direct() -> None:
+    from shardpoint.torch.weights import loader_options
+
+    assert loader_options({"direct": True}, "x") == {"direct": True}
+    with pytest.raises(ValueError, match="direct must be true or false"):
+        loader_options({"direct": "yes"}, "x")

@@ -33,7 +33,7 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..storage import EntryInfo, Reader, read_ranges_into, stats_dict
+from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
 from ..storage.dtypes import numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
@@ -145,6 +145,9 @@ class HFReader(Reader):
         self._shards: dict[str, _Shard] = {}
         self._lock = threading.Lock()
         self._closed = False
+        #: bytes read so far by the cold-read engine (the weights iterator's ``direct=True``):
+        #: by DMA in place, by ``O_DIRECT`` through a bounce buffer, from the page cache
+        self.read_kinds: tuple[int, int, int] = (0, 0, 0)
 
     # --- shards, opened on first use ---------------------------------------------------------
     def _shard(self, fname: str, key: str | None) -> _Shard:
@@ -314,6 +317,23 @@ class HFReader(Reader):
         self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
     ) -> None:
         """``load_into``'s read, for byte views already checked (no checksums to verify)."""
+        paths, ranges = self._ranges(keys)
+        read_ranges_into(paths, ranges, outs, threads)
+
+    def _read_direct(self, keys: list[str], outs: list[np.ndarray]) -> None:
+        """:meth:`_read_into` with the cold-read engine
+        (:func:`shardpoint.storage.read_ranges_direct`: ``O_DIRECT`` where the pages are not
+        cached, eight reads in flight, in place where an output is placed congruent to its
+        file offset); the bytes read in place, bounced and from the page cache are added to
+        :attr:`read_kinds`."""
+        paths, ranges = self._ranges(keys)
+        got = read_ranges_direct(paths, ranges, outs)
+        with self._lock:
+            a, b, c = self.read_kinds
+            self.read_kinds = (a + got[0], b + got[1], c + got[2])
+
+    def _ranges(self, keys: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
+        """The shard files ``keys`` lie in and each key's ``(file index, offset)``."""
         paths: list[str] = []
         file_no: dict[str, int] = {}
         ranges: list[tuple[int, int]] = []
@@ -323,7 +343,7 @@ class HFReader(Reader):
             if no == len(paths):
                 paths.append(sh.header.path)
             ranges.append((no, sh.header.data_start + rec.begin))
-        read_ranges_into(paths, ranges, outs, threads)
+        return paths, ranges
 
     def stats(
         self, keys: list[str] | None = None, *, progress: bool | None = None

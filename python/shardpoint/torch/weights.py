@@ -7,7 +7,14 @@ of values need be in host memory at once, however large the model. The window is
 one background thread through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
-decoding overlap the engine's own work.
+decoding overlap the engine's own work. Each value of 1 MiB or more is read into an anonymous
+mapping of its own that asks for transparent huge pages: the read faults in a few hundred
+2 MiB pages per GB instead of 250,000 small ones, and the engine's own copy out of the tensor
+(``param.copy_(t)``) misses the TLB less (docs/SERVING.md, "Cold reads", has the figures).
+With ``direct=True`` a Hugging Face file goes through the cold-read engine instead
+(``read_ranges_direct``: pieces not in the page cache read with ``O_DIRECT``, eight reads in
+flight), and each such mapping is placed so that the tensor's first byte sits at the same
+offset in a 4 KiB page as in its file: the device writes the bytes straight into it.
 
 What must stay true:
 - every tensor handed out owns its memory (a fresh allocation per value, never a view of a
@@ -24,6 +31,7 @@ What must stay true:
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -53,6 +61,15 @@ DEFAULT_WINDOW = 256 << 20
 #: Raw bytes per batch (one ``read_many_into`` call): large enough that the engine's own
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
+
+#: Values at least this large get a mapping of their own (huge pages; placed for in-place
+#: direct reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost more than
+#: it saves.
+_PLACE_MIN = 1 << 20
+#: The file-offset alignment the direct engine reads in place at.
+_PAGE = 4096
+#: Mappings this large ask for transparent huge pages.
+_HUGE = 2 << 20
 
 Names = Collection[str] | Callable[[str], bool] | None
 
@@ -130,6 +147,20 @@ def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
     return raw.view(dtype).view(info.shape)
 
 
+def _placed(info: storage.EntryInfo) -> torch.Tensor:
+    """A new tensor for ``info``'s value in a mapping of its own (private, anonymous, huge
+    pages asked for; nothing else ever lives in it, and it is unmapped when the last tensor on
+    it is freed), its first byte at the same offset in a 4 KiB page as the value's in its file
+    (``info.offset``), so the direct engine reads its aligned interior in place."""
+    lead = info.offset % _PAGE
+    size = lead + info.raw_bytes
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if size >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(m, dtype=torch.uint8, count=info.raw_bytes, offset=lead)
+    return raw.view(torch_dtype(info.dtype)).view(info.shape)
+
+
 class WeightsIterator:
     """Iterator of ``(name, tensor)`` over a checkpoint; see :func:`weights_iterator`.
 
@@ -148,6 +179,7 @@ class WeightsIterator:
         verify: bool = True,
         window: int = DEFAULT_WINDOW,
         storage_options: Mapping[str, Any] | None = None,
+        direct: bool = False,
     ) -> None:
         check_io(io)
         if threads is not None and (
@@ -169,6 +201,9 @@ class WeightsIterator:
             self.close()
             raise
         self._io = self._resolve(io)
+        # the cold-read engine: on request, for Hugging Face files (pinned host memory, for
+        # CUDA, is read through its bounce buffer)
+        self._direct = bool(direct) and hasattr(self._reader, "_read_direct") and io != "mmap"
         self._threads = threads
         self._verify = bool(verify)
         self._window = window
@@ -204,20 +239,25 @@ class WeightsIterator:
 
     # --- the producer: one thread reading batches ahead, within the window ---------------------
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
-        out = [_empty(i, self._pin) for i in batch]
+        out = [
+            _placed(i) if not self._pin and i.raw_bytes >= _PLACE_MIN else _empty(i, self._pin)
+            for i in batch
+        ]
         keys: list[str] = []
         bufs: list[np.ndarray] = []
         for info, t in zip(batch, out, strict=True):
             if not info.raw_bytes:
                 continue
-            if self._io == "mmap" and info.codec == "none":
+            if self._io == "mmap" and info.codec == "none" and not self._direct:
                 # a copy out of the mapping (crc checked on it when verify)
                 view = self._reader.get(info.key, verify=self._verify)
                 np.copyto(tensor_to_numpy(t).reshape(-1).view(np.uint8), _bytes(view))
                 continue
             keys.append(info.key)
             bufs.append(tensor_to_numpy(t).reshape(-1).view(np.uint8))
-        if keys:
+        if keys and self._direct:
+            self._reader._read_direct(keys, bufs)  # type: ignore[attr-defined]
+        elif keys:
             self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
         return out
 
@@ -331,6 +371,7 @@ def weights_iterator(
     verify: bool = True,
     window: int = DEFAULT_WINDOW,
     storage_options: Mapping[str, Any] | None = None,
+    direct: bool = False,
 ) -> WeightsIterator:
     """``(name, tensor)`` for every tensor of a checkpoint, in file order.
 
@@ -347,6 +388,11 @@ def weights_iterator(
         verify: check the crc32c of uncompressed values too (compressed ones always are).
         window: bytes read ahead of the consumer at most.
         storage_options: credentials/endpoint for object-store URLs.
+        direct: read Hugging Face safetensors files with the cold-read engine (``O_DIRECT``
+            for pages not cached, eight reads in flight, straight into each tensor). Off by
+            default: on this project's machine (a virtio disk the host caches, two busy CPUs)
+            buffered reads with the kernel's read-ahead were faster, cold and warm
+            (docs/SERVING.md, "Cold reads"); turn it on where ``fio --direct=1`` beats ``dd``.
 
     Each tensor owns its memory and stays valid after the iterator is closed. Names tied to a
     stored tensor by ``sptorch.save`` are handed out too, as the same tensor. A damaged value
@@ -361,6 +407,7 @@ def weights_iterator(
         verify=verify,
         window=window,
         storage_options=storage_options,
+        direct=direct,
     )
 
 
@@ -371,6 +418,7 @@ LOADER_OPTIONS: dict[str, str] = {
     "io": "'auto', 'mmap' or 'pread', as for sp.open",
     "window": "a positive int: bytes read ahead of the engine at most",
     "verify": "true/false: check the crc32c of uncompressed values too (default true)",
+    "direct": "true/false: O_DIRECT cold reads of Hugging Face files (default false)",
 }
 
 
@@ -398,7 +446,7 @@ def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any
         elif key == "window":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{where}: window must be a positive int (bytes), got {value!r}")
-        elif key == "verify" and not isinstance(value, bool):
-            raise ValueError(f"{where}: verify must be true or false, got {value!r}")
+        elif key in ("verify", "direct") and not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         out[key] = value
     return out
