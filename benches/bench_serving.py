@@ -21,7 +21,8 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
   every loader reading the mounted files: safetensors lazy (``safe_open`` + ``get_tensor`` per
   key) and eager (``load(open().read())``), Run:ai Model Streamer, fastsafetensors (CPU,
   ``nogds``), instanttensor when it imports, and ``sptorch.weights_iterator`` on the Hugging
-  Face directory (``io="pread"``) and on both shardpoint checkpoints.
+  Face directory (``io="pread"``; ``sp_hf_direct``: with ``direct=True``, the ``O_DIRECT``
+  cold-read engine) and on both shardpoint checkpoints.
 ``local-cold`` / ``local-warm``: the same file loaders on the local disk, page cache evicted
 (``posix_fadvise(DONTNEED)``) or warmed first.
 
@@ -52,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
-                "sp_none", "sp_default"]  # fmt: skip
+                "sp_hf_direct", "sp_none", "sp_default"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "sp_none", "sp_default"]
 
 
@@ -232,13 +233,16 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         return get
     import shardpoint.torch as spt
 
-    sub = {"sp_hf": "hf", "sp_none": "sp_none", "sp_default": "sp_default"}[name]
+    sub = {"sp_hf": "hf", "sp_hf_direct": "hf", "sp_none": "sp_none",
+           "sp_default": "sp_default"}[name]  # fmt: skip
     path = root.rstrip("/") + "/" + sub
     opts = None
     if s3 is not None:
         opts = {"endpoint": s3["endpoint"], "aws_access_key_id": "testing",
                 "aws_secret_access_key": "testing", "region": "us-east-1", "allow_http": "true"}  # fmt: skip
-    return lambda: spt.weights_iterator(path, io="pread", storage_options=opts)
+    # the cold-read engine (O_DIRECT), docs/SERVING.md; absent from older trees (bisecting)
+    kw = {"direct": True} if name == "sp_hf_direct" else {}
+    return lambda: spt.weights_iterator(path, io="pread", storage_options=opts, **kw)
 
 
 def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None:
@@ -424,6 +428,8 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-warm", "sp_none", ["st_lazy"])
     ratio("local-cold", "sp_hf", ["fastsafetensors"])
     ratio("local-cold", "sp_hf", ["runai"])
+    ratio("local-cold", "sp_hf_direct", ["fastsafetensors"])
+    ratio("local-warm", "sp_hf", ["fastsafetensors"])
 
 
 def main() -> None:

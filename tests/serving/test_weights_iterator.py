@@ -286,9 +286,9 @@ def big_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, tor
 def test_large_values_own_a_mapping_and_read_cold(
     big_hf: tuple[str, dict[str, torch.Tensor]], direct: bool
 ) -> None:
-    """Values of 1 MiB or more are read into a mapping of their own (huge pages asked for;
-    with ``direct`` placed for in-place ``O_DIRECT`` reads): bit for bit what was saved, from
-    cold files, and alive after the iterator is gone."""
+    """From cold files, with and without the cold-read engine (``direct``: values of 1 MiB or
+    more in a mapping of their own, placed for in-place ``O_DIRECT`` reads): bit for bit what
+    was saved, and alive after the iterator is gone."""
     path, state = big_hf
     _evict([path])
     it = sptorch.weights_iterator(path, io="pread", direct=direct)

@@ -7,14 +7,12 @@ of values need be in host memory at once, however large the model. The window is
 one background thread through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
-decoding overlap the engine's own work. Each value of 1 MiB or more is read into an anonymous
-mapping of its own that asks for transparent huge pages: the read faults in a few hundred
-2 MiB pages per GB instead of 250,000 small ones, and the engine's own copy out of the tensor
-(``param.copy_(t)``) misses the TLB less (docs/SERVING.md, "Cold reads", has the figures).
-With ``direct=True`` a Hugging Face file goes through the cold-read engine instead
-(``read_ranges_direct``: pieces not in the page cache read with ``O_DIRECT``, eight reads in
-flight), and each such mapping is placed so that the tensor's first byte sits at the same
-offset in a 4 KiB page as in its file: the device writes the bytes straight into it.
+decoding overlap the engine's own work. With ``direct=True`` a Hugging Face file goes through
+the cold-read engine instead (``read_ranges_direct``: pieces not in the page cache read with
+``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
+mapping of its own (huge pages asked for) placed so that the tensor's first byte sits at the
+same offset in a 4 KiB page as in its file: the device writes the bytes straight into it.
+Off by default: docs/SERVING.md, "Cold reads", has the figures.
 
 What must stay true:
 - every tensor handed out owns its memory (a fresh allocation per value, never a view of a
@@ -62,9 +60,9 @@ DEFAULT_WINDOW = 256 << 20
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
 
-#: Values at least this large get a mapping of their own (huge pages; placed for in-place
-#: direct reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost more than
-#: it saves.
+#: With ``direct``, values at least this large get a mapping of their own (huge pages; placed
+#: for in-place reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost
+#: more than it saves.
 _PLACE_MIN = 1 << 20
 #: The file-offset alignment the direct engine reads in place at.
 _PAGE = 4096
@@ -240,7 +238,9 @@ class WeightsIterator:
     # --- the producer: one thread reading batches ahead, within the window ---------------------
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
         out = [
-            _placed(i) if not self._pin and i.raw_bytes >= _PLACE_MIN else _empty(i, self._pin)
+            _placed(i)
+            if self._direct and not self._pin and i.raw_bytes >= _PLACE_MIN
+            else _empty(i, self._pin)
             for i in batch
         ]
         keys: list[str] = []
