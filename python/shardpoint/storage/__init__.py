@@ -10,6 +10,7 @@ the face the upper layers (object graph, frameworks, convert, CLI) use.
 
 from __future__ import annotations
 
+from .direct_reads import read_ranges_direct
 from .frameworks import (
     declare_delta,
     declare_framework,
@@ -32,7 +33,6 @@ from .paths import (
     wants_single_file,
     write_object,
 )
-from .direct_reads import read_ranges_direct
 from .reader import (
     STATS_FIELDS,
     EntryInfo,
