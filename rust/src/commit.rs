@@ -501,6 +501,7 @@ pub fn commit_index(
         // Before cleanup: unlinking the old shards must not become durable before the rename.
         sync_dir_after_commit(&parent_dir(prefix))?;
     }
+    crate::fault::point("commit.done");
     let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
     cleanup(prefix, &keep, &orphans);
     Ok(())

@@ -24,6 +24,7 @@
 //!   writing, recorded as a manifest in the index metadata, and strong verification;
 //! - [`single`]: single-file checkpoints (index and shard in one file, FORMAT.md §10);
 //! - [`cancel`]: cooperative cancellation of long calls (Ctrl-C);
+//! - [`fault`]: test-only kill points (`SHARDPOINT_TEST_KILL_AT`);
 //! - [`stats`]: numerical health (min/max/mean/std, NaN/Inf/zero counts, L2) and value
 //!   differences of tensors of any dtype, streamed with the decode;
 //! - [`threads`]: the thread pool every parallel pass runs on, and per-process state, so a
@@ -38,6 +39,7 @@ pub mod crc_combine;
 pub mod digest;
 pub mod direct;
 pub mod error;
+pub mod fault;
 pub mod format;
 pub mod incremental;
 pub mod index;

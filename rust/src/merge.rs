@@ -95,6 +95,7 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
             .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
         Ok((p, bytes))
     })?;
+    crate::fault::point("merge.read");
     commit_index(
         prefix,
         &m.shards,
@@ -152,6 +153,7 @@ pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&s
         Ok((rp.url_of(suffix), bytes))
     })?;
     drop(reads);
+    crate::fault::point("merge.read");
     // The consumed partial indexes go in the same bulk delete as the replaced shards.
     remote_commit::commit_index(
         rp,

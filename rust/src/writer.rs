@@ -355,6 +355,7 @@ impl CheckpointWriter {
         let lock = PrefixLock::acquire(&self.prefix)?;
         let digests = shard_digests(&sealed);
         let (recs, entries) = publish_all(&self.prefix, sealed, lock.held())?;
+        crate::fault::point("writer.published");
         let manifest = self.manifest(&recs, &digests);
         if self.opts.world_size == 1 {
             let meta = meta_blob(
@@ -464,6 +465,9 @@ impl CheckpointWriter {
             }
         }
         let manifest = self.manifest(&recs, &kept);
+        if first_err.is_none() {
+            crate::fault::point("writer.published");
+        }
         let res = match first_err {
             Some(e) => Err(e),
             None if self.opts.world_size == 1 => {

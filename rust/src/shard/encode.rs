@@ -160,6 +160,8 @@ impl ShardWriter {
                 written?;
                 pending = next_done;
             }
+            // test-only: a writer killed with part of its data written (crate::fault)
+            crate::fault::point("shard.item");
             Ok(())
         })
     }

@@ -90,6 +90,7 @@ pub fn commit_index(
         }
         return Err(e);
     }
+    crate::fault::point("commit.done");
     // The replaced shards are garbage now (the condition guarantees the commit replaced
     // exactly the version they belong to); best effort: `gc` finds what a failure leaves.
     let keep: HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
