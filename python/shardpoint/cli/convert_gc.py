@@ -1,5 +1,5 @@
-"""``shardpoint convert`` (between formats) and ``shardpoint gc`` (stale object-store uploads;
-local directories: cli/gc_dir.py)."""
+"""``shardpoint convert`` (between formats) and ``shardpoint gc`` (leftovers of dead saves under
+a URL or directory; with ``--keep-last``, unneeded checkpoints of a directory: cli/gc_dir.py)."""
 
 from __future__ import annotations
 
@@ -66,12 +66,17 @@ def _convert_delta(args: argparse.Namespace) -> int:
 
 # --- gc --------------------------------------------------------------------------------------
 def cmd_gc(args: argparse.Namespace) -> int:
-    if not storage.is_url(args.url):
+    keep_last = getattr(args, "keep_last", None)
+    if keep_last is not None:
+        if storage.is_url(args.url):
+            raise InvalidArgumentError(f"{args.url}: --keep-last is for local directories")
         from .gc_dir import gc_directory
 
-        return gc_directory(args)
-    if getattr(args, "keep_last", None) is not None:
-        raise InvalidArgumentError(f"{args.url}: --keep-last is for local directories")
+        code = gc_directory(args)  # whole checkpoints neither kept nor needed as a base
+        if args.dry_run:
+            return code
+    elif getattr(args, "dry_run", False):
+        raise InvalidArgumentError("--dry-run lists what --keep-last N would delete: give it")
     n = storage.gc(args.url, older_than=float(args.older_than))
-    _emit(f"aborted {n} incomplete multipart upload(s) under {args.url}")
+    _emit(f"removed {n} leftover(s) of saves that never committed under {args.url}")
     return EXIT_OK

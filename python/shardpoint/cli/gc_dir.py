@@ -1,7 +1,7 @@
 """``shardpoint gc DIR`` on a local directory: delete the checkpoints that are neither kept nor
 needed, never a base that a kept checkpoint's delta chain still reads (docs/DELTA.md, CLI.md).
 
-Kept: the checkpoints a ``CheckpointManager`` state file lists, or else the ``--keep-last N``
+Kept: the checkpoints a ``CheckpointManager`` state file lists and the ``--keep-last N``
 newest (by their index file's modification time). Needed: every checkpoint of each kept one's
 chain (``shardpoint.delta.needed_bases``). Deleted: the other checkpoints of the directory whose
 index is at least ``--older-than`` seconds old (a save still running is spared). When a kept
@@ -43,17 +43,18 @@ def plan_gc(
         raise InvalidArgumentError(f"{directory}: not a directory")
     found = _checkpoints(directory)
     state = read_checkpoint_state(directory)
-    if state is not None:
-        names = state.all_model_checkpoint_paths or [state.model_checkpoint_path]
-        kept = {os.path.abspath(resolve(directory, n)) for n in names}
-    elif keep_last is None:
+    if keep_last is None and state is None:
         raise InvalidArgumentError(
             f"{directory}: no checkpoint state file; say which checkpoints to keep with "
             "--keep-last N"
         )
-    else:
+    kept: set[str] = set()
+    if state is not None:  # what the manager lists is always kept
+        names = state.all_model_checkpoint_paths or [state.model_checkpoint_path]
+        kept |= {os.path.abspath(resolve(directory, n)) for n in names}
+    if keep_last is not None:
         newest = sorted(found, key=lambda p: (found[p], p), reverse=True)
-        kept = set(newest[: max(0, keep_last)])
+        kept |= set(newest[: max(0, keep_last)])
     needed: set[str] = set()
     for prefix in sorted(kept):
         if not os.path.exists(prefix + ".index"):

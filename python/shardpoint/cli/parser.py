@@ -264,12 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "gc",
         parents=[common],
-        help="abort stale multipart uploads under a URL; delete unneeded checkpoints in a DIR",
-        description="Under an object-store URL: abort the multipart uploads that writers killed "
-        "mid-save left (found through their .upload marker objects), and delete the markers. "
-        "In a local DIR: delete the checkpoints that are neither kept (those a CheckpointManager "
-        "state file lists, else the --keep-last N newest) nor a base that a kept delta "
-        "checkpoint's chain needs.",
+        help="remove what dead saves left under a URL or DIR; with --keep-last, old checkpoints",
+        description="Remove what writers killed mid-save left under an object-store URL or a "
+        "local directory: incomplete multipart uploads (found through their .upload marker "
+        "objects) and the markers, partial indexes, shards no index references, abandoned temp "
+        "files. In a local DIR with --keep-last N, first delete the checkpoints that are neither "
+        "kept (the N newest, and those a CheckpointManager state file lists) nor a base that a "
+        "kept delta checkpoint's chain needs.",
     )
     g.add_argument("url", metavar="URL|DIR", help="s3://bucket/dir, or a local directory")
     g.add_argument(
@@ -283,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-last",
         type=int,
         metavar="N",
-        help="DIR without a state file: keep the N newest checkpoints (and their bases)",
+        help="DIR: keep the N newest checkpoints, those a manager state file lists, and their "
+        "delta bases; delete the other checkpoints",
     )
     g.add_argument("--dry-run", action="store_true", help="DIR: list what would be deleted")
     g.set_defaults(func=cmd_gc)

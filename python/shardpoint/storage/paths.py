@@ -144,7 +144,18 @@ def list_url(url: str, *, storage_options: StorageOptions = None) -> list[str]:
 
 
 def gc(url: str, *, older_than: float = 3600.0, storage_options: StorageOptions = None) -> int:
-    """Abort the multipart uploads that writers killed mid-save left anywhere under ``url``
-    (found through their upload markers) if started at least ``older_than`` seconds ago;
-    returns how many. See docs/OBJECT_STORE.md."""
+    """Remove what saves that never committed left under ``url``, when at least
+    ``older_than`` seconds old; returns how many objects (or files) and uploads.
+
+    On an object store: the multipart uploads of writers killed mid-save (found through their
+    upload markers; docs/OBJECT_STORE.md), shards no index references, and partial indexes.
+    In a local directory: partial indexes, shards no index references and temp files no
+    live writer holds (:mod:`.local_gc`; docs/SCALE.md "A rank that dies mid-save")."""
+    if not is_url(url):
+        from .local_gc import gc_directory
+
+        path = _prefix(url.rstrip("/")) if url.startswith("file://") else os.fspath(url)
+        if not os.path.isdir(path):
+            raise InvalidArgumentError(f"{url}: gc takes a directory or an object-store URL")
+        return gc_directory(path, float(older_than))
     return _core.gc(url, float(older_than), storage_options=_storage(storage_options))

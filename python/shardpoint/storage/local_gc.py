@@ -1,0 +1,121 @@
+"""``gc`` of a local directory: the files that saves which never committed left there.
+
+A rank killed mid-save leaves temp shard files (``P.data-….tmp-<token>``) and maybe published
+shards and its partial index (``P.index.part-…``); a coordinator killed before its commit
+leaves every rank's. No index references them, and the next commit at ``P`` removes them
+(commit.rs ``cleanup``), but a prefix that is never saved again (a numbered checkpoint of a
+manager) keeps them forever. This is the local twin of the object stores' ``gc``
+(rust/src/store/remote_commit.rs): it removes, under every prefix of the directory,
+
+- partial indexes (a commit consumes them; one left behind belongs to a save that died);
+- shards that ``P.index`` does not reference (all of them when there is no index);
+- temp files that no live writer holds (a writer holds an exclusive ``flock`` on its temp
+  files until it closes them; a killed writer's lock dies with it),
+
+each only when last modified at least ``older_than`` seconds ago, and only while holding the
+prefix's commit lock ``P.lock`` (every publish and commit at ``P`` holds it: a save that is
+publishing right now is never cut). A prefix whose index cannot be read is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+
+from .. import _core
+from ..errors import CheckpointError
+
+__all__ = ["gc_directory"]
+
+#: The name marks of files a save owns besides ``P.index`` (rust/src/naming.rs).
+_DATA_MARK = ".data-"
+_PARTIAL_MARK = ".index.part-"
+_INDEX_TEMP_MARK = ".index.tmp-"
+_TEMP_MARK = ".tmp-"
+
+
+def _head(name: str) -> tuple[str, str] | None:
+    """``(P's base name, suffix)`` of a file a save owns, else None."""
+    cuts = [
+        i for i in (name.find(m) for m in (_DATA_MARK, _PARTIAL_MARK, _INDEX_TEMP_MARK)) if i > 0
+    ]
+    if not cuts:
+        return None
+    i = min(cuts)
+    return name[:i], name[i:]
+
+
+@contextlib.contextmanager
+def _flocked(path: str, create: bool) -> Iterator[bool]:
+    """Hold an exclusive, non-blocking ``flock`` on ``path`` while in the block; yields
+    whether it was taken (False: someone holds it, or the file is gone)."""
+    try:
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _referenced(prefix: str) -> set[str] | None:
+    """Shard suffixes ``prefix.index`` references (empty: no index); None: unreadable."""
+    if not os.path.exists(prefix + ".index"):
+        return set()
+    try:
+        r = _core.CheckpointReader(prefix)
+    except (CheckpointError, OSError, ValueError):
+        return None
+    base = os.path.basename(prefix)
+    return {os.path.basename(os.fspath(p))[len(base) :] for p, _ in r.shard_files()}
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def gc_directory(directory: str, older_than: float) -> int:
+    """Remove what saves that never committed left in ``directory`` (module docstring);
+    returns how many files were removed."""
+    now = time.time()
+    groups: dict[str, list[tuple[str, float]]] = {}
+    with os.scandir(directory) as it:
+        for ent in it:
+            hs = _head(ent.name)
+            if hs is None or not ent.is_file(follow_symlinks=False):
+                continue
+            groups.setdefault(hs[0], []).append((hs[1], ent.stat(follow_symlinks=False).st_mtime))
+    removed = 0
+    for base, files in sorted(groups.items()):
+        prefix = os.path.join(directory, base)
+        old = [s for s, mtime in files if now - mtime >= older_than]
+        if not old:
+            continue
+        with _flocked(prefix + ".lock", create=True) as held:
+            if not held:
+                continue  # a save is publishing or committing at this prefix now
+            keep = _referenced(prefix)
+            if keep is None:
+                continue
+            for suffix in old:
+                path = prefix + suffix
+                if _TEMP_MARK in suffix:
+                    with _flocked(path, create=False) as abandoned:
+                        removed += abandoned and _unlink(path)
+                elif suffix.startswith(_PARTIAL_MARK) or suffix not in keep:
+                    removed += _unlink(path)
+    return removed
