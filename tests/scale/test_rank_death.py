@@ -24,7 +24,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
 
 import shardpoint as sp
