@@ -57,6 +57,8 @@ class SaveRun:
     bytes_from_coordinator: float = 0.0
     #: coordinator CPU split by step, for the report
     steps: dict[str, float] = field(default_factory=dict)
+    #: DCP: every rank's final plan (what the next save of an unchanged layout reuses)
+    final_plans: list[Any] = field(default_factory=list, repr=False)
 
 
 def _tensors(rank: int, tensors: int, elems: int) -> dict[str, np.ndarray]:
@@ -197,20 +199,34 @@ def dcp_save(
     cols: int = 4,
     planner: Any = None,
     plans: list[Any] | None = None,
+    previous: SaveRun | None = None,
     proxy: Any = None,
     moto: Any = None,
     options: dict[str, str] | None = None,
 ) -> SaveRun:
-    """One DCP save of N simulated ranks: DCP's global planning (``planner``, default a fresh
-    ``DefaultSavePlanner``; pass the same one twice to measure its plan cache), our
-    StorageWriter's ``prepare_global_plan`` / ``write_data`` / ``finish``."""
+    """One DCP save of N simulated ranks: the coordinator's global planning (``planner``,
+    default a fresh ``DefaultSavePlanner``; ``"ours"``: shardpoint's ``dcp_planners.SavePlanner``),
+    our StorageWriter's ``prepare_global_plan`` / ``write_data`` / ``finish``.
+
+    ``previous``: the run of the same planner before, whose layout this save keeps: every rank
+    sends the empty, unusable plan a plan cache sends for an unchanged layout, and takes its
+    previous final plan back with this save's storage data (``SavePlanner.finish_plan``)."""
+    import dataclasses
+
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlan
 
     from shardpoint.torch.dcp import StorageWriter
+    from shardpoint.torch.dcp_planners import SavePlanner
 
+    if previous is not None:
+        plans = [SavePlan([], usable=False)] * n
     plans = plans if plans is not None else dcp_rank_plans(n, tensors, rows, cols)
-    if planner is None:
+    if planner is None or planner == "dcp":
         planner = DefaultSavePlanner()
+        planner.set_up_planner({}, None, True)
+    elif planner == "ours":
+        planner = SavePlanner()
         planner.set_up_planner({}, None, True)
     coord = StorageWriter(prefix, compression="none", threads=1, storage_options=options)
     coord.set_up_storage_writer(True, rank=0)
@@ -229,10 +245,15 @@ def dcp_save(
         w = StorageWriter(prefix, compression="none", threads=1, storage_options=options)
         w.set_up_storage_writer(r == 0, rank=r)
         plan = global_plans[r]
-        if not plan.items and getattr(plan, "usable", True) is False:
-            plan = global_plans[r]  # a cached plan: DCP reuses the rank's previous final plan
+        if not plan.usable:
+            assert previous is not None, "a cached plan without a previous save"
+            plan = dataclasses.replace(
+                previous.final_plans[r], storage_data=plan.storage_data, usable=True
+            )
+        final[r] = plan
         return list(w.write_data(plan, _Shards(r, rows, cols)).value())  # type: ignore[arg-type]
 
+    final: list[Any] = [None] * n
     results = _in_ranks(n, rank_write)
     sent += sum(len(pickle.dumps(r)) for r in results)  # gathered for finish
     rank_counts = proxy.counts() if proxy is not None else {}
@@ -253,6 +274,7 @@ def dcp_save(
         bytes_to_coordinator=sent / n,
         bytes_from_coordinator=received / n,
         steps={"global_plan": c1 - c0, "prepare_global_plan": c2 - c1, "finish": c4 - c3},
+        final_plans=final,
     )
 
 

@@ -89,7 +89,7 @@ def test_dcp_save_through_our_storage_writer(moto: Moto, proxy: Proxy) -> None:
     assert run.commit_requests.get("LIST", 0) == run.commit_requests.get("HEAD", 0) == 0
     assert run.bytes_to_coordinator > 0 and run.bytes_from_coordinator > 0
     with sp.open(url, storage_options=opts) as r:
-        assert len(r) == N * TENSORS + 1  # the shards and the DCP metadata entry
+        assert len(r) == N * TENSORS + 2  # the shards, DCP's metadata and its chunk table
         np.testing.assert_array_equal(r[f"t000@{N - 1},0"], np.full((1, 4), N - 1, np.float32))
 
 

@@ -116,6 +116,28 @@ def _save_worker(rank: int, port: int, work: str) -> None:
     assert torch.equal(target["model"]["h"].full_tensor(), full_half())
     assert target["step"] == 7 and torch.equal(target["model"]["replicated"], torch.full((3,), 2.5))
 
+    # shardpoint's planner (dcp_planners.SavePlanner): the second save keeps the layout, so
+    # every rank sends an empty plan and the coordinator reuses its cached global plan
+    from shardpoint.torch.dcp_planners import SavePlanner
+
+    for step in (1, 2):
+        state = {
+            "model": {
+                "w": distribute_tensor(full_weight() * step, mesh, [Shard(0)]),
+                "replicated": torch.full((3,), float(step)),  # deduplicated: one rank writes it
+            },
+            "step": step,
+        }
+        planner = SavePlanner()
+        dcp.save(
+            state, storage_writer=spt.StorageWriter(f"{work}/ours/ckpt-{step}"), planner=planner
+        )
+        assert planner.local_plan_reused == (step == 2)
+        assert planner.global_plan_reused == (step == 2 and rank == 0)
+    target = {"model": {"w": distribute_tensor(torch.zeros(8, 6), mesh, [Shard(1)])}}
+    dcp.load(target, storage_reader=spt.StorageReader(f"{work}/ours/ckpt-2"))
+    assert torch.equal(target["model"]["w"].full_tensor(), full_weight() * 2)
+
     # save_distributed: each rank owns part of the keys, some inside the same nested dict
     own = {
         "model": {f"layer{rank}.weight": torch.full((2, 3), float(rank))},
@@ -183,10 +205,18 @@ def test_dcp_and_save_distributed_with_two_ranks(tmp_path):
         keys = r.keys()
         assert "model.w@0,0" in keys and "model.w@4,0" in keys and "model.replicated" in keys
         assert ".dcp_metadata" in keys and r.metadata["shardpoint.torch.dcp"]["version"] == 1
+        assert r[".dcp_metadata"]["version"] == 2 and ".dcp_metadata.chunks" in keys
         assert isinstance(r[".dcp_metadata"], dict)  # DCP's metadata as JSON, not a pickle
         assert r.info("model.w@4,0").shape == (4, 6) and r.info("model.h@0,5").dtype == "bfloat16"
         r.verify()
     assert not [f for f in os.listdir(tmp_path / "dcp") if ".part-" in f or ".tmp" in f]
+    # the saves through our planner, the second one from the cached plans: resharded to 1
+    for step in (1, 2):
+        target = {"model": {"w": torch.zeros(8, 6), "replicated": torch.zeros(3)}, "step": 0}
+        dcp.load(target, storage_reader=spt.StorageReader(tmp_path / "ours" / f"ckpt-{step}"))
+        assert torch.equal(target["model"]["w"], full_weight() * step)
+        assert torch.equal(target["model"]["replicated"], torch.full((3,), float(step)))
+        assert target["step"] == step
     # the save_distributed checkpoint is one ordinary checkpoint
     out = spt.load(tmp_path / "sp" / "ckpt")
     assert set(out["model"]) == {"layer0.weight", "layer1.weight"}
@@ -252,7 +282,7 @@ def test_dcp_single_process_metadata_json_fallback_and_foreign_checkpoints(tmp_p
     }
     metadata = dcp.save(state, storage_writer=spt.StorageWriter(tmp_path / "a", compression="none"))
     with sp.open(tmp_path / "a") as r:
-        stored = decode_metadata(r[".dcp_metadata"])
+        stored = decode_metadata(r[".dcp_metadata"], r[".dcp_metadata.chunks"])
         assert stored.state_dict_metadata == metadata.state_dict_metadata
         assert stored.planner_data == metadata.planner_data
         assert r.info("nested.i").dtype == "uint16" and r.info("w").codec == "none"

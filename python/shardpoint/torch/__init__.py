@@ -4,7 +4,7 @@
 ImportError naming the ``shardpoint[torch]`` extra when PyTorch is missing). Importing it also
 registers the trackable adapters, so ``sp.Checkpoint(model=net, optimizer=opt)`` works on plain
 PyTorch objects. The ``torch.distributed`` parts (:class:`StorageWriter`, :class:`StorageReader`,
-:func:`save_distributed`) are imported on first use, because ``torch.distributed.checkpoint`` is
+:class:`SavePlanner`, :func:`save_distributed`) are imported on first use, because ``torch.distributed.checkpoint`` is
 slow to import. See docs/TORCH.md.
 """
 
@@ -56,6 +56,7 @@ __all__ = [
     "StorageWriter",
     "StorageReader",
     "save_distributed",
+    "SavePlanner",
 ]
 
 _adapters.register()
@@ -65,6 +66,7 @@ _LAZY = {
     "StorageWriter": "dcp",
     "StorageReader": "dcp",
     "save_distributed": "distributed",
+    "SavePlanner": "dcp_planners",
 }
 
 

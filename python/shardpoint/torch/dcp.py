@@ -16,11 +16,17 @@ Keys: a tensor saved whole is stored under its DCP fully-qualified name (``model
 so ``sp.open(prefix)`` shows a readable checkpoint; a shard of a sharded tensor (DTensor,
 ShardedTensor) under ``fqn@o0,o1,...`` (its offsets). Non-tensor items (DCP serializes those
 itself with ``torch.save``) are ``bytes`` entries. DCP's ``Metadata`` is the JSON entry
-``.dcp_metadata``; it is serialized faithfully (checked by decoding it back and comparing) for
-DCP's own dataclasses and the default planners. If a custom planner puts objects JSON cannot
-describe into the metadata, it is stored pickled as ``.dcp_metadata.pickle`` instead (DCP's
-own metadata, never tensor data; the default ``FileSystemWriter`` always pickles it) and a
-warning says so.
+``.dcp_metadata`` plus its chunk table ``.dcp_metadata.chunks`` (:mod:`.dcp_metadata`,
+version 2: the chunks in an int64 table, the rest tagged JSON checked by decoding it back; no
+``storage_data``, whose keys follow from the chunks by the rule above and are derived on
+read, so the coordinator never walks every rank's results). If a custom planner puts objects
+JSON cannot describe into the metadata, it is stored pickled as ``.dcp_metadata.pickle``
+instead (DCP's own metadata, never tensor data; the default ``FileSystemWriter`` always
+pickles it) and a warning says so. ``dcp.save`` returns the ``Metadata`` without
+``storage_data``; :class:`StorageReader` ``.read_metadata()`` has it.
+
+For thousands of ranks use :class:`~shardpoint.torch.dcp_planners.SavePlanner` as the planner:
+an O(N) global step and a plan cache (docs/SCALE.md).
 
 Load (``dcp.load(state_dict, storage_reader=StorageReader(prefix))``) reshards through DCP's
 planner: each read request is a hypercube of one stored tensor; only the rows it needs along the
@@ -33,9 +39,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-import math
 import os
-import pathlib
 import pickle
 import uuid
 from collections.abc import Mapping
@@ -60,119 +64,26 @@ from torch.futures import Future
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
 from .codec import numpy_to_tensor, tensor_to_numpy
+from .dcp_metadata import (
+    METADATA_CHUNKS_ENTRY,
+    METADATA_ENTRY,
+    PICKLED_METADATA_ENTRY,
+    decode_metadata,
+    encode_metadata,
+)
 
-__all__ = ["StorageWriter", "StorageReader", "METADATA_ENTRY", "PICKLED_METADATA_ENTRY"]
+__all__ = [
+    "StorageWriter",
+    "StorageReader",
+    "METADATA_ENTRY",
+    "METADATA_CHUNKS_ENTRY",
+    "PICKLED_METADATA_ENTRY",
+]
 
 logger = logging.getLogger("shardpoint")
 
-METADATA_ENTRY = ".dcp_metadata"
-PICKLED_METADATA_ENTRY = ".dcp_metadata.pickle"
 _MARKER = "shardpoint.torch.dcp"
 _DCP_VERSION = "1.0.0"  # the layout version DCP's FileSystemWriter writes in torch 2.x
-
-
-# --------------------------------------------------------------------------------------------
-# DCP Metadata <-> JSON
-# --------------------------------------------------------------------------------------------
-
-_DATACLASSES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (
-        _md.Metadata,
-        _md.TensorStorageMetadata,
-        _md.BytesStorageMetadata,
-        _md.ChunkStorageMetadata,
-        _md.TensorProperties,
-        _md.StorageMeta,
-    )
-}
-
-
-def _encode(value: Any) -> Any:
-    """Tagged JSON for the object graph of a DCP ``Metadata`` (TypeError on anything else)."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else {"__float": repr(value)}
-    if isinstance(value, torch.Size):
-        return {"__size": list(value)}
-    if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
-        return {"__torch": str(value).removeprefix("torch.")}
-    if isinstance(value, pathlib.PurePath):
-        return {"__path": os.fspath(value)}
-    if isinstance(value, tuple):
-        return {"__tuple": [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return {"__dict": [[_encode(k), _encode(v)] for k, v in value.items()]}
-    if isinstance(value, _md.MetadataIndex):
-        return {"__index": [value.fqn, _encode(value.offset), value.index]}
-    cls = _DATACLASSES.get(type(value).__name__)
-    if cls is type(value):
-        fields = {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(cls)}
-        return {"__dc": cls.__name__, "fields": fields}
-    raise TypeError(f"cannot describe {type(value).__module__}.{type(value).__name__} in JSON")
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if "__float" in value:
-        return float(value["__float"])
-    if "__size" in value:
-        return torch.Size(value["__size"])
-    if "__torch" in value:
-        obj = getattr(torch, str(value["__torch"]), None)
-        if not isinstance(obj, torch.dtype | torch.layout | torch.memory_format):
-            raise CorruptCheckpointError(f"unknown torch constant {value['__torch']!r}")
-        return obj
-    if "__path" in value:
-        return pathlib.Path(value["__path"])
-    if "__tuple" in value:
-        return tuple(_decode(v) for v in value["__tuple"])
-    if "__dict" in value:
-        return {_hashable(_decode(k)): _decode(v) for k, v in value["__dict"]}
-    if "__index" in value:
-        fqn, offset, index = value["__index"]
-        return _md.MetadataIndex(fqn, _decode(offset), index)
-    if "__dc" in value:
-        cls = _DATACLASSES.get(value["__dc"])
-        if cls is None:
-            raise CorruptCheckpointError(f"unknown DCP metadata class {value['__dc']!r}")
-        return cls(**{k: _decode(v) for k, v in value["fields"].items()})
-    raise CorruptCheckpointError(f"unrecognised tagged value in DCP metadata: {list(value)[:3]}")
-
-
-def _hashable(key: Any) -> Any:
-    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
-
-
-def encode_metadata(metadata: _md.Metadata) -> dict[str, Any] | None:
-    """JSON document for ``metadata``, or None when it cannot be described faithfully."""
-    try:
-        document = {"format": _MARKER, "version": 1, "metadata": _encode(metadata)}
-        if _decode(document["metadata"]) != metadata:
-            return None
-    except (TypeError, ValueError, CorruptCheckpointError):
-        return None
-    return document
-
-
-def decode_metadata(document: Any) -> _md.Metadata:
-    """Inverse of :func:`encode_metadata`."""
-    if not isinstance(document, dict) or document.get("format") != _MARKER:
-        raise CorruptCheckpointError(f"{METADATA_ENTRY} is not shardpoint DCP metadata")
-    if int(document.get("version", 0)) > 1:
-        raise CorruptCheckpointError("DCP metadata was written by a newer shardpoint")
-    metadata = _decode(document["metadata"])
-    if not isinstance(metadata, _md.Metadata):
-        raise CorruptCheckpointError(f"{METADATA_ENTRY} does not hold a DCP Metadata")
-    return metadata
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +235,9 @@ class StorageWriter(_storage.StorageWriter):
 
     def finish(self, metadata: _md.Metadata, results: list[list[_storage.WriteResult]]) -> None:
         world = self._world if self._world is not None else len(results)
-        metadata.storage_data = {wr.index: wr.storage_data for rank in results for wr in rank}
+        # no storage_data: the keys follow from the chunks (encode_metadata), so the
+        # coordinator does not walk every rank's results
+        metadata.storage_data = None
         metadata.version = _DCP_VERSION
         metadata.storage_meta = self.storage_meta()
         writer = storage.Writer(
@@ -338,10 +251,14 @@ class StorageWriter(_storage.StorageWriter):
             storage_options=self.storage_options,
         )
         try:
-            document = encode_metadata(metadata)
-            if document is not None:
-                writer.add(METADATA_ENTRY, document)
+            encoded = encode_metadata(metadata)
+            if encoded is not None:
+                writer.add(METADATA_ENTRY, encoded[0])
+                writer.add(METADATA_CHUNKS_ENTRY, encoded[1])
             else:
+                metadata.storage_data = {
+                    wr.index: wr.storage_data for rank in results for wr in rank
+                }
                 logger.warning(
                     "DCP metadata of %s holds objects JSON cannot describe (custom planner "
                     "data?); storing DCP's Metadata pickled in %r (tensor data is never "
@@ -425,7 +342,12 @@ class StorageReader(_storage.StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> _md.Metadata:
         reader = self._open()
         if METADATA_ENTRY in reader:
-            metadata = decode_metadata(reader.get(METADATA_ENTRY, verify=True))
+            table = (
+                reader.get(METADATA_CHUNKS_ENTRY, verify=True)
+                if METADATA_CHUNKS_ENTRY in reader
+                else None
+            )
+            metadata = decode_metadata(reader.get(METADATA_ENTRY, verify=True), table)
         elif PICKLED_METADATA_ENTRY in reader:
             # DCP's own metadata from a custom planner (see the module docstring): a pickle,
             # so only with the caller's explicit consent

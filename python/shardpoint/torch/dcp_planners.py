@@ -1,0 +1,274 @@
+"""A ``torch.distributed.checkpoint`` save planner whose coordinator step is O(N) and which
+reuses the global plan while the layout does not change (docs/SCALE.md, issue 42).
+
+DCP's ``DefaultSavePlanner.create_global_plan`` runs on the coordinator over every rank's
+plan: it deduplicates replicated items, builds the ``Metadata`` and rewrites every item's
+index hint (a ``dataclasses.replace`` per item), then validates the chunks. At thousands of
+ranks that is the save's slowest step (pytorch #163548, #147343; docs/SCALE.md has the
+figures). :class:`SavePlanner` is a ``DefaultSavePlanner`` with:
+
+- an O(N) global step with a small constant: duplicates are found with one dict pass (DCP's
+  balancing rule applies only to the duplicated items), index hints are not rewritten (they are
+  optional: ``MetadataIndex.index`` takes no part in equality or hashing, and DCP's readers
+  search when a hint is absent), and the chunk validation (bounds, overlaps, coverage) is
+  vectorized with numpy, falling back to DCP's own validation for a tensor whose chunks do
+  not line up along one dimension;
+- a plan cache, as DCP's ``enable_plan_caching``: each rank keeps a digest of its last local
+  plan and sends an empty, unusable plan when the digest is unchanged; the coordinator keeps
+  the last local plans, global plans and ``Metadata`` and, when no rank changed, returns the
+  cached ``Metadata`` object and empty plans (O(N) to check, nothing rebuilt, a few bytes per
+  rank on the wire). A rank whose plan changed is replanned with the cached plans of the
+  others. Resharding is kept: nothing here depends on the number of ranks staying the same
+  (a different N is a cache miss).
+
+Use it with shardpoint's StorageWriter: ``dcp.save(sd, storage_writer=StorageWriter(p),
+planner=SavePlanner())``. Unlike DCP's cached plans, a cached plan here still carries the
+storage data the StorageWriter attaches to this save (its merge token), so the writer can
+refuse a stale partial index of a crashed save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+from torch.distributed.checkpoint.default_planner import (
+    DefaultSavePlanner,
+    _validate_global_plan,
+    create_default_local_save_plan,
+)
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
+
+from ..errors import CheckpointError
+
+__all__ = ["SavePlanner", "plan_digest"]
+
+
+def plan_digest(plan: SavePlan) -> str:
+    """A digest of what a local save plan asks for: every item's key, type, chunk and tensor
+    properties, and the planner data (the flattening mappings). Equal digests: equal layouts."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr(plan.items).encode())
+    if plan.planner_data is not None:
+        h.update(repr(sorted(plan.planner_data.items(), key=lambda kv: str(kv[0]))).encode())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class _GlobalCache:
+    """The coordinator's last successful global step."""
+
+    local_plans: list[SavePlan]
+    global_plans: list[SavePlan]
+    metadata: Metadata
+
+
+# Per cache key (one per planner class or ``cache_key``): like DCP's class-level caches, they
+# live as long as the process, so a planner created per save still finds the last save's plans.
+_LOCAL: dict[str, tuple[str, SavePlan]] = {}  # rank side: (digest, local plan)
+_FINAL: dict[str, SavePlan] = {}  # rank side: the last final plan
+_GLOBAL: dict[str, _GlobalCache] = {}  # coordinator side
+
+
+class SavePlanner(DefaultSavePlanner):
+    """DCP ``DefaultSavePlanner`` with an O(N) global step and a plan cache (module
+    docstring). ``cache_plans=False`` replans every save; ``cache_key`` separates the caches
+    of two kinds of saves made by one process (say, model and optimizer in separate calls)."""
+
+    def __init__(
+        self,
+        flatten_state_dict: bool = True,
+        flatten_sharded_tensors: bool = True,
+        dedup_save_to_lowest_rank: bool = False,
+        *,
+        cache_plans: bool = True,
+        cache_key: str | None = None,
+    ) -> None:
+        super().__init__(
+            flatten_state_dict=flatten_state_dict,
+            flatten_sharded_tensors=flatten_sharded_tensors,
+            dedup_save_to_lowest_rank=dedup_save_to_lowest_rank,
+            enable_plan_caching=False,  # DCP's own cache is replaced by ours
+        )
+        self._cache_plans = bool(cache_plans)
+        self._key = cache_key or f"{type(self).__module__}.{type(self).__qualname__}"
+        self._pending: tuple[str, SavePlan] | None = None
+        #: whether the last create_local_plan found this rank's layout unchanged (sent an
+        #: empty plan), and whether the last create_global_plan reused the cached global plan
+        self.local_plan_reused = False
+        self.global_plan_reused = False
+
+    # -- rank side ------------------------------------------------------------------------------
+    def create_local_plan(self) -> SavePlan:
+        plan = create_default_local_save_plan(self.state_dict, self.is_coordinator)
+        if self.flatten_state_dict:
+            plan = dataclasses.replace(plan, planner_data=self.mappings)
+        self.plan = plan
+        if not self._cache_plans:
+            return plan
+        digest = plan_digest(plan)
+        cached = _LOCAL.get(self._key)
+        self.local_plan_reused = cached is not None and cached[0] == digest and self._key in _FINAL
+        if self.local_plan_reused:
+            return SavePlan([], usable=False)
+        # promoted to the cache in finish_plan, once the global step succeeded
+        self._pending = (digest, plan)
+        return plan
+
+    def finish_plan(self, new_plan: SavePlan) -> SavePlan:
+        plan = new_plan
+        if self._cache_plans:
+            if not new_plan.usable:
+                cached = _FINAL.get(self._key)
+                if cached is None:
+                    raise CheckpointError(
+                        "the coordinator reused a cached save plan this rank does not have "
+                        "(were the planner caches cleared on some ranks only?)"
+                    )
+                # this save's storage data (the StorageWriter's merge token), the cached items
+                plan = dataclasses.replace(cached, storage_data=new_plan.storage_data, usable=True)
+            _FINAL[self._key] = plan
+            if self._pending is not None:
+                _LOCAL[self._key] = self._pending
+                self._pending = None
+        self.plan = plan
+        return plan
+
+    # -- coordinator side ---------------------------------------------------------------------
+    def create_global_plan(self, all_plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        n = len(all_plans)
+        cache = _GLOBAL.get(self._key) if self._cache_plans else None
+        if cache is not None and len(cache.local_plans) != n:
+            cache = None  # another world size: resharded, plan from scratch
+        unchanged = [not p.usable for p in all_plans]
+        if any(unchanged) and cache is None:
+            raise CheckpointError(
+                "ranks reused cached save plans but the coordinator has none for "
+                f"{n} ranks (were the planner caches cleared on the coordinator only?)"
+            )
+        self.global_plan_reused = cache is not None and all(unchanged)
+        if cache is not None and all(unchanged):
+            self.global_plan, self.metadata = cache.global_plans, cache.metadata
+            return [SavePlan([], usable=False)] * n, cache.metadata
+        local = [
+            cache.local_plans[i] if (cache is not None and unchanged[i]) else p
+            for i, p in enumerate(all_plans)
+        ]
+        global_plans, metadata = self._global_plan(local)
+        if cache is not None:
+            delta = [
+                SavePlan([], usable=False) if _same_items(g, c) else g
+                for g, c in zip(global_plans, cache.global_plans, strict=True)
+            ]
+        else:
+            delta = global_plans
+        if self._cache_plans:
+            _GLOBAL[self._key] = _GlobalCache(local, global_plans, metadata)
+        self.global_plan, self.metadata = global_plans, metadata
+        return delta, metadata
+
+    def _global_plan(self, plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
+        """Deduplicate, build the ``Metadata``, validate: O(total items)."""
+        plans = _dedup(plans, self.dedup_save_to_lowest_rank)
+        md: dict[str, Any] = {}
+        for plan in plans:
+            for item in plan.items:
+                fqn = item.index.fqn
+                if item.type == WriteItemType.BYTE_IO:
+                    if fqn in md:
+                        raise ValueError(f"key {fqn!r} is planned twice")
+                    md[fqn] = BytesStorageMetadata()
+                    continue
+                td = item.tensor_data
+                if td is None:
+                    raise ValueError(f"tensor item {fqn!r} has no tensor data")
+                entry = md.get(fqn)
+                if entry is None:
+                    entry = md[fqn] = TensorStorageMetadata(td.properties, td.size, [])
+                elif item.type != WriteItemType.SHARD or not isinstance(
+                    entry, TensorStorageMetadata
+                ):
+                    raise ValueError(f"key {fqn!r} is planned twice")
+                entry.chunks.append(td.chunk)
+        metadata = Metadata(state_dict_metadata=md)
+        if self.flatten_state_dict:
+            merged: dict[str, Any] = {}
+            for plan in reversed(plans):  # the first plan's mapping wins, as DCP's ChainMap
+                merged.update(plan.planner_data or {})
+            metadata = dataclasses.replace(metadata, planner_data=merged)
+        errors = _validate(md, len(plans))
+        if errors:
+            summary = "; ".join(errors)
+            raise ValueError(f"Failed to validate global plan: {summary[:500]}")
+        return plans, metadata
+
+
+def _same_items(a: SavePlan, b: SavePlan) -> bool:
+    """Whether two global plans of one rank write the same items (cheap when unchanged: the
+    same plan object, or lists of the same item objects)."""
+    if a is b or a.items is b.items:
+        return True
+    if len(a.items) != len(b.items):
+        return False
+    return all(x is y or x == y for x, y in zip(a.items, b.items, strict=True))
+
+
+def _dedup(plans: list[SavePlan], to_lowest_rank: bool) -> list[SavePlan]:
+    """DCP's deduplication (an item several ranks plan is written by one of them), found with
+    one dict pass; plans without duplicates are returned as they are (same objects)."""
+    first: dict[Any, int] = {}
+    duplicated = False
+    for r, plan in enumerate(plans):
+        for item in plan.items:
+            if first.setdefault((item.index.fqn, item.index.offset), r) != r:
+                duplicated = True
+    if not duplicated:
+        return plans
+    # DCP's own rule on the rare plans with duplicates (replicated tensors): exact semantics
+    deduped = dedup_save_plans(plans, to_lowest_rank)
+    return [p if len(p.items) == len(d.items) else d for p, d in zip(plans, deduped, strict=True)]
+
+
+def _validate(md: dict[str, Any], n_plans: int) -> list[str]:
+    """DCP's global-plan checks (chunks in bounds, not overlapping, covering the tensor when
+    several ranks save), vectorized per tensor; a tensor whose chunks are not disjoint along
+    its longest dimension after sorting is checked by DCP's own validation instead."""
+    errors: list[str] = []
+    for key, value in md.items():
+        if not isinstance(value, TensorStorageMetadata) or len(value.size) == 0:
+            continue
+        chunks = value.chunks
+        dims = len(value.size)
+        boxes = np.array([(*c.offsets, *c.sizes) for c in chunks], dtype=np.int64).reshape(
+            len(chunks), 2 * dims
+        )
+        offsets, sizes = boxes[:, :dims], boxes[:, dims:]
+        size = np.array(value.size, dtype=np.int64)
+        if (offsets < 0).any() or (sizes < 0).any() or (offsets + sizes > size).any():
+            errors.append(f"key:{key} has out of bounds chunk: tensor-size:{value.size}")
+        elif len(chunks) > 1:
+            sweep = int(np.argmax(size))
+            order = np.argsort(offsets[:, sweep], kind="stable")
+            start = offsets[order, sweep]
+            end = start + sizes[order, sweep]
+            if (end[:-1] > start[1:]).any():
+                # not disjoint along one dimension (2-D tilings): DCP's sweep-line check
+                one = Metadata(state_dict_metadata={key: value})
+                errors += _validate_global_plan([SavePlan([])] * n_plans, one)
+                continue
+        volume = int(np.prod(sizes, axis=1).sum())
+        if n_plans > 1 and volume != math.prod(value.size):
+            errors.append(
+                f"key:{key} invalid fill tensor-volume: {math.prod(value.size)} "
+                f"chunks-volume: {volume}"
+            )
+    return errors
