@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import random
 import socket
 import threading
 import time
@@ -101,6 +102,11 @@ class Proxy:
         self.flipped: list[tuple[str, str, int]] = []
         self.lock = threading.Lock()
         self.latency = 0.0
+        # random faults (random_faults): mode -> probability, and how many were injected
+        self.rates: dict[str, float] = {}
+        self.rng = random.Random(0)
+        self.injected: dict[str, int] = {}
+        self.faults: list[tuple[str, str, str]] = []  # (mode, method, path) of failed requests
         # requests being answered now, and the most at once since the last reset
         self.inflight = 0
         self.max_inflight = 0
@@ -118,7 +124,9 @@ class Proxy:
                 proxy.throttle(n)
                 with proxy.lock:
                     proxy.log.append((self.command, self.path, self.headers.get("Range")))
-                    mode = proxy.fail.pop(0) if proxy.fail else None
+                    mode = proxy.fail.pop(0) if proxy.fail else proxy._random_mode()
+                    if mode is not None and mode != "pass":
+                        proxy.faults.append((mode, self.command, self.path))
                     latency = proxy.latency
                     proxy.inflight += 1
                     proxy.max_inflight = max(proxy.max_inflight, proxy.inflight)
@@ -233,6 +241,27 @@ class Proxy:
     def fail_next(self, n: int, mode: str) -> None:
         with self.lock:
             self.fail = [mode] * n
+
+    def random_faults(self, rates: dict[str, float] | None, seed: int = 0) -> None:
+        """Fail requests at random, each independently: ``rates`` maps a mode ("503", "drop",
+        "403") to its probability (``{"503": 0.1, "drop": 0.01}``: S3 throttling plus dropped
+        connections); None stops. ``injected`` counts the faults by mode."""
+        with self.lock:
+            self.rates = dict(rates or {})
+            self.rng = random.Random(seed)
+            self.injected = {}
+
+    def _random_mode(self) -> str | None:
+        """(Under the lock.) The fault this request gets from ``random_faults``, if any."""
+        if not self.rates:
+            return None
+        x = self.rng.random()
+        for mode, p in self.rates.items():
+            if x < p:
+                self.injected[mode] = self.injected.get(mode, 0) + 1
+                return mode
+            x -= p
+        return None
 
     def fail_after(self, n: int, mode: str) -> None:
         """Forward the next ``n`` requests, then fail one with ``mode`` ("403", "503",
