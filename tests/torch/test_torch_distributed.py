@@ -138,6 +138,23 @@ def _save_worker(rank: int, port: int, work: str) -> None:
     dcp.load(target, storage_reader=spt.StorageReader(f"{work}/ours/ckpt-2"))
     assert torch.equal(target["model"]["w"].full_tensor(), full_weight() * 2)
 
+    # listing and the state read on one rank, broadcast (torch/listing.py): rank 1 never
+    # reads the store (its own would raise), both get rank 0's answer
+    from shardpoint.objgraph import checkpoint_state
+
+    if rank == 0:
+        checkpoint_state.update_checkpoint_state(f"{work}/ours", f"{work}/ours/ckpt-2")
+    else:
+        checkpoint_state.latest_checkpoint = None  # type: ignore[assignment]
+    assert spt.latest_checkpoint(f"{work}/ours") == f"{work}/ours/ckpt-2"
+    assert spt.gc(f"{work}/ours", older_than=0) == 0
+    try:
+        spt.on_one_rank(lambda: 1 / 0)
+    except (ZeroDivisionError, sp.CheckpointError) as exc:
+        assert rank == 0 or "ZeroDivisionError" in str(exc)
+    else:
+        raise AssertionError("expected the error on every rank")
+
     # save_distributed: each rank owns part of the keys, some inside the same nested dict
     own = {
         "model": {f"layer{rank}.weight": torch.full((2, 3), float(rank))},

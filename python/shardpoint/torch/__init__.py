@@ -57,6 +57,9 @@ __all__ = [
     "StorageReader",
     "save_distributed",
     "SavePlanner",
+    "on_one_rank",
+    "latest_checkpoint",
+    "gc",
 ]
 
 _adapters.register()
@@ -67,6 +70,9 @@ _LAZY = {
     "StorageReader": "dcp",
     "save_distributed": "distributed",
     "SavePlanner": "dcp_planners",
+    "on_one_rank": "listing",
+    "latest_checkpoint": "listing",
+    "gc": "listing",
 }
 
 
