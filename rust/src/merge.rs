@@ -16,7 +16,6 @@ use crate::store::{block_on, remote_commit, spawn, Location, MERGE_READS_IN_FLIG
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The metadata blob stored in an index:
@@ -183,7 +182,8 @@ fn merge_partials(
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
     let mut entries: Vec<EntryMeta> = Vec::new();
-    let mut owner: HashMap<String, u32> = HashMap::new();
+    // The rank of each shard (by its index in `shards`), to name the ranks of a duplicate key.
+    let mut shard_rank: Vec<u32> = Vec::new();
     let mut chunk_bytes = None;
     let mut user_meta: Option<String> = None;
     let mut sections = String::new();
@@ -238,17 +238,25 @@ fn merge_partials(
         }
         let base = shards.len() as u32;
         shards.extend(view.shards().iter().cloned());
+        shard_rank.resize(shards.len(), rank);
+        entries.reserve(view.len());
         for i in 0..view.len() {
             let mut e = view.entry(i)?.to_meta();
-            if let Some(prev) = owner.insert(e.key.clone(), rank) {
-                return Err(Error::DuplicateKey {
-                    key: e.key,
-                    context: format!("written by rank {prev} and rank {rank}"),
-                });
-            }
             e.shard += base;
             entries.push(e);
         }
+    }
+    // Duplicate keys across writers: found by sorting (build_index sorts the same vector again,
+    // already sorted then, in one pass), not by a hash map of every key, which cost a key
+    // clone and a hash per entry (a quarter of a 4,096-rank merge's CPU; docs/SCALE.md).
+    entries.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+    if let Some(w) = entries.windows(2).find(|w| w[0].key == w[1].key) {
+        let rank_of = |e: &EntryMeta| shard_rank.get(e.shard as usize).copied().unwrap_or(0);
+        let (a, b) = (rank_of(&w[0]), rank_of(&w[1]));
+        return Err(Error::DuplicateKey {
+            key: w[0].key.clone(),
+            context: format!("written by rank {} and rank {}", a.min(b), a.max(b)),
+        });
     }
     let user = user_meta.unwrap_or_else(|| "{}".to_string());
     let manifest = match digests.map(|(a, f)| (DigestAlgo::from_name(&a), f)) {
