@@ -7,8 +7,10 @@ index hint (a ``dataclasses.replace`` per item), then validates the chunks. At t
 ranks that is the save's slowest step (pytorch #163548, #147343; docs/SCALE.md has the
 figures). :class:`SavePlanner` is a ``DefaultSavePlanner`` with:
 
-- an O(N) global step with a small constant: duplicates are found with one dict pass (DCP's
-  balancing rule applies only to the duplicated items), index hints are not rewritten (they are
+- an O(N) global step with a small constant: one pass over the items builds the metadata and
+  finds the non-shard items several ranks plan (each is kept on the rank with the fewest items,
+  where DCP balances planned bytes; replicated shards go through DCP's own deduplication),
+  index hints are not rewritten (they are
   optional: ``MetadataIndex.index`` takes no part in equality or hashing, and DCP's readers
   search when a hint is absent), and the chunk validation (bounds, overlaps, coverage) is
   vectorized with numpy, falling back to DCP's own validation for a tensor whose chunks do
@@ -49,6 +51,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
 from ..errors import CheckpointError
+from .dcp_metadata import chunk_rows, remember_rows
 
 __all__ = ["SavePlanner", "plan_digest"]
 
@@ -177,38 +180,31 @@ class SavePlanner(DefaultSavePlanner):
         return delta, metadata
 
     def _global_plan(self, plans: list[SavePlan]) -> tuple[list[SavePlan], Metadata]:
-        """Deduplicate, build the ``Metadata``, validate: O(total items)."""
-        plans = _dedup(plans, self.dedup_save_to_lowest_rank)
-        md: dict[str, Any] = {}
-        for plan in plans:
-            for item in plan.items:
-                fqn = item.index.fqn
-                if item.type == WriteItemType.BYTE_IO:
-                    if fqn in md:
-                        raise ValueError(f"key {fqn!r} is planned twice")
-                    md[fqn] = BytesStorageMetadata()
-                    continue
-                td = item.tensor_data
-                if td is None:
-                    raise ValueError(f"tensor item {fqn!r} has no tensor data")
-                entry = md.get(fqn)
-                if entry is None:
-                    entry = md[fqn] = TensorStorageMetadata(td.properties, td.size, [])
-                elif item.type != WriteItemType.SHARD or not isinstance(
-                    entry, TensorStorageMetadata
-                ):
-                    raise ValueError(f"key {fqn!r} is planned twice")
-                entry.chunks.append(td.chunk)
+        """Build the ``Metadata`` (finding duplicates on the way), deduplicate, validate:
+        O(total items), one pass over the items plus vectorized checks per tensor."""
+        md, dups = _build(plans)
+        errors, replicated_shards = _validate(md, len(plans))
+        if replicated_shards:
+            # the same shard on several ranks (replicated DTensor placements): DCP's own rule
+            plans = [
+                p if len(p.items) == len(d.items) else d
+                for p, d in zip(
+                    plans, dedup_save_plans(plans, self.dedup_save_to_lowest_rank), strict=True
+                )
+            ]
+            md, dups = _build(plans)
+            errors, _ = _validate(md, len(plans))
+        if dups:
+            plans = _drop_duplicates(plans, dups, self.dedup_save_to_lowest_rank)
+        if errors:
+            summary = "; ".join(errors)
+            raise ValueError(f"Failed to validate global plan: {summary[:500]}")
         metadata = Metadata(state_dict_metadata=md)
         if self.flatten_state_dict:
             merged: dict[str, Any] = {}
             for plan in reversed(plans):  # the first plan's mapping wins, as DCP's ChainMap
                 merged.update(plan.planner_data or {})
             metadata = dataclasses.replace(metadata, planner_data=merged)
-        errors = _validate(md, len(plans))
-        if errors:
-            summary = "; ".join(errors)
-            raise ValueError(f"Failed to validate global plan: {summary[:500]}")
         return plans, metadata
 
 
@@ -222,35 +218,86 @@ def _same_items(a: SavePlan, b: SavePlan) -> bool:
     return all(x is y or x == y for x, y in zip(a.items, b.items, strict=True))
 
 
-def _dedup(plans: list[SavePlan], to_lowest_rank: bool) -> list[SavePlan]:
-    """DCP's deduplication (an item several ranks plan is written by one of them), found with
-    one dict pass; plans without duplicates are returned as they are (same objects)."""
-    first: dict[Any, int] = {}
-    duplicated = False
+def _build(plans: list[SavePlan]) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """The ``state_dict_metadata`` of ``plans`` and the non-shard items several ranks plan
+    (a plain tensor or object every rank holds): ``{fqn: [ranks]}``. Shards are appended in
+    rank order, as DCP's ``create_default_global_save_plan`` does."""
+    shard, byte_io = WriteItemType.SHARD, WriteItemType.BYTE_IO
+    md: dict[str, Any] = {}
+    holder: dict[str, int] = {}  # non-shard key -> the first rank planning it
+    dups: dict[str, list[int]] = {}
     for r, plan in enumerate(plans):
         for item in plan.items:
-            if first.setdefault((item.index.fqn, item.index.offset), r) != r:
-                duplicated = True
-    if not duplicated:
-        return plans
-    # DCP's own rule on the rare plans with duplicates (replicated tensors): exact semantics
-    deduped = dedup_save_plans(plans, to_lowest_rank)
-    return [p if len(p.items) == len(d.items) else d for p, d in zip(plans, deduped, strict=True)]
+            fqn = item.index.fqn
+            kind = item.type
+            td = item.tensor_data
+            if kind is shard:
+                if td is None:
+                    raise ValueError(f"shard item {fqn!r} has no tensor data")
+                entry = md.get(fqn)
+                if entry is None:
+                    entry = md[fqn] = TensorStorageMetadata(td.properties, td.size, [])
+                elif fqn in holder:
+                    raise ValueError(f"key {fqn!r} is planned both whole and as shards")
+                entry.chunks.append(td.chunk)
+                continue
+            first = holder.get(fqn)
+            if first is not None:
+                dups.setdefault(fqn, [first]).append(r)
+                continue
+            if fqn in md:
+                raise ValueError(f"key {fqn!r} is planned both whole and as shards")
+            holder[fqn] = r
+            if kind is byte_io:
+                md[fqn] = BytesStorageMetadata()
+            elif td is None:
+                raise ValueError(f"tensor item {fqn!r} has no tensor data")
+            else:
+                md[fqn] = TensorStorageMetadata(td.properties, td.size, [td.chunk])
+    return md, dups
 
 
-def _validate(md: dict[str, Any], n_plans: int) -> list[str]:
+def _drop_duplicates(
+    plans: list[SavePlan], dups: dict[str, list[int]], to_lowest_rank: bool
+) -> list[SavePlan]:
+    """Keep each duplicated non-shard item on one of the ranks planning it: the lowest with
+    ``to_lowest_rank``, else the one with the fewest items left (ties: the lowest), so the
+    writes spread as DCP's rule spreads them (it balances planned bytes; counting items
+    needs no size per item). Plans that lose nothing are returned as they are."""
+    counts = [len(p.items) for p in plans]
+    drop: dict[int, set[str]] = {}
+    for fqn, ranks in dups.items():
+        keep = min(ranks) if to_lowest_rank else min(ranks, key=lambda r: (counts[r], r))
+        for r in ranks:
+            if r != keep:
+                drop.setdefault(r, set()).add(fqn)
+                counts[r] -= 1
+    out = list(plans)
+    shard = WriteItemType.SHARD
+    for r, names in drop.items():
+        items = [i for i in plans[r].items if i.type is shard or i.index.fqn not in names]
+        out[r] = dataclasses.replace(plans[r], items=items)
+    return out
+
+
+def _validate(md: dict[str, Any], n_plans: int) -> tuple[list[str], bool]:
     """DCP's global-plan checks (chunks in bounds, not overlapping, covering the tensor when
     several ranks save), vectorized per tensor; a tensor whose chunks are not disjoint along
-    its longest dimension after sorting is checked by DCP's own validation instead."""
+    its longest dimension after sorting is checked by DCP's own validation instead. Also
+    returns whether some tensor has the same chunk twice (a replicated shard: deduplicate)."""
     errors: list[str] = []
+    replicated = False
+    memo: dict[int, tuple[list[Any], np.ndarray]] = {}
     for key, value in md.items():
         if not isinstance(value, TensorStorageMetadata) or len(value.size) == 0:
             continue
         chunks = value.chunks
         dims = len(value.size)
-        boxes = np.array([(*c.offsets, *c.sizes) for c in chunks], dtype=np.int64).reshape(
-            len(chunks), 2 * dims
-        )
+        boxes = chunk_rows(chunks, dims)
+        if boxes is None:
+            errors.append(f"key:{key} has a chunk of another rank than its tensor")
+            continue
+        memo[id(chunks)] = (chunks, boxes)
         offsets, sizes = boxes[:, :dims], boxes[:, dims:]
         size = np.array(value.size, dtype=np.int64)
         if (offsets < 0).any() or (sizes < 0).any() or (offsets + sizes > size).any():
@@ -261,6 +308,10 @@ def _validate(md: dict[str, Any], n_plans: int) -> list[str]:
             start = offsets[order, sweep]
             end = start + sizes[order, sweep]
             if (end[:-1] > start[1:]).any():
+                ordered = boxes[order]
+                if (ordered[1:] == ordered[:-1]).all(axis=1).any():
+                    replicated = True  # the same chunk twice: deduplicated, then checked
+                    continue
                 # not disjoint along one dimension (2-D tilings): DCP's sweep-line check
                 one = Metadata(state_dict_metadata={key: value})
                 errors += _validate_global_plan([SavePlan([])] * n_plans, one)
@@ -271,4 +322,5 @@ def _validate(md: dict[str, Any], n_plans: int) -> list[str]:
                 f"key:{key} invalid fill tensor-volume: {math.prod(value.size)} "
                 f"chunks-volume: {volume}"
             )
-    return errors
+    remember_rows(memo)  # the metadata encoding of this save reuses them (dcp_metadata)
+    return errors, replicated
