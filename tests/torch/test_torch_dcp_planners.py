@@ -94,6 +94,14 @@ def test_duplicates_written_by_one_rank() -> None:
     assert len(md.state_dict_metadata["w"].chunks) == 4
 
 
+def test_replicated_shards_deduplicated() -> None:
+    """The same shard on two ranks (a replicated placement): written once, still valid."""
+    plans = [SavePlan([_shard("w", (r % 2,), (1,), (2,))]) for r in range(4)]
+    out, md = _ours().create_global_plan(plans)
+    assert sum(len(p.items) for p in out) == 2
+    assert len(md.state_dict_metadata["w"].chunks) == 2
+
+
 @pytest.mark.parametrize(
     "chunks, why",
     [
