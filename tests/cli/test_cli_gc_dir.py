@@ -82,7 +82,10 @@ def test_state_file_and_age(tmp_path: os.PathLike[str]) -> None:
     with open(os.path.join(d, "checkpoint"), "w", encoding="utf-8") as f:
         f.write('model_checkpoint_path: "d-2"\nall_model_checkpoint_paths: "d-2"\n')
     os.utime(names[4] + ".index")  # d-4: just written (a save in flight), spared by age
-    assert main(["gc", d]) == 0  # default --older-than 3600
+    before = _present(d)
+    assert main(["gc", d]) == 0  # without --keep-last: only what dead saves left, no checkpoint
+    assert _present(d) == before
+    assert main(["gc", d, "--keep-last", "0"]) == 0  # the state file's list; default age 3600
     assert _present(d) == ["d-1", "d-2", "d-4", "full-0"]
     os.remove(os.path.join(d, "checkpoint"))
     with pytest.raises(sp.InvalidArgumentError, match="--keep-last"):
