@@ -26,7 +26,7 @@
 //! shrinks under the load gives an error naming the file and offset.
 
 use crate::error::{Error, Result};
-use crate::load::PlainFile;
+use crate::load::{cached, PlainFile};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -127,19 +127,6 @@ fn direct_read(file: &File, off: u64, buf: &mut [u8]) -> std::result::Result<usi
         }
     }
     Ok(got)
-}
-
-/// Whether the page holding byte `off` is in the page cache (a one-byte non-blocking read).
-fn cached(file: &File, off: u64) -> bool {
-    use std::os::unix::io::AsRawFd;
-    let mut b = [0u8; 1];
-    let iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: one iovec over a live one-byte buffer; the fd is open for the call.
-    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off as i64, libc::RWF_NOWAIT) };
-    n == 1
 }
 
 const fn align_down(x: u64) -> u64 {

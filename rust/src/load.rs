@@ -69,7 +69,7 @@ impl Progress {
 
 /// Whether the page holding byte `off` is in the page cache (a one-byte non-blocking read).
 /// Unknown (an old kernel without `RWF_NOWAIT`) counts as not cached.
-fn cached(file: &File, off: u64) -> bool {
+pub(crate) fn cached(file: &File, off: u64) -> bool {
     let mut b = [0u8; 1];
     let iov = libc::iovec {
         iov_base: b.as_mut_ptr().cast(),
