@@ -144,6 +144,13 @@ def main(argv: list[str]) -> None:
         results.append(job(current))
         current = []
     print(json.dumps(results), flush=True)
+    # Tear the group down before the interpreter does: left to exit, gloo's threads were
+    # destroyed still joinable under load ("terminate called without an active exception",
+    # SIGABRT after the results were printed).
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
