@@ -44,6 +44,7 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations.lightning": "lightning",
     "shardpoint.integrations._lightning_io": "lightning",
     "shardpoint.integrations._lightning_reader": "lightning",
+    "shardpoint.integrations._lightning_tiers": "lightning",
     "shardpoint.integrations.hf_trainer": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",
@@ -63,6 +64,10 @@ ACTIVATED_BY_VALUES: dict[str, tuple[str, ...]] = {
     # jax arrays are compared/round-tripped when the user's value holds some
     "shardpoint.testing._frameworks": ("jax",),
     "shardpoint.testing.roundtrip": ("jax",),
+    # a torch tensor given to encode/apply: torch is imported to view its bytes
+    "shardpoint.delta.sync": ("torch",),
+    # the tiers' collectives run over the job's torch.distributed group, when one is used
+    "shardpoint.tiers.group": ("torch",),
 }
 # Serving engines pin their own torch, so their extras are not installed beside the others
 # (Makefile EXTRAS): each engine module's imports must be named by its extra's metadata instead.
