@@ -12,29 +12,31 @@ torch is imported only when a group is used, so the tiers work without it in one
 
 from __future__ import annotations
 
+import abc
 import datetime
 from typing import Any
 
 __all__ = ["Collective", "SingleProcess", "TorchGroup", "job_groups"]
 
 
-class Collective:
-    """What the tiers ask of a group: rank, size, gathering small objects, sending bytes."""
+class Collective(abc.ABC):
+    """What the tiers ask of a group: rank, size, gathering small objects, sending bytes (an
+    abstract base: the single process and the torch.distributed group implement it)."""
 
     rank: int = 0
     world_size: int = 1
 
+    @abc.abstractmethod
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (small, JSON-able), in rank order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def exchange(
         self, sends: dict[int, bytearray | memoryview], sources: list[int]
     ) -> dict[int, memoryview]:
         """Send ``sends[dst]`` to each ``dst`` while receiving one message from each rank in
         ``sources``; every rank calls it in the same collective step. At most one message
         per ordered pair of ranks."""
-        raise NotImplementedError
 
 
 class SingleProcess(Collective):
