@@ -20,16 +20,57 @@ Errors are :class:`FormatError` (or :class:`ChecksumError`) naming the file and 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import struct
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zstandard
+
+from reference_codecs import (  # tests/ is not a package: its own modules
+    _decode_bytegroup,
+    _decode_bytegroup_huffman,
+    _zstd_exact,
+)
+from reference_crc import _update_py, crc32c  # noqa: F401  (_update_py: tests use it)
+from reference_spec import (
+    _FLOAT_RE,
+    _INT_RE,
+    _SHARD_NAME_RE,
+    ALIGN,
+    BLOCK_ENTRIES,
+    BLOCK_REC,
+    CHUNK_REC,
+    CODECS,
+    DATA_START,
+    DTYPES,
+    ENTRY_REC,
+    FORMAT_VERSION,
+    INDEX_FOOTER_LEN,
+    INDEX_FOOTER_MAGIC,
+    INDEX_HEADER_LEN,
+    INDEX_MAGIC,
+    JSON_MAX_DEPTH,
+    KINDS,
+    MAX_NDIM,
+    PAGE,
+    PAGE_ALIGN_MIN,
+    SHARD_HEADER_LEN,
+    SHARD_MAGIC,
+    SHARD_NAME_FIELD,
+    SHARD_REC,
+    U64_MAX,
+    ChecksumError,
+    FormatError,
+    _check_crc,
+    _u16,
+    _u32,
+    _u64,
+    byte_group,
+    byte_ungroup,
+    numpy_dtype,
+)
 
 __all__ = [
     "FormatError",
@@ -44,224 +85,6 @@ __all__ = [
     "byte_group",
     "byte_ungroup",
 ]
-
-# ---- crc32c (Castagnoli, reflected polynomial 0x82F63B78) -------------------------------------
-
-_POLY = 0x82F63B78
-
-
-def _make_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ _POLY if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _make_table()
-_NP_TABLE = np.array(_TABLE, dtype=np.uint32)
-_SMALL = 1 << 14
-
-
-def _update_py(reg: int, data: bytes | memoryview) -> int:
-    t = _TABLE
-    for b in bytes(data):
-        reg = t[(reg ^ b) & 0xFF] ^ (reg >> 8)
-    return reg
-
-
-def _apply(cols: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Apply the GF(2)-linear map whose images of the 32 unit vectors are ``cols`` to ``x``."""
-    out = np.zeros_like(x)
-    for j in range(32):
-        out ^= np.where((x >> np.uint32(j)) & np.uint32(1), cols[j], np.uint32(0))
-    return out
-
-
-def _zeros_op(n: int) -> np.ndarray:
-    """The linear map 'feed n zero bytes into the crc register', as 32 column images."""
-    unit = np.array([1 << j for j in range(32)], dtype=np.uint32)
-    one = unit.copy()  # one zero byte
-    one = _NP_TABLE[one & np.uint32(0xFF)] ^ (one >> np.uint32(8))
-    result = unit.copy()  # identity
-    power = one
-    while n:
-        if n & 1:
-            result = _apply(power, result)
-        n >>= 1
-        if n:
-            power = _apply(power, power)
-    return result
-
-
-def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
-    """CRC-32C of ``data``: table-driven; large inputs are split into equal lanes processed in
-    parallel with numpy and combined with the zero-byte operator (crc linearity)."""
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    n = buf.size
-    if n < _SMALL:
-        return _update_py(0xFFFFFFFF, buf.tobytes()) ^ 0xFFFFFFFF
-    # Starting from 0xFFFFFFFF equals starting from 0 with the first 4 bytes complemented.
-    head = buf[:4] ^ np.uint8(0xFF)
-    lanes_n = 1 << max(1, (math.isqrt(n).bit_length() - 1))
-    lane_len = n // lanes_n
-    body = np.concatenate([head, buf[4 : lanes_n * lane_len]]).reshape(lanes_n, lane_len)
-    cols_t = np.ascontiguousarray(body.T)
-    reg = np.zeros(lanes_n, dtype=np.uint32)
-    for j in range(lane_len):
-        reg = _NP_TABLE[(reg ^ cols_t[j]) & np.uint32(0xFF)] ^ (reg >> np.uint32(8))
-    op = _zeros_op(lane_len)
-    while reg.size > 1:
-        reg = _apply(op, reg[0::2]) ^ reg[1::2]
-        op = _apply(op, op)
-    r = _update_py(int(reg[0]), buf[lanes_n * lane_len :].tobytes())
-    return r ^ 0xFFFFFFFF
-
-
-# ---- constants of the spec -------------------------------------------------------------------
-
-FORMAT_VERSION = 1
-SHARD_MAGIC = b"SPSHARD\0"
-SHARD_HEADER_LEN = 64
-DATA_START = 4096
-ALIGN = 64
-PAGE_ALIGN_MIN = 65536
-PAGE = 4096
-INDEX_MAGIC = b"SPINDEX\0"
-INDEX_FOOTER_MAGIC = b"SPINDEND"
-INDEX_HEADER_LEN = 128
-INDEX_FOOTER_LEN = 16
-SHARD_REC = 64
-SHARD_NAME_FIELD = 40  # §3.1: bytes 24..64 of the record
-BLOCK_REC = 24
-BLOCK_ENTRIES = 64
-ENTRY_REC = 40
-CHUNK_REC = 16
-MAX_NDIM = 64
-U64_MAX = (1 << 64) - 1
-JSON_MAX_DEPTH = 128
-
-# tag -> (name, itemsize, numpy dtype name or ml_dtypes name)
-DTYPES: dict[int, tuple[str, int]] = {
-    1: ("bool", 1),
-    2: ("int8", 1),
-    3: ("int16", 2),
-    4: ("int32", 4),
-    5: ("int64", 8),
-    6: ("uint8", 1),
-    7: ("uint16", 2),
-    8: ("uint32", 4),
-    9: ("uint64", 8),
-    10: ("float16", 2),
-    11: ("bfloat16", 2),
-    12: ("float32", 4),
-    13: ("float64", 8),
-    14: ("complex64", 8),
-    15: ("complex128", 16),
-    16: ("float8_e4m3fn", 1),
-    17: ("float8_e5m2", 1),
-    18: ("float8_e4m3fnuz", 1),
-    19: ("float8_e5m2fnuz", 1),
-    20: ("float8_e8m0fnu", 1),
-    21: ("float4_e2m1fn_x2", 1),
-}
-CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup", 3: "bytegroup-huffman"}
-KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json", 6: "object"}
-_ROTATED = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
-_SHARD_NAME_RE = re.compile(rb"\.data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?")
-_INT_RE = re.compile(r"-?([0-9]+|0x[0-9a-f]+)")  # §6: decimal, or 0x + lowercase hex
-_FLOAT_RE = re.compile(r"-?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?)")
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The little-endian numpy dtype of a format dtype name."""
-    if name in (
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-    ):
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
-    if name == "float4_e2m1fn_x2":  # two packed fp4 values per byte: the byte is the element
-        return np.dtype(np.uint8)
-    return np.dtype(name).newbyteorder("<")
-
-
-def group_width(dtype: str) -> int:
-    """Width of the unit byte grouping works on: the element, or one complex component."""
-    size = {n: s for n, s in DTYPES.values()}[dtype]
-    return size // 2 if dtype.startswith("complex") else size
-
-
-# ---- errors ----------------------------------------------------------------------------------
-
-
-class FormatError(ValueError):
-    """The bytes violate FORMAT.md v1. The message names the file and the offset."""
-
-    def __init__(self, path: str, offset: int, what: str) -> None:
-        super().__init__(f"{path}: offset {offset}: {what}")
-        self.path, self.offset, self.what = path, offset, what
-
-
-class ChecksumError(FormatError):
-    """A crc32c recorded in the file does not match the bytes."""
-
-
-def _check_crc(path: str, offset: int, what: str, stored: int, data: Any) -> None:
-    actual = crc32c(data)
-    if actual != stored:
-        raise ChecksumError(
-            path, offset, f"{what}: crc32c stored {stored:#010x}, computed {actual:#010x}"
-        )
-
-
-# ---- byte grouping (§5) ----------------------------------------------------------------------
-
-
-def _rot_dtype(k: int) -> np.dtype:
-    return np.dtype({2: "<u2", 4: "<u4", 8: "<u8"}[k])
-
-
-def byte_group(dtype: str, raw: bytes) -> bytes:
-    """Forward filter of §5 (used by tests to pin the plane order)."""
-    k = group_width(dtype)
-    if k < 2:
-        return bytes(raw)
-    if len(raw) % k:
-        raise ValueError(f"{len(raw)} bytes is not a whole number of {k}-byte units")
-    u = np.frombuffer(raw, dtype=_rot_dtype(k))
-    if dtype in _ROTATED:
-        bits = 8 * k
-        u = (u << np.array(1, dtype=u.dtype)) | (u >> np.array(bits - 1, dtype=u.dtype))
-    b = u.astype(_rot_dtype(k)).view(np.uint8).reshape(-1, k)
-    planes = [b[:, k - 1 - p] for p in range(k)]
-    return b"".join(p.tobytes() for p in planes)
-
-
-def byte_ungroup(dtype: str, grouped: bytes) -> bytes:
-    """Inverse filter of §5: planes most significant first, then rotate right by one bit."""
-    k = group_width(dtype)
-    if k < 2:
-        return bytes(grouped)
-    if len(grouped) % k:
-        raise ValueError(f"{len(grouped)} bytes is not a whole number of {k}-byte units")
-    n = len(grouped) // k
-    src = np.frombuffer(grouped, dtype=np.uint8)
-    b = np.empty((n, k), dtype=np.uint8)
-    for p in range(k):
-        b[:, k - 1 - p] = src[p * n : (p + 1) * n]
-    u = b.reshape(-1).view(_rot_dtype(k))
-    if dtype in _ROTATED:
-        bits = 8 * k
-        u = (u >> np.array(1, dtype=u.dtype)) | (u << np.array(bits - 1, dtype=u.dtype))
-    return u.astype(_rot_dtype(k)).tobytes()
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -315,18 +138,6 @@ class Checkpoint:
     def user_metadata(self) -> dict[str, Any]:
         u = self.metadata.get("user", {})
         return u if isinstance(u, dict) else {}
-
-
-def _u16(b: bytes, at: int) -> int:
-    return struct.unpack_from("<H", b, at)[0]
-
-
-def _u32(b: bytes, at: int) -> int:
-    return struct.unpack_from("<I", b, at)[0]
-
-
-def _u64(b: bytes, at: int) -> int:
-    return struct.unpack_from("<Q", b, at)[0]
 
 
 def _json_depth(v: Any, depth: int = 0) -> int:
@@ -589,152 +400,6 @@ def _parse_entry(
         inline,
         chunks,
     )
-
-
-# ---- decoding --------------------------------------------------------------------------------
-
-
-def _zstd_exact(stored: bytes, n: int, path: str, at: int, where: str) -> bytes:
-    """One zstd frame that decodes to exactly ``n`` bytes, with nothing after it."""
-    d = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        out = d.decompress(stored)
-    except zstandard.ZstdError as err:
-        raise FormatError(path, at, f"{where}: zstd: {err}") from err
-    if not d.eof or d.unused_data or len(out) != n:
-        raise FormatError(
-            path,
-            at,
-            f"{where}: not exactly one zstd frame of {n} bytes "
-            f"(got {len(out)}, eof={d.eof}, trailing={len(d.unused_data)})",
-        )
-    return out
-
-
-def _decode_bytegroup(
-    e: EntryRecord, stored: bytes, raw_n: int, path: str, at: int, where: str
-) -> bytes:
-    """§5: a compressed zstd-bytegroup chunk is k segments (u32 seg_len ≤ n, then the plane
-    itself if seg_len = n, else one zstd frame of exactly n bytes) that exactly fill it."""
-    k = group_width(e.dtype)
-    if k < 2:
-        raise FormatError(path, at, f"{where}: byte grouping is defined for itemsize >= 2 only")
-    n = raw_n // k
-    planes, pos = [], 0
-    for p in range(k):
-        if pos + 4 > len(stored):
-            raise FormatError(path, at + pos, f"{where}: plane {p}: segment header past the end")
-        seg_len = _u32(stored, pos)
-        pos += 4
-        if seg_len > n or pos + seg_len > len(stored):
-            raise FormatError(path, at + pos - 4, f"{where}: plane {p}: segment of {seg_len} bytes")
-        seg = stored[pos : pos + seg_len]
-        if seg_len == n:
-            e.planes_raw += 1
-            planes.append(seg)
-        else:
-            e.planes_compressed += 1
-            planes.append(_zstd_exact(seg, n, path, at + pos, f"{where} plane {p}"))
-        pos += seg_len
-    if pos != len(stored):
-        raise FormatError(path, at + pos, f"{where}: {len(stored) - pos} bytes after plane {k - 1}")
-    return byte_ungroup(e.dtype, b"".join(planes))
-
-
-HUFF_MAX_LEN = 11
-HUFF_STREAMS = 8
-
-
-def _huffman_plane(seg: bytes, n: int, path: str, at: int, where: str) -> bytes:
-    """§5.1: an order-0 canonical Huffman plane: table (lo, count - 1, 4-bit lengths), the
-    sizes of streams 0..6 (u32), then 8 LSB-first bit streams of ceil(n / 8) symbols each (the
-    last ones shorter), each ending in its last byte."""
-    if len(seg) < 2:
-        raise FormatError(path, at, f"{where}: huffman table header past the end")
-    lo, count = seg[0], seg[1] + 1
-    if lo + count > 256:
-        raise FormatError(path, at, f"{where}: huffman table past symbol 255")
-    hdr = 2 + (count + 1) // 2
-    if len(seg) < hdr + 4 * (HUFF_STREAMS - 1):
-        raise FormatError(path, at, f"{where}: huffman header past the end")
-    lens = {}
-    for i in range(count):
-        b = seg[2 + i // 2]
-        ln = b & 15 if i % 2 == 0 else b >> 4
-        if ln > HUFF_MAX_LEN:
-            raise FormatError(path, at, f"{where}: huffman code length {ln}")
-        if ln:
-            lens[lo + i] = ln
-    if sum(1 << (HUFF_MAX_LEN - ln) for ln in lens.values()) != 1 << HUFF_MAX_LEN:
-        raise FormatError(path, at, f"{where}: huffman lengths are not a complete prefix code")
-    # Canonical codes: by (length, symbol), consecutive values, shifted left at each new length.
-    codes: dict[tuple[int, int], int] = {}  # (length, code read MSB first) -> symbol
-    code, prev = 0, 0
-    for sym, ln in sorted(lens.items(), key=lambda kv: (kv[1], kv[0])):
-        code <<= ln - prev
-        codes[(ln, code)] = sym
-        code, prev = code + 1, ln
-    sizes = [_u32(seg, hdr + 4 * i) for i in range(HUFF_STREAMS - 1)]
-    pos = hdr + 4 * (HUFF_STREAMS - 1)
-    sizes.append(len(seg) - pos - sum(sizes))
-    if sizes[-1] < 0:
-        raise FormatError(path, at, f"{where}: huffman streams past the segment end")
-    q = -(-n // HUFF_STREAMS)
-    out = bytearray()
-    for s, size in enumerate(sizes):
-        stream, pos = seg[pos : pos + size], pos + size
-        bits = int.from_bytes(stream, "little")
-        nbits, used = 8 * size, 0
-        for _ in range(max(0, min(n, (s + 1) * q) - min(n, s * q))):
-            code, ln = 0, 0
-            while (ln, code) not in codes:
-                if ln == HUFF_MAX_LEN or used >= nbits:
-                    raise FormatError(path, at, f"{where}: huffman stream {s} ends early")
-                code = (code << 1) | ((bits >> used) & 1)  # LSB-first stream, MSB-first code
-                used, ln = used + 1, ln + 1
-            out.append(codes[(ln, code)])
-        if (used + 7) // 8 != size:
-            raise FormatError(path, at, f"{where}: huffman stream {s} holds unused bytes")
-    return bytes(out)
-
-
-def _decode_bytegroup_huffman(
-    e: EntryRecord, stored: bytes, raw_n: int, path: str, at: int, where: str
-) -> bytes:
-    """§5.1: k u32 segment lengths, the raw planes (seg_len = n) in plane order, then the
-    coded segments in plane order (mode 0: one repeated byte; mode 1: Huffman)."""
-    k = group_width(e.dtype)
-    if k < 2:
-        raise FormatError(path, at, f"{where}: byte grouping is defined for itemsize >= 2 only")
-    n = raw_n // k
-    if len(stored) < 4 * k:
-        raise FormatError(path, at, f"{where}: plane table past the end")
-    lens = [_u32(stored, 4 * p) for p in range(k)]
-    raw_pos = 4 * k
-    coded_pos = raw_pos + n * sum(1 for ln in lens if ln == n)
-    total = coded_pos + sum(ln for ln in lens if ln != n)
-    if any(ln == 0 or ln > n for ln in lens) or total != len(stored):
-        raise FormatError(path, at, f"{where}: plane lengths {lens} do not fill {len(stored)}")
-    planes = []
-    for p, ln in enumerate(lens):
-        if ln == n:
-            e.planes_raw += 1
-            planes.append(stored[raw_pos : raw_pos + n])
-            raw_pos += n
-            continue
-        seg = stored[coded_pos : coded_pos + ln]
-        if seg[0] == 0 and ln == 2:
-            e.planes_constant += 1
-            planes.append(bytes([seg[1]]) * n)
-        elif seg[0] == 1:
-            e.planes_huffman += 1
-            planes.append(
-                _huffman_plane(seg[1:], n, path, at + coded_pos + 1, f"{where} plane {p}")
-            )
-        else:
-            raise FormatError(path, at + coded_pos, f"{where}: plane {p}: mode {seg[0]}")
-        coded_pos += ln
-    return byte_ungroup(e.dtype, b"".join(planes))
 
 
 def _decode_payload(e: EntryRecord, shard_path: str, data: bytes, cb: int) -> bytes:
