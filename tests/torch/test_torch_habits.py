@@ -159,6 +159,25 @@ def test_file_objects_bytesio_and_real_files(tmp_path):
         sptorch.load(io.BytesIO(b"not a checkpoint at all" * 400))
 
 
+def test_stream_errors_name_the_stream_not_a_private_path(tmp_path):
+    """A damaged checkpoint read from a file object: the error names the file (its ``name``)
+    or the stream's type, never the /proc/self/fd/N or temp path the core opened."""
+    buf = io.BytesIO()
+    sptorch.save({"a": torch.arange(3000.0)}, buf)
+    data = bytearray(buf.getvalue())
+    data[-5000] ^= 0xFF  # inside the payload of "a" (the index and trailer are the last 4 KiB)
+    (tmp_path / "bad.sp").write_bytes(bytes(data))
+    with pytest.raises(sp.ChecksumMismatchError, match=r"^<_io\.BytesIO stream>: .*key \"a\""):
+        sptorch.load(io.BytesIO(bytes(data)))
+    for load in (sptorch.load, torch.load):
+        with open(tmp_path / "bad.sp", "rb") as f, pytest.raises(sp.ChecksumMismatchError) as ei:
+            load(f)
+        assert str(ei.value).startswith(str(tmp_path / "bad.sp") + ":"), ei.value
+        assert "/proc/self/fd" not in str(ei.value)
+    with pytest.raises(sp.CorruptCheckpointError, match=r"^<_io\.BytesIO stream>: .*shorter"):
+        sptorch.load(io.BytesIO(bytes(data[:3000])))
+
+
 def test_numpy_values_and_load_into_model(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     sptorch.save(model.state_dict(), tmp_path / "model.pt")

@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import CorruptCheckpointError, InvalidArgumentError
+from ..errors import CheckpointError, CorruptCheckpointError, InvalidArgumentError
 
-__all__ = ["is_file_object", "save_to_stream", "stream_path"]
+__all__ = ["describe_stream", "is_file_object", "save_to_stream", "stream_path"]
 
 _COPY_BYTES = 16 << 20
 
@@ -62,23 +62,48 @@ def _regular_fd(f: Any) -> int | None:
 @contextlib.contextmanager
 def stream_path(f: Any) -> Iterator[str]:
     """A path the core can open that holds the checkpoint in readable stream ``f`` (from its
-    current position). The stream is left after the checkpoint's bytes."""
+    current position). The stream is left after the checkpoint's bytes.
+
+    An error raised while the path is in use names the stream (its file name, or its type), not
+    the private path (``/proc/self/fd/N``, a temp file) that would mean nothing to the user."""
     if not callable(getattr(f, "read", None)):
         raise InvalidArgumentError(f"cannot load from {type(f).__name__}: it has no read()")
     fd = _regular_fd(f)
     start = f.tell() if fd is not None and f.seekable() else None
     if fd is not None and start == 0 and os.path.isdir("/proc/self/fd"):
-        yield f"/proc/self/fd/{fd}"
+        with _named(f"/proc/self/fd/{fd}", f) as path:
+            yield path
         f.seek(0, os.SEEK_END)
         return
     if isinstance(f, io.BytesIO):
         pos = f.tell()
         f.seek(0, os.SEEK_END)
-        with f.getbuffer() as whole, whole[pos:] as rest, _spill(rest) as path:
-            yield path
+        with f.getbuffer() as whole, whole[pos:] as rest, _spill(rest) as spilled:
+            with _named(spilled, f) as path:
+                yield path
         return
-    with _spill(memoryview(f.read())) as path:
+    with _spill(memoryview(f.read())) as spilled, _named(spilled, f) as path:
         yield path
+
+
+def describe_stream(f: Any) -> str:
+    """How errors name a file object: its file name when it has one, else its type."""
+    name = getattr(f, "name", None)
+    if isinstance(name, str | bytes | os.PathLike) and not isinstance(name, int):
+        return os.fsdecode(name)
+    return f"<{type(f).__module__}.{type(f).__qualname__} stream>"
+
+
+@contextlib.contextmanager
+def _named(path: str, f: Any) -> Iterator[str]:
+    """Yield ``path``; a shardpoint error raised meanwhile has ``path`` in its message replaced
+    by :func:`describe_stream` of ``f`` (same exception object, class and traceback)."""
+    try:
+        yield path
+    except CheckpointError as e:
+        if e.args and isinstance(e.args[0], str) and path in e.args[0]:
+            e.args = (e.args[0].replace(path, describe_stream(f)), *e.args[1:])
+        raise
 
 
 @contextlib.contextmanager
