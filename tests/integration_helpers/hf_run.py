@@ -5,8 +5,13 @@
 KIND is ``native`` or ``shardpoint`` with options joined by ``-``: ``async``
 (``shardpoint_blocking=False``), ``compressed`` (``shardpoint_weights="compressed"``),
 ``sharded`` (a 20 kB ``shardpoint_max_shard_size``); a ``peft-`` prefix trains a LoRA adapter
-(PEFT) on the model. Checkpoints every 3 steps under OUT; RESUME is a checkpoint directory or ``true`` (the last one). Prints one JSON line: per
-run, the per-step losses (hex floats) and a digest of the final parameters.
+(PEFT) on the model; ``tiers`` turns the multi-tier checkpoints on (``OUT/nvme`` the local
+tier, every 2 steps; ``OUT/tiers`` the persistent one, every 4; no ``checkpoint-N``).
+Checkpoints every 3 steps under OUT; RESUME is a checkpoint directory or ``true`` (the last
+one). ``SP_TEST_STOP_AT=N`` stops training after step N (a job stopped before ``MAX_STEPS``,
+its schedule that of ``MAX_STEPS``). Prints one JSON line: per run, the per-step losses (hex
+floats), a digest of the final parameters, and with ``tiers`` the step resumed from the tiers
+and each rank's tier.
 """
 
 from __future__ import annotations
@@ -76,7 +81,9 @@ def peft_model() -> Any:
     return get_peft_model(make_model(), config)
 
 
-def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
+def build(
+    kind: str, out: str, max_steps: int, trainer_kw: dict[str, Any] | None = None, **extra: Any
+) -> Any:
     from transformers import TrainingArguments
 
     from shardpoint.integrations.hf_trainer import with_shardpoint
@@ -85,7 +92,7 @@ def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
         output_dir=out,
         max_steps=max_steps,
         save_steps=SAVE_STEPS,
-        save_strategy="steps",
+        save_strategy=extra.pop("save_strategy", "steps"),
         per_device_train_batch_size=4,
         learning_rate=1e-2,
         warmup_steps=2,
@@ -108,23 +115,45 @@ def build(kind: str, out: str, max_steps: int, **extra: Any) -> Any:
             kw["shardpoint_weights"] = "compressed"
         if "sharded" in options:
             kw["shardpoint_max_shard_size"] = SHARD_BYTES
+        if "tiers" in options:
+            kw["shardpoint_local_directory"] = os.path.join(out, "nvme")
+            kw["shardpoint_tiers"] = {"local_every": 2, "persistent_every": 4}
     if "eval_strategy" in extra:
         kw["eval_dataset"] = dataset(8)
+    kw.update(trainer_kw or {})
     trainer = cls(model=model, args=args, train_dataset=dataset(), **kw)
+    stop_at = int(os.environ.get("SP_TEST_STOP_AT", "0"))
+    if stop_at:
+        from transformers import TrainerCallback
+
+        class Stop(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                if state.global_step >= stop_at:
+                    control.should_training_stop = True
+
+        trainer.add_callback(Stop())
     trainer.recorded = []
     return trainer
 
 
 def train(kind: str, out: str, max_steps: int, resume: Any = None, **extra: Any) -> dict[str, Any]:
+    if "tiers" in kind.split("-"):
+        extra.setdefault("save_strategy", "no")
     trainer = build(kind, out, max_steps, **extra)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train(resume_from_checkpoint=resume)
-    return {
+    out_: dict[str, Any] = {
         "losses": hexes(trainer.recorded),
         "digest": digest(trainer.model.state_dict()),
         "global_step": trainer.state.global_step,
     }
+    tiers = getattr(trainer, "shardpoint_tiers", None)
+    if tiers is not None:
+        plan = tiers.restore_plan
+        out_["tier_step"] = tiers.restored_step
+        out_["tiers"] = [s.tier for s in plan.sources] if plan is not None else None
+    return out_
 
 
 def main(argv: list[str]) -> None:

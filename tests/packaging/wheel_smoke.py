@@ -46,6 +46,7 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations._lightning_reader": "lightning",
     "shardpoint.integrations._lightning_tiers": "lightning",
     "shardpoint.integrations.hf_trainer": "transformers",
+    "shardpoint.integrations._hf_tiers": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",
     "shardpoint.integrations.zero_to_fp32": "deepspeed",

@@ -36,6 +36,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
+from ._hf_tiers import HFTiers, saving_callback
 from ._hf_weights import save_model_files
 from ._state import (
     PendingSaves,
@@ -198,6 +199,17 @@ class ShardpointTrainerMixin:
     ``shardpoint_max_shard_size`` (``save_pretrained``'s ``max_shard_size``, default
     ``"50GB"``: larger weights are split into ``model-0000k-of-0000n.safetensors`` files and
     ``model.safetensors.index.json``, as ``save_pretrained`` splits them).
+
+    ``shardpoint_local_directory`` (a node-local directory: tmpfs or NVMe) turns the multi-tier
+    checkpoints on (docs/TIERS.md): every ``local_every`` (10) optimizer steps each rank's
+    training state goes there and to a peer node, every ``persistent_every`` (1000) steps
+    also to the persistent tier (``directory``, default ``<output_dir>/tiers``), in the
+    background; ``train(resume_from_checkpoint=True)`` resumes from the newest step complete
+    in any tier, or from the newest ``checkpoint-N`` when that is newer. ``shardpoint_tiers``:
+    a dict of ``TieredCheckpointManager`` arguments (``directory``, ``local_every``,
+    ``persistent_every``, ``replicas``, ``replication_jump``, ``max_to_keep``,
+    ``local_max_to_keep``, ``timeout``). ``self.shardpoint_tiers`` (``restored_step``,
+    ``restore_plan``) says what the last ``train`` resumed from.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -213,6 +225,10 @@ class ShardpointTrainerMixin:
         self._sp_pending = PendingSaves()
         self._sp_collect: dict[str, Any] | None = None
         self._sp_loaded: dict[str, dict[str, Any]] = {}
+        local = kwargs.pop("shardpoint_local_directory", None)
+        tier_opts = kwargs.pop("shardpoint_tiers", None)
+        if tier_opts is not None and local is None:
+            raise InvalidArgumentError("shardpoint_tiers needs shardpoint_local_directory")
         base = type(self).__mro__
         for name in HOOKED:
             if not any(name in vars(c) for c in base if c is not ShardpointTrainerMixin):
@@ -221,6 +237,11 @@ class ShardpointTrainerMixin:
                     "shardpoint's Hugging Face integration does not support it yet"
                 )
         super().__init__(*args, **kwargs)
+        self.shardpoint_tiers: HFTiers | None = None
+        if local is not None:
+            self.shardpoint_tiers = HFTiers(self, local, tier_opts)
+            t: Any = self
+            t.add_callback(saving_callback(self.shardpoint_tiers))
 
     # -- which runs we handle: the ones whose checkpoint Trainer writes with torch.save -------
 
@@ -349,18 +370,52 @@ class ShardpointTrainerMixin:
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
         t: Any = self
-        if resume_from_checkpoint is True and not self._sp_native():
-            resume_from_checkpoint = last_complete_checkpoint(t.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"No valid checkpoint found in output directory ({t.args.output_dir}): no "
-                    "checkpoint-N directory there holds a committed shardpoint checkpoint"
-                )
+        tiers = self.shardpoint_tiers
         try:
+            if tiers is not None:
+                if self._sp_native():
+                    raise InvalidArgumentError(
+                        "shardpoint_local_directory: the tiers save each rank's whole state, "
+                        "which DeepSpeed, FSDP, XLA and SageMaker-MP runs partition themselves; "
+                        "not supported with them yet"
+                    )
+                tiers.open()  # a collective: every rank's train() gets here
+                if resume_from_checkpoint is True:
+                    resume_from_checkpoint = self._sp_newest(tiers)
+            if resume_from_checkpoint is True and not self._sp_native():
+                resume_from_checkpoint = last_complete_checkpoint(t.args.output_dir)
+                if resume_from_checkpoint is None:
+                    raise ValueError(
+                        f"No valid checkpoint found in output directory ({t.args.output_dir}): "
+                        "no checkpoint-N directory there holds a committed shardpoint checkpoint"
+                    )
             return super().train(resume_from_checkpoint, *args, **kw)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         finally:
             self._sp_loaded = {}
-            self._sp_pending.wait()
+            try:
+                self._sp_pending.wait()
+            finally:
+                if tiers is not None:
+                    tiers.close()
+
+    def _sp_newest(self, tiers: HFTiers) -> str:
+        """Where ``resume_from_checkpoint=True`` resumes with the tiers on: their newest
+        complete step (restored into memory, a collective), or the newest committed
+        ``checkpoint-N`` of ``output_dir`` when its step is higher."""
+        t: Any = self
+        tiers.restored_step = None
+        step = tiers.restore()
+        found = last_complete_checkpoint(t.args.output_dir)
+        found_step = int(os.path.basename(found).split("-")[-1]) if found else None
+        if step is not None and (found_step is None or step >= found_step):
+            return tiers.use_restored()
+        tiers.drop_restored()
+        if found is None:
+            raise ValueError(
+                f"No valid checkpoint found: no tier under {tiers.local_directory!r} holds a "
+                f"complete step and no checkpoint-N in {t.args.output_dir} is committed"
+            )
+        return found
 
     def _sp_manifest(self, checkpoint: str) -> dict[str, Any] | None:
         self._sp_pending.wait()
@@ -382,7 +437,16 @@ class ShardpointTrainerMixin:
         t._issue_warnings_after_load(model.load_state_dict(state, False))
         return True
 
+    def _sp_tier(self, checkpoint: str | None) -> HFTiers | None:
+        """The tiers, when ``checkpoint`` is the directory of their restored step."""
+        tiers = self.shardpoint_tiers
+        return tiers if tiers is not None and tiers.is_resume_dir(checkpoint) else None
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        tiers = self._sp_tier(resume_from_checkpoint)
+        if tiers is not None:
+            t0: Any = self
+            return tiers.load_model(model if model is not None else t0.model)
         if not self._sp_has(resume_from_checkpoint):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         t: Any = self
@@ -398,6 +462,9 @@ class ShardpointTrainerMixin:
         target.load_state_dict(state, strict=True)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        tiers = self._sp_tier(checkpoint)
+        if tiers is not None:
+            return tiers.load_optimizer_and_scheduler()
         if not self._sp_has(checkpoint):
             return super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
@@ -410,6 +477,9 @@ class ShardpointTrainerMixin:
             t.lr_scheduler.load_state_dict(sched)
 
     def _load_scaler(self, checkpoint: str | None) -> None:
+        tiers = self._sp_tier(checkpoint)
+        if tiers is not None:
+            return tiers.load_scaler()
         if not self._sp_has(checkpoint):
             return super()._load_scaler(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
@@ -419,6 +489,9 @@ class ShardpointTrainerMixin:
             scaler.load_state_dict(state)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
+        tiers = self._sp_tier(checkpoint)
+        if tiers is not None:
+            return tiers.load_rng()
         if not self._sp_has(checkpoint):
             return super()._load_rng_state(checkpoint)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         assert checkpoint is not None
