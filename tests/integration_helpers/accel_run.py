@@ -4,7 +4,9 @@
     python -m integration_helpers.accel_run KIND ROOT EPOCHS [RESUME] [; KIND ROOT ...]
 
 KIND is ``shardpoint``, ``shardpoint-async``, ``shardpoint-compressed`` (the weights in the
-part) or ``native``. ``save_state()`` after every epoch (4 steps) with
+part), ``shardpoint-tiers`` (the multi-tier checkpoints: ROOT/nvme the local tier, every
+epoch; ROOT/tiers the persistent one, every 2; ``save_state()``/``load_state()`` without a
+directory) or ``native``. ``save_state()`` after every epoch (4 steps) with
 automatic naming under ROOT/checkpoints; RESUME is a checkpoint directory or ``latest``.
 Prints one JSON line: per run, the losses (hex floats), a digest of the final parameters and
 the custom object's state.
@@ -58,6 +60,9 @@ def train(
     kw: dict[str, Any] = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
     if kind == "shardpoint-compressed":
         kw["shardpoint_weights"] = "compressed"
+    if kind == "shardpoint-tiers":
+        kw["shardpoint_local_directory"] = f"{root}/nvme"
+        kw["shardpoint_tiers"] = {"local_every": 1, "persistent_every": 2}
     acc = cls(
         **kw,
         cpu=True,
@@ -68,8 +73,9 @@ def train(
     model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
     progress = Progress()
     acc.register_for_checkpointing(progress)
+    tier_step = None
     if resume is not None:
-        acc.load_state(None if resume == "latest" else resume)
+        tier_step = acc.load_state(None if resume == "latest" else resume)
         acc.project_configuration.iteration = progress.epochs
     losses = []
     for _ in range(progress.epochs, epochs):
@@ -88,7 +94,12 @@ def train(
         acc.save_state()
     if hasattr(acc, "wait_for_saves"):  # shardpoint_blocking=False: the last write
         acc.wait_for_saves()
+    tiers = getattr(acc, "shardpoint_tiers", None)
+    plan = tiers.restore_plan if tiers is not None else None
+    acc.end_training()
     return {
+        "tier_step": tier_step,
+        "tiers": [s.tier for s in plan.sources] if plan is not None else None,
         "losses": hexes(losses),
         "digest": digest(acc.unwrap_model(model).state_dict()),
         "progress": [progress.epochs, float(progress.mean).hex()],

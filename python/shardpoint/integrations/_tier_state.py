@@ -81,3 +81,63 @@ class TreeState:
             self.loaded = dict(load_tree(prefix, integration=self._integration))
         else:  # the tiered manager checked every file's crc32c as it wrote it
             self.loaded = dict(_load(prefix, "cpu", None, False, False, None))
+
+
+class TierRun:
+    """A tiered manager over a :class:`TreeState`, opened on first use (a collective: every
+    rank gets there together) for a trainer without a hook where training starts: accelerate's
+    ``save_state``/``load_state``."""
+
+    def __init__(
+        self,
+        capture: Callable[[], Any],
+        integration: str,
+        local_directory: Any,
+        options: dict[str, Any],
+        default_directory: Callable[[], str | None],
+    ) -> None:
+        self.local_directory = os.fspath(local_directory)
+        self.options = options
+        self._default_directory = default_directory
+        self._state = TreeState(capture, integration)
+        self.manager: Any = None
+        #: the step the last restore returned (None: none yet, or nothing complete)
+        self.restored_step: int | None = None
+        #: where each rank's part came from (``shardpoint.tiers.RestorePlan``)
+        self.restore_plan: Any = None
+
+    def open(self) -> Any:
+        if self.manager is None:
+            from ..tiers import TieredCheckpointManager
+
+            opts = dict(self.options)
+            directory = opts.pop("directory", None) or self._default_directory()
+            if directory is None:
+                raise InvalidArgumentError(
+                    "the tiers need a persistent directory: shardpoint_tiers={'directory': ...}"
+                )
+            self.manager = TieredCheckpointManager(
+                self._state, directory, local_directory=self.local_directory, **opts
+            )
+        return self.manager
+
+    def save(self, step: int) -> Any:
+        """``manager.save(step)``: a future, or None when the step is not due."""
+        return self.open().save(step)
+
+    def restore(self) -> tuple[int | None, dict[str, Any] | None]:
+        """The newest step complete in any tier and its tree, or ``(None, None)``."""
+        manager = self.open()
+        step = manager.restore_or_initialize()
+        self.restored_step, self.restore_plan = step, manager.restore_plan()
+        tree, self._state.loaded = self._state.loaded, None
+        return step, tree
+
+    def wait(self) -> None:
+        if self.manager is not None:
+            self.manager.wait()
+
+    def close(self) -> None:
+        manager, self.manager = self.manager, None
+        if manager is not None:
+            manager.close()

@@ -40,6 +40,7 @@ from ._state import (
     restore_rng,
     save_tree,
 )
+from ._tier_state import TierRun, tier_options
 from ._weights_io import WeightsGroup, load_group, read_manifest, save_with_weights
 
 if TYPE_CHECKING:
@@ -98,6 +99,16 @@ class ShardpointAcceleratorMixin:
     ``shardpoint_compression`` (``"zstd"``), ``shardpoint_level``, ``shardpoint_weights``
     (``"safetensors"``, default: the weights files accelerate writes; ``"compressed"``: in the
     part, smaller, read by shardpoint only).
+
+    ``shardpoint_local_directory`` (node-local: tmpfs or NVMe) turns the multi-tier
+    checkpoints on (docs/TIERS.md): ``save_state()`` without a directory, called once per
+    step, counts the step (``project_configuration.iteration``) and every ``local_every`` (10)
+    steps saves each process's whole state there and to a peer node, every
+    ``persistent_every`` (1000) also to the persistent tier (``directory``, default
+    ``<project_dir>/tiers``), in the background; ``load_state()`` without a directory restores
+    the newest step complete in any tier and returns it (None: nothing saved yet, a fresh
+    start). ``shardpoint_tiers``: a dict of ``TieredCheckpointManager`` arguments.
+    ``wait_for_saves()`` / ``end_training()`` wait for the saves in flight.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -110,12 +121,55 @@ class ShardpointAcceleratorMixin:
         self._sp_compression = kwargs.pop("shardpoint_compression", "zstd")
         self._sp_level = kwargs.pop("shardpoint_level", None)
         self._sp_pending = PendingSaves()
+        local = kwargs.pop("shardpoint_local_directory", None)
+        tier_opts = tier_options("ShardpointAccelerator", kwargs.pop("shardpoint_tiers", None))
+        if tier_opts and local is None:
+            raise InvalidArgumentError("shardpoint_tiers needs shardpoint_local_directory")
         super().__init__(*args, **kwargs)
+        #: the multi-tier checkpoints (``shardpoint_local_directory``), or None
+        self.shardpoint_tiers: TierRun | None = None
+        if local is not None:
+            self.shardpoint_tiers = TierRun(
+                self._sp_tier_tree, "accelerate-tiers", local, tier_opts, self._sp_tier_dir
+            )
+
+    def _sp_tier_tree(self) -> dict[str, Any]:
+        a: Any = self
+        models = [a.unwrap_model(m).state_dict() for m in a._models]
+        return state_tree(a, models, capture_rng())
+
+    def _sp_tier_dir(self) -> str | None:
+        a: Any = self
+        return os.path.join(a.project_dir, "tiers") if a.project_dir else None
+
+    def _sp_tiers_on(self, directory: Any) -> TierRun | None:
+        """The tiers, when a ``save_state``/``load_state`` call without a directory uses them."""
+        tiers = self.shardpoint_tiers
+        if tiers is None or directory is not None:
+            return None
+        if self._sp_native():
+            raise InvalidArgumentError(
+                "shardpoint_local_directory: the tiers save each process's whole state, which "
+                "FSDP, DeepSpeed, Megatron-LM and XLA runs partition themselves; not supported "
+                "with them yet"
+            )
+        return tiers
+
+    def end_training(self) -> None:
+        """``Accelerator.end_training``, after the saves in flight (the tiers' too)."""
+        try:
+            self.wait_for_saves()
+        finally:
+            if self.shardpoint_tiers is not None:
+                self.shardpoint_tiers.close()
+            super().end_training()  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
 
     def wait_for_saves(self) -> None:
         """Block until every ``shardpoint_blocking=False`` save has committed (raises the error
-        of a failed one)."""
+        of a failed one), and the tiers' saves in flight."""
         self._sp_pending.wait()
+        if self.shardpoint_tiers is not None:
+            self.shardpoint_tiers.wait()
 
     def _sp_native(self) -> bool:
         from accelerate.utils import DistributedType
@@ -135,7 +189,14 @@ class ShardpointAcceleratorMixin:
     def save_state(
         self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
     ) -> Any:
-        """``Accelerator.save_state``, every part stored through shardpoint."""
+        """``Accelerator.save_state``, every part stored through shardpoint. With the tiers on
+        and no ``output_dir``: count a step and save it to the tiers when due (a future of
+        its local commit, else None)."""
+        tiers = self._sp_tiers_on(output_dir)
+        if tiers is not None:
+            config = self.project_configuration  # type: ignore[attr-defined]  # Accelerator's
+            config.iteration += 1
+            return tiers.save(config.iteration)
         if self._sp_native():
             return super().save_state(output_dir, safe_serialization, **kwargs)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         a: Any = self
@@ -174,17 +235,8 @@ class ShardpointAcceleratorMixin:
         writes = a.is_main_process or config.save_on_each_node and a.is_local_main_process
         groups = self._sp_groups(weights) if writes else None
         if writes:
-            tree = {
-                # with the weights in their files, the part keeps one slot per model
-                "models": weights if groups is None else [None] * len(weights),
-                "optimizers": [o.state_dict() for o in a._optimizers],
-                "schedulers": [s.state_dict() for s in a._schedulers],
-                "dataloaders": [_dataloader_state(d) for d in a._dataloaders],
-                "scaler": a.scaler.state_dict() if a.scaler is not None else None,
-                "custom": [o.state_dict() for o in a._custom_objects],
-                "step": int(a.step),
-                "rng": rng,
-            }
+            # with the weights in their files, the part keeps one slot per model
+            tree = state_tree(a, weights if groups is None else [None] * len(weights), rng)
             self._sp_save(tree, part_prefix(output_dir, _PART), groups, output_dir)
         if a.num_processes > 1:  # every process's generators
             self._sp_save(rng, part_prefix(output_dir, f"rng_{a.process_index}"))
@@ -223,10 +275,20 @@ class ShardpointAcceleratorMixin:
 
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kw: Any
-    ) -> None:
+    ) -> int | None:
         """``Accelerator.load_state`` of a directory written by :meth:`save_state`. With
         automatic naming and no ``input_dir``, the newest checkpoint whose shardpoint index
-        was committed (a save killed mid-way leaves a directory without one)."""
+        was committed (a save killed mid-way leaves a directory without one). With the tiers
+        on and no ``input_dir``: the newest step complete in any tier, returned (None: no
+        tier holds one; nothing is changed)."""
+        tiers = self._sp_tiers_on(input_dir)
+        if tiers is not None:
+            step, tree = tiers.restore()
+            if step is None or tree is None:
+                return None
+            apply_state(self, tree, tree["rng"], f"the tiers' step {step}")
+            self.project_configuration.iteration = step  # type: ignore[attr-defined]  # Accelerator's
+            return step
         if self._sp_native():
             return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
         self._sp_pending.wait()
@@ -266,36 +328,61 @@ class ShardpointAcceleratorMixin:
             }
 
         tree = dict(load_tree(part_prefix(input_dir, _PART), integration=_NAME, into=targets))
-        strict = kw.get("strict", True)
         _check_counts(tree, a, input_dir)
         for i, model in enumerate(a._models):
             if not ours[i]:
-                continue
-            module = a.unwrap_model(model)
-            state = tree["models"][i]
-            if manifest is not None:  # the model's weights file, each tensor checked
+                tree["models"][i] = None
+            elif manifest is not None:  # the model's weights file, each tensor checked
                 group = files_of.get(_weights_name(i))
                 if group is None:
                     raise CheckpointError(
                         f"accelerate: checkpoint {input_dir!r} records no {_weights_name(i)}"
                     )
-                state = load_group(input_dir, group, module_targets(module))
-            module.load_state_dict(state, strict=strict)
-        for opt, state in zip(a._optimizers, tree["optimizers"], strict=True):
-            opt.load_state_dict(state)
-        for sched, state in zip(a._schedulers, tree["schedulers"], strict=True):
-            sched.load_state_dict(state)
-        for dl, state in zip(a._dataloaders, tree["dataloaders"], strict=True):
-            _load_dataloader_state(dl, state)
-        if a.scaler is not None and tree.get("scaler") is not None:
-            a.scaler.load_state_dict(tree["scaler"])
-        for obj, state in zip(a._custom_objects, tree["custom"], strict=True):
-            obj.load_state_dict(state)
+                module = a.unwrap_model(model)
+                tree["models"][i] = load_group(input_dir, group, module_targets(module))
         rng = tree["rng"]
         if a.num_processes > 1:
             rng = load_tree(part_prefix(input_dir, f"rng_{a.process_index}"), integration=_NAME)
-        restore_rng(rng)
-        a.step = int(tree["step"])
+        apply_state(a, tree, rng, input_dir, kw.get("strict", True))
+        return None
+
+
+def apply_state(a: Any, tree: dict[str, Any], rng: Any, source: str, strict: bool = True) -> None:
+    """Put a saved state (``save_state``'s tree: ``models``, ``optimizers``, ``schedulers``,
+    ``dataloaders``, ``scaler``, ``custom``, ``step``) back into accelerator ``a``, and the
+    RNG states ``rng``; a model whose entry is None is left alone. ``source`` names the
+    checkpoint in errors."""
+    _check_counts(tree, a, source)
+    for model, state in zip(a._models, tree["models"], strict=True):
+        if state is not None:
+            a.unwrap_model(model).load_state_dict(state, strict=strict)
+    for opt, state in zip(a._optimizers, tree["optimizers"], strict=True):
+        opt.load_state_dict(state)
+    for sched, state in zip(a._schedulers, tree["schedulers"], strict=True):
+        sched.load_state_dict(state)
+    for dl, state in zip(a._dataloaders, tree["dataloaders"], strict=True):
+        _load_dataloader_state(dl, state)
+    if a.scaler is not None and tree.get("scaler") is not None:
+        a.scaler.load_state_dict(tree["scaler"])
+    for obj, state in zip(a._custom_objects, tree["custom"], strict=True):
+        obj.load_state_dict(state)
+    restore_rng(rng)
+    a.step = int(tree["step"])
+
+
+def state_tree(a: Any, models: list[Any], rng: Any) -> dict[str, Any]:
+    """What ``save_state`` stores of accelerator ``a`` beside ``models`` (one entry per
+    prepared model) and ``rng`` (:func:`capture_rng`)."""
+    return {
+        "models": models,
+        "optimizers": [o.state_dict() for o in a._optimizers],
+        "schedulers": [s.state_dict() for s in a._schedulers],
+        "dataloaders": [_dataloader_state(d) for d in a._dataloaders],
+        "scaler": a.scaler.state_dict() if a.scaler is not None else None,
+        "custom": [o.state_dict() for o in a._custom_objects],
+        "step": int(a.step),
+        "rng": rng,
+    }
 
 
 def _check_counts(tree: dict[str, Any], a: Any, input_dir: str) -> None:
