@@ -31,10 +31,12 @@ from .adapters import (
 from .inplace import load_into
 from .models import IncompatibleKeys, TiedWeightsConflictError, load_model, save_model
 from .optim import OptimizerAdapter
+from .state_checkpoint import StateDictCheckpoint
 from .tensors import format_dtype, load, numpy_to_tensor, save, tensor_to_numpy, torch_dtype
 from .weights import WeightsIterator, weights_iterator
 
 __all__ = [
+    "StateDictCheckpoint",
     "save",
     "load",
     "save_model",

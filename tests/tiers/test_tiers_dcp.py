@@ -1,0 +1,58 @@
+"""A torch.distributed.checkpoint user's state dict (a Stateful ``AppState`` over
+``get_state_dict``/``set_state_dict``) saved in tiers through ``sptorch.StateDictCheckpoint``:
+2 gloo ranks (DDP), each its own node, restored in new processes exactly from the local tier,
+from the peer's replica after a node lost its local tier, and from the persistent tier after
+both did (tiers_helpers.dcp_job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tiers_helpers.job import free_port  # noqa: E402
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _job(root: Path, *args: str) -> list[list[dict[str, Any]]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
+    port = str(free_port())
+    cmd = [sys.executable, "-m", "tiers_helpers.dcp_job"]
+    procs = [
+        subprocess.Popen([*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE)
+        for r in range(2)
+    ]
+    errors = [p.communicate(timeout=240)[1].decode(errors="replace")[-3000:] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    return [json.loads((root / f"out-{r}.json").read_text()) for r in range(2)]
+
+
+def test_dcp_state_dict_resumes_exactly_from_each_tier(tmp_path: Path) -> None:
+    first = _job(tmp_path, "first")
+    straight = [runs[0]["digests"] for runs in first]  # per rank, steps 1..10
+    for r in range(2):
+        assert first[r][1]["digests"] == straight[r][:7]
+    # local saves at 2, 4, 6 (2 kept), persistent at 4; b: node 1 replaced; c: both
+    for case, wiped in (("b", [1]), ("c", [0, 1])):
+        shutil.copytree(tmp_path / "a", tmp_path / case)
+        for n in wiped:
+            shutil.rmtree(tmp_path / case / f"node-{n}")
+    resumed = _job(tmp_path, "resume", "a", "b", "c")
+    expect = {"a": (6, ["local", "local"]), "b": (6, ["local", "peer"]), "c": (4, None)}
+    for r in range(2):
+        for i, case in enumerate(("a", "b", "c")):
+            run = resumed[r][i]
+            step, tiers = expect[case]
+            assert run["start"] == step, (case, run)
+            assert run["tiers"] == (tiers or ["persistent", "persistent"]), (case, run)
+            assert run["digests"] == straight[r][step:], (case, r)
