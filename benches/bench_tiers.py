@@ -79,7 +79,7 @@ def peer_path_cpu(mb: int, tmp: str) -> float:
     n = mb * (1 << 20) // 4
     ckpt = sp.Checkpoint(w=sp.Variable(np.random.default_rng(0).standard_normal(n, np.float32)))
     src = os.path.join(tmp, "holder", "ckpt-1")
-    ckpt.write(src)
+    ckpt.write(src, compression=None)  # the local tier's codec (TieredCheckpointManager's)
     best = float("inf")
     for i in range(5):
         dst = os.path.join(tmp, f"receiver-{i}", "ckpt-1")

@@ -255,3 +255,47 @@ def test_persistent_tier_on_s3(tmp_path):
         assert np.array_equal(w2.numpy(), _state(8))
         assert [p.tier for p in m2.restore_plan().sources] == ["persistent"]
         m2.close()
+
+
+def test_local_parts_are_stored_as_is_unless_compression_is_asked(tmp_path):
+    """The local tier's codec (``compression``, default none: a restore copies instead of
+    decoding) reaches ``Checkpoint.write``; the persistent tier gets the same bytes."""
+    sizes = {}
+    for name, kw in (("raw", {}), ("zstd", {"compression": "zstd"})):
+        w = sp.Variable(np.zeros(50_000, dtype=np.float32))  # 200 kB of zeros: compressible
+        m = sp.TieredCheckpointManager(
+            sp.Checkpoint(w=w), tmp_path / name / "bucket",
+            local_directory=tmp_path / name / "nvme", local_every=1, persistent_every=1, **kw,
+        )  # fmt: skip
+        m.save(1)
+        m.close()
+        own = own_dir(str(tmp_path / name / "nvme"), 0)
+        data = [f for f in os.listdir(own) if ".data-" in f]
+        sizes[name] = sum(os.path.getsize(os.path.join(own, f)) for f in data)
+        uploaded = tmp_path / name / "bucket" / "ckpt-1"
+        assert sum(p.stat().st_size for p in uploaded.glob("part-00000.data-*")) == sizes[name]
+        w.assign(np.ones(50_000, dtype=np.float32))
+        again = sp.TieredCheckpointManager(
+            sp.Checkpoint(w=w), tmp_path / name / "bucket", local_directory=tmp_path / name / "nvme"
+        )
+        assert again.restore_or_initialize() == 1 and not w.numpy().any()
+        again.close()
+    assert sizes["raw"] >= 200_000 > 20 * sizes["zstd"]
+
+
+def test_checkpoint_objects_without_a_compression_argument_keep_their_codec(tmp_path):
+    class Own:
+        def __init__(self):
+            self.inner = sp.Checkpoint(w=sp.Variable(np.zeros(10, dtype=np.float32)))
+
+        def write(self, prefix, blocking=True):
+            return self.inner.write(prefix, blocking=blocking)
+
+        def restore(self, prefix, verify=True):
+            self.inner.restore(prefix)
+
+    m = sp.TieredCheckpointManager(
+        Own(), tmp_path / "bucket", local_directory=tmp_path / "nvme", local_every=1
+    )
+    assert m.save(1).result() == 1
+    m.close()

@@ -47,7 +47,7 @@ class _TrainerState:
         self.trainer = trainer
         self.loaded: dict[str, Any] | None = None
 
-    def write(self, prefix: str, blocking: bool = True) -> Any:
+    def write(self, prefix: str, blocking: bool = True, compression: str | None = None) -> Any:
         from .. import torch as sptorch
 
         state = self.trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -55,6 +55,7 @@ class _TrainerState:
             state,
             prefix,
             blocking=blocking,
+            compression=compression,
             single_file=False,
             metadata={WRITER_KEY: "lightning-tiers"},
         )

@@ -31,6 +31,7 @@ TIER_OPTIONS = (
     "max_to_keep",
     "local_max_to_keep",
     "timeout",
+    "compression",
 )
 
 
@@ -63,15 +64,15 @@ class TreeState:
         #: the tree of the last restore (None: none yet, or taken by the integration)
         self.loaded: dict[str, Any] | None = None
 
-    def write(self, prefix: str, blocking: bool = True) -> Any:
-        # uncompressed: the local tier is read back on every restart and sent to peers; zstd
-        # would cost its CPU twice per copy for little space on weights and optimizer moments
+    def write(self, prefix: str, blocking: bool = True, compression: str | None = None) -> Any:
+        # the manager's codec (default None: the local tier is read back on every restart
+        # and sent to peers, and weights and optimizer moments barely compress)
         return save_tree(
             self._capture(),
             prefix,
             integration=self._integration,
             blocking=blocking,
-            compression=None,
+            compression=compression,
         )
 
     def restore(self, prefix: str, verify: bool = True) -> None:

@@ -173,6 +173,7 @@ class Checkpoint(Module):
         blocking: bool = True,
         incremental: bool = False,
         digest: str | None = None,
+        compression: str | None = "zstd",
     ) -> Any:
         """Write exactly at ``file_prefix``; no numbering, no state file, counter untouched.
 
@@ -183,11 +184,18 @@ class Checkpoint(Module):
         background (see :meth:`wait`, :attr:`max_in_flight`). ``incremental``: values unchanged
         since this object's previous committed save are not written again (FORMAT.md §8.1).
         ``digest``: ``"sha256"``/``"blake3"`` records strong digests of the files
-        (``sp.save_file``'s option; checked by ``verify(strong=True)``).
+        (``sp.save_file``'s option; checked by ``verify(strong=True)``). ``compression``:
+        ``sp.save_file``'s (``None``: stored as is, restored without decoding; the tiered
+        manager's local tier uses that).
         """
         prefix = os.fspath(file_prefix)
         return self._write(
-            prefix, _blocking(blocking, options), incremental, then=None, digest=digest
+            prefix,
+            _blocking(blocking, options),
+            incremental,
+            then=None,
+            digest=digest,
+            compression=compression,
         )
 
     def save(
@@ -230,6 +238,7 @@ class Checkpoint(Module):
         base: Callable[[], str | None] | None = None,
         digest: str | None = None,
         delta: int | None = None,
+        compression: str | None = "zstd",
     ) -> Any:
         """Write at ``path`` (then run ``then``): now, or through this object's saver.
         ``base()`` names the checkpoint an incremental save re-uses (default: this object's
@@ -248,7 +257,7 @@ class Checkpoint(Module):
                 saver.check()
             storage_io.write_checkpoint(
                 path, values, graph, incremental=incremental, base=base(), digest=digest,
-                delta=delta,
+                delta=delta, compression=compression,
             )  # fmt: skip
             object.__setattr__(self, "_sp_last_written", path)
             if then is not None:
@@ -270,6 +279,7 @@ class Checkpoint(Module):
             base=base,
             then=committed,
             digest=digest,
+            compression=compression,
         )
         fut = self._saver().submit(_returning(stage, path))
         return fut

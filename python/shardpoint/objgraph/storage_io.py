@@ -51,12 +51,14 @@ def write_checkpoint(
     base: str | None = None,
     digest: str | None = None,
     delta: int | None = None,
+    compression: str | None = "zstd",
 ) -> None:
     """Write ``values`` plus the object graph atomically at ``prefix`` (parents created).
     ``delta``: a delta checkpoint against ``base`` with chains of at most that many links
     (FORMAT.md §11; a full save when there is no base or the chain is that long).
     ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
-    (FORMAT.md §8.1). ``digest``: record strong digests of the files (FORMAT.md §7.1)."""
+    (FORMAT.md §8.1). ``digest``: record strong digests of the files (FORMAT.md §7.1).
+    ``compression``: ``sp.save_file``'s."""
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
@@ -64,16 +66,20 @@ def write_checkpoint(
     payload[OBJECT_GRAPH_KEY] = graph_json
     if delta is not None:
         if base is not None and storage.exists(base):
-            storage.save_file(payload, prefix, base=base, delta=True, max_chain=delta)
+            storage.save_file(
+                payload, prefix, base=base, delta=True, max_chain=delta, compression=compression
+            )
         else:
-            storage.save_file(payload, prefix)
+            storage.save_file(payload, prefix, compression=compression)
         return
     if not incremental:
-        storage.save_file(payload, prefix, digest=digest)
+        storage.save_file(payload, prefix, digest=digest, compression=compression)
         return
     if base is not None and not storage.exists(base):
         base = None
-    storage.save_file(payload, prefix, incremental=True, base=base, digest=digest)
+    storage.save_file(
+        payload, prefix, incremental=True, base=base, digest=digest, compression=compression
+    )
 
 
 def stage_checkpoint(
@@ -85,12 +91,13 @@ def stage_checkpoint(
     base: Callable[[], str | None] | None = None,
     then: Callable[[], None] | None = None,
     digest: str | None = None,
+    compression: str | None = "zstd",
 ) -> Callable[[StagingBuffers], Callable[[], None]]:
     """The ``stage`` step of an asynchronous :func:`write_checkpoint` for ``AsyncSaver.submit``:
     validates and encodes now, copies into the staging buffers when called, and returns the
     background writer. ``base()`` is asked in the background, just before writing (the
     previous save has committed by then); ``then()`` runs after the commit."""
-    plan, items = _plan(prefix, values, graph_json, incremental, None, digest)
+    plan, items = _plan(prefix, values, graph_json, incremental, None, digest, compression)
 
     def stage(bufs: StagingBuffers) -> Callable[[], None]:
         copy, crcs = bufs.stage(items, with_crc=incremental)
@@ -115,6 +122,7 @@ def _plan(
     incremental: bool,
     base: str | None,
     digest: str | None = None,
+    compression: str | None = "zstd",
 ) -> tuple[storage.SavePlan, list[Any]]:
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
@@ -123,7 +131,14 @@ def _plan(
     payload[OBJECT_GRAPH_KEY] = graph_json
     if not incremental or (base is not None and not storage.exists(base)):
         base = None
-    return storage.plan_save(payload, prefix, incremental=incremental, base=base, digest=digest)
+    return storage.plan_save(
+        payload,
+        prefix,
+        incremental=incremental,
+        base=base,
+        digest=digest,
+        compression=compression,
+    )
 
 
 def open_reader(prefix: str, verify: bool = True) -> Any:

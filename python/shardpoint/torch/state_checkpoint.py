@@ -36,27 +36,24 @@ class StateDictCheckpoint:
         manager = sp.CheckpointManager(sptorch.StateDictCheckpoint({"app": AppState(model, opt)}),
                                        "s3://bucket/run", local_directory="/dev/shm/ckpt")
 
-    ``compression``: the codec of the parts (default None: the local tier is read back on
-    every restart and sent to peers, and weights and optimizer moments barely compress).
-    Values must be plain tensors, numpy arrays and plain Python values after ``state_dict()``:
+    The codec of the parts is the manager's (``compression``, default none). Values must be plain tensors, numpy arrays and plain Python values after ``state_dict()``:
     sharded ``DTensor``/``ShardedTensor`` values (FSDP2, TP) are refused by the codec.
     """
 
-    def __init__(self, state_dict: MutableMapping[str, Any], *, compression: str | None = None):
+    def __init__(self, state_dict: MutableMapping[str, Any]) -> None:
         if not isinstance(state_dict, MutableMapping):
             raise CheckpointError(
                 f"StateDictCheckpoint takes the dict dcp.save takes, got {type(state_dict)!r}"
             )
         self.state_dict = state_dict
-        self.compression = compression
 
     def _tree(self) -> dict[str, Any]:
         return {k: v.state_dict() if _stateful(v) else v for k, v in self.state_dict.items()}
 
-    def write(self, prefix: str, blocking: bool = True) -> Any:
+    def write(self, prefix: str, blocking: bool = True, compression: str | None = None) -> Any:
         """Save this rank's state at ``prefix``; with ``blocking=False`` return once the
         tensors are copied into host buffers (a future of the rest)."""
-        return save(self._tree(), prefix, blocking=blocking, compression=self.compression)
+        return save(self._tree(), prefix, blocking=blocking, compression=compression)
 
     def restore(self, prefix: str, verify: bool = True) -> None:
         """Put the state saved at ``prefix`` back, as ``dcp.load`` would."""
