@@ -21,6 +21,7 @@ from shardpoint.tiers.parts import (
     PartFile,
     decode_parts,
     encode_parts,
+    map_part_pieces,
     read_parts_message,
 )
 from shardpoint.tiers.plan import choose_plan
@@ -218,6 +219,35 @@ def test_parts_read_straight_into_a_message(tmp_path):
         damaged.files[0].check(prefix)
     with pytest.raises(CorruptCheckpointError, match="commit record"):
         read_parts_message([(prefix, 2, 3, "t.0", record[:-1])])
+
+
+def test_mapped_pieces_joined_decode_as_the_message(tmp_path):
+    """A peer restore sends a part as pieces mapped from its files (no copy into a message);
+    joined, as the receiver receives them, they decode as read_parts_message's message, the
+    crcs those of the commit record (so damage since the commit is caught on arrival)."""
+    prefix = str(tmp_path / "ckpt-3")
+    sp.save_file({"a": np.arange(3000, dtype=np.float32), "b": np.ones(7)}, prefix)
+    message, (part,) = read_parts_message([(prefix, 2, 3, "t.0", None)])
+    record = [[f.suffix, len(f.data), f.crc] for f in part.files]
+    pieces = map_part_pieces((prefix, 2, 3, "t.0", record))
+    assert len(pieces) == 1 + len(part.files)
+    (got,) = decode_parts(b"".join(bytes(p) for p in pieces), "rank 2")
+    (want,) = decode_parts(message, "rank 2")
+    assert (got.owner, got.step, got.token) == (2, 3, "t.0")
+    assert [(f.suffix, bytes(f.data), f.crc) for f in got.files] == [
+        (f.suffix, bytes(f.data), f.crc) for f in want.files
+    ]
+    shard = prefix + part.files[0].suffix
+    raw = bytearray(open(shard, "rb").read())
+    raw[len(raw) // 2] ^= 1
+    open(shard, "wb").write(bytes(raw))
+    (damaged,) = decode_parts(
+        b"".join(bytes(p) for p in map_part_pieces((prefix, 2, 3, "t.0", record))), "rank 2"
+    )
+    with pytest.raises(sp.ChecksumMismatchError, match="crc32c"):
+        damaged.files[0].check(prefix)
+    with pytest.raises(CorruptCheckpointError, match="commit record"):
+        map_part_pieces((prefix, 2, 3, "t.0", None))
 
 
 def test_fault_point_kills_by_signal_only_where_named(tmp_path):

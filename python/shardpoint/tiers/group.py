@@ -16,7 +16,12 @@ import abc
 import datetime
 from typing import Any
 
-__all__ = ["Collective", "SingleProcess", "TorchGroup", "job_groups"]
+__all__ = ["Collective", "SingleProcess", "TorchGroup", "job_groups", "Message"]
+
+#: a message: one buffer, or pieces sent one after the other and received as one buffer
+Message = bytearray | memoryview | list[bytes | memoryview]
+#: the most pieces one message may announce (a part's files and its header)
+_MAX_PIECES = (1 << 16) + 1
 
 
 class Collective(abc.ABC):
@@ -31,12 +36,11 @@ class Collective(abc.ABC):
         """Every rank's ``obj`` (small, JSON-able), in rank order."""
 
     @abc.abstractmethod
-    def exchange(
-        self, sends: dict[int, bytearray | memoryview], sources: list[int]
-    ) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, Message], sources: list[int]) -> dict[int, memoryview]:
         """Send ``sends[dst]`` to each ``dst`` while receiving one message from each rank in
         ``sources``; every rank calls it in the same collective step. At most one message
-        per ordered pair of ranks."""
+        per ordered pair of ranks. A message given as a list of pieces is sent piece by piece
+        (no copy into one buffer) and received joined, as one buffer."""
 
 
 class SingleProcess(Collective):
@@ -45,9 +49,7 @@ class SingleProcess(Collective):
     def all_gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def exchange(
-        self, sends: dict[int, bytearray | memoryview], sources: list[int]
-    ) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, Message], sources: list[int]) -> dict[int, memoryview]:
         if sends or sources:
             raise ValueError("a single process has no peers to send to")
         return {}
@@ -72,29 +74,48 @@ class TorchGroup(Collective):
         self._dist.all_gather_object(out, obj, group=self._pg)
         return out
 
-    def exchange(
-        self, sends: dict[int, bytearray | memoryview], sources: list[int]
-    ) -> dict[int, memoryview]:
+    def exchange(self, sends: dict[int, Message], sources: list[int]) -> dict[int, memoryview]:
+        """Per message: the number of pieces, their lengths, then each non-empty piece (its
+        own memory, viewed by torch without a copy); the receiver checks the announced sizes
+        before allocating one buffer and receives each piece into its place in it."""
         import torch
 
         dist = self._dist
         works = []
-        keep = []  # the tensors of pending sends must stay alive until they complete
+        keep: list[Any] = []  # what pending sends read must stay alive until they complete
         for dst, data in sorted(sends.items()):
-            n = torch.tensor([len(data)], dtype=torch.int64)
-            buf = torch.frombuffer(data, dtype=torch.uint8)  # no copy: data is writable
-            keep += [n, buf]
-            works.append(dist.isend(n, dst, group=self._pg, tag=1))
-            works.append(dist.isend(buf, dst, group=self._pg, tag=2))
+            pieces = data if isinstance(data, list) else [data]
+            count = torch.tensor([len(pieces)], dtype=torch.int64)
+            lengths = torch.tensor([len(p) for p in pieces], dtype=torch.int64)
+            keep += [count, lengths]
+            works.append(dist.isend(count, dst, group=self._pg, tag=1))
+            works.append(dist.isend(lengths, dst, group=self._pg, tag=2))
+            for piece in pieces:
+                if len(piece):
+                    if isinstance(piece, bytes):
+                        piece = bytearray(piece)  # torch views writable memory only
+                    buf = torch.frombuffer(piece, dtype=torch.uint8)
+                    keep.append(buf)
+                    works.append(dist.isend(buf, dst, group=self._pg, tag=3))
         out: dict[int, memoryview] = {}
         for src in sorted(sources):
-            n = torch.empty(1, dtype=torch.int64)
-            dist.recv(n, src, group=self._pg, tag=1)
-            size = int(n.item())
-            if size <= 0 or size > (1 << 40):
-                raise ValueError(f"rank {src} announced a message of {size} bytes")
-            buf = torch.empty(size, dtype=torch.uint8)
-            dist.recv(buf, src, group=self._pg, tag=2)
+            count = torch.empty(1, dtype=torch.int64)
+            dist.recv(count, src, group=self._pg, tag=1)
+            k = int(count.item())
+            if k < 1 or k > _MAX_PIECES:
+                raise ValueError(f"rank {src} announced a message of {k} pieces")
+            lengths = torch.empty(k, dtype=torch.int64)
+            dist.recv(lengths, src, group=self._pg, tag=2)
+            sizes = [int(n) for n in lengths.tolist()]
+            total = sum(sizes)
+            if min(sizes) < 0 or total <= 0 or total > (1 << 40):
+                raise ValueError(f"rank {src} announced a message of pieces {sizes[:8]}...")
+            buf = torch.empty(total, dtype=torch.uint8)
+            at = 0
+            for n in sizes:
+                if n:
+                    dist.recv(buf[at : at + n], src, group=self._pg, tag=3)
+                at += n
             out[src] = memoryview(buf.numpy()).cast("B")
         for w in works:
             w.wait()

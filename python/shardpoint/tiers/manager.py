@@ -38,7 +38,7 @@ from .. import storage
 from ..errors import InvalidArgumentError, TierError
 from ..storage.async_save import SaveFuture
 from .faults import fault_point
-from .group import job_groups
+from .group import Message, job_groups
 from .layout import (
     COMMIT_SUFFIX,
     committed_copies,
@@ -57,6 +57,7 @@ from .parts import (
     decode_parts,
     encode_parts,
     file_list,
+    map_part_pieces,
     read_part,
     read_parts_message,
     sync_part,
@@ -408,13 +409,13 @@ class TieredCheckpointManager:
         assert plan.step is not None and plan.token is not None
         step, token, rank = plan.step, plan.token, self.rank
         mine = plan.source_of(rank)
-        sends: dict[int, bytearray | memoryview] = {}
+        sends: dict[int, Message] = {}
         for src in plan.sources:
             if src.tier == "peer" and src.holder == rank:
-                # the owner gets its own part, read from disk straight into the message
+                # the owner gets its own part, sent from the page cache's pages (mapped)
                 try:
                     spec = _committed(src.path, src.owner, step, token)
-                    sends[src.owner] = read_parts_message([spec])[0]
+                    sends[src.owner] = map_part_pieces(spec)
                 except _ERRORS as e:
                     logger.warning(
                         "tiers: %s: cannot send it to rank %d: %s", src.path, src.owner, e

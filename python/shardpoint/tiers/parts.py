@@ -31,6 +31,7 @@ __all__ = [
     "PartSpec",
     "read_part",
     "read_parts_message",
+    "map_part_pieces",
     "write_part",
     "encode_parts",
     "decode_parts",
@@ -203,6 +204,44 @@ def read_parts_message(specs: list[PartSpec]) -> tuple[memoryview, list[Part]]:
     # JSON allows trailing white space: the header is padded to its reserved room
     message[_HEAD.size : _HEAD.size + room] = head + b" " * (room - len(head))
     return message, parts
+
+
+def map_part_pieces(spec: PartSpec) -> list[bytes | memoryview]:
+    """The message :func:`read_parts_message` would build for one committed local part, as
+    pieces sent one after the other without copying a byte: the header (the crcs of the
+    commit record ``expect``, which this needs), then each file mapped from the page cache
+    (``mmap`` with ``MAP_POPULATE``: its pages mapped in one call, not faulted in one by one,
+    and never copied into a message buffer). The receiver joins the pieces into one buffer
+    (:meth:`Collective.exchange`), which :func:`decode_parts` reads as any message."""
+    import mmap
+
+    prefix, owner, step, token, expect = spec
+    if expect is None:
+        raise CorruptCheckpointError(f"{prefix}: mapping a part needs its commit record's crcs")
+    suffixes = _suffixes(prefix)
+    crcs = _recorded_crcs(prefix, suffixes, expect)
+    pieces: list[bytes | memoryview] = []
+    files = []
+    for suffix in suffixes:
+        with open(prefix + suffix, "rb", buffering=0) as f:
+            n = os.fstat(f.fileno()).st_size
+            if n:
+                # private and writable (never written: no page is copied) so that torch can
+                # view it without a warning; the mapping outlives the file object
+                m = mmap.mmap(
+                    f.fileno(),
+                    n,
+                    flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+                pieces.append(memoryview(m))
+            else:
+                pieces.append(b"")
+        files.append([suffix, n, crcs[suffix]])
+    head = json.dumps(
+        {"parts": [{"owner": owner, "step": step, "token": token, "files": files}]}
+    ).encode("utf-8")
+    return [_HEAD.pack(_MAGIC, len(head)) + head, *pieces]
 
 
 def _read_into(path: str, view: memoryview) -> None:
