@@ -87,6 +87,7 @@ SERIAL_GROUPS = {
         "test_reader_pickle.py",  # DataLoaders with spawned and forkserver workers
         "test_lightning_tiers_ddp.py",
         "test_tiers_dcp.py",
+        "test_accelerate_tiers_ddp.py",
         "test_rank_death.py",
     ),
     "timing": ("test_gil.py",),

@@ -6,7 +6,8 @@
 KIND is ``shardpoint``, ``shardpoint-async``, ``shardpoint-compressed`` (the weights in the
 part), ``shardpoint-tiers`` (the multi-tier checkpoints: ROOT/nvme the local tier, every
 epoch; ROOT/tiers the persistent one, every 2; ``save_state()``/``load_state()`` without a
-directory) or ``native``. ``save_state()`` after every epoch (4 steps) with
+directory; ``shardpoint-tiers-nodes``: each process its own node, ``ROOT/node-<RANK>``) or
+``native``. ``save_state()`` after every epoch (4 steps) with
 automatic naming under ROOT/checkpoints; RESUME is a checkpoint directory or ``latest``.
 Prints one JSON line: per run, the losses (hex floats), a digest of the final parameters and
 the custom object's state.
@@ -15,6 +16,7 @@ the custom object's state.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -60,8 +62,9 @@ def train(
     kw: dict[str, Any] = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
     if kind == "shardpoint-compressed":
         kw["shardpoint_weights"] = "compressed"
-    if kind == "shardpoint-tiers":
-        kw["shardpoint_local_directory"] = f"{root}/nvme"
+    if kind.startswith("shardpoint-tiers"):
+        node = f"node-{os.environ.get('RANK', '0')}" if kind.endswith("-nodes") else "nvme"
+        kw["shardpoint_local_directory"] = f"{root}/{node}"
         kw["shardpoint_tiers"] = {"local_every": 1, "persistent_every": 2}
     acc = cls(
         **kw,
@@ -96,7 +99,10 @@ def train(
         acc.wait_for_saves()
     tiers = getattr(acc, "shardpoint_tiers", None)
     plan = tiers.restore_plan if tiers is not None else None
-    acc.end_training()
+    if tiers is not None:
+        # (end_training() would too, but it also destroys the process group the next run of
+        # this process needs)
+        tiers.close()
     return {
         "tier_step": tier_step,
         "tiers": [s.tier for s in plan.sources] if plan is not None else None,
