@@ -88,6 +88,7 @@ SERIAL_GROUPS = {
         "test_lightning_tiers_ddp.py",
         "test_tiers_dcp.py",
         "test_accelerate_tiers_ddp.py",
+        "test_hf_trainer_tiers_ddp.py",
         "test_rank_death.py",
     ),
     "timing": ("test_gil.py",),

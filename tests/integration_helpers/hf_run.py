@@ -6,7 +6,8 @@ KIND is ``native`` or ``shardpoint`` with options joined by ``-``: ``async``
 (``shardpoint_blocking=False``), ``compressed`` (``shardpoint_weights="compressed"``),
 ``sharded`` (a 20 kB ``shardpoint_max_shard_size``); a ``peft-`` prefix trains a LoRA adapter
 (PEFT) on the model; ``tiers`` turns the multi-tier checkpoints on (``OUT/nvme`` the local
-tier, every 2 steps; ``OUT/tiers`` the persistent one, every 4; no ``checkpoint-N``).
+tier, every 2 steps; ``OUT/tiers`` the persistent one, every 4; no ``checkpoint-N``), and
+``tiers-nodes`` makes each process of a multi-process job its own node (``OUT/node-<RANK>``).
 Checkpoints every 3 steps under OUT; RESUME is a checkpoint directory or ``true`` (the last
 one). ``SP_TEST_STOP_AT=N`` stops training after step N (a job stopped before ``MAX_STEPS``,
 its schedule that of ``MAX_STEPS``). Prints one JSON line: per run, the per-step losses (hex
@@ -116,7 +117,8 @@ def build(
         if "sharded" in options:
             kw["shardpoint_max_shard_size"] = SHARD_BYTES
         if "tiers" in options:
-            kw["shardpoint_local_directory"] = os.path.join(out, "nvme")
+            node = f"node-{os.environ.get('RANK', '0')}" if "nodes" in options else "nvme"
+            kw["shardpoint_local_directory"] = os.path.join(out, node)
             kw["shardpoint_tiers"] = {"local_every": 2, "persistent_every": 4}
     if "eval_strategy" in extra:
         kw["eval_dataset"] = dataset(8)
