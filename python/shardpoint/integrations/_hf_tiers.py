@@ -162,10 +162,14 @@ class HFTiers:
         return self._tree
 
     def _part(self, name: str) -> Any:
+        """Part ``name`` of the restored step, released here: once the Trainer has loaded it,
+        the copy is not kept for the rest of training."""
         parts = self._parts()
         if name not in parts:
-            raise InvalidArgumentError(f"the tiers' step {self.restored_step} holds no {name}")
-        return parts[name]
+            raise InvalidArgumentError(
+                f"the tiers' step {self.restored_step} holds no {name} (or it was loaded already)"
+            )
+        return parts.pop(name)
 
 
 def _state_json(t: Any) -> str:
