@@ -229,8 +229,14 @@ def test_mapped_pieces_joined_decode_as_the_message(tmp_path):
     sp.save_file({"a": np.arange(3000, dtype=np.float32), "b": np.ones(7)}, prefix)
     message, (part,) = read_parts_message([(prefix, 2, 3, "t.0", None)])
     record = [[f.suffix, len(f.data), f.crc] for f in part.files]
-    pieces = map_part_pieces((prefix, 2, 3, "t.0", record))
+    pieces, mapped = map_part_pieces((prefix, 2, 3, "t.0", record))
     assert len(pieces) == 1 + len(part.files)
+    assert [(f.suffix, bytes(f.data), f.crc) for f in mapped.files] == [
+        (f.suffix, bytes(f.data), f.crc) for f in part.files
+    ]
+    # without a record the crcs are computed from the mapped bytes
+    _, fresh = map_part_pieces((prefix, 2, 3, "t.0", None))
+    assert [f.crc for f in fresh.files] == [f.crc for f in part.files]
     (got,) = decode_parts(b"".join(bytes(p) for p in pieces), "rank 2")
     (want,) = decode_parts(message, "rank 2")
     assert (got.owner, got.step, got.token) == (2, 3, "t.0")
@@ -242,12 +248,12 @@ def test_mapped_pieces_joined_decode_as_the_message(tmp_path):
     raw[len(raw) // 2] ^= 1
     open(shard, "wb").write(bytes(raw))
     (damaged,) = decode_parts(
-        b"".join(bytes(p) for p in map_part_pieces((prefix, 2, 3, "t.0", record))), "rank 2"
+        b"".join(bytes(p) for p in map_part_pieces((prefix, 2, 3, "t.0", record))[0]), "rank 2"
     )
     with pytest.raises(sp.ChecksumMismatchError, match="crc32c"):
         damaged.files[0].check(prefix)
     with pytest.raises(CorruptCheckpointError, match="commit record"):
-        map_part_pieces((prefix, 2, 3, "t.0", None))
+        map_part_pieces((prefix, 2, 3, "t.0", record[:-1]))
 
 
 def test_fault_point_kills_by_signal_only_where_named(tmp_path):

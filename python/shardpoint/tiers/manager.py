@@ -59,7 +59,6 @@ from .parts import (
     file_list,
     map_part_pieces,
     read_part,
-    read_parts_message,
     sync_part,
     write_part,
 )
@@ -247,9 +246,10 @@ class TieredCheckpointManager:
             if hasattr(written, "result"):  # a future of the non-blocking write
                 written.result()
             fault_point("local:after-part", rank, step)
-            # read straight into the message to the replica peers; `part` views it
-            message: bytearray | memoryview
-            message, [part] = read_parts_message([(prefix, rank, step, token, None)])
+            # the files mapped (no copy), sent to the replica peers from the page cache;
+            # `part` views the mappings
+            message: Message
+            message, part = map_part_pieces((prefix, rank, step, token, None))
         except _ERRORS as e:
             error = f"rank {rank}: own part: {type(e).__name__}: {e}"
             message = encode_parts([])
@@ -415,7 +415,7 @@ class TieredCheckpointManager:
                 # the owner gets its own part, sent from the page cache's pages (mapped)
                 try:
                     spec = _committed(src.path, src.owner, step, token)
-                    sends[src.owner] = map_part_pieces(spec)
+                    sends[src.owner] = map_part_pieces(spec)[0]
                 except _ERRORS as e:
                     logger.warning(
                         "tiers: %s: cannot send it to rank %d: %s", src.path, src.owner, e

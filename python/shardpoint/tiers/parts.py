@@ -206,23 +206,22 @@ def read_parts_message(specs: list[PartSpec]) -> tuple[memoryview, list[Part]]:
     return message, parts
 
 
-def map_part_pieces(spec: PartSpec) -> list[bytes | memoryview]:
-    """The message :func:`read_parts_message` would build for one committed local part, as
-    pieces sent one after the other without copying a byte: the header (the crcs of the
-    commit record ``expect``, which this needs), then each file mapped from the page cache
-    (``mmap`` with ``MAP_POPULATE``: its pages mapped in one call, not faulted in one by one,
-    and never copied into a message buffer). The receiver joins the pieces into one buffer
+def map_part_pieces(spec: PartSpec) -> tuple[list[bytes | memoryview], Part]:
+    """The message :func:`read_parts_message` would build for one local part, as pieces sent
+    one after the other without copying a byte: the header, then each file mapped from the
+    page cache (``mmap`` with ``MAP_POPULATE``: its pages mapped in one call, not faulted in
+    one by one, and never copied into a message buffer); and the part, its files views of the
+    mappings. A file's crc is its commit record's (``expect``) or, without one, computed from
+    the mapped bytes. The receiver joins the pieces into one buffer
     (:meth:`Collective.exchange`), which :func:`decode_parts` reads as any message."""
     import mmap
 
     prefix, owner, step, token, expect = spec
-    if expect is None:
-        raise CorruptCheckpointError(f"{prefix}: mapping a part needs its commit record's crcs")
     suffixes = _suffixes(prefix)
-    crcs = _recorded_crcs(prefix, suffixes, expect)
-    pieces: list[bytes | memoryview] = []
-    files = []
+    crcs = _recorded_crcs(prefix, suffixes, expect) if expect is not None else None
+    part = Part(owner, step, token)
     for suffix in suffixes:
+        data: bytes | memoryview = b""
         with open(prefix + suffix, "rb", buffering=0) as f:
             n = os.fstat(f.fileno()).st_size
             if n:
@@ -234,14 +233,13 @@ def map_part_pieces(spec: PartSpec) -> list[bytes | memoryview]:
                     flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
                     prot=mmap.PROT_READ | mmap.PROT_WRITE,
                 )
-                pieces.append(memoryview(m))
-            else:
-                pieces.append(b"")
-        files.append([suffix, n, crcs[suffix]])
+                data = memoryview(m)
+        crc = crcs[suffix] if crcs is not None else storage.crc32c(data)
+        part.files.append(PartFile(suffix, data, crc))
     head = json.dumps(
-        {"parts": [{"owner": owner, "step": step, "token": token, "files": files}]}
+        {"parts": [{"owner": owner, "step": step, "token": token, "files": file_list(part)}]}
     ).encode("utf-8")
-    return [_HEAD.pack(_MAGIC, len(head)) + head, *pieces]
+    return [_HEAD.pack(_MAGIC, len(head)) + head, *(f.data for f in part.files)], part
 
 
 def _read_into(path: str, view: memoryview) -> None:
