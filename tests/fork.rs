@@ -41,6 +41,7 @@ fn items(vals: &[(String, Vec<u8>)]) -> Vec<Item<'_>> {
             kind: Kind::Tensor,
             dims: vec![(v.len() / 4) as u64],
             data: v,
+            xor_base: None,
         })
         .collect()
 }

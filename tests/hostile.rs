@@ -595,6 +595,7 @@ fn an_object_entry_over_the_bound_is_refused_from_its_record() {
         kind: Kind::Object,
         dims: vec![big.len() as u64],
         data: &big,
+        xor_base: None,
     };
     let err = save(&d.path().join("big"), &[it], opts(Codec::Zstd, 1)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");

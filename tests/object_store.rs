@@ -31,6 +31,7 @@ fn item<'a>(key: &str, data: &'a [u8]) -> Item<'a> {
         kind: Kind::Tensor,
         dims: vec![(data.len() / 4) as u64],
         data,
+        xor_base: None,
     }
 }
 

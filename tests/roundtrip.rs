@@ -122,6 +122,7 @@ fn duplicate_keys_and_bad_items_are_refused() {
         kind: Kind::Tensor,
         dims: vec![1],
         data: &data,
+        xor_base: None,
     };
     w.add(&it).unwrap();
     let err = w.add(&it).unwrap_err().to_string();

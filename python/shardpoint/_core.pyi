@@ -21,6 +21,10 @@ __all__ = [
     "RemoteReader",
     "Writer",
     "crc32c",
+    "crc32c_many",
+    "encode_single",
+    "xor_into",
+    "xor_stats",
     "digest_bytes",
     "read_file_ranges",
     "read_file_ranges_direct",
@@ -169,7 +173,15 @@ class Writer:
         storage_options: dict[str, str] | None = None,
         digest: str | None = None,
     ) -> Writer: ...
-    def add(self, key: str, dtype: str, kind: str, shape: list[int], data: _Buffer) -> None: ...
+    def add(
+        self,
+        key: str,
+        dtype: str,
+        kind: str,
+        shape: list[int],
+        data: _Buffer,
+        xor_base: _Buffer | None = None,
+    ) -> None: ...
     def commit(self) -> None: ...
     def cancel(self) -> None: ...
     def abort(self) -> None: ...
@@ -189,6 +201,7 @@ def save(
     progress: Callable[[int], object] | None = None,
     digest: str | None = None,
     single_file: bool = False,
+    xor_bases: Sequence[_Buffer | None] | None = None,
 ) -> None: ...
 def is_single_file(path: str | PathLike[str]) -> bool: ...
 def merge(
@@ -243,6 +256,24 @@ def diff_buffers(
 ) -> tuple[int, int, int, float, float, float]: ...
 def dtype_names() -> list[str]: ...
 def crc32c(data: _Buffer, crc: int = 0) -> int: ...
+def crc32c_many(bufs: Sequence[_Buffer]) -> list[int]: ...
+def xor_stats(
+    news: Sequence[_Buffer],
+    bases: Sequence[_Buffer],
+    widths: Sequence[int],
+    outs: Sequence[_Buffer | None] | None = None,
+) -> list[tuple[int, list[int], int, int, int]]: ...
+def encode_single(
+    items: Sequence[tuple[str, str, str, tuple[int, ...], _Buffer]],
+    *,
+    codec: str,
+    level: int,
+    chunk_bytes: int,
+    metadata_json: str,
+    sections_json: str = ...,
+    xor_bases: Sequence[_Buffer | None] | None = None,
+) -> bytes: ...
+def xor_into(reader: CheckpointReader, keys: list[str], outs: Sequence[_Buffer]) -> list[int]: ...
 def digest_bytes(algorithm: str, data: _Buffer) -> str: ...
 def read_file_ranges(
     paths: Sequence[str],

@@ -17,6 +17,7 @@ pub mod huff_chunk;
 pub mod huffman;
 pub mod planes;
 pub mod pool;
+pub mod xor;
 
 pub use huff_chunk::Encoded;
 pub use pool::BufPool;

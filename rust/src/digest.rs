@@ -355,6 +355,7 @@ mod tests {
             kind: Kind::Tensor,
             dims: vec![100_000],
             data: &data,
+            xor_base: None,
         }];
         for algo in [DigestAlgo::Sha256, DigestAlgo::Blake3] {
             let opts = crate::WriterOptions {

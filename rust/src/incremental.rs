@@ -64,6 +64,13 @@ pub fn save_incremental(
     let mut seen = HashSet::with_capacity(items.len());
     for it in items {
         it.validate()?;
+        if it.xor_base.is_some() {
+            // its crc (what reuse is decided by) would be of `data`, not of what is stored
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: XOR items are not saved incrementally",
+                it.key
+            )));
+        }
         if !seen.insert(it.key.as_str()) {
             return Err(Error::DuplicateKey {
                 key: it.key.clone(),

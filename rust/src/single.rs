@@ -55,20 +55,26 @@ impl Drop for TempGuard<'_> {
     }
 }
 
-/// Save `items` as a single-file checkpoint at `path` (FORMAT.md §10), atomically replacing
-/// any file there. `opts.shards`, `rank`, `world_size` and `merge_token` do not apply (one
-/// shard, one writer). `progress(bytes)` is called after each item is written. On any error,
-/// or when cancelled, the temp file is removed and `path` is untouched.
-pub fn save_single(
-    path: &Path,
-    items: &[Item<'_>],
-    opts: &WriterOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<()> {
+/// Bytes of a single file being built in memory ([`encode_single`]).
+struct VecSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl ShardSink for VecSink {
+    fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        self.0.lock().expect("not poisoned").extend_from_slice(data);
+        Ok(())
+    }
+
+    fn publish(self: Box<Self>) -> Result<String> {
+        Ok(shard_name(0, 1, None))
+    }
+}
+
+/// The checks of a single-file save that come before any byte is written (`what` names the
+/// destination in messages).
+fn check_single(what: &str, items: &[Item<'_>], opts: &WriterOptions) -> Result<()> {
     if opts.world_size != 1 {
         return Err(Error::InvalidArgument(format!(
-            "{}: a single-file checkpoint has one writer (world_size {})",
-            path.display(),
+            "{what}: a single-file checkpoint has one writer (world_size {})",
             opts.world_size
         )));
     }
@@ -82,8 +88,7 @@ pub fn save_single(
     }
     if opts.digest.is_some() {
         return Err(Error::InvalidArgument(format!(
-            "{}: a single-file checkpoint records no strong digest manifest; save to a prefix (single_file=False) for one",
-            path.display()
+            "{what}: a single-file checkpoint records no strong digest manifest; save to a prefix (single_file=False) for one"
         )));
     }
     let mut seen = HashSet::with_capacity(items.len());
@@ -96,26 +101,20 @@ pub fn save_single(
             });
         }
     }
-    if path.is_dir() {
-        return Err(Error::InvalidArgument(format!(
-            "{}: is a directory, not a single-file checkpoint path",
-            path.display()
-        )));
-    }
-    crate::commit::ensure_parent_dir(path, opts.durable)?;
-    let token = random_token();
-    let tmp = temp_path(path, token);
-    // errors below name `path`, the user's file, not the temp name beside it
-    // locked: a concurrent save's cleanup leaves it alone
-    let mut file = create_locked_temp(&tmp, path, "create")?;
-    let mut guard = TempGuard(&tmp, false);
-    file.write_all(&[0u8; SINGLE_SHARD_OFF as usize])
-        .map_err(|e| Error::io(path, "write", e))?;
-    let sink = RegionSink {
-        file: file.try_clone().map_err(|e| Error::io(path, "dup", e))?,
-        path: path.to_path_buf(), // for messages: the user's file
-    };
-    let mut w = ShardWriter::with_sink(Box::new(sink), 0, 1, token);
+    Ok(())
+}
+
+/// Write the shard region of `items` through `sink` (which follows the 4096-byte header
+/// region) and return the container's header and everything after the shard region
+/// (padding, index, trailer).
+fn write_regions(
+    sink: Box<dyn ShardSink>,
+    items: &[Item<'_>],
+    opts: &WriterOptions,
+    token: u64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<([u8; SINGLE_HEADER_LEN], Vec<u8>)> {
+    let mut w = ShardWriter::with_sink(sink, 0, 1, token);
     let refs: Vec<&Item<'_>> = items.iter().collect();
     let enc = EncodeOptions {
         codec: opts.codec,
@@ -147,6 +146,59 @@ pub fn save_single(
     let mut tail = vec![0u8; (index_off - shard_end) as usize];
     tail.extend_from_slice(&index);
     tail.extend_from_slice(&SingleHeader::trailer(hcrc));
+    Ok((hdr, tail))
+}
+
+/// The bytes of a single-file checkpoint (FORMAT.md §10) holding `items`, built in memory:
+/// byte for byte what [`save_single`] writes (up to the save token), without a file. For
+/// payloads sent over a wire (weight-sync deltas).
+pub fn encode_single(items: &[Item<'_>], opts: &WriterOptions) -> Result<Vec<u8>> {
+    check_single("single-file bytes", items, opts)?;
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(vec![0u8; SINGLE_SHARD_OFF as usize]));
+    let (hdr, tail) = write_regions(
+        Box::new(VecSink(buf.clone())),
+        items,
+        opts,
+        random_token(),
+        &|_| {},
+    )?;
+    let mut out = std::mem::take(&mut *buf.lock().expect("not poisoned"));
+    out.extend_from_slice(&tail);
+    out[..SINGLE_HEADER_LEN].copy_from_slice(&hdr);
+    Ok(out)
+}
+
+/// Save `items` as a single-file checkpoint at `path` (FORMAT.md §10), atomically replacing
+/// any file there. `opts.shards`, `rank`, `world_size` and `merge_token` do not apply (one
+/// shard, one writer). `progress(bytes)` is called after each item is written. On any error,
+/// or when cancelled, the temp file is removed and `path` is untouched.
+pub fn save_single(
+    path: &Path,
+    items: &[Item<'_>],
+    opts: &WriterOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    check_single(&path.display().to_string(), items, opts)?;
+    if path.is_dir() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: is a directory, not a single-file checkpoint path",
+            path.display()
+        )));
+    }
+    crate::commit::ensure_parent_dir(path, opts.durable)?;
+    let token = random_token();
+    let tmp = temp_path(path, token);
+    // errors below name `path`, the user's file, not the temp name beside it
+    // locked: a concurrent save's cleanup leaves it alone
+    let mut file = create_locked_temp(&tmp, path, "create")?;
+    let mut guard = TempGuard(&tmp, false);
+    file.write_all(&[0u8; SINGLE_SHARD_OFF as usize])
+        .map_err(|e| Error::io(path, "write", e))?;
+    let sink = RegionSink {
+        file: file.try_clone().map_err(|e| Error::io(path, "dup", e))?,
+        path: path.to_path_buf(), // for messages: the user's file
+    };
+    let (hdr, tail) = write_regions(Box::new(sink), items, opts, token, progress)?;
     file.write_all(&tail)
         .map_err(|e| Error::io(path, "write index", e))?;
     {
@@ -183,6 +235,7 @@ mod tests {
                 kind: Kind::Tensor,
                 dims: vec![(data.len() / 4) as u64],
                 data,
+                xor_base: None,
             },
             Item {
                 key: "b".into(),
@@ -190,6 +243,7 @@ mod tests {
                 kind: Kind::Tensor,
                 dims: vec![3],
                 data: &data[..3],
+                xor_base: None,
             },
         ]
     }
@@ -268,6 +322,25 @@ mod tests {
         let q = dir.path().join("flip.pt");
         std::fs::write(&q, &b).unwrap();
         assert!(Reader::open(&q).unwrap().verify().is_err());
+    }
+
+    #[test]
+    fn in_memory_bytes_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..(1u32 << 18))
+            .flat_map(|i| ((i % 97) as f32).to_le_bytes())
+            .collect();
+        let b = encode_single(&items(&data), &WriterOptions::default()).unwrap();
+        let p = dir.path().join("m.sp");
+        std::fs::write(&p, &b).unwrap();
+        let r = Reader::open(&p).unwrap();
+        r.verify().unwrap();
+        let e = r.entry("a").unwrap();
+        let mut out = vec![0u8; e.raw_len as usize];
+        r.read_into(&e, &mut out, true).unwrap();
+        assert_eq!(out, data);
+        let twice = [items(&data), items(&data)].concat();
+        assert!(encode_single(&twice, &WriterOptions::default()).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub fn items(vals: &BTreeMap<String, Val>) -> Vec<Item<'_>> {
             kind: *kind,
             dims: dims.clone(),
             data: b,
+            xor_base: None,
         })
         .collect()
 }

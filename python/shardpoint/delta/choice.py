@@ -1,9 +1,10 @@
 """The per-tensor choice of a delta: ``same``, ``xor`` or whole (FORMAT.md §11, writer rules),
 decided from the XOR's statistics instead of trial compressions.
 
-One pass per tensor, on a thread pool (numpy's XOR and count loops and the core's crc32c
-release the GIL): the XOR of the bit patterns, the count of nonzero elements (zero: ``same``)
-and, per byte plane, a bound on its nonzero bytes. Byte-grouped zstd (the XOR codec) stores a
+One pass over every tensor pair, in the Rust core (``_core.xor_stats``: chunk-parallel on the
+core's pool, GIL released, each chunk read once): the XOR of the bit patterns, the count of
+nonzero elements (zero: ``same``), per byte plane a bound on its nonzero bytes, the new
+value's nonzero elements and the crc32c of both values. Byte-grouped zstd (the XOR codec) stores a
 plane of ``n`` bytes with ``k`` nonzero ones in about ``k * c(k/n)`` bytes, ``c`` measured on
 planes of random nonzero bytes at random positions (the costly case: clustered changes and
 small XOR values, what real updates give, store smaller), capped at ``n`` (chunks that do not
@@ -38,11 +39,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .. import _core
 from ..storage import open as open_checkpoint
 from ..storage.save import save_file
-from .bits import crc32c, xor_bytes
+from .bits import xor_bytes
 
-__all__ = ["Choice", "choose", "estimate_xor_bytes", "pool_map", "XOR_CODEC", "XOR_LEVEL"]
+__all__ = [
+    "Choice", "Stats", "choose", "stats", "estimate_xor_bytes", "pool_map", "XOR_CODEC",
+    "XOR_LEVEL",
+]  # fmt: skip
 
 #: the codec of XOR payloads: byte-grouped zstd (runs of zero bytes cost next to nothing)
 XOR_CODEC = "zstd-bytegroup"
@@ -73,13 +78,12 @@ R = TypeVar("R")
 
 @dataclass
 class Choice:
-    """How one key is stored: ``mode`` (``"same"``, ``"xor"`` or ``"full"``), the crc32c of
-    the new and the base value, and (when asked for) the XOR payload of an ``xor`` key."""
+    """How one key is stored: ``mode`` (``"same"``, ``"xor"`` or ``"full"``) and the crc32c
+    of the new and the base value."""
 
     mode: str
     crc: int
     base_crc: int
-    payload: np.ndarray | None = None
 
 
 def pool_map(fn: Callable[[T], R], items: list[T], threads: int | None = None) -> list[R]:
@@ -91,51 +95,68 @@ def pool_map(fn: Callable[[T], R], items: list[T], threads: int | None = None) -
         return list(ex.map(fn, items))
 
 
-def _plane_nonzeros(x: np.ndarray, itemsize: int) -> tuple[int, np.ndarray]:
-    """Nonzero elements of XOR bytes ``x`` (1-d uint8) and, per byte plane (least significant
-    first), a bound on its nonzero bytes: the elements with a nonzero byte at that plane or
-    above (one compare-and-count pass per plane above the first, no index arrays). Small
-    updates change low bytes, so the bound is close where it matters: an element whose top
-    changed byte is plane j has its lower bytes changed too, nearly always."""
-    uint = _UINT.get(itemsize)
-    if uint is None or x.size % itemsize:  # odd itemsizes (complex128: 16): planes of 8
-        uint, itemsize = (np.uint64, 8) if x.size % 8 == 0 else (np.uint8, 1)
-    e = x.view(uint)
-    k = int(np.count_nonzero(e))
-    counts = np.zeros(itemsize, np.int64)
-    if k:
-        counts[0] = k
-        for j in range(1, itemsize):
-            counts[j] = np.count_nonzero(e >= uint(1 << (8 * j)))
-            if counts[j] == 0:
-                break
-    return k, counts
+def _width(nbytes: int, itemsize: int) -> int:
+    """The word width statistics are counted in: the itemsize when it is 1, 2, 4 or 8 and
+    divides the length, else 8 (complex128: its float64 halves) or single bytes."""
+    if itemsize in _UINT and nbytes % itemsize == 0:
+        return itemsize
+    return 8 if nbytes % 8 == 0 else 1
+
+
+@dataclass
+class Stats:
+    """What the statistics pass gives per pair (see :func:`stats`)."""
+
+    changed: int
+    planes: list[int]
+    nonzero_fraction: float
+    crc: int
+    base_crc: int
+
+
+def stats(pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]]) -> dict[str, Stats]:
+    """:class:`Stats` of each pair (``key -> (dtype, new bytes, base bytes)``, 1-d uint8):
+    changed elements, per byte plane (least significant first) the elements whose XOR reaches
+    it, the new value's fraction of nonzero elements and both crc32c; one core call."""
+    keys = list(pairs)
+    widths = [_width(pairs[k][1].size, pairs[k][0].itemsize) for k in keys]
+    got = _core.xor_stats([pairs[k][1] for k in keys], [pairs[k][2] for k in keys], widths)
+    out = {}
+    for k, w, (changed, planes, nonzero, crc, base_crc) in zip(keys, widths, got, strict=True):
+        n = pairs[k][1].size // w
+        out[k] = Stats(changed, planes, nonzero / max(1, n), crc, base_crc)
+    return out
+
+
+def _estimate(planes: list[int], nbytes: int) -> int:
+    """Estimated stored bytes of an XOR payload of ``nbytes`` whose planes have (at most)
+    ``planes`` nonzero bytes (module docstring)."""
+    if not planes or planes[0] == 0:
+        return 0
+    p = np.asarray(planes, np.float64)
+    n = nbytes / len(planes)
+    frac = np.maximum(p / n, 1e-7)
+    per = np.interp(np.log10(frac), _LOG_FRACTION, _BYTES_PER_NONZERO)
+    cost = np.minimum(p * per, n).sum()
+    chunks = -(-nbytes // _CHUNK)
+    return int(cost) + _CHUNK_OVERHEAD * chunks * len(planes)
 
 
 def estimate_xor_bytes(x: np.ndarray, itemsize: int) -> tuple[int, int]:
     """(nonzero elements, estimated stored bytes) of XOR payload ``x`` (1-d uint8) under
     byte-grouped zstd level 1 (see the module docstring)."""
-    k, planes = _plane_nonzeros(x, itemsize)
-    if k == 0:
-        return 0, 0
-    n = x.size / max(1, len(planes))
-    frac = np.maximum(planes / n, 1e-7)
-    per = np.interp(np.log10(frac), _LOG_FRACTION, _BYTES_PER_NONZERO)
-    cost = np.minimum(planes * per, n).sum()
-    chunks = -(-x.size // _CHUNK)
-    return k, int(cost) + _CHUNK_OVERHEAD * chunks * len(planes)
+    dtype = (
+        np.dtype([("b", np.uint8, (itemsize,))])
+        if itemsize not in _UINT
+        else np.dtype(_UINT[itemsize])
+    )
+    (s,) = stats({"x": (dtype, x, np.zeros_like(x))}).values()
+    return s.changed, _estimate(s.planes, x.size)
 
 
-def _nonzero_fraction(b: np.ndarray, itemsize: int) -> float:
-    """Fraction of nonzero elements of the value with bytes ``b`` (1-d uint8)."""
-    uint = _UINT.get(itemsize)
-    e = b.view(uint) if uint is not None and b.size % itemsize == 0 else b
-    return int(np.count_nonzero(e)) / max(1, e.size)
-
-
-def _band(est: int, nb: np.ndarray, itemsize: int, hint: int | None) -> str:
-    """``"xor"``, ``"full"`` or ``"close"`` (measure) for an XOR estimate (module docstring)."""
-    raw = nb.size
+def _band(est: int, raw: int, nonzero_fraction: float, hint: int | None) -> str:
+    """``"xor"``, ``"full"`` or ``"close"`` (measure) for an XOR estimate of a value of
+    ``raw`` bytes with that fraction of nonzero elements (module docstring)."""
     if hint is not None:
         if est <= _XOR_BELOW * hint:
             return "xor"
@@ -144,7 +165,7 @@ def _band(est: int, nb: np.ndarray, itemsize: int, hint: int | None) -> str:
         return "full"
     # a value with few zero elements stores at least about half its bytes whole (float
     # mantissas are noise); zero-rich values can store far smaller, so they are measured
-    if est <= _SPARSE_OF_RAW * raw and _nonzero_fraction(nb, itemsize) >= 0.5:
+    if est <= _SPARSE_OF_RAW * raw and nonzero_fraction >= 0.5:
         return "xor"
     return "close"
 
@@ -155,37 +176,27 @@ def choose(
     level: Any,
     *,
     hints: Mapping[str, int] | None = None,
-    keep_payloads: bool = False,
-    threads: int | None = None,
 ) -> dict[str, Choice]:
     """The :class:`Choice` of each key of ``pairs`` (``key -> (dtype, new bytes, base
     bytes)``, 1-d uint8) for whole values stored with ``compression``/``level``. ``hints``:
-    the whole value's expected stored bytes per key, where known (module docstring).
-    ``keep_payloads``: keep each ``xor`` key's XOR in its choice (else it is dropped after
-    the statistics and the writer computes it again, so memory stays one tensor per thread)."""
+    the whole value's expected stored bytes per key, where known (module docstring). Nothing
+    is kept of the XOR: the writer computes it again chunk by chunk as it encodes."""
     hints = hints or {}
-
-    def one(key: str) -> tuple[str, Choice]:
-        dtype, nb, ob = pairs[key]
-        x = xor_bytes(nb, ob)
-        k, est = estimate_xor_bytes(x, dtype.itemsize)
-        mode = "same" if k == 0 else _band(est, nb, dtype.itemsize, hints.get(key))
-        keep = keep_payloads and mode in ("xor", "close")
-        return key, Choice(mode, crc32c(nb), crc32c(ob), x if keep else None)
-
-    out = dict(pool_map(one, list(pairs), threads))
+    out = {}
+    for key, s in stats(pairs).items():
+        nb = pairs[key][1]
+        est = _estimate(s.planes, nb.size)
+        mode = "same" if s.changed == 0 else _band(est, nb.size, s.nonzero_fraction, hints.get(key))
+        out[key] = Choice(mode, s.crc, s.base_crc)
     close = [k for k, c in out.items() if c.mode == "close"]
     small = [k for k in close if pairs[k][1].size < _SMALL]
     close = [k for k in close if pairs[k][1].size >= _SMALL]
     for k in small:  # not worth a measurement: whole costs at most its raw bytes
-        out[k].mode, out[k].payload = "full", None
+        out[k].mode = "full"
     if close:
         measured = _measure({k: pairs[k] for k in close}, compression, level)
         for k in close:
-            c = out[k]
-            c.mode = measured[k]
-            if c.mode != "xor":
-                c.payload = None
+            out[k].mode = measured[k]
     return out
 
 

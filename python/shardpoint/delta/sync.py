@@ -14,20 +14,20 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..errors import BaseMismatchError, ChecksumMismatchError, InvalidArgumentError
 from ..storage import open as open_checkpoint
 from ..storage.dtypes import numpy_dtype
-from ..storage.save import save_file
+from ..storage.save import write_single
 from ..storage.values import check_key
 from ..storage.values import encode as encode_value
-from .bits import byte_view, crc32c, xor_into
-from .choice import XOR_CODEC, XOR_LEVEL, choose, pool_map
+from .bits import byte_view
+from .choice import XOR_CODEC, XOR_LEVEL, choose
 from .reader import DeltaReader
 from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
 
@@ -90,32 +90,27 @@ def encode(
                 pairs[key] = (numpy_dtype(dtype), raw, oraw)
                 continue
         whole[key] = raw.view(numpy_dtype(dtype)).reshape(shape)
-    choices = choose(pairs, XOR_CODEC, XOR_LEVEL, keep_payloads=True)
+    choices = choose(pairs, XOR_CODEC, XOR_LEVEL)
     table = DeltaTable(None, "", 1, removed=[k for k in old if k not in new])
     tree: dict[str, Any] = dict(whole)
+    # payloads are the new values with an XOR base: the core XORs each chunk as it encodes it
+    # (a "same" key against itself: zeros, never a fresh all-zero array to fault in)
+    bases: dict[str, np.ndarray] = {}
     for key, c in choices.items():
         np_dtype, nb, ob = pairs[key]
-        shape = flat_new[key][1]
+        value = nb.view(np_dtype).reshape(flat_new[key][1])
         if c.mode == "full":
-            tree[key] = nb.view(np_dtype).reshape(shape)
+            tree[key] = value
             continue
         table.entries[key] = DeltaEntry(c.mode, c.crc, c.base_crc)
-        payload = c.payload
-        if payload is None:  # "same": zeros (calloc: no memory touched)
-            payload = np.zeros(nb.shape, np.uint8)
-        tree[payload_key(key)] = payload.view(np_dtype).reshape(shape)
+        tree[payload_key(key)] = value
+        bases[payload_key(key)] = nb if c.mode == "same" else ob
     table.base_digest = state_digest({k: e.base_crc for k, e in table.entries.items()})
-    sections = {SECTION: table.to_json()}
-    if path is not None:
-        save_file(tree, path, compression=XOR_CODEC, level=XOR_LEVEL, single_file=True,
-                  _sections=sections, _internal_keys=True)  # fmt: skip
-        return None
-    with tempfile.TemporaryDirectory(prefix="shardpoint-sync-") as tmp:
-        f = os.path.join(tmp, "delta.sp")
-        save_file(tree, f, compression=XOR_CODEC, level=XOR_LEVEL, single_file=True,
-                  durable=False, _sections=sections, _internal_keys=True)  # fmt: skip
-        with open(f, "rb") as fh:
-            return fh.read()
+    # in memory when bytes are wanted: no temp file written and read back
+    return write_single(
+        tree, path, compression=XOR_CODEC, level=XOR_LEVEL, sections={SECTION: table.to_json()},
+        xor_bases=bases, _internal_keys=True,
+    )  # fmt: skip
 
 
 class _Target:
@@ -166,6 +161,15 @@ def apply(
     checked; on a mismatch the value is restored and ``ChecksumMismatchError`` raised.
     """
     if isinstance(delta, (bytes, bytearray, memoryview)):
+        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+            # an anonymous in-memory file: nothing lands on a disk (Linux)
+            fd = os.memfd_create("shardpoint-sync-delta")
+            try:
+                with os.fdopen(os.dup(fd), "wb") as fh:
+                    fh.write(delta)
+                return _apply(f"/proc/self/fd/{fd}", target, check_base, "delta bytes")
+            finally:
+                os.close(fd)
         with tempfile.TemporaryDirectory(prefix="shardpoint-sync-") as tmp:
             f = os.path.join(tmp, "delta.sp")
             with open(f, "wb") as fh:
@@ -201,7 +205,7 @@ def _apply(
             targets[key] = t
         if check_base:
             keys = list(targets)
-            crcs = dict(zip(keys, pool_map(lambda k: crc32c(targets[k].bytes), keys), strict=True))
+            crcs = dict(zip(keys, _core.crc32c_many([targets[k].bytes for k in keys]), strict=True))
             found = state_digest(crcs)
             if found != table.base_digest:
                 bad = next(k for k, e in table.entries.items() if crcs[k] != e.base_crc)
@@ -212,28 +216,7 @@ def _apply(
         counts = {"same": 0, "xor": 0, "full": 0, "removed": 0}
         for e in table.entries.values():
             counts[e.mode] += 1
-        scratch = threading.local()
-
-        def xor_in(key: str) -> None:
-            # the payload is decoded into this thread's scratch buffer (reused: no fresh pages
-            # to fault in per key) and XORed into the target in place
-            t, e = targets[key], table.entries[key]
-            buf = getattr(scratch, "buf", None)
-            if buf is None or buf.size < t.bytes.size:
-                buf = scratch.buf = np.empty(max(t.bytes.size, 1 << 20), np.uint8)
-            payload = buf[: t.bytes.size]
-            plain._read_into([payload_key(key)], [payload], True, 1)
-            xor_into(t.bytes, payload)
-            got = crc32c(t.bytes)
-            if got != e.crc:
-                xor_into(t.bytes, payload)  # undo: the value is as it was
-                raise ChecksumMismatchError(
-                    f"{where}: key {key!r}: rebuilt value has crc32c {got:#010x}, recorded "
-                    f"{e.crc:#010x}; the target value was restored"
-                )
-            t.commit()
-
-        pool_map(xor_in, [k for k, e in table.entries.items() if e.mode == "xor"])
+        _xor_in(plain, where, table, targets)
         for key in r.keys():
             if key in table.entries:
                 continue
@@ -244,6 +227,32 @@ def _apply(
                 del target[key]
                 counts["removed"] += 1
         return counts
+
+
+def _xor_in(plain: Any, where: str, table: DeltaTable, targets: dict[str, _Target]) -> None:
+    """XOR every ``xor`` key's payload into its target in place (one core call: each chunk
+    decoded and XOR-interleaved straight into the target, its crc32c taken while in cache)
+    and check each result against its recorded crc32c. A value that fails is XORed back
+    (restored) and ``ChecksumMismatchError`` raised for the first; the others are kept."""
+    keys = [k for k, e in table.entries.items() if e.mode == "xor"]
+    if not keys:
+        return
+    bufs = [targets[k].bytes for k in keys]
+    got = _core.xor_into(plain._core, [payload_key(k) for k in keys], bufs)
+    bad = [(k, c) for k, c in zip(keys, got, strict=True) if c != table.entries[k].crc]
+    if bad:  # undo: XOR is its own inverse
+        _core.xor_into(
+            plain._core, [payload_key(k) for k, _ in bad], [targets[k].bytes for k, _ in bad]
+        )
+    for k in keys:
+        if all(k != b for b, _ in bad):
+            targets[k].commit()
+    if bad:
+        key, c = bad[0]
+        raise ChecksumMismatchError(
+            f"{where}: key {key!r}: rebuilt value has crc32c {c:#010x}, recorded "
+            f"{table.entries[key].crc:#010x}; the target value was restored"
+        )
 
 
 def _put_whole(plain: Any, key: str, target: MutableMapping[str, Any]) -> None:

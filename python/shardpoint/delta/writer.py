@@ -27,7 +27,6 @@ from ..storage.dtypes import numpy_dtype
 from ..storage.paths import _prefix
 from ..storage.save import save_file
 from ..storage.values import check_key, encode
-from .bits import byte_view, xor_bytes
 from .choice import XOR_CODEC, XOR_LEVEL, choose, pool_map
 from .table import SECTION, DeltaEntry, DeltaTable, has_payload_key, payload_key
 
@@ -58,6 +57,7 @@ def _pairs(
     out, hints = {}, {}
     plain_codec = compression in (None, "none", False)
     mode_of = getattr(base, "delta_mode", lambda key: "full")
+    keys, bufs = [], []
     for key, v in tree.items():
         if not isinstance(v, np.ndarray) or key not in base or not has_payload_key(key):
             continue
@@ -65,11 +65,15 @@ def _pairs(
         info = base.info(key)
         if info.kind != "tensor" or tuple(info.shape) != tuple(shape) or info.dtype != dtype:
             continue
-        out[key] = (numpy_dtype(dtype), raw, byte_view(np.ascontiguousarray(base[key])))
+        keys.append(key)
+        bufs.append(np.empty(info.raw_bytes, np.uint8))
+        out[key] = (numpy_dtype(dtype), raw, bufs[-1])
         if plain_codec:
             hints[key] = info.raw_bytes
         elif mode_of(key) == "full" and info.codec != "none":
             hints[key] = info.stored_bytes
+    if keys:  # one batched read of every base value, decoded in parallel and checked
+        base._read_into(keys, bufs, True)
     return out, hints
 
 
@@ -121,14 +125,12 @@ def save_delta(
     with Writer(p, compression=XOR_CODEC, level=XOR_LEVEL, rank=1, **opts) as deltas:
 
         def put(key: str) -> None:
-            # the XOR again (not kept from the choice): memory stays one payload per thread
+            # the new value with an XOR base: the core XORs each chunk as it encodes it, so no
+            # XOR is held whole (a "same" key against itself: zeros)
             dtype, nb, ob = pairs[key]
-            if table.entries[key].mode == "same":
-                payload = np.zeros(nb.shape, np.uint8)  # calloc: zero pages, no memory touched
-            else:
-                payload = xor_bytes(nb, ob)
-            shape = tree[key].shape
-            deltas._add(payload_key(key), payload.view(dtype).reshape(shape), internal=True)
+            base_bytes = nb if table.entries[key].mode == "same" else ob
+            value = nb.view(dtype).reshape(tree[key].shape)
+            deltas._add(payload_key(key), value, internal=True, xor_base=base_bytes)
 
         pool_map(put, list(table.entries))
     merge(p, 2, durable=durable, token=token)

@@ -21,7 +21,7 @@ from .values import check_user_key, encode, json_depth
 if TYPE_CHECKING:
     from .async_save import SaveFuture
 
-__all__ = ["save_file", "plan_save", "SavePlan", "DIGEST_ALGORITHMS"]
+__all__ = ["save_file", "plan_save", "SavePlan", "DIGEST_ALGORITHMS", "write_single"]
 
 
 #: Above this many bytes a checkpoint is split over several shards written by parallel threads.
@@ -264,6 +264,44 @@ def plan_save(
         single,
     )
     return plan, items
+
+
+def write_single(
+    tensors: Mapping[str, Any],
+    path: PathLike | None,
+    *,
+    compression: str | None = "zstd",
+    level: int | None = None,
+    sections: Mapping[str, Any] | None = None,
+    durable: bool = True,
+    xor_bases: Mapping[str, Any] | None = None,
+    _internal_keys: bool = False,
+) -> bytes | None:
+    """A single-file checkpoint (FORMAT.md §10) of ``tensors``: written to local ``path``, or
+    built in memory and returned as bytes when ``path`` is None (no file). ``xor_bases``: per
+    key, a 1-d uint8 array of the value's byte length; what is stored under that key is the
+    XOR of the value's bytes with it (a delta payload, FORMAT.md §11), computed chunk by chunk
+    while encoding, so the XOR is never held whole."""
+    codec, lvl = _opts(compression, level)
+    items = [encode(check_user_key(k, internal=_internal_keys), v) for k, v in tensors.items()]
+    bases = None
+    if xor_bases:
+        bases = [xor_bases.get(it[0]) for it in items]
+    opts: dict[str, Any] = dict(
+        codec=codec,
+        level=lvl,
+        chunk_bytes=int(_core.DEFAULT_CHUNK_BYTES),
+        metadata_json="{}",
+        sections_json=_sections_json(sections),
+        xor_bases=bases,
+    )
+    if path is None:
+        return bytes(_core.encode_single(items, **opts))
+    p = _prefix(path)
+    if is_url(p):
+        raise InvalidArgumentError(f"{p}: single-file checkpoints are written to local paths")
+    _core.save(p, items, shards=1, durable=bool(durable), single_file=True, **opts)
+    return None
 
 
 @dataclass

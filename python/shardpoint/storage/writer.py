@@ -77,10 +77,12 @@ class Writer:
         """Write one value now."""
         self._add(key, value)
 
-    def _add(self, key: str, value: Any, *, internal: bool = False) -> None:
-        """``add``; ``internal``: a key under the reserved prefix (the library's own entries)."""
+    def _add(self, key: str, value: Any, *, internal: bool = False, xor_base: Any = None) -> None:
+        """``add``; ``internal``: a key under the reserved prefix (the library's own entries);
+        ``xor_base``: bytes (a 1-d uint8 array of the value's byte length) whose XOR with the
+        value is what is stored (a delta payload, FORMAT.md §11), computed chunk by chunk."""
         k, dtype, kind, shape, data = encode(check_user_key(key, internal=internal), value)
-        self._writer().add(k, dtype, kind, list(shape), data)
+        self._writer().add(k, dtype, kind, list(shape), data, xor_base)
 
     __setitem__ = add
 

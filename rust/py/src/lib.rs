@@ -6,6 +6,7 @@
 
 mod buffers;
 mod checksum;
+mod delta;
 mod pools;
 mod read;
 mod remote;
@@ -203,6 +204,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write::save, m)?)?;
     m.add_function(wrap_pyfunction!(write::is_single_file, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::xor_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::crc32c_many, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::encode_single, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::xor_into, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(read::read_file_ranges, m)?)?;
     m.add_function(wrap_pyfunction!(read::read_file_ranges_direct, m)?)?;

@@ -18,7 +18,7 @@ const WATCH_MIN: u64 = 16 << 20;
 /// An open checkpoint.
 #[pyclass(module = "shardpoint._core", frozen)]
 pub(crate) struct CheckpointReader {
-    inner: Arc<Reader>,
+    pub(crate) inner: Arc<Reader>,
 }
 
 /// What the index records about one entry (`Reader.info`; `shardpoint.files.EntryInfo` adds
@@ -80,7 +80,7 @@ impl EntryValue {
 }
 
 impl CheckpointReader {
-    fn entry(&self, py: Python<'_>, key: &str) -> PyResult<Entry<'_>> {
+    pub(crate) fn entry(&self, py: Python<'_>, key: &str) -> PyResult<Entry<'_>> {
         self.inner.entry(key).map_err(|e| to_py(py, e))
     }
 

@@ -80,7 +80,7 @@ pub(crate) fn save_incremental(
         sections_json,
         ..WriterOptions::default()
     };
-    let its = to_items(py, &items)?;
+    let its = to_items(py, &items, None)?;
     let r = nogil_cancellable(py, || {
         shardpoint_core::save_incremental(
             &prefix,

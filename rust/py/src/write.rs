@@ -13,15 +13,30 @@ use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
 /// (key, dtype, kind, shape, buffer) tuples from Python → owned parts plus pinned buffers.
 pub(crate) type RawItem = (String, String, String, Vec<u64>, PyBuffer<u8>);
 
-pub(crate) fn to_items<'a>(py: Python<'_>, raw: &'a [RawItem]) -> PyResult<Vec<Item<'a>>> {
+/// `xor_bases[i]`, where given, makes item `i` an XOR item (its value XOR that buffer is
+/// stored: a delta payload, FORMAT.md §11).
+pub(crate) fn to_items<'a>(
+    py: Python<'_>,
+    raw: &'a [RawItem],
+    xor_bases: Option<&'a [Option<PyBuffer<u8>>]>,
+) -> PyResult<Vec<Item<'a>>> {
+    if xor_bases.is_some_and(|x| x.len() != raw.len()) {
+        return Err(invalid(py, "xor_bases must have one entry per item"));
+    }
     raw.iter()
-        .map(|(k, d, kind, shape, buf)| {
+        .enumerate()
+        .map(|(i, (k, d, kind, shape, buf))| {
+            let xor_base = match xor_bases.and_then(|x| x[i].as_ref()) {
+                Some(b) => Some(bytes_of(py, b)?),
+                None => None,
+            };
             Ok(Item {
                 key: k.clone(),
                 dtype: DType::from_name(d).map_err(|e| to_py(py, e))?,
                 kind: Kind::from_name(kind).map_err(|e| to_py(py, e))?,
                 dims: shape.clone(),
                 data: bytes_of(py, buf)?,
+                xor_base,
             })
         })
         .collect()
@@ -33,7 +48,7 @@ pub(crate) fn to_items<'a>(py: Python<'_>, raw: &'a [RawItem]) -> PyResult<Vec<I
 /// file at `prefix` (FORMAT.md §10; `shards` is ignored). Ctrl-C stops the save (nothing is
 /// committed) and raises `KeyboardInterrupt`.
 #[pyfunction]
-#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None, single_file=false))]
+#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None, single_file=false, xor_bases=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -50,6 +65,7 @@ pub(crate) fn save(
     progress: Option<Py<PyAny>>,
     digest: Option<String>,
     single_file: bool,
+    xor_bases: Option<Vec<Option<PyBuffer<u8>>>>,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
     if single_file && !matches!(loc, shardpoint_core::Location::Local(_)) {
@@ -69,7 +85,7 @@ pub(crate) fn save(
         sections_json,
         ..WriterOptions::default()
     };
-    let its = to_items(py, &items)?;
+    let its = to_items(py, &items, xor_bases.as_deref())?;
     let report = |n: u64| {
         if let Some(cb) = &progress {
             // From a writer thread: take the GIL for the call only. A failing callback cannot
@@ -169,7 +185,9 @@ impl Writer {
         Ok(Writer { inner })
     }
 
-    /// Write one value now.
+    /// Write one value now (`xor_base`: store the value XOR this buffer, a delta payload).
+    #[pyo3(signature = (key, dtype, kind, shape, data, xor_base=None))]
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
         py: Python<'_>,
@@ -178,9 +196,11 @@ impl Writer {
         kind: String,
         shape: Vec<u64>,
         data: PyBuffer<u8>,
+        xor_base: Option<PyBuffer<u8>>,
     ) -> PyResult<()> {
         let raw = [(key, dtype, kind, shape, data)];
-        let its = to_items(py, &raw)?;
+        let bases = [xor_base];
+        let its = to_items(py, &raw, Some(&bases))?;
         nogil_cancellable(py, || self.inner.add(&its[0]))
     }
 

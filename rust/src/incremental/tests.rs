@@ -10,6 +10,7 @@ fn item<'a>(key: &str, data: &'a [u8]) -> Item<'a> {
         kind: Kind::Tensor,
         dims: vec![data.len() as u64 / 4],
         data,
+        xor_base: None,
     }
 }
 

@@ -86,7 +86,7 @@ impl Reader {
     /// to `f` with their file offset and recorded crc, unchecked: for decoders that compute
     /// the stored crc inside their own pass, or check the decoded bytes end to end
     /// ([`decode_chunk_raw_crc`]).
-    fn read_chunk<T>(
+    pub(super) fn read_chunk<T>(
         &self,
         e: &Entry<'_>,
         ci: usize,

@@ -16,6 +16,7 @@ mod chunks;
 mod files;
 mod values;
 mod verify;
+mod xor;
 
 pub use files::{IndexBytes, ShardMap};
 

@@ -35,10 +35,24 @@ impl Job {
 }
 
 /// A finished job: a chunk's stored bytes (`None` = stored raw), raw crc, raw length and
-/// stored crc; or a raw value's crc.
+/// stored crc; or a raw value's crc. The last field holds the raw bytes when they are not the
+/// item's `data` (an XOR item, [`Item::xor_base`]) and are stored raw.
 enum Done {
-    Chunk(Option<Vec<u8>>, u32, usize, u32),
-    Raw(u32),
+    Chunk(Option<Vec<u8>>, u32, usize, u32, Option<Vec<u8>>),
+    Raw(u32, Option<Vec<u8>>),
+}
+
+thread_local! {
+    /// The XOR of one chunk of an XOR item, encoded from here (cache-warm, reused).
+    static XOR_CHUNK: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `a ^ b` into a buffer from `pool`.
+fn xor_owned(pool: &BufPool, a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut v = pool.take(a.len());
+    v.resize(a.len(), 0);
+    crate::codec::xor::xor_to(&mut v, a, b);
+    v
 }
 
 /// What [`ShardWriter::write_batch`] needs besides the batch: the values and their codecs,
@@ -127,13 +141,45 @@ impl ShardWriter {
                     // stops after the chunks already being encoded.
                     cancel.check()?;
                     match *job {
-                        Job::Raw { item } => Ok(Done::Raw(par_crc(items[item].data))),
+                        Job::Raw { item } => Ok(match items[item].xor_base {
+                            None => Done::Raw(par_crc(items[item].data), None),
+                            Some(b) => {
+                                let x = xor_owned(&pool, items[item].data, b);
+                                Done::Raw(par_crc(&x), Some(x))
+                            }
+                        }),
                         Job::Chunk { item, ci } => {
                             let it = items[item];
-                            let raw = &it.data[ci * cb..((ci + 1) * cb).min(it.data.len())];
+                            let range = ci * cb..((ci + 1) * cb).min(it.data.len());
                             let buf = pool.take(cb + 256);
-                            let e = encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
-                            Ok(Done::Chunk(e.stored, e.raw_crc, raw.len(), e.stored_crc))
+                            let Some(base) = it.xor_base else {
+                                let raw = &it.data[range];
+                                let e =
+                                    encode_chunk_crc_in(codecs[item], it.dtype, level, raw, buf)?;
+                                return Ok(Done::Chunk(
+                                    e.stored,
+                                    e.raw_crc,
+                                    raw.len(),
+                                    e.stored_crc,
+                                    None,
+                                ));
+                            };
+                            // the chunk's XOR, computed into this thread's scratch and encoded
+                            // from there: the XOR of the whole value never exists
+                            let (a, b) = (&it.data[range.clone()], &base[range]);
+                            XOR_CHUNK.with(|cell| {
+                                let mut x = cell.borrow_mut();
+                                x.resize(a.len(), 0); // (fully overwritten below)
+                                crate::codec::xor::xor_to(&mut x, a, b);
+                                let e =
+                                    encode_chunk_crc_in(codecs[item], it.dtype, level, &x, buf)?;
+                                let raw = e.stored.is_none().then(|| {
+                                    let mut v = pool.take(x.len());
+                                    v.extend_from_slice(&x);
+                                    v
+                                });
+                                Ok(Done::Chunk(e.stored, e.raw_crc, x.len(), e.stored_crc, raw))
+                            })
                         }
                     }
                 })
@@ -183,8 +229,8 @@ impl ShardWriter {
         } = *ctx;
         for (job, d) in batch.iter().zip(done) {
             match (*job, d?) {
-                (Job::Raw { item }, Done::Raw(c)) => {
-                    let data = items[item].data;
+                (Job::Raw { item }, Done::Raw(c, xor)) => {
+                    let data = xor.as_deref().unwrap_or(items[item].data);
                     self.pad_for(data.len() as u64)?;
                     let offset = self.pos;
                     self.append(data)?;
@@ -197,8 +243,11 @@ impl ShardWriter {
                         vec![],
                     );
                     progress(data.len() as u64);
+                    if let Some(x) = xor {
+                        pool.give(x);
+                    }
                 }
-                (Job::Chunk { item, ci }, Done::Chunk(stored, raw_c, n, stored_c)) => {
+                (Job::Chunk { item, ci }, Done::Chunk(stored, raw_c, n, stored_c, raw_copy)) => {
                     let it = items[item];
                     let st = &mut states[item];
                     if ci == 0 {
@@ -218,9 +267,9 @@ impl ShardWriter {
                         Some(a) => crate::crc_combine::combine(a, raw_c, n as u64),
                     });
                     st.all_raw &= stored.is_none();
-                    let bytes: &[u8] = match stored.as_deref() {
-                        Some(b) => b,
-                        None => &it.data[ci * cb..ci * cb + n],
+                    let bytes: &[u8] = match (stored.as_deref(), raw_copy.as_deref()) {
+                        (Some(b), _) | (None, Some(b)) => b,
+                        (None, None) => &it.data[ci * cb..ci * cb + n],
                     };
                     st.chunks.push(ChunkRec {
                         rel_offset: self.pos - st.offset,
@@ -228,7 +277,7 @@ impl ShardWriter {
                         crc: stored_c,
                     });
                     self.append(bytes)?;
-                    if let Some(b) = stored {
+                    for b in [stored, raw_copy].into_iter().flatten() {
                         pool.give(b);
                     }
                     if ci + 1 == st.nchunks {

@@ -39,6 +39,9 @@ pub struct Item<'a> {
     pub kind: Kind,
     pub dims: Vec<u64>,
     pub data: &'a [u8],
+    /// When set, the value stored is `data ^ xor_base` (same length), computed chunk by chunk
+    /// as it is encoded: a delta payload (FORMAT.md §11) without the XOR ever held whole.
+    pub xor_base: Option<&'a [u8]>,
 }
 
 impl Item<'_> {
@@ -65,6 +68,12 @@ impl Item<'_> {
                 self.data.len(),
                 self.dims,
                 self.dtype.name()
+            )));
+        }
+        if self.xor_base.is_some_and(|b| b.len() != self.data.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "{:?}: XOR base of another length than the value",
+                self.key
             )));
         }
         if self.kind != Kind::Tensor && (self.dtype != DType::U8 || self.dims.len() != 1) {
