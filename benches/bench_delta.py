@@ -10,8 +10,10 @@ and the bf16 copies before and after are compared:
    the bf16 weights' raw bytes and against a full save with the default codec;
 2. dense step (``--dense-lr 1e-2``: every element moves): delta bytes against a full save (the
    per-tensor fallback keeps it at most ~1x);
-3. speed: the XOR alone, ``encode`` and ``apply`` (in place) in GB/s of bf16 weights, best of
-   ``--rounds``; every result checked bit for bit;
+3. speed: ``encode``, ``apply`` (in place) and the delta checkpoint save in GB/s of bf16
+   weights, best of ``--rounds``, beside a plain copy and numpy's XOR in the same process, in
+   fresh processes with the core's pool pinned to 1 and 2 threads (``RAYON_NUM_THREADS``), for
+   the RL-like step and the dense one; every result checked bit for bit;
 4. ``--rl-sweep``: the real model (transformers' BertModel on these weights) trained by AdamW
    on a noisy synthetic objective (fresh random token batches each step, as policy-gradient
    updates are noisy); after ``--warm`` steps (past Adam's first steps, which move every
@@ -118,20 +120,43 @@ def compare(d: str, name: str, old: dict[str, np.ndarray], new: dict[str, np.nda
     print(f"  sync delta (encode bytes) {len(blob):,} B = {len(blob) / raw:.4%} of raw")
 
 
-def speed(old: dict[str, np.ndarray], new: dict[str, np.ndarray], rounds: int) -> None:
+def speed(old: dict[str, np.ndarray], new: dict[str, np.ndarray], rounds: int, label: str) -> None:
+    """Rates of the delta paths against a plain copy and numpy's XOR in the same process (the
+    core's pool size comes from ``RAYON_NUM_THREADS``, set by :func:`speed_pinned`)."""
     raw = sum(v.nbytes for v in new.values())
+    copy_s = best(
+        lambda: [np.copyto(o, n) for o, n in zip(scratch, new.values(), strict=True)], rounds
+    )
     xor_s = best(lambda: [xor_bytes(byte_view(new[k]), byte_view(old[k])) for k in new], rounds)
     blob = spd.encode(old, new)
+    assert blob is not None
     enc_s = best(lambda: spd.encode(old, new), rounds)
     targets = [{k: v.copy() for k, v in old.items()} for _ in range(rounds)]
     it = iter(targets)
     app_s = best(lambda: spd.apply(blob, next(it)), rounds)  # type: ignore[arg-type]
-    assert all(targets[0][k].tobytes() == new[k].tobytes() for k in new)
-    print(
-        f"speed over {raw / 1e6:.1f} MB of bf16 weights (best of {rounds}, {os.cpu_count()} CPUs):"
-    )
-    print(f"  XOR alone {raw / xor_s / 1e9:.2f} GB/s; encode {raw / enc_s / 1e9:.2f} GB/s; "
-          f"apply in place (checks included) {raw / app_s / 1e9:.2f} GB/s")  # fmt: skip
+    assert all(t[k].tobytes() == new[k].tobytes() for t in targets for k in new)
+    with tempfile.TemporaryDirectory() as d:
+        base, delta = os.path.join(d, "base"), os.path.join(d, "delta")
+        sp.save_file(old, base, durable=False)
+        save_s = best(
+            lambda: sp.save_file(new, delta, base=base, delta=True, durable=False), rounds
+        )
+        got = sp.load_file(delta)
+        assert all(got[k].tobytes() == new[k].tobytes() for k in new)
+    g = lambda s: raw / s / 1e9  # noqa: E731
+    print(f"  {label:28s} copy {g(copy_s):5.2f}  XOR (numpy) {g(xor_s):5.2f}  encode {g(enc_s):5.2f}  "
+          f"apply {g(app_s):5.2f}  delta save (base read incl.) {g(save_s):5.2f} GB/s")  # fmt: skip
+
+
+scratch: list[np.ndarray] = []
+
+
+def speed_pinned(args: list[str], dense: bool) -> None:
+    """:func:`speed` in fresh processes with the core's pool pinned to 1 and 2 threads."""
+    for n in (1, 2):
+        env = dict(os.environ, RAYON_NUM_THREADS=str(n))
+        cmd = [sys.executable, __file__, *args, "--only", "speed-one", "--threads", str(n)]
+        subprocess.run([*cmd, *(["--dense"] if dense else [])], check=True, env=env)
 
 
 def bert() -> torch.nn.Module:
@@ -254,7 +279,11 @@ def finetune(steps: int, lr: float, batch: int, seq: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["mixed", "speed", "rl-sweep", "finetune"], default=None)
+    ap.add_argument(
+        "--only", choices=["mixed", "speed", "speed-one", "rl-sweep", "finetune"], default=None
+    )
+    ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--dense", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--dense-lr", type=float, default=1e-2)
@@ -278,7 +307,18 @@ def main() -> None:
             dense = bf16(train(master, a.dense_lr, 1))
             compare(d, f"dense step (AdamW lr={a.dense_lr}, 1 step)", old, dense)
     if "speed" in run:
-        speed(old, rl, a.rounds)
+        args = ["--steps", str(a.steps), "--lr", str(a.lr), "--rounds", str(a.rounds)]
+        args += ["--dense-lr", str(a.dense_lr)]
+        print(f"speed over {sum(v.nbytes for v in old.values()) / 1e6:.1f} MB of bf16 weights "
+              f"(best of {a.rounds}, {os.cpu_count()} CPUs; every result checked bit for bit):")  # fmt: skip
+        print(f" RL-like step (AdamW lr={a.lr}, {a.steps} steps):")
+        speed_pinned(args, False)
+        print(f" dense step (AdamW lr={a.dense_lr}, 1 step):")
+        speed_pinned(args, True)
+    if "speed-one" in run:
+        new = bf16(train(master, a.dense_lr, 1)) if a.dense else rl
+        scratch.extend(np.empty_like(v) for v in new.values())
+        speed(old, new, a.rounds, f"core pool {a.threads} thread(s):")
     if "rl-sweep" in run:
         rl_sweep([float(x) for x in a.sweep_lrs.split(",")], a.warm, a.batch, a.seq)
     if "finetune" in run:

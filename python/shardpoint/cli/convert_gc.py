@@ -46,9 +46,10 @@ def _convert_delta(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"{args.dst}: exists (--force replaces it)")
     with storage.open(args.src) as r:
         values = r.load()
+        sections = _kept_sections(r)
     storage.save_file(values, args.dst, base=args.base, delta=True,
                       compression=args.compression, level=args.level,
-                      durable=not args.no_fsync)  # fmt: skip
+                      durable=not args.no_fsync, _sections=sections)  # fmt: skip
     from ..delta import describe
 
     d = describe(args.dst)
@@ -62,6 +63,23 @@ def _convert_delta(args: argparse.Namespace) -> int:
         f"{human(raw)} raw -> {human(stored)} stored"
     )
     return EXIT_OK
+
+
+def _kept_sections(r: object) -> dict[str, object] | None:
+    """The non-weight files of SRC (config.json, tokenizer...) as the checkpoint keeps them
+    (convert/hf_files.py), so that ``convert DST OUT --to hf`` writes them back beside the
+    weights: an HF directory's own files, or a shardpoint source's kept-files section."""
+    from ..convert.hf_files import SECTION, collect_files
+
+    directory = getattr(r, "directory", None)
+    if isinstance(directory, str) and hasattr(r, "index_path"):  # an HF directory
+        notes: list[str] = []
+        kept = collect_files(directory, notes)
+        for n in notes:
+            _note(n)
+        return None if kept is None else {SECTION: kept}
+    own = getattr(r, "sections", {})
+    return {SECTION: own[SECTION]} if isinstance(own, dict) and SECTION in own else None
 
 
 # --- gc --------------------------------------------------------------------------------------
