@@ -1,10 +1,12 @@
-"""Object-store benchmark: shardpoint save/load to S3 (a moto server on localhost) beside raw
-obstore upload/download of the same bytes and torch.save to BytesIO + upload, in one run.
+"""Object-store benchmark: shardpoint save/load to S3 (benches/s3server.py: our Rust server on
+localhost, moto where cargo is missing or with --s3-server moto) beside raw obstore
+upload/download of the same bytes and torch.save to BytesIO + upload, in one run.
 
 Not a test: it prints figures and ratios measured side by side (issue 17 targets: save and load
 >= 0.8x the raw transfer while compressing and checking).
 
     .venv/bin/python benches/bench_object_store.py [--mb 1024] [--sweep] [--repeat 2]
+        [--s3-server auto|fast|moto]
 
 Workload: a transformer-like fp32 state of ~--mb MiB (about 200 tensors). Every variant moves
 the same tensors through the same server; the best of --repeat runs is reported. --sweep also
@@ -31,7 +33,10 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import shardpoint as sp  # noqa: E402
-from s3_server import Moto, Proxy  # noqa: E402
+from s3_server import Proxy  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benches"))
+from s3server import start  # noqa: E402
 
 
 def state_of(mb: int) -> dict[str, np.ndarray]:
@@ -72,12 +77,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--sweep", action="store_true", help="also sweep part size x concurrency")
     ap.add_argument("--keys", type=int, default=100_000, help="keys of the request-count check")
+    ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
     args = ap.parse_args()
 
     import obstore
     from obstore.store import S3Store
 
-    m = Moto()
+    m = start(args.s3_server)
     os.environ.update(
         {
             "AWS_ENDPOINT_URL": m.endpoint,
@@ -92,7 +98,8 @@ def main() -> None:
     state = state_of(args.mb)
     nbytes = sum(a.nbytes for a in state.values())
     gb = nbytes / 1e9
-    print(f"state: {len(state)} fp32 tensors, {nbytes / 2**20:.0f} MiB; moto on {m.endpoint}")
+    print(f"state: {len(state)} fp32 tensors, {nbytes / 2**20:.0f} MiB; {m.kind} S3 server at "
+          f"{m.endpoint}")  # fmt: skip
     print(f"machine: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}")
 
     blob = b"".join(a.tobytes() for a in state.values())
@@ -184,7 +191,7 @@ def main() -> None:
     n_get = len(proxy.requests())
     print(f"\nrequests: open of a {args.keys}-key checkpoint = {n_open}; one lazy r[key] = {n_get}")
     proxy.close()
-    m.server.stop()
+    m.close()
 
 
 if __name__ == "__main__":

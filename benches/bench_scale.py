@@ -8,8 +8,10 @@ The harness itself is tests/scale_harness.py (the tests run it at N = 64).
 Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish),
 the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
 and results, pickled as DCP sends them), requests per rank and per commit by S3 operation
-(``--store s3``: moto behind the counting proxy of tests/s3_server.py, ``--latency`` seconds
-added per request), objects per rank. ``--dcp-max`` caps N for DCP's own planner (its global
+(``--store s3``: an S3 server in its own process, benches/s3server.py: ours, which adds the
+``--latency`` seconds per request and counts requests itself; or moto, with ``--s3-server
+moto`` or without cargo, behind the counting proxy of tests/s3_server.py run in a process of
+its own), objects per rank. ``--dcp-max`` caps N for DCP's own planner (its global
 step grows faster than linearly; see docs/SCALE.md).
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benches"))
 
 import scale_harness as h  # noqa: E402
 
@@ -55,6 +58,7 @@ def main() -> None:
         help="DCP path: only our planner (DCP's own takes minutes at 4,096)",
     )
     ap.add_argument("--json", help="write the runs here as JSON")
+    ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
     args = ap.parse_args()
 
     runs: list[h.SaveRun] = []
@@ -64,15 +68,16 @@ def main() -> None:
     env = None
     try:
         if args.store == "s3":
-            import logging
+            from proxy_process import ProxyProcess
+            from s3_server import opts_for
+            from s3server import s3_environment
 
-            from s3_server import Proxy, moto_environment, opts_for
-
-            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request
-
-            env = moto_environment()
+            env = s3_environment(args.s3_server)
             moto = env.__enter__()
-            proxy = Proxy(moto.port)
+            # ours delays and counts requests itself (thousands a second); before moto the
+            # Python proxy, in its own process (in this one its threads took the GIL from the
+            # merge and their CPU counted as the coordinator's)
+            proxy = moto if moto.has_control else ProxyProcess(moto.port)
             opts = opts_for(proxy)
         for n in args.ns:
             for path in args.paths:
@@ -116,7 +121,7 @@ def main() -> None:
                 if args.store == "local":
                     shutil.rmtree(os.path.dirname(prefix))
     finally:
-        if proxy is not None:
+        if proxy is not None and proxy is not moto:
             proxy.close()
         if env is not None:
             env.__exit__(None, None, None)

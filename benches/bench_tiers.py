@@ -147,18 +147,19 @@ def restore_speedup(mb_per_rank: int, tmp: str, repeats: int = 3) -> tuple[float
     the same saved step, each from a fresh copy of the saved job."""
     import statistics
 
-    from s3_server import Proxy, moto_environment
+    from s3_server import Proxy
+    from s3server import s3_environment
     from tiers_helpers.job import WORLD, run_job
 
     wrong = 0
     times: dict[str, list[float]] = {"tiered": [], "persistent": []}
-    with moto_environment() as moto:
-        proxy = Proxy(moto.port, rate_bytes_per_s=150e6)
+    with s3_environment() as store:
+        proxy = Proxy(store.port, rate_bytes_per_s=150e6)
         try:
             env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
             env["AWS_ENDPOINT_URL"] = proxy.endpoint
             cfg = {
-                "persistent": f"s3://{moto.bucket()}/job", "env": env, "noise": True,
+                "persistent": f"s3://{store.bucket()}/job", "env": env, "noise": True,
                 "n": mb_per_rank * (1 << 20) // 4, "local_every": 10, "persistent_every": 10,
             }  # fmt: skip
             codes, outs = run_job(tmp, [["save", [10]]], cfg, timeout=240)

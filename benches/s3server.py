@@ -19,6 +19,7 @@ The build: ``cargo build --release --locked --manifest-path benches/s3server/Car
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -67,7 +68,13 @@ def free_port() -> int:
 class Server:
     """A running S3 server in its own process and a boto3 client on it. The surface of
     tests/s3_server.Moto (``port``, ``endpoint``, ``s3``, ``bucket()``, ``keys()``,
-    ``uploads()``), plus ``kind`` ("fast" or "moto") and ``close()``."""
+    ``uploads()``), plus ``kind`` ("fast" or "moto") and ``close()``.
+
+    Ours also delays and counts requests itself, with the surface the benches use of
+    tests/s3_server.Proxy (``latency``, ``reset()``, ``counts()``): thousands of requests a
+    second, which the Python proxy could not forward (``has_control``)."""
+
+    control_port: int | None = None
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -80,6 +87,10 @@ class Server:
                    "--access-key", KEY, "--secret-key", SECRET]  # fmt: skip
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             self.port = self._announced_port()
+            self.control_port = self._announced_control()
+            self._control = socket.create_connection(("127.0.0.1", self.control_port))
+            self._control_in = self._control.makefile("r")
+            self._latency = 0.0
         elif kind == "moto":
             self.port = free_port()
             cmd = [sys.executable, "-m", "moto.server", "-p", str(self.port)]
@@ -102,6 +113,46 @@ class Server:
             self.close()
             raise RuntimeError(f"the S3 server did not start (said {line!r})")
         return int(line.strip().rsplit(":", 1)[1])
+
+    def _announced_control(self) -> int:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("control on "):
+            self.close()
+            raise RuntimeError(f"the S3 server did not announce its control port ({line!r})")
+        return int(line.strip().rsplit(":", 1)[1])
+
+    @property
+    def has_control(self) -> bool:
+        return self.control_port is not None
+
+    def _command(self, line: str) -> str:
+        if self.control_port is None:
+            raise RuntimeError(f"the {self.kind} S3 server has no control port")
+        self._control.sendall(line.encode() + b"\n")
+        out = self._control_in.readline().strip()
+        if out.startswith("error"):
+            raise ValueError(f"S3 server control {line!r}: {out}")
+        return out
+
+    @property
+    def latency(self) -> float:
+        """Seconds the server waits before answering each request."""
+        return self._latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        self._command(f"latency {seconds!r}")
+        self._latency = seconds
+
+    def reset(self) -> None:
+        """Start counting requests from zero."""
+        self._command("reset")
+
+    def counts(self) -> dict[str, int]:
+        """Requests since the last reset, by S3 operation (tests/s3_server.request_kind's names;
+        also COPY and BUCKET)."""
+        return {str(k): int(v) for k, v in json.loads(self._command("counts")).items()}
 
     def _wait_ready(self) -> None:
         for _ in range(300):
@@ -134,6 +185,10 @@ class Server:
             self.s3.upload_file(str(f), bucket, f.relative_to(local).as_posix())
 
     def close(self) -> None:
+        if self.control_port is not None:
+            self._control_in.close()
+            self._control.close()
+            self.control_port = None
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

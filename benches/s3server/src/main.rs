@@ -1,9 +1,11 @@
 //! `sp-s3server --root DIR [--host 127.0.0.1] [--port 0] [--access-key K --secret-key S]`:
 //! an S3-compatible server over DIR for the benchmarks (benches/s3server.py starts it). It
-//! prints `listening on http://HOST:PORT` once it accepts connections (port 0: a free one) and
-//! stops on SIGTERM or Ctrl-C. Requests must be signed (SigV4) with the given key pair
+//! prints `listening on http://HOST:PORT` once it accepts connections (port 0: a free one), then
+//! `control on HOST:PORT` (the latency and request counts of `control.rs`), and stops on
+//! SIGTERM or Ctrl-C. Requests must be signed (SigV4) with the given key pair
 //! (default `testing` / `testing`, the tests' and benches' credentials); path-style only.
 
+mod control;
 mod files;
 mod listing;
 mod service;
@@ -74,16 +76,25 @@ fn parse_args() -> Args {
 async fn main() -> std::io::Result<()> {
     let args = parse_args();
     let store = Arc::new(store::Store::new(args.root.clone())?);
+    let control = Arc::new(control::Control::default());
     let s3 = {
-        let mut b = S3ServiceBuilder::new(service::Server { store });
+        let server = service::Server {
+            store,
+            control: control.clone(),
+        };
+        let mut b = S3ServiceBuilder::new(server);
         b.set_auth(SimpleAuth::from_single(args.access_key, args.secret_key));
         b.build()
     };
     let listener = TcpListener::bind((args.host.as_str(), args.port)).await?;
     let addr = listener.local_addr()?;
+    let control_listener = TcpListener::bind((args.host.as_str(), 0)).await?;
+    let control_addr = control_listener.local_addr()?;
+    tokio::spawn(control.serve(control_listener));
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening on http://{addr}")?;
+        writeln!(out, "control on {control_addr}")?;
         out.flush()?;
     }
     let http = ConnBuilder::new(TokioExecutor::new());

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
 
+use crate::control::Control;
 use crate::files::{self, base64};
 use crate::listing::{self, url_encode, After};
 use crate::store::{check_read, Obj, Store, Upload};
@@ -18,6 +19,7 @@ const MAX_KEYS: usize = 1000;
 #[derive(Clone)]
 pub struct Server {
     pub store: Arc<Store>,
+    pub control: Arc<Control>,
 }
 
 fn etag(e: &str) -> ETag {
@@ -70,6 +72,7 @@ impl S3 for Server {
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.control.enter("BUCKET").await;
         let name = req.input.bucket;
         let mut st = self.store.lock();
         // S3 in us-east-1 answers 200 to its owner re-creating a bucket
@@ -84,6 +87,7 @@ impl S3 for Server {
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.control.enter("BUCKET").await;
         self.store.lock().bucket(&req.input.bucket)?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
@@ -92,6 +96,7 @@ impl S3 for Server {
         &self,
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.control.enter("BUCKET").await;
         let name = req.input.bucket;
         let mut st = self.store.lock();
         if !st.bucket(&name)?.objects.is_empty() {
@@ -105,6 +110,7 @@ impl S3 for Server {
         &self,
         _req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.control.enter("BUCKET").await;
         let st = self.store.lock();
         let buckets = st
             .buckets
@@ -125,6 +131,7 @@ impl S3 for Server {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.control.enter("PUT").await;
         let i = req.input;
         let obj = self
             .put(
@@ -149,6 +156,7 @@ impl S3 for Server {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.control.enter("GET").await;
         let i = req.input;
         let obj = self.store.lock().object(&i.bucket, &i.key)?;
         check_read(&obj, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())?;
@@ -182,6 +190,7 @@ impl S3 for Server {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.control.enter("HEAD").await;
         let i = req.input;
         let obj = self.store.lock().object(&i.bucket, &i.key)?;
         check_read(&obj, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())?;
@@ -200,6 +209,7 @@ impl S3 for Server {
         &self,
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
+        self.control.enter("COPY").await;
         let i = req.input;
         let CopySource::Bucket { bucket, key, .. } = &i.copy_source else {
             return Err(s3_error!(NotImplemented, "copy from an access point"));
@@ -239,6 +249,7 @@ impl S3 for Server {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.control.enter("LIST").await;
         let i = req.input;
         let prefix = i.prefix.clone().unwrap_or_default();
         let max = i
@@ -295,6 +306,7 @@ impl S3 for Server {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.control.enter("DELETE").await;
         let i = req.input;
         let old = self
             .store
@@ -310,6 +322,7 @@ impl S3 for Server {
         &self,
         req: S3Request<DeleteObjectsInput>,
     ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        self.control.enter("BULK_DELETE").await;
         let i = req.input;
         let keys: Vec<String> = i.delete.objects.into_iter().map(|o| o.key).collect();
         let old: Vec<Option<Arc<Obj>>> = {
@@ -339,6 +352,7 @@ impl S3 for Server {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.control.enter("MP_CREATE").await;
         let i = req.input;
         let id = self.store.new_id();
         let mut st = self.store.lock();
@@ -366,6 +380,7 @@ impl S3 for Server {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
+        self.control.enter("MP_PART").await;
         let i = req.input;
         if !(1..=10_000).contains(&i.part_number) {
             return Err(s3_error!(
@@ -404,6 +419,7 @@ impl S3 for Server {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.control.enter("MP_COMPLETE").await;
         let i = req.input;
         let listed = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
         if listed.is_empty() {
@@ -461,6 +477,7 @@ impl S3 for Server {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.control.enter("MP_ABORT").await;
         let i = req.input;
         let upload = {
             let mut st = self.store.lock();
@@ -475,6 +492,7 @@ impl S3 for Server {
         &self,
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.control.enter("LIST").await;
         let i = req.input;
         let prefix = i.prefix.clone().unwrap_or_default();
         let url = wants_url(&i.encoding_type);
