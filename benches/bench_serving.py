@@ -6,6 +6,7 @@ Not a test: it prints every measurement and a table of ratios from one run.
 
     .venv/bin/python benches/bench_serving.py [--out DIR] [--scale 1.0] [--rounds 2]
         [--link-mbps 1000] [--only a,b] [--cases link-s3,link-fuse,local-cold,local-warm]
+        [--s3-server auto|fast|moto]
 
 The state dict is benches/bench_load.py's (313 MiniLM-valued bf16 tensors, ~1.0 GB at scale 1),
 written as a Hugging Face directory (one safetensors file), shardpoint uncompressed and
@@ -13,10 +14,13 @@ shardpoint with the default codec.
 
 The link (this kernel has no netem/tbf): a relay process on 127.0.0.1 that passes bytes on at
 most ``--link-mbps`` MB/s each way (a token bucket), in front of
-- ``link-s3``: the moto S3 server the tests use (its own process), holding every file;
+- ``link-s3``: an S3 server in its own process holding every file (benches/s3server.py: ours,
+  Rust, built on demand, ``--s3-server fast``; ``moto`` where cargo is missing or asked for);
   shardpoint reads ``s3://`` directly; the anchors are a plain download of the safetensors
-  object into memory + ``safetensors.torch.load`` (safetensors eager, as deployments do it)
-  and boto3's parallel ranged download (``download_fileobj``, 8 threads) + load;
+  object into memory + ``safetensors.torch.load`` (safetensors eager, as deployments do it),
+  boto3's parallel ranged download (``download_fileobj``, 8 threads) + load, and Run:ai Model
+  Streamer reading ``s3://`` itself (``s3_runai``: runai-model-streamer-s3, AWS SDK for C++,
+  parallel ranged GETs);
 - ``link-fuse``: sshfs (a private sshd; every FUSE read an SFTP round trip) through the relay,
   every loader reading the mounted files: safetensors lazy (``safe_open`` + ``get_tensor`` per
   key) and eager (``load(open().read())``), Run:ai Model Streamer, fastsafetensors (CPU,
@@ -54,7 +58,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
                 "sp_hf_direct", "sp_none", "sp_default"]  # fmt: skip
-S3_LOADERS = ["s3_get_load", "s3_parallel_load", "sp_none", "sp_default"]
+S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
+#: where runai-model-streamer-s3's library is when it is not installed beside the streamer
+#: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
+RUNAI_S3_LIB = os.environ.get(
+    "SP_RUNAI_S3_LIB",
+    os.path.expanduser("~/.cache/shardpoint/runai-s3/runai_model_streamer/libstreamer/lib"),
+)
 
 
 # --- the link: a rate-limited relay ------------------------------------------------------------
@@ -182,7 +192,7 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         from safetensors.torch import load
 
         return lambda: load(open(st, "rb").read()).items()
-    if name == "runai":
+    if name in ("runai", "s3_runai"):
         from runai_model_streamer import SafetensorsStreamer
 
         def runai() -> Any:
@@ -272,9 +282,19 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
 
 def run_child(name: str, root: str, args: argparse.Namespace, s3: dict[str, str] | None) -> dict:
     cmd = [sys.executable, __file__, "--child", name, "--root", root, "--scale", str(args.scale)]
+    env = None
     if s3 is not None:
         cmd += ["--s3", json.dumps(s3)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        # for Run:ai's S3 client (the others take the endpoint as an argument)
+        env = {**os.environ, "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+               "AWS_EC2_METADATA_DISABLED": "true",
+               "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}  # fmt: skip
+        if os.path.isdir(RUNAI_S3_LIB):
+            env["LD_LIBRARY_PATH"] = ":".join(
+                p for p in (RUNAI_S3_LIB, os.environ.get("LD_LIBRARY_PATH")) if p
+            )
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:160]}
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
@@ -321,27 +341,27 @@ class Sshfs:
 
 
 class S3:
-    """moto's S3 server (its own process) holding every file, behind the throttled relay."""
+    """An S3 server (its own process; benches/s3server.py) holding every file, behind the
+    throttled relay."""
 
-    def __init__(self, work: Path, rate: float) -> None:
-        import boto3
+    def __init__(self, work: Path, rate: float, kind: str) -> None:
+        from s3server import start as start_s3
 
-        port = free_port()
-        self.server = start([sys.executable, "-m", "moto.server", "-p", str(port)])
-        wait_port(port)
-        direct = f"http://127.0.0.1:{port}"
-        c = boto3.client("s3", endpoint_url=direct, aws_access_key_id="testing",
-                         aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
-        c.create_bucket(Bucket="bench")
-        for f in files_of(work):
-            c.upload_file(f, "bench", os.path.relpath(f, work))
-        self.relay_port, self.relay = throttled(port, rate)
+        self.server = start_s3(kind)
+        try:
+            self.server.s3.create_bucket(Bucket="bench")
+            for f in files_of(work):
+                self.server.s3.upload_file(f, "bench", os.path.relpath(f, work))
+        except BaseException:
+            self.server.close()
+            raise
+        self.relay_port, self.relay = throttled(self.server.port, rate)
         self.opts = {"endpoint": f"http://127.0.0.1:{self.relay_port}"}
 
     def close(self) -> None:
-        for p in (self.relay, self.server):
-            p.send_signal(signal.SIGTERM)
-            p.wait(10)
+        self.relay.send_signal(signal.SIGTERM)
+        self.relay.wait(10)
+        self.server.close()
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -363,7 +383,7 @@ def bench(args: argparse.Namespace) -> None:
             names = S3_LOADERS if case == "link-s3" else FILE_LOADERS
             names = [n for n in names if only is None or n in only]
             if case == "link-s3":
-                s3 = S3(work, rate)
+                s3 = S3(work, rate, args.s3_server)
                 try:
                     for n in names:
                         record(case, n, run_child(n, "s3://bench", args, s3.opts))
@@ -423,7 +443,7 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     print("\nratios (best rounds)")
     unc = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf", "sp_none"]
     ratio("link-fuse", "sp_default", unc)
-    ratio("link-s3", "sp_default", ["s3_get_load", "s3_parallel_load", "sp_none"])
+    ratio("link-s3", "sp_default", ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none"])
     ratio("local-warm", "sp_default", ["st_lazy"])
     ratio("local-warm", "sp_none", ["st_lazy"])
     ratio("local-cold", "sp_hf", ["fastsafetensors"])
@@ -440,6 +460,7 @@ def main() -> None:
     ap.add_argument("--link-mbps", type=float, default=1000.0)
     ap.add_argument("--only", default="")
     ap.add_argument("--cases", default="link-s3,link-fuse,local-cold,local-warm")
+    ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
     ap.add_argument("--child")
     ap.add_argument("--root")
     ap.add_argument("--s3")

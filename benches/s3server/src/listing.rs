@@ -116,7 +116,7 @@ mod tests {
                 let data = Arc::new(DataFile {
                     path: "/nonexistent/sp-s3server-test".into(),
                     size: 0,
-                    digest: [0; 16],
+                    digest: None,
                     etag: String::new(),
                 });
                 let o = Obj {

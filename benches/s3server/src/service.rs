@@ -47,9 +47,11 @@ impl Server {
         if_match: Option<&ETagCondition>,
     ) -> S3Result<Arc<Obj>> {
         self.store.lock().bucket(bucket)?; // before taking the body: no bucket, no write
-        let data = files::write_body(body, self.store.new_path()).await?;
-        if let Some(want) = content_md5 {
-            if want != base64(&data.digest) {
+        let path = self.store.new_path();
+        let data =
+            files::write_body(body, path, content_md5.is_some(), self.store.new_etag()).await?;
+        if let (Some(want), Some(got)) = (content_md5, &data.digest) {
+            if want != base64(got) {
                 return Err(s3_error!(
                     BadDigest,
                     "Content-MD5 of {key:?} does not match"
@@ -390,9 +392,10 @@ impl S3 for Server {
             ));
         }
         self.store.lock().upload(&i.upload_id, &i.bucket, &i.key)?;
-        let data = files::write_body(i.body, self.store.new_path()).await?;
-        if let Some(want) = &i.content_md5 {
-            if *want != base64(&data.digest) {
+        let (path, tag) = (self.store.new_path(), self.store.new_etag());
+        let data = files::write_body(i.body, path, i.content_md5.is_some(), tag).await?;
+        if let (Some(want), Some(got)) = (&i.content_md5, &data.digest) {
+            if *want != base64(got) {
                 return Err(s3_error!(
                     BadDigest,
                     "Content-MD5 of part {} does not match",
@@ -447,7 +450,7 @@ impl S3 for Server {
             }
             (parts, u.content_type.clone(), u.metadata.clone())
         };
-        let data = files::concat(parts, self.store.new_path()).await?;
+        let data = files::concat(parts, self.store.new_path(), self.store.new_etag()).await?;
         let obj = Obj {
             data: Arc::new(data),
             modified: SystemTime::now(),

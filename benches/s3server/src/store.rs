@@ -80,6 +80,8 @@ impl State {
 pub struct Store {
     data_dir: PathBuf,
     next_id: AtomicU64,
+    /// Nanoseconds since the epoch at start: with a counter, ETags unique across runs.
+    epoch: u64,
     state: Mutex<State>,
 }
 
@@ -92,9 +94,13 @@ impl Store {
             std::fs::remove_dir_all(&data_dir)?;
         }
         std::fs::create_dir_all(&data_dir)?;
+        let epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         Ok(Self {
             data_dir,
             next_id: AtomicU64::new(0),
+            epoch,
             state: Mutex::new(State::default()),
         })
     }
@@ -113,6 +119,13 @@ impl Store {
     /// A fresh id (data files, upload ids): a per-process counter, in hex.
     pub fn new_id(&self) -> String {
         format!("{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A fresh ETag (version token; `files.rs` says why not an MD5): the start time and a
+    /// counter, 32 hex digits.
+    pub fn new_etag(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:016x}", self.epoch)
     }
 
     /// Make `obj` the current version of `key` if the preconditions of the write hold against
