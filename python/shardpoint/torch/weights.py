@@ -35,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,16 @@ DEFAULT_WINDOW = 256 << 20
 #: Raw bytes per batch (one ``read_many_into`` call): large enough that the engine's own
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
+
+#: Batches read at once from an object store. One at a time, the link idled while a batch of
+#: compressed values was decoded (the remote engine fetches a batch, then decodes it): the
+#: default codec loaded no faster than uncompressed over a 150 MB/s link (docs/SERVING.md).
+#: Two overlap one batch's decode with the next one's download; both fit in the window.
+_REMOTE_DEPTH = 2
+#: Raw bytes per batch from an object store: smaller than a file's, so that the first
+#: download (nothing to overlap it with) and the last decode are short (measured on that link:
+#: 32 MiB 0.17-0.19 GB/s, 64 MiB 0.11-0.18).
+_REMOTE_BATCH = 32 << 20
 
 #: With ``direct``, values at least this large get a mapping of their own (huge pages; placed
 #: for in-place reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost
@@ -262,27 +273,56 @@ class WeightsIterator:
         return out
 
     def _produce(self) -> None:
+        # an object store: reads overlap (see _REMOTE_DEPTH); a file: one read at a time (its
+        # engine reads ahead by itself)
+        remote = storage.is_url(self._reader.path)
+        depth = _REMOTE_DEPTH if remote else 1
+        pool = ThreadPoolExecutor(depth, "shardpoint-weights-read") if depth > 1 else None
+        # batches being read, oldest first; handed out in that order
+        reading: deque[tuple[list[storage.EntryInfo], Future[list[torch.Tensor]]]] = deque()
+
+        def hand_over_oldest() -> None:
+            batch, fut = reading.popleft()
+            tensors = fut.result()
+            with self._cond:
+                self._ready.append((batch, tensors))
+                self._cond.notify_all()
+
         try:
             # two batches fit in the window: one being handed out while the next is read
-            for batch in self._plan.batches(min(_BATCH, max(1, self._window // 2))):
+            limit = _REMOTE_BATCH if remote else _BATCH
+            for batch in self._plan.batches(min(limit, max(1, self._window // 2))):
                 size = sum(i.raw_bytes for i in batch)
-                with self._cond:
-                    while (
-                        not self._stop and self._inflight and self._inflight + size > self._window
-                    ):
-                        self._cond.wait()
-                    if self._stop:
-                        return
-                    self._inflight += size
-                tensors = self._read_batch(batch)
-                with self._cond:
-                    self._ready.append((batch, tensors))
-                    self._cond.notify_all()
+                while True:
+                    with self._cond:
+                        if self._stop:
+                            return
+                        if not self._inflight or self._inflight + size <= self._window:
+                            self._inflight += size
+                            break
+                        if not reading:
+                            self._cond.wait()  # the consumer frees window as it takes values
+                            continue
+                    hand_over_oldest()  # outside the lock: may wait for its read
+                if pool is None:
+                    tensors = self._read_batch(batch)
+                    with self._cond:
+                        self._ready.append((batch, tensors))
+                        self._cond.notify_all()
+                    continue
+                reading.append((batch, pool.submit(self._read_batch, batch)))
+                # at most `depth` reads at once; finished ones handed out as soon as they are
+                while len(reading) >= depth or (reading and reading[0][1].done()):
+                    hand_over_oldest()
+            while reading:
+                hand_over_oldest()
         except BaseException as e:  # handed to the consumer, raised there
             with self._cond:
                 self._ready.append(e)
                 self._cond.notify_all()
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
