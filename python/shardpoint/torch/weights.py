@@ -4,7 +4,8 @@ engines (vLLM's and SGLang's ``model.load_weights(iterable)``, transformers' rou
 Why an iterator and not ``load``: an engine consumes weights one at a time (it narrows each to
 its tensor-parallel rank and copies it into its own parameter), so nothing but a bounded window
 of values need be in host memory at once, however large the model. The window is read ahead by
-one background thread through the bulk-load engine (``Reader._read_into`` ->
+one background thread (from an object store, two batches at once: see ``_REMOTE_DEPTH``)
+through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
 decoding overlap the engine's own work. With ``direct=True`` a Hugging Face file goes through
