@@ -1,5 +1,5 @@
-"""``weights_iterator`` over an object store: batches are read two at a time (one decoded
-while the next downloads, shardpoint/torch/weights.py ``_REMOTE_DEPTH``); values still come
+"""``weights_iterator`` over an object store: batches are read several at a time (one decoded
+while the next ones download, shardpoint/torch/weights.py ``_REMOTE_DEPTH``); values still come
 out in file order, equal to what was saved, within the window, and a failed GET in a later
 batch is raised to the consumer (not a hang, not a short iteration)."""
 
@@ -16,7 +16,7 @@ from s3_server import Proxy, opts_for  # noqa: E402
 
 def _state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    # 48 values of 64 KiB: with 128 KiB batches, 24 batches overlapping two at a time
+    # 48 values of 64 KiB: with 128 KiB batches, 24 batches read overlapping
     return {f"w.{i:03d}": torch.randn(128, 128, generator=g).to(torch.float32) for i in range(48)}
 
 

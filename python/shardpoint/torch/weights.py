@@ -4,7 +4,7 @@ engines (vLLM's and SGLang's ``model.load_weights(iterable)``, transformers' rou
 Why an iterator and not ``load``: an engine consumes weights one at a time (it narrows each to
 its tensor-parallel rank and copies it into its own parameter), so nothing but a bounded window
 of values need be in host memory at once, however large the model. The window is read ahead by
-one background thread (from an object store, two batches at once: see ``_REMOTE_DEPTH``)
+one background thread (from an object store, three batches at once: see ``_REMOTE_DEPTH``)
 through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
@@ -65,12 +65,13 @@ _BATCH = 64 << 20
 #: Batches read at once from an object store. One at a time, the link idled while a batch of
 #: compressed values was decoded (the remote engine fetches a batch, then decodes it): the
 #: default codec loaded no faster than uncompressed over a 150 MB/s link (docs/SERVING.md).
-#: Two overlap one batch's decode with the next one's download; both fit in the window.
-_REMOTE_DEPTH = 2
-#: Raw bytes per batch from an object store: smaller than a file's, so that the first
-#: download (nothing to overlap it with) and the last decode are short (measured on that link:
-#: 32 MiB 0.17-0.19 GB/s, 64 MiB 0.11-0.18).
-_REMOTE_BATCH = 32 << 20
+#: Several overlap each batch's decode with the next ones' downloads; all fit in the window.
+_REMOTE_DEPTH = 3
+#: Raw bytes per batch from an object store: smaller than a file's, so that decoding starts
+#: soon after the bytes arrive and the first download (nothing to overlap it with) is short.
+#: Measured on that link (benches/bench_link_probe.py, GB/s of raw bytes): one 64 MiB batch at
+#: a time 0.16, two of 64 MiB 0.11-0.18, two of 32 MiB 0.17-0.20, three of 16 MiB 0.18-0.20.
+_REMOTE_BATCH = 16 << 20
 
 #: With ``direct``, values at least this large get a mapping of their own (huge pages; placed
 #: for in-place reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost
