@@ -90,6 +90,7 @@ SERIAL_GROUPS = {
         "test_accelerate_tiers_ddp.py",
         "test_hf_trainer_tiers_ddp.py",
         "test_rank_death.py",
+        "test_shared_listings.py",
     ),
     "timing": ("test_gil.py",),
 }

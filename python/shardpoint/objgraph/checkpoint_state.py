@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from .. import storage
 from ..storage.atomic_files import create_temp, fsync_dir, try_lock_exclusive
 from .errors import CheckpointStateError, StatePathConflictError
+from .shared_reads import run_shared
 from .storage_io import checkpoint_exists, is_url
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "write_checkpoint_state",
     "update_checkpoint_state",
     "latest_checkpoint",
+    "read_state_and_etag",
 ]
 
 logger = logging.getLogger("shardpoint")
@@ -309,11 +311,32 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
     names a checkpoint whose index is gone (STATE-03).
     """
     directory = os.fspath(checkpoint_dir)
-    state = read_checkpoint_state(directory)
-    if state is None:
+
+    def read() -> str | None:
+        state = read_checkpoint_state(directory)
+        if state is None:
+            return None
+        path = resolve(directory, state.model_checkpoint_path)
+        if checkpoint_exists(path):
+            return path
+        logger.error("Couldn't match files for checkpoint %s", path)
         return None
-    path = resolve(directory, state.model_checkpoint_path)
-    if checkpoint_exists(path):
-        return path
-    logger.error("Couldn't match files for checkpoint %s", path)
-    return None
+
+    # once for every process of the job when a runner is installed (shared_reads)
+    return run_shared(read)
+
+
+def read_state_and_etag(directory: str) -> tuple[CheckpointState | None, str | None]:
+    """:func:`read_checkpoint_state` and, for a URL, the etag it read (None for a local
+    directory or an absent object), done once for the job when a shared-read runner is
+    installed; the etag is remembered here too, so a later conditional update of the state
+    object by this process expects the version that was read."""
+
+    def read() -> tuple[CheckpointState | None, str | None]:
+        state = read_checkpoint_state(directory)
+        return state, last_seen_etag(directory) if is_url(directory) else None
+
+    state, etag = run_shared(read)
+    if is_url(directory):
+        _etags[_join(directory, STATE_FILENAME)] = etag
+    return state, etag

@@ -44,6 +44,7 @@ from .checkpoint_state import (
     STATE_FILENAME,
     last_seen_etag,
     read_checkpoint_state,
+    read_state_and_etag,
     resolve,
     state_object_etag,
     update_checkpoint_state,
@@ -51,6 +52,7 @@ from .checkpoint_state import (
 from .errors import DirectoryInUseError
 from .manager_delta import check_options, max_chain, protect_bases
 from .manager_tiers import TIER_ARGUMENTS, tiered_manager
+from .shared_reads import run_shared
 
 __all__ = ["CheckpointManager", "PENDING_DELETIONS_FILENAME"]
 
@@ -173,9 +175,10 @@ class CheckpointManager:
         now = _now()
         self._last_preserved_timestamp = now
         self._latest_checkpoint: str | None = None
-        state = read_checkpoint_state(self._directory)
+        # one read for the whole job when a shared-read runner is installed (shared_reads)
+        state, etag = read_state_and_etag(self._directory)
         if self._remote:
-            self._state_etag = last_seen_etag(self._directory)
+            self._state_etag = etag
         if state is None:
             return
         self._latest_checkpoint = resolve(self._directory, state.model_checkpoint_path)
@@ -515,8 +518,12 @@ class CheckpointManager:
         is silently started from scratch while an intact checkpoint exists.
         """
         skipped: list[tuple[str, str]] = []
-        for path in self._restore_candidates():
-            if not storage_io.checkpoint_exists(path):
+        # the listing and the index checks: once for the job with a shared-read runner
+        candidates = run_shared(
+            lambda: [(p, storage_io.checkpoint_exists(p)) for p in self._restore_candidates()]
+        )
+        for path, exists in candidates:
+            if not exists:
                 skipped.append((path, "its index is missing"))
                 continue
             try:

@@ -62,6 +62,7 @@ __all__ = [
     "on_one_rank",
     "latest_checkpoint",
     "gc",
+    "share_listings",
 ]
 
 _adapters.register()
@@ -75,6 +76,7 @@ _LAZY = {
     "on_one_rank": "listing",
     "latest_checkpoint": "listing",
     "gc": "listing",
+    "share_listings": "listing",
 }
 
 

@@ -10,8 +10,12 @@ group, so every rank gets the same answer from one request. They are collectives
 of the group must call them. Without an initialized process group they just run the call.
 
 The object graph (``sp.CheckpointManager``, ``sp.latest_checkpoint``) never imports torch, so
-the collective lives here: ``sptorch.on_one_rank(lambda: manager.restore_candidates())``-style
-wrapping of any listing call, and the two common ones ready-made.
+the collective lives here: ``sptorch.on_one_rank(fn)`` wraps any listing call, two common ones
+are ready-made, and :func:`share_listings` routes the object graph's own start-of-job reads
+(``sp.latest_checkpoint``, the state read of ``sp.CheckpointManager(...)`` and the candidates of
+``restore_or_initialize``) through it (objgraph/shared_reads.py). That routing is asked for,
+not automatic when a process group exists: it makes those calls collectives, and code that
+builds a manager on rank 0 only would then wait forever for the other ranks.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import torch.distributed as dist
 
 from .. import storage
 from ..errors import CheckpointError
-from ..objgraph import checkpoint_state
+from ..objgraph import checkpoint_state, shared_reads
 
-__all__ = ["on_one_rank", "latest_checkpoint", "gc"]
+__all__ = ["on_one_rank", "latest_checkpoint", "gc", "share_listings", "SharedListings"]
 
 T = TypeVar("T")
 
@@ -80,3 +84,33 @@ def gc(
         group=group,
         src=src,
     )
+
+
+class SharedListings:
+    """What :func:`share_listings` installed; ``close()`` (or leaving the ``with`` block)
+    puts back the previous behaviour."""
+
+    def __init__(self, group: Any, src: int) -> None:
+        self._previous = shared_reads.install(lambda read: on_one_rank(read, group=group, src=src))
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            shared_reads.install(self._previous)
+            self._closed = True
+
+    def __enter__(self) -> SharedListings:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def share_listings(*, group: Any = None, src: int = 0) -> SharedListings:
+    """From now on (or inside ``with``), ``sp.latest_checkpoint``, ``sp.CheckpointManager``'s
+    state read and ``restore_or_initialize``'s listing are done by rank ``src`` of ``group``
+    and broadcast: one request for the job instead of one per rank. Those calls become
+    collectives: every rank of the group must make them, in the same order (a manager built
+    on one rank only must not be built while this is on). Without an initialized process
+    group the reads are local, as before."""
+    return SharedListings(group, src)
