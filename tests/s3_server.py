@@ -94,6 +94,8 @@ class Proxy:
         self.rate = rate_bytes_per_s
         self._link_free = 0.0
         self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        # response body bytes of every GET answered from the backend: (path, bytes)
+        self.got: list[tuple[str, int]] = []
         self.fail: list[str] = []
         # transit damage: flip bit `flip[1]` of the body of ranged GET number `flip[0]`
         # (counted from the last reset); `flipped` records (path, Range, byte) when it happened
@@ -173,6 +175,9 @@ class Proxy:
                             body[bit // 8] ^= 1 << (bit % 8)
                             data = bytes(body)
                             proxy.flipped.append((self.path, rng, bit // 8))
+                if self.command == "GET":
+                    with proxy.lock:
+                        proxy.got.append((self.path, len(data)))
                 self.send_response(r.status)
                 for k, v in r.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -214,6 +219,7 @@ class Proxy:
     def reset(self) -> None:
         with self.lock:
             self.log.clear()
+            self.got.clear()
             self.max_inflight = self.inflight
             self.ranged_gets = 0
             self.flipped.clear()

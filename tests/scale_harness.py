@@ -289,3 +289,108 @@ def check_writer_checkpoint(
     for r in range(n):
         for k, v in _tensors(r, tensors, elems).items():
             np.testing.assert_array_equal(got[k], v)
+
+
+# --------------------------------------------------------------------------------------------
+# DCP load, resharded N -> M
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadRun:
+    """What the loading ranks of one resharded DCP load measured (each rank loaded alone, one
+    after the other, so that its requests and bytes are its own)."""
+
+    planner: str
+    n: int
+    m: int
+    #: per loading rank measured: CPU of opening the checkpoint and decoding DCP's metadata
+    #: (s), of the local plan (s); requests and bytes (GET bodies) of the open (index and
+    #: metadata) and of the data reads; bytes of the rank's tensors
+    read_metadata_cpu_s: list[float] = field(default_factory=list)
+    plan_cpu_s: list[float] = field(default_factory=list)
+    open_requests: list[dict[str, int]] = field(default_factory=list)
+    open_bytes: list[int] = field(default_factory=list)
+    data_requests: list[dict[str, int]] = field(default_factory=list)
+    data_bytes: list[int] = field(default_factory=list)
+    needed_bytes: list[int] = field(default_factory=list)
+
+
+def _loading_shard(j: int, m: int, total_rows: int, cols: int) -> Any:
+    """Loading rank ``j`` of ``m``'s rows of a ``(total_rows, cols)`` tensor, as DCP's
+    checkpointable-tensor protocol describes a local shard of a global tensor (no process
+    group needed)."""
+    import torch
+
+    rows = total_rows // m
+    t = torch.zeros(rows, cols)
+    t.global_shape = (total_rows, cols)  # type: ignore[attr-defined]
+    t.global_offsets = ((j * rows, 0),)  # type: ignore[attr-defined]
+    t.local_offsets = ((0, 0),)  # type: ignore[attr-defined]
+    t.local_sizes = ((rows, cols),)  # type: ignore[attr-defined]
+    return t
+
+
+def dcp_load(
+    prefix: str,
+    n: int,
+    m: int,
+    *,
+    tensors: int = 100,
+    rows: int = 1,
+    cols: int = 4,
+    planner: str = "ours",
+    ranks: list[int] | None = None,
+    verify: bool = True,
+    proxy: Any = None,
+    options: dict[str, str] | None = None,
+    collect: bool = False,
+) -> LoadRun:
+    """Load a ``dcp_save`` checkpoint of ``n`` ranks into ``m`` row-sharded ranks through our
+    StorageReader and ``planner`` (``"ours"``: shardpoint's LoadPlanner; ``"dcp"``: DCP's
+    DefaultLoadPlanner), rank by rank (``ranks``: which; default all), each checked bit-exact.
+    The steps are DCP's ``load`` for one rank: read_metadata, set_up, local plan, (the global
+    load step returns the plans as they are), finish_plan, read_data. ``collect``: collect the
+    garbage before each rank's timing (the bench; a tenth of a second each, too slow for tests)."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from shardpoint.torch.dcp import StorageReader
+    from shardpoint.torch.dcp_load_planner import LoadPlanner
+
+    total = n * rows
+    if total % m:
+        raise ValueError(f"{total} rows do not split over {m} loading ranks")
+    run = LoadRun(planner=planner, n=n, m=m)
+    for j in ranks if ranks is not None else range(m):
+        state = {f"t{i:03d}": _loading_shard(j, m, total, cols) for i in range(tensors)}
+        p = LoadPlanner() if planner == "ours" else DefaultLoadPlanner()
+        reader = StorageReader(prefix, verify=verify, storage_options=options)
+        if collect:
+            gc.collect()
+        if proxy is not None:
+            proxy.reset()
+        c0 = time.process_time()
+        metadata = reader.read_metadata()
+        reader.set_up_storage_reader(metadata, j == 0)
+        p.set_up_planner(state, metadata, j == 0)
+        c1 = time.process_time()
+        if proxy is not None:
+            run.open_requests.append(proxy.counts())
+            run.open_bytes.append(sum(b for _, b in proxy.got))
+            proxy.reset()
+        plan = reader.prepare_local_plan(p.create_local_plan())
+        c2 = time.process_time()
+        (plan,) = reader.prepare_global_plan(p.create_global_plan([plan]))
+        reader.read_data(p.finish_plan(plan), p).wait()
+        run.read_metadata_cpu_s.append(c1 - c0)
+        run.plan_cpu_s.append(c2 - c1)
+        if proxy is not None:
+            run.data_requests.append(proxy.counts())
+            run.data_bytes.append(sum(b for _, b in proxy.got))
+        mine = total // m
+        run.needed_bytes.append(tensors * mine * cols * 4)
+        want = (torch.arange(j * mine, (j + 1) * mine) // rows).float()[:, None].expand(mine, cols)
+        for name, t in state.items():
+            assert torch.equal(t, want), (name, j)
+    return run

@@ -135,7 +135,12 @@ def _save_worker(rank: int, port: int, work: str) -> None:
         assert planner.local_plan_reused == (step == 2)
         assert planner.global_plan_reused == (step == 2 and rank == 0)
     target = {"model": {"w": distribute_tensor(torch.zeros(8, 6), mesh, [Shard(1)])}}
-    dcp.load(target, storage_reader=spt.StorageReader(f"{work}/ours/ckpt-2"))
+    # shardpoint's LoadPlanner (dcp_load_planner): the stored row shards found by binary search
+    dcp.load(
+        target,
+        storage_reader=spt.StorageReader(f"{work}/ours/ckpt-2"),
+        planner=spt.LoadPlanner(),
+    )
     assert torch.equal(target["model"]["w"].full_tensor(), full_weight() * 2)
 
     # listing and the state read on one rank, broadcast (torch/listing.py): rank 1 never

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint import storage as _storage
@@ -329,7 +330,12 @@ class StorageReader(_storage.StorageReader):
 
     def _open(self) -> storage.Reader:
         if self._reader is None:
-            self._reader = storage.open(self.prefix, storage_options=self.storage_options)
+            # ``verify`` reaches slices too: a row slice of an uncompressed value verified
+            # downloads the whole value once (one crc for all its bytes); unverified, only
+            # the rows
+            self._reader = storage.open(
+                self.prefix, verify=self.verify, storage_options=self.storage_options
+            )
         return self._reader
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -342,12 +348,18 @@ class StorageReader(_storage.StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> _md.Metadata:
         reader = self._open()
         if METADATA_ENTRY in reader:
-            table = (
-                reader.get(METADATA_CHUNKS_ENTRY, verify=True)
-                if METADATA_CHUNKS_ENTRY in reader
-                else None
-            )
-            metadata = decode_metadata(reader.get(METADATA_ENTRY, verify=True), table)
+            # both entries in one call: they sit side by side in the coordinator's shard, so
+            # an object store answers them with one ranged GET (open: index + metadata)
+            keys = [METADATA_ENTRY]
+            if METADATA_CHUNKS_ENTRY in reader:
+                keys.append(METADATA_CHUNKS_ENTRY)
+            got = reader.load(keys, verify=True, progress=False)
+            table = got.get(METADATA_CHUNKS_ENTRY)
+            if table is not None:
+                # a copy: a view would keep the shard mapped while the decoded rows live
+                # (dcp_metadata keeps them for the load planner)
+                table = np.array(table, copy=True)
+            metadata = decode_metadata(got[METADATA_ENTRY], table)
         elif PICKLED_METADATA_ENTRY in reader:
             # DCP's own metadata from a custom planner (see the module docstring): a pickle,
             # so only with the caller's explicit consent
@@ -427,8 +439,29 @@ class StorageReader(_storage.StorageReader):
         fut.set_result(None)
         return fut
 
+    def _whole_values(self, reader: storage.Reader, plan: LoadPlan) -> dict[str, Any]:
+        """The stored values this plan reads whole, in one batched call (an object store
+        coalesces neighbouring values of a shard into one ranged GET, so a rank's reads cost
+        about one request per shard it touches, not one per item): the values a request
+        covers entirely, and from an object store with ``verify`` every uncompressed value
+        (a checked part of one downloads it whole anyway: one crc for all its bytes)."""
+        remote_checked = self.verify and storage.is_url(self.prefix)
+        keys: dict[str, None] = {}
+        for req in plan.items:
+            if req.type == LoadItemType.BYTE_IO:
+                continue
+            key = self.storage_data[req.storage_index]
+            info = reader.info(key)
+            whole = not any(req.storage_offsets) and list(req.lengths) == list(info.shape)
+            if whole or (remote_checked and info.codec == "none"):
+                keys[key] = None
+        if not keys:
+            return {}
+        return reader.load(list(keys), verify=self.verify, progress=False)
+
     def _read_items(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         reader = self._open()
+        whole = self._whole_values(reader, plan)
         for req in plan.items:
             key = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
@@ -437,7 +470,14 @@ class StorageReader(_storage.StorageReader):
                     self._check_restricted_pickle(key, raw)
                 planner.load_bytes(req, io.BytesIO(raw))
                 continue
-            source = self._read_box(key, req.storage_offsets, req.lengths)
+            value = whole.get(key)
+            if value is None:
+                source = self._read_box(key, req.storage_offsets, req.lengths)
+            else:
+                source = numpy_to_tensor(value)
+                for dim, (o, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                    if o > 0 or n < source.shape[dim]:
+                        source = source.narrow(dim, o, n)
             target = planner.resolve_tensor(req).detach()
             if target.size() != source.size():
                 raise CorruptCheckpointError(

@@ -165,6 +165,24 @@ def remember_rows(rows: dict[int, tuple[list[Any], np.ndarray]]) -> None:
     _ROWS.update(rows)
 
 
+#: chunk rows of the last decoded metadata (``decode_metadata``), by chunk list, for the load
+#: planner (dcp_load_planner): its lookups then never walk the chunk objects. Replaced by
+#: every decode.
+_DECODED: dict[int, tuple[list[Any], np.ndarray]] = {}
+
+
+def rows_of(chunks: list[Any], dims: int) -> np.ndarray | None:
+    """:func:`chunk_rows` of ``chunks``, taken from the last decoded metadata or the last
+    global plan when they are of this very list and still match it (same length, same last
+    chunk): no walk over the chunk objects then."""
+    hit = _DECODED.get(id(chunks))
+    if hit is not None and hit[0] is chunks and len(hit[1]) == len(chunks) and chunks:
+        last = chunks[-1]
+        if tuple(hit[1][-1].tolist()) == (*last.offsets, *last.sizes):
+            return hit[1]
+    return _rows_of(chunks, dims)
+
+
 def _rows_of(chunks: list[Any], dims: int) -> np.ndarray | None:
     """:func:`chunk_rows`, from the planner's rows when they are of this very list and still
     match it (same length, same last chunk)."""
@@ -290,6 +308,7 @@ def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None)
         raise CorruptCheckpointError(f"{METADATA_CHUNKS_ENTRY}: expected int64, got {flat.dtype}")
     values = flat.tolist()
     at = 0
+    _DECODED.clear()
     for row in tensors:
         if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)):
             raise CorruptCheckpointError(f"{METADATA_ENTRY}: malformed tensor row")
@@ -320,6 +339,8 @@ def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None)
             if d
             else [_md.ChunkStorageMetadata(torch.Size(), torch.Size()) for _ in range(n)]
         )
+        if d:
+            _DECODED[id(chunks)] = (chunks, flat[at:end].reshape(n, 2 * d))
         at = end
         metadata.state_dict_metadata[fqn] = _md.TensorStorageMetadata(
             properties=props, size=torch.Size(size), chunks=chunks
