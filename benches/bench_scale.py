@@ -4,6 +4,7 @@ The harness itself is tests/scale_harness.py (the tests run it at N = 64).
 
     python benches/bench_scale.py                        # local dir, writer + DCP, N = 512..4096
     python benches/bench_scale.py --store s3 --latency 0.02 --paths writer --ns 192 4096
+    python benches/bench_scale.py --store s3 --paths dcp --ns 64 --load 8   # loads N -> 3N/4
 
 Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish),
 the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
@@ -56,6 +57,14 @@ def main() -> None:
         "--no-dcp-default",
         action="store_true",
         help="DCP path: only our planner (DCP's own takes minutes at 4,096)",
+    )
+    ap.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="K",
+        help="DCP path: load the checkpoint of our planner into M = 3N/4 ranks with DCP's "
+        "DefaultLoadPlanner and ours, K loading ranks measured (each alone)",
     )
     ap.add_argument("--json", help="write the runs here as JSON")
     ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
@@ -110,6 +119,8 @@ def main() -> None:
                     # our planner beside DCP's, same run: a first save, then one whose
                     # layout did not change (every rank's plan cached)
                     kw = {"tensors": args.tensors, "proxy": proxy, "moto": moto, "options": opts}
+                    if args.load:
+                        kw["rows"] = 3  # 3N rows split evenly over M = 3N/4 loading ranks
                     first = h.dcp_save(prefix, n, planner="ours", **kw)
                     first.path = "ours"
                     print(_row(first), flush=True)
@@ -118,6 +129,8 @@ def main() -> None:
                     print(_row(again), flush=True)
                     first.final_plans = again.final_plans = []  # N x tensors objects
                     runs += [first, again]
+                    if args.load:
+                        _loads(prefix, n, args, proxy, opts)
                 if args.store == "local":
                     shutil.rmtree(os.path.dirname(prefix))
     finally:
@@ -130,6 +143,45 @@ def main() -> None:
         Path(args.json).write_text(
             json.dumps([{k: v for k, v in r.__dict__.items() if k != "final_plans"} for r in runs])
         )
+
+
+def _loads(prefix: str, n: int, args: argparse.Namespace, proxy, opts) -> None:  # type: ignore[no-untyped-def]
+    """The checkpoint just saved (ours, rows = 3) loaded into M = 3N/4 ranks, K of them
+    measured, by DCP's planner and ours; one line each with the medians per loading rank."""
+    import statistics
+
+    m = 3 * n // 4
+    ranks = sorted({round(i * (m - 1) / max(1, args.load - 1)) for i in range(args.load)})
+    for planner in ("dcp", "ours"):
+        for verify in (True, False):
+            run = h.dcp_load(
+                prefix,
+                n,
+                m,
+                tensors=args.tensors,
+                rows=3,
+                planner=planner,
+                ranks=ranks,
+                verify=verify,
+                proxy=proxy,
+                options=opts,
+                collect=True,
+            )
+            med = statistics.median
+            amp = [d / w for d, w in zip(run.data_bytes, run.needed_bytes, strict=True)]
+            print(
+                f"load-{planner:4s} N={n} M={m} verify={verify!s:5s} "
+                f"read_metadata_cpu={med(run.read_metadata_cpu_s):.3f}s "
+                f"local_plan_cpu={med(run.plan_cpu_s):.4f}s "
+                + (
+                    f"open_req={run.open_requests[0]} open_bytes={med(run.open_bytes):.0f} "
+                    f"data_req={run.data_requests[0]} data_bytes={med(run.data_bytes):.0f} "
+                    f"needed={med(run.needed_bytes):.0f} amplification={med(amp):.2f}"
+                    if proxy is not None
+                    else ""
+                ),
+                flush=True,
+            )
 
 
 def _with_commit_latency(fn, prefix, n, args, proxy, moto, opts):  # type: ignore[no-untyped-def]
