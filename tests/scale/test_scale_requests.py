@@ -127,3 +127,29 @@ def test_gc_with_no_checkpoint_removes_partials(moto: Moto) -> None:
         sp.open(url)
     assert sp.storage.gc(f"s3://{bucket}/never", older_than=0) == 4
     assert moto.keys(bucket) == []
+
+
+def test_multipart_shard_requests(moto: Moto, proxy: Proxy) -> None:
+    """A rank whose shard is larger than one part: the upload marker (so that `gc` can abort
+    the upload of a killed writer), create, the parts, complete, its partial index; the
+    marker is deleted by the merge's bulk delete, not by the rank: parts + 4 requests for
+    the rank, nothing left after the commit."""
+    bucket = moto.bucket()
+    url = f"s3://{bucket}/mp/ckpt"
+    opts = opts_for(proxy, part_size=str(5 << 20))
+    big = np.random.default_rng(0).random((11 << 20) // 8)  # 11 MiB: parts of 5, 5 and 1 MiB
+    proxy.reset()
+    with sp.Writer(url, rank=0, world_size=2, compression="none", storage_options=opts) as w:
+        w.add("big", big)
+    with sp.Writer(url, rank=1, world_size=2, compression="none", storage_options=opts) as w:
+        w.add("small", np.arange(3))
+    counts = proxy.counts()
+    # rank 0: marker PUT + create + 3 parts + complete + partial PUT; rank 1: shard + partial
+    assert counts == {"PUT": 4, "MP_CREATE": 1, "MP_PART": 3, "MP_COMPLETE": 1}, counts
+    assert any(k.endswith(".upload") for k in moto.keys(bucket))
+    proxy.reset()
+    sp.merge(url, 2, storage_options=opts)
+    assert proxy.counts() == {"GET": 3, "PUT": 1, "BULK_DELETE": 1}, proxy.counts()
+    assert not any(k.endswith(".upload") for k in moto.keys(bucket)), moto.keys(bucket)
+    assert moto.uploads(bucket) == []
+    np.testing.assert_array_equal(sp.load_file(url, storage_options=opts)["big"], big)

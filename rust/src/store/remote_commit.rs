@@ -94,12 +94,22 @@ pub fn commit_index(
     // The replaced shards are garbage now (the condition guarantees the commit replaced
     // exactly the version they belong to); best effort: `gc` finds what a failure leaves.
     let keep: HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
+    // The upload markers of this save's multipart shards (a shard larger than one part was
+    // uploaded in parts; its writer leaves the marker for this bulk delete, upload.rs). A
+    // writer configured with a smaller part size may leave one more: `gc` removes it.
+    let part_size = prefix.store.config.part_size as u64;
+    let markers = shards
+        .iter()
+        .filter(|s| s.file_len >= part_size)
+        .map(|s| format!("{}{UPLOAD_MARKER}", s.name));
     let garbage: Vec<String> = seen
         .replaced
         .iter()
         .filter(|n| !keep.contains(n.as_str()))
-        .chain(consumed.iter())
-        .map(|n| prefix.key_of(n))
+        .cloned()
+        .chain(consumed.iter().cloned())
+        .chain(markers)
+        .map(|n| prefix.key_of(&n))
         .collect();
     let _ = prefix.store.delete_many(&garbage);
     Ok(())

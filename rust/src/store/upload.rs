@@ -6,7 +6,8 @@
 //! Kill safety: before the first part, the writer records the multipart upload id in a small
 //! marker object `<shard>.upload` next to the shard. A writer killed mid-upload leaves that
 //! marker; the next commit at the same prefix, or `shardpoint gc`, aborts the upload it names
-//! (see [`super::remote_commit::abort_stale_uploads`]). Stores without the low-level multipart
+//! (see [`super::remote_commit::abort_stale_uploads`]). A completed upload's marker is deleted
+//! by the commit of the index that names the shard, in its bulk delete. Stores without the low-level multipart
 //! API (memory://) need no marker: nothing of theirs outlives the process.
 
 use super::{block_on, spawn, RemotePrefix, Store};
@@ -249,10 +250,10 @@ impl ShardSink for RemoteSink {
         })();
         match res {
             Ok(()) => {
-                if matches!(self.upload, Some(Upload::Low { .. })) {
-                    // The upload is complete: its marker is only a leftover now.
-                    let _ = self.store.delete(&self.marker_key());
-                }
+                // The upload is complete; its marker is left for the commit that names this
+                // shard to delete in its bulk delete (remote_commit::commit_index): one
+                // request fewer per multipart shard for the writer. A save that never
+                // commits leaves it to `gc` (whose abort of a completed upload is a no-op).
                 self.upload = None;
                 self.published = true;
                 Ok(self.name.clone())
