@@ -450,13 +450,19 @@ def main() -> None:
     def best(n: str, m: str) -> float:
         return max(results.get((n, m), [0.0]))
 
+    def med(n: str, m: str) -> float:
+        return statistics.median(results.get((n, m), [0.0]))
+
     streamers = ["runai", "fastsafetensors", "tensorizer", "safetensors", "torch_mmap"]
-    print("\nratios (best of rounds):")
+    print("\nratios (best of rounds; medians in brackets):")
     if "warm" in modes:
         s = best("safetensors", "warm")
-        for n in ("sp_none_into", "sp_hf_into"):
+        for n in ("sp_none_into", "sp_hf_into", "sp_default_into"):
             if s and best(n, "warm"):
-                print(f"  warm {n} / safetensors: {best(n, 'warm') / s:.2f} (target >= 0.9)")
+                print(
+                    f"  warm {n} / safetensors: {best(n, 'warm') / s:.2f} "
+                    f"({med(n, 'warm') / med('safetensors', 'warm'):.2f}) (target >= 0.9)"
+                )
     if "cold" in modes:
         fast = max(streamers, key=lambda n: best(n, "cold"))
         f = best(fast, "cold")
@@ -464,7 +470,7 @@ def main() -> None:
             for n in ("sp_none_into", "sp_hf_into"):
                 print(
                     f"  cold {n} / fastest anchor ({fast}): {best(n, 'cold') / f:.2f} "
-                    f"(target >= 1.1)"
+                    f"({med(n, 'cold') / med(fast, 'cold'):.2f}) (target >= 1.1)"
                 )
             unc = max(streamers + ["sp_none_into", "sp_hf_into"], key=lambda n: best(n, "cold"))
             print(
