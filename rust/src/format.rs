@@ -433,7 +433,7 @@ pub struct ShardHeader {
 /// version (bytes 8..12). The version is read only once the crc vouches for it, so a damaged
 /// header is reported as damage, not as an unknown version. `b` is the whole header; returns
 /// its stored (and checked) crc.
-fn check_preamble(
+pub(crate) fn check_preamble(
     b: &[u8],
     path: &Path,
     magic: &[u8; 8],
@@ -529,9 +529,6 @@ impl ShardHeader {
 
 // Shard names are made and checked in `naming`; re-exported here for existing callers.
 pub use crate::naming::{shard_name, valid_shard_name};
-
-mod single;
-pub use single::*;
 
 #[cfg(test)]
 mod tests;

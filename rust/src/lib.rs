@@ -50,6 +50,7 @@ pub mod naming;
 pub mod reader;
 pub mod shard;
 pub mod single;
+pub mod single_records;
 pub mod staging;
 pub mod stats;
 pub mod store;

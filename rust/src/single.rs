@@ -18,6 +18,7 @@ use crate::index::build_index;
 use crate::merge::meta_blob;
 use crate::naming::{shard_name, temp_path};
 use crate::shard::{EncodeOptions, Item, ShardSink, ShardWriter};
+use crate::single_records::*;
 use crate::writer::WriterOptions;
 use std::collections::HashSet;
 use std::fs::File;

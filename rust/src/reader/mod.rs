@@ -24,6 +24,7 @@ use crate::commit::{index_path, with_suffix};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{Entry, IndexView};
+use crate::single_records::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 

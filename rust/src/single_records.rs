@@ -1,7 +1,9 @@
 //! The single-file layout's fixed records (FORMAT.md §10): header and trailer of a file that
-//! holds one shard region and one index region. Re-exported by `format`.
+//! holds one shard region and one index region (beside `format`, which holds the rest).
 
-use super::*;
+use crate::error::{Error, Result};
+use crate::format::*;
+use std::path::Path;
 
 /// Single-file checkpoint magic (§10).
 pub const SINGLE_MAGIC: &[u8; 8] = b"SPSINGLE";
