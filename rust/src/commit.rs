@@ -484,6 +484,19 @@ pub fn commit_index(
     durable: bool,
     lock: &PrefixLock,
 ) -> Result<()> {
+    let built = build_index(shards, entries, chunk_bytes, meta);
+    commit_index_bytes(prefix, shards, built, durable, lock)
+}
+
+/// [`commit_index`] of an index already serialized (`built`; an error there is handled as a
+/// failed build: this save's shards are unlinked and the error returned).
+pub fn commit_index_bytes(
+    prefix: &Path,
+    shards: &[ShardRec],
+    built: Result<Vec<u8>>,
+    durable: bool,
+    lock: &PrefixLock,
+) -> Result<()> {
     let orphans = if lock.held() {
         Orphans::Locked
     } else {
@@ -491,8 +504,7 @@ pub fn commit_index(
             previous: current_shards(prefix),
         }
     };
-    let written = build_index(shards, entries, chunk_bytes, meta)
-        .and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
+    let written = built.and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
     if let Err(e) = written {
         unlink_shards(prefix, shards);
         return Err(e);

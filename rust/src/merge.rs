@@ -6,16 +6,18 @@
 //! bytes are copied. The metadata blob is JSON we wrote ourselves, parsed here with serde_json
 //! (the user's part is carried through verbatim as raw JSON).
 
-use crate::commit::{commit_index, PrefixLock};
+use crate::commit::{commit_index_bytes, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
-use crate::index::{EntryMeta, IndexView, ShardRec};
+use crate::index::{IndexView, ShardRec, SortedIndexBuilder};
 use crate::naming::{partial_index_path, partial_suffix};
 use crate::store::{block_on, remote_commit, spawn, Location, MERGE_READS_IN_FLIGHT};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::cmp::Reverse;
+use std::collections::binary_heap::{BinaryHeap, PeekMut};
 use std::path::{Path, PathBuf};
 
 /// The metadata blob stored in an index:
@@ -95,15 +97,7 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
         Ok((p, bytes))
     })?;
     crate::fault::point("merge.read");
-    commit_index(
-        prefix,
-        &m.shards,
-        m.entries,
-        m.chunk_bytes,
-        m.meta.as_bytes(),
-        durable,
-        &lock,
-    )
+    commit_index_bytes(prefix, &m.shards, Ok(m.index), durable, &lock)
 }
 
 /// [`merge`] for a local prefix or an object-store URL (there the merged index is committed
@@ -154,26 +148,32 @@ pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&s
     drop(reads);
     crate::fault::point("merge.read");
     // The consumed partial indexes go in the same bulk delete as the replaced shards.
-    remote_commit::commit_index(
-        rp,
-        seen,
-        &m.shards,
-        m.entries,
-        m.chunk_bytes,
-        m.meta.as_bytes(),
-        &suffixes,
-    )
+    remote_commit::commit_index_bytes(rp, seen, &m.shards, m.index, &suffixes)
 }
 
-/// The merged content of a multi-writer save, ready to commit.
+/// The merged content of a multi-writer save, ready to commit: the shard table and the
+/// serialized `P.index`.
+#[derive(Debug)]
 struct Merged {
     shards: Vec<ShardRec>,
-    entries: Vec<EntryMeta>,
-    chunk_bytes: u32,
-    meta: String,
+    index: Vec<u8>,
+}
+
+/// One validated partial index, kept until the merge has copied its entries.
+struct Partial {
+    view: IndexView<Vec<u8>>,
+    /// Where this partial's shards start in the merged shard table.
+    shard_base: u32,
 }
 
 /// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes).
+///
+/// Each partial is verified whole (header, crcs, every block, its keys strictly sorted), then
+/// the sorted partials are merged k ways: a heap of one cursor per partial ordered by the
+/// cursor's key (borrowed from the partial's bytes), each entry validated as a reader would
+/// and its record, key and aux bytes copied straight into the merged index. Nothing is
+/// allocated per entry and nothing is sorted; a key that two ranks wrote comes out of the
+/// heap twice in a row and is refused naming both ranks.
 fn merge_partials(
     world_size: u32,
     token: Option<&str>,
@@ -181,15 +181,14 @@ fn merge_partials(
 ) -> Result<Merged> {
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
-    let mut entries: Vec<EntryMeta> = Vec::new();
-    // The rank of each shard (by its index in `shards`), to name the ranks of a duplicate key.
-    let mut shard_rank: Vec<u32> = Vec::new();
+    let mut partials: Vec<Partial> = Vec::with_capacity(world_size as usize);
     let mut chunk_bytes = None;
     let mut user_meta: Option<String> = None;
     let mut sections = String::new();
     // The merged manifest: kept only if every partial has one, all of one algorithm (a
     // manifest that left out some shards would make strong verification refuse the index).
     let mut digests: Option<(String, Vec<FileDigest>)> = None;
+    let (mut n, mut keys_len, mut aux_len) = (0usize, 0u64, 0u64);
     for rank in 0..world_size {
         let (p, bytes) = load(rank)?;
         let view = IndexView::open(bytes, &p)?;
@@ -236,28 +235,17 @@ fn merge_partials(
             user_meta = meta.user.map(|u| u.get().to_string());
             sections = meta.sections.unwrap_or_default();
         }
-        let base = shards.len() as u32;
+        let shard_base = u32::try_from(shards.len())
+            .ok()
+            .filter(|b| b.checked_add(view.shards().len() as u32).is_some())
+            .ok_or_else(|| Error::InvalidArgument("too many shards to merge".into()))?;
         shards.extend(view.shards().iter().cloned());
-        shard_rank.resize(shards.len(), rank);
-        entries.reserve(view.len());
-        for i in 0..view.len() {
-            let mut e = view.entry(i)?.to_meta();
-            e.shard += base;
-            entries.push(e);
-        }
+        let (k, a) = view.blob_lens();
+        (n, keys_len, aux_len) = (n + view.len(), keys_len + k, aux_len + a);
+        partials.push(Partial { view, shard_base });
     }
-    // Duplicate keys across writers: found by sorting (build_index sorts the same vector again,
-    // already sorted then, in one pass), not by a hash map of every key, which cost a key
-    // clone and a hash per entry (a quarter of a 4,096-rank merge's CPU; docs/SCALE.md).
-    entries.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
-    if let Some(w) = entries.windows(2).find(|w| w[0].key == w[1].key) {
-        let rank_of = |e: &EntryMeta| shard_rank.get(e.shard as usize).copied().unwrap_or(0);
-        let (a, b) = (rank_of(&w[0]), rank_of(&w[1]));
-        return Err(Error::DuplicateKey {
-            key: w[0].key.clone(),
-            context: format!("written by rank {} and rank {}", a.min(b), a.max(b)),
-        });
-    }
+    let mut out = SortedIndexBuilder::with_capacity(n, keys_len as usize, aux_len as usize);
+    merge_sorted(&partials, &mut out)?;
     let user = user_meta.unwrap_or_else(|| "{}".to_string());
     let manifest = match digests.map(|(a, f)| (DigestAlgo::from_name(&a), f)) {
         Some((Ok(algo), files)) => manifest_extra(algo, &files),
@@ -268,31 +256,50 @@ fn merge_partials(
         &format!(",\"writers\":{world_size}{manifest}"),
         &sections,
     );
-    Ok(Merged {
-        shards,
-        entries,
-        chunk_bytes: chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
-        meta,
-    })
+    let index = out.finish(
+        &shards,
+        chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+        meta.as_bytes(),
+    )?;
+    Ok(Merged { shards, index })
+}
+
+/// The k-way merge of the verified, sorted `partials` (index = rank) into `out`.
+fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder) -> Result<()> {
+    // One cursor per non-empty partial: (its current key, its rank), smallest key on top; a
+    // tie between ranks comes out lower rank first, so equal keys pop one after the other.
+    let mut pos = vec![0usize; partials.len()];
+    let mut heap: BinaryHeap<Reverse<(&[u8], usize)>> = BinaryHeap::with_capacity(partials.len());
+    for (r, p) in partials.iter().enumerate() {
+        if !p.view.is_empty() {
+            heap.push(Reverse((p.view.key_bytes(0)?, r)));
+        }
+    }
+    let mut prev: Option<(&[u8], usize)> = None;
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((key, r)) = *top;
+        if let Some((pk, pr)) = prev.filter(|(pk, _)| *pk == key) {
+            return Err(Error::DuplicateKey {
+                key: String::from_utf8_lossy(pk).into_owned(),
+                context: format!("written by rank {} and rank {}", pr.min(r), pr.max(r)),
+            });
+        }
+        let p = &partials[r];
+        let e = p.view.entry_raw(pos[r])?;
+        let mut rec = e.rec;
+        // In range: entry_raw checked the shard against this partial's table.
+        rec.shard += p.shard_base;
+        out.push(rec, key, e.aux)?;
+        prev = Some((key, r));
+        pos[r] += 1;
+        if pos[r] < p.view.len() {
+            *top = Reverse((p.view.key_bytes(pos[r])?, r));
+        } else {
+            PeekMut::pop(top);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sections_and_user_metadata_survive_the_metadata_json() {
-        let sections = r#"{"t":{"aliases":{"a":1,"user":{"x":"q\"\\"}}},"n":"\u0001"}"#;
-        let user = r#"{"a": 1, "user": 2}"#;
-        let extra = partial_marker(1, 2, 7, "step-3");
-        let blob = meta_blob(user, &extra, sections);
-        let meta: StoredMeta<'_> = serde_json::from_str(&blob).unwrap();
-        assert_eq!(meta.sections.as_deref(), Some(sections));
-        assert_eq!(meta.user.map(|u| u.get()), Some(user)); // verbatim, spacing kept
-        assert_eq!(meta.partial.unwrap().merge_token, "step-3");
-        let plain_blob = meta_blob("{}", "", "");
-        let plain: StoredMeta<'_> = serde_json::from_str(&plain_blob).unwrap();
-        assert!(plain.sections.is_none() && plain.partial.is_none());
-        assert_eq!(plain.user.map(|u| u.get()), Some("{}"));
-    }
-}
+mod tests;

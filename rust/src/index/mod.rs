@@ -3,10 +3,12 @@
 
 mod build;
 mod layout;
+mod sorted;
 mod source;
 mod view;
 
 pub use build::{build_index, check_key, ChunkRec, EntryMeta, ShardRec};
+pub(crate) use sorted::SortedIndexBuilder;
 pub use source::{IndexSource, LazyIndex};
 pub use view::lookup::Entry;
 pub use view::IndexView;

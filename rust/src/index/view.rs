@@ -310,6 +310,11 @@ impl<B: IndexSource> IndexView<B> {
         self.h.chunk_bytes
     }
 
+    /// (key blob, aux blob) lengths in bytes.
+    pub(crate) fn blob_lens(&self) -> (u64, u64) {
+        (self.h.keys_len, self.h.aux_len)
+    }
+
     /// Total size of the index file.
     pub fn file_len(&self) -> u64 {
         self.h.file_len

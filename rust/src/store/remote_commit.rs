@@ -71,6 +71,17 @@ pub fn commit_index(
     consumed: &[String],
 ) -> Result<()> {
     let bytes = build_index(shards, entries, chunk_bytes, meta)?;
+    commit_index_bytes(prefix, seen, shards, bytes, consumed)
+}
+
+/// [`commit_index`] of an index already serialized.
+pub fn commit_index_bytes(
+    prefix: &RemotePrefix,
+    seen: Observed,
+    shards: &[ShardRec],
+    bytes: Vec<u8>,
+    consumed: &[String],
+) -> Result<()> {
     let key = prefix.key_of(".index");
     if let Err(e) = prefix.store.put(&key, bytes, seen.mode) {
         if let Error::Io { source, .. } = &e {

@@ -151,6 +151,26 @@ impl<B: IndexSource> IndexView<B> {
 
     /// Parse and validate entry `i`.
     pub fn entry(&self, i: usize) -> Result<Entry<'_>> {
+        let r = self.entry_raw(i)?;
+        Ok(Entry {
+            index: i,
+            key: r.key,
+            dtype: r.dtype,
+            codec: r.codec,
+            kind: r.kind,
+            dims: r.dims().to_vec(),
+            shard: r.rec.shard,
+            crc: r.rec.crc,
+            offset: r.rec.offset,
+            stored_len: r.rec.stored_len,
+            raw_len: r.raw_len,
+            chunk_table: r.chunk_table,
+        })
+    }
+
+    /// Entry `i` validated exactly as [`IndexView::entry`] does, without allocating: its
+    /// record, key and aux bytes borrowed from the index (what the merge copies through).
+    pub(crate) fn entry_raw(&self, i: usize) -> Result<RawEntry<'_>> {
         if i >= self.len() {
             return Err(Error::InvalidArgument(format!("entry {i} out of range")));
         }
@@ -185,8 +205,7 @@ impl<B: IndexSource> IndexView<B> {
             .shards
             .get(shard as usize)
             .ok_or_else(|| bad(format!("shard {shard} out of range")))?;
-        let (crc_v, aux_rel, offset, stored_len) =
-            (r.crc, r.aux_rel as u64, r.offset, r.stored_len);
+        let (aux_rel, offset, stored_len) = (r.aux_rel as u64, r.offset, r.stored_len);
         let itemsize = dtype.itemsize();
         let mut a = alo
             .checked_add(aux_rel)
@@ -198,19 +217,24 @@ impl<B: IndexSource> IndexView<B> {
             }
             self.at(self.h.aux_off + a, len)
         };
-        let dims: Vec<u64> = if codec == Codec::None && ndim == 1 {
+        let aux_start = a;
+        let mut dims_buf = [0u64; MAX_NDIM];
+        if codec == Codec::None && ndim == 1 {
             if stored_len % itemsize as u64 != 0 {
                 return Err(bad(format!(
                     "stored_len {stored_len} is not a multiple of itemsize {itemsize}"
                 )));
             }
-            vec![stored_len / itemsize as u64]
+            dims_buf[0] = stored_len / itemsize as u64;
         } else {
             let d = aux(a, 8 * ndim as u64)?;
             a += 8 * ndim as u64;
-            d.chunks_exact(8).map(|c| le_u64(c, 0)).collect()
-        };
-        let raw_len = raw_len(&dims, itemsize).ok_or_else(|| {
+            for (slot, c) in dims_buf.iter_mut().zip(d.chunks_exact(8)) {
+                *slot = le_u64(c, 0);
+            }
+        }
+        let dims = &dims_buf[..ndim];
+        let raw_len = raw_len(dims, itemsize).ok_or_else(|| {
             bad(format!(
                 "shape {dims:?} of {itemsize}-byte items overflows (a dimension or the byte \
                      size of its non-zero dimensions exceeds 2^63 - 1)"
@@ -242,7 +266,9 @@ impl<B: IndexSource> IndexView<B> {
             let len = nch
                 .checked_mul(CHUNK_REC as u64)
                 .ok_or_else(|| bad("chunk count overflows".into()))?;
-            aux(a, len)?
+            let t = aux(a, len)?;
+            a += len;
+            t
         };
         if offset < DATA_START
             || offset % ALIGN != 0
@@ -255,19 +281,41 @@ impl<B: IndexSource> IndexView<B> {
                 srec.file_len
             )));
         }
-        Ok(Entry {
-            index: i,
+        let aux_bytes = self.at(self.h.aux_off + aux_start, a - aux_start)?;
+        Ok(RawEntry {
+            rec: r,
             key,
             dtype,
             codec,
             kind,
-            dims,
-            shard,
-            crc: crc_v,
-            offset,
-            stored_len,
+            dims_buf,
             raw_len,
+            aux: aux_bytes,
             chunk_table,
         })
+    }
+}
+
+/// An entry validated by [`IndexView::entry_raw`], borrowing the index bytes: nothing on the
+/// heap, so a merge of millions of entries allocates nothing per entry.
+pub(crate) struct RawEntry<'a> {
+    /// The record as stored (its key_rel/aux_rel are relative to its own block).
+    pub rec: EntryRecord,
+    pub key: &'a str,
+    pub dtype: DType,
+    pub codec: Codec,
+    pub kind: Kind,
+    dims_buf: [u64; MAX_NDIM],
+    pub raw_len: u64,
+    /// The entry's aux bytes (dims unless inline, then the chunk table), contiguous.
+    pub aux: &'a [u8],
+    /// The chunk records (empty for codec none).
+    pub chunk_table: &'a [u8],
+}
+
+impl RawEntry<'_> {
+    /// The entry's shape.
+    pub fn dims(&self) -> &[u64] {
+        &self.dims_buf[..self.rec.ndim as usize]
     }
 }
