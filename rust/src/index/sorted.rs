@@ -4,7 +4,7 @@
 //! it fills, so nothing is held per entry (no `EntryMeta`, no key `String`, no sort).
 
 use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
-use super::ShardRec;
+use super::build::ShardRec;
 use crate::error::{Error, Result};
 use crate::format::*;
 
