@@ -3,8 +3,8 @@
 //! bytes are appended straight to their section's buffer and each block's crc is computed as
 //! it fills, so nothing is held per entry (no `EntryMeta`, no key `String`, no sort).
 
-use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use super::build::ShardRec;
+use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use crate::error::{Error, Result};
 use crate::format::*;
 
