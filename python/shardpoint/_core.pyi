@@ -273,6 +273,14 @@ def encode_single(
     sections_json: str = ...,
     xor_bases: Sequence[_Buffer | None] | None = None,
 ) -> bytes: ...
+def encoded_sizes(
+    items: Sequence[tuple[str, str, str, tuple[int, ...], _Buffer]],
+    *,
+    codec: str,
+    level: int,
+    chunk_bytes: int,
+    xor_bases: Sequence[_Buffer | None] | None = None,
+) -> list[int]: ...
 def xor_into(reader: CheckpointReader, keys: list[str], outs: Sequence[_Buffer]) -> list[int]: ...
 def digest_bytes(algorithm: str, data: _Buffer) -> str: ...
 def read_file_ranges(

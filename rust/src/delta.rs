@@ -139,6 +139,65 @@ pub fn crc_many(bufs: &[&[u8]]) -> Result<Vec<u32>> {
     Ok(pieces.into_iter().map(combine_crcs).collect())
 }
 
+/// Stored bytes of each item as the writer would store it with `opts`' codec, level and chunk
+/// size (an XOR item: its `data ^ xor_base`), without writing anything: the chunks are
+/// encoded on this process's pool and only their lengths kept. What a delta's choice measures
+/// near break-even (docs/DELTA.md): the real encoder's output, with no scratch checkpoint
+/// written and read back. Entry padding is not counted.
+pub fn stored_sizes(items: &[crate::Item<'_>], opts: &crate::WriterOptions) -> Result<Vec<u64>> {
+    use crate::codec::{choose_codec, encode_chunk};
+    use crate::format::{Codec, MIN_COMPRESS_BYTES};
+    let cb = opts.chunk_bytes as usize;
+    if cb == 0 {
+        return Err(Error::InvalidArgument("chunk size 0".into()));
+    }
+    let mut sizes = vec![0u64; items.len()];
+    // (item, chunk start, codec) of every chunk that is tried
+    let mut jobs: Vec<(usize, usize, Codec)> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        it.validate()?;
+        let codec = if (it.data.len() as u64) < MIN_COMPRESS_BYTES {
+            Codec::None
+        } else {
+            choose_codec(opts.codec, it.dtype, opts.level)
+        };
+        if codec == Codec::None {
+            sizes[i] = it.data.len() as u64;
+        } else {
+            jobs.extend((0..it.data.len()).step_by(cb).map(|at| (i, at, codec)));
+        }
+    }
+    let done: Vec<(usize, u64)> = crate::threads::install(|| {
+        jobs.into_par_iter()
+            .map(|(i, at, codec)| {
+                crate::cancel::check()?;
+                let it = &items[i];
+                let range = at..(at + cb).min(it.data.len());
+                let n = range.len();
+                let stored = match it.xor_base {
+                    None => encode_chunk(codec, it.dtype, opts.level, &it.data[range])?,
+                    Some(b) => SIZE_SCRATCH.with(|cell| {
+                        let mut x = cell.borrow_mut();
+                        x.resize(n, 0); // (fully overwritten below)
+                        crate::codec::xor::xor_to(&mut x, &it.data[range.clone()], &b[range]);
+                        encode_chunk(codec, it.dtype, opts.level, &x)
+                    })?,
+                };
+                Ok((i, stored.map_or(n, |s| s.len()) as u64))
+            })
+            .collect::<Result<_>>()
+    })?;
+    for (i, n) in done {
+        sizes[i] += n;
+    }
+    Ok(sizes)
+}
+
+thread_local! {
+    /// The XOR of one chunk measured by [`stored_sizes`] (reused, cache-warm).
+    static SIZE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,3 +128,36 @@ def test_wrong_base_raises_before_writing_and_a_damaged_payload_restores() -> No
     with pytest.raises(ChecksumMismatchError, match="restored"):
         spd.apply(blob, other, check_base=False)
     assert other["w"].tobytes() == snapshot.tobytes()
+
+
+def test_encoded_sizes_are_the_writers_stored_bytes(tmp_path: object) -> None:
+    """``_core.encoded_sizes`` (the choice's in-memory measurement) gives each entry's stored
+    bytes as a real save of the same values (XOR items: of the XOR) records them."""
+    from shardpoint.storage.values import encode as encode_value
+
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(700_000).astype(np.float32)
+    new = base.copy()
+    new[::37] += 1e-3
+    values = {
+        "f32": new,
+        "i64": np.arange(300_000, dtype=np.int64),
+        "small": new[:100],  # under the compression minimum: raw
+        "u8": (np.arange(2_100_000) % 7).astype(np.uint8),  # 1-byte dtype: plain zstd, 3 chunks
+    }
+    xors = {"f32": xor_bytes(byte_view(new), byte_view(base))}
+    for codec in ("zstd", "zstd-bytegroup", "none"):
+        items = [encode_value(k, v) for k, v in values.items()]
+        bases = [byte_view(base) if k == "f32" else None for k in values]
+        got = _core.encoded_sizes(items, codec=codec, level=1, chunk_bytes=1 << 20, xor_bases=bases)
+        stored = {k: xors[k].view(v.dtype) if k in xors else v for k, v in values.items()}
+        p = os.path.join(str(tmp_path), codec)
+        sp.save_file(stored, p, compression=codec, level=1, durable=False)
+        with sp.open(p) as r:
+            want = [r.info(k).stored_bytes for k in values]
+        assert got == want, codec
+    with pytest.raises(CheckpointError, match="XOR base"):
+        _core.encoded_sizes(
+            [encode_value("f32", new)], codec="zstd", level=1, chunk_bytes=1 << 20,
+            xor_bases=[byte_view(base)[:8]],
+        )  # fmt: skip

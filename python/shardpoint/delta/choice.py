@@ -31,7 +31,6 @@ only tensors near the break-even point pay for trial compressions.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,9 +39,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import _core
-from ..storage import open as open_checkpoint
-from ..storage.save import save_file
-from .bits import xor_bytes
+from ..storage.save import _opts
+from ..storage.values import encode as encode_value
 
 __all__ = [
     "Choice", "Stats", "choose", "stats", "estimate_xor_bytes", "pool_map", "XOR_CODEC",
@@ -68,7 +66,7 @@ _SPARSE_OF_RAW = 1 / 4
 #: tensors in the close band below this many bytes are stored whole, unmeasured
 _SMALL = 16 << 10
 #: trial windows for tensors in the close band: a few windows of this size (whole when small)
-_SAMPLE = 256 << 10
+_SAMPLE = 128 << 10
 _WINDOWS = 4
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -214,20 +212,26 @@ def _typed(b: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def _stored_sizes(
-    samples: dict[str, tuple[Any, list[np.ndarray]]], compression: Any, level: Any, tmp: str
+    samples: dict[str, tuple[Any, list[np.ndarray], list[np.ndarray] | None]],
+    compression: Any,
+    level: Any,
 ) -> dict[str, int]:
-    """Stored bytes of each sample set (key -> (dtype, windows)) under one codec, measured by
-    writing a scratch checkpoint (the real encoder: no model of it to drift from it)."""
-    tree: dict[str, np.ndarray] = {}
-    for key, (dtype, wins) in samples.items():
+    """Stored bytes of each sample set (``key -> (dtype, windows, XOR base windows or
+    None)``) under one codec: the real encoder's output (no model of it to drift from it),
+    encoded in memory in one core call (chunk-parallel, GIL released) and not kept."""
+    codec, lvl = _opts(compression, level)
+    items, bases, owner = [], [], []
+    for key, (dtype, wins, base_wins) in samples.items():
         for i, w in enumerate(wins):
-            tree[f"{i}/{key}"] = _typed(w, dtype)
-    path = os.path.join(tmp, f"s{len(os.listdir(tmp))}")
-    save_file(tree, path, compression=compression, level=level, durable=False)
+            items.append(encode_value(f"{i}/{key}", _typed(w, dtype)))
+            bases.append(None if base_wins is None else base_wins[i])
+            owner.append(key)
+    sizes = _core.encoded_sizes(
+        items, codec=codec, level=lvl, chunk_bytes=int(_core.DEFAULT_CHUNK_BYTES), xor_bases=bases
+    )
     out = dict.fromkeys(samples, 0)
-    with open_checkpoint(path) as r:
-        for name in tree:
-            out[name.split("/", 1)[1]] += r.info(name).stored_bytes
+    for key, n in zip(owner, sizes, strict=True):
+        out[key] += n
     return out
 
 
@@ -237,12 +241,12 @@ def _measure(
     """``"xor"`` or ``"full"`` per key, from both encodings of a few windows through the real
     encoders (the close band: a dense change still stores at most what a full save does,
     within the windows' sampling error)."""
-    fulls, xors = {}, {}
+    fulls: dict[str, tuple[Any, list[np.ndarray], list[np.ndarray] | None]] = {}
+    xors: dict[str, tuple[Any, list[np.ndarray], list[np.ndarray] | None]] = {}
     for key, (dtype, nb, ob) in pairs.items():
         wn, wo = _windows(nb, dtype.itemsize), _windows(ob, dtype.itemsize)
-        fulls[key] = (dtype, wn)
-        xors[key] = (dtype, [xor_bytes(x, y) for x, y in zip(wn, wo, strict=True)])
-    with tempfile.TemporaryDirectory(prefix="shardpoint-delta-") as tmp:
-        full_sz = _stored_sizes(fulls, compression, level, tmp)
-        xor_sz = _stored_sizes(xors, XOR_CODEC, XOR_LEVEL, tmp)
+        fulls[key] = (dtype, wn, None)
+        xors[key] = (dtype, wn, wo)  # the XOR is taken chunk by chunk by the encoder
+    full_sz = _stored_sizes(fulls, compression, level)
+    xor_sz = _stored_sizes(xors, XOR_CODEC, XOR_LEVEL)
     return {k: "xor" if xor_sz[k] < full_sz[k] else "full" for k in pairs}

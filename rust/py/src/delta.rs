@@ -10,7 +10,7 @@ use crate::{invalid, nogil, nogil_cancellable, parse_codec};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shardpoint_core::delta::{crc_many, xor_stats_many, XorPair};
+use shardpoint_core::delta::{crc_many, stored_sizes, xor_stats_many, XorPair};
 use shardpoint_core::WriterOptions;
 
 /// Per pair: `(changed, planes, nonzero_new, crc_new, crc_base)`.
@@ -99,6 +99,29 @@ pub(crate) fn encode_single<'py>(
     let its = to_items(py, &items, xor_bases.as_deref())?;
     let bytes = nogil_cancellable(py, || shardpoint_core::encode_single(&its, &opts))?;
     Ok(PyBytes::new(py, &bytes))
+}
+
+/// Stored bytes of each item under `codec`/`level`/`chunk_bytes` (item `i` as its value XOR
+/// `xor_bases[i]` where given), encoded in memory and not kept: the real encoder's sizes for
+/// a delta's choice near break-even, without writing a checkpoint.
+#[pyfunction]
+#[pyo3(signature = (items, *, codec, level, chunk_bytes, xor_bases=None))]
+pub(crate) fn encoded_sizes(
+    py: Python<'_>,
+    items: Vec<RawItem>,
+    codec: &str,
+    level: i32,
+    chunk_bytes: u32,
+    xor_bases: Option<Vec<Option<PyBuffer<u8>>>>,
+) -> PyResult<Vec<u64>> {
+    let opts = WriterOptions {
+        codec: parse_codec(py, codec)?,
+        level,
+        chunk_bytes,
+        ..WriterOptions::default()
+    };
+    let its = to_items(py, &items, xor_bases.as_deref())?;
+    nogil_cancellable(py, || stored_sizes(&its, &opts))
 }
 
 /// XOR the raw bytes of `reader`'s entries `keys` into `outs` (writable buffers of each

@@ -208,6 +208,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta::crc32c_many, m)?)?;
     m.add_function(wrap_pyfunction!(delta::encode_single, m)?)?;
     m.add_function(wrap_pyfunction!(delta::xor_into, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::encoded_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(read::read_file_ranges, m)?)?;
     m.add_function(wrap_pyfunction!(read::read_file_ranges_direct, m)?)?;
