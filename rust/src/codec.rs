@@ -18,6 +18,7 @@ pub mod huffman;
 pub mod planes;
 pub mod pool;
 pub mod xor;
+pub mod zstd_rle;
 
 pub use huff_chunk::Encoded;
 pub use pool::BufPool;
@@ -146,34 +147,6 @@ grouping!(group2, u16, 2);
 grouping!(group4, u32, 4);
 grouping!(group8, u64, 8);
 
-/// Estimated Shannon entropy, in bits per byte, of a sample of `plane`. Planes above
-/// [`INCOMPRESSIBLE_BITS`] cannot shrink below 95% and are stored raw without trying zstd,
-/// which is what keeps compression fast on the random low mantissa bytes of float weights.
-fn sample_entropy(plane: &[u8]) -> f64 {
-    let step = (plane.len() / 16384).max(1);
-    let mut hist = [0u32; 256];
-    let mut n = 0u32;
-    for &b in plane.iter().step_by(step) {
-        hist[b as usize] += 1;
-        n += 1;
-    }
-    if n == 0 {
-        return 0.0;
-    }
-    let nf = n as f64;
-    hist.iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| {
-            let p = c as f64 / nf;
-            -p * p.log2()
-        })
-        .sum()
-}
-
-/// Above this estimated entropy (bits/byte) a plane is stored raw (8 × 0.95 = 7.6, minus a
-/// margin for the sample's bias).
-const INCOMPRESSIBLE_BITS: f64 = 7.5;
-
 /// Which codec an entry actually uses: byte grouping only helps multi-byte elements, and
 /// Huffman-coded planes only floats (integer planes compress by matching: zstd-bytegroup).
 pub fn effective_codec(requested: Codec, dtype: DType) -> Codec {
@@ -262,7 +235,7 @@ fn compress_into(
     skip_random: bool,
     out: &mut Vec<u8>,
 ) -> Result<bool> {
-    if skip_random && sample_entropy(input) > INCOMPRESSIBLE_BITS {
+    if skip_random && planes::sample_entropy(input) > planes::INCOMPRESSIBLE_BITS {
         return Ok(false);
     }
     with_compressor(setup, |c| {
@@ -282,6 +255,18 @@ fn compress_into(
 /// below 95%), else the stored bytes (FORMAT.md §5: a zstd frame, or for byte grouping one
 /// segment per plane).
 pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Result<Option<Vec<u8>>> {
+    encode_chunk_in(codec, dtype, level, raw, &mut None)
+}
+
+/// [`encode_chunk`], setting `raw_crc` to the crc32c of `raw` where the encoder reads it anyway
+/// (zstd-bytegroup: inside the grouping pass, block by block while in cache).
+fn encode_chunk_in(
+    codec: Codec,
+    dtype: DType,
+    level: i32,
+    raw: &[u8],
+    raw_crc: &mut Option<u32>,
+) -> Result<Option<Vec<u8>>> {
     if codec == Codec::None || raw.is_empty() {
         return Ok(None);
     }
@@ -296,10 +281,18 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
             if s.len() < raw.len() {
                 s.resize(raw.len(), 0);
             }
-            let s = &mut s[..raw.len()]; // fully overwritten by group(): no clearing needed
-            group(dtype, raw, s);
+            let s = &mut s[..raw.len()]; // fully overwritten by grouping: no clearing needed
             let w = dtype.group_width();
             let n = raw.len() / w;
+            if w >= 2 && n > 0 && raw.len() == n * w {
+                let mut outs: Vec<planes::PlaneOut<'_>> = s
+                    .chunks_exact_mut(n)
+                    .map(|bytes| planes::PlaneOut { bytes, crc: None })
+                    .collect();
+                *raw_crc = Some(planes::group_crc(w, dtype.rotates_sign(), raw, &mut outs));
+            } else {
+                group(dtype, raw, s);
+            }
             let mut out = Vec::with_capacity(raw.len());
             // Floats: entropy-oriented setup and skipping of random-looking planes. Integers:
             // the plain level (their planes compress by matching, not just by byte statistics).
@@ -313,7 +306,14 @@ pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Resul
                 let at = out.len();
                 out.extend_from_slice(&[0u8; 4]);
                 let plane_limit = n - n / 64; // a plane must save at least ~1.5% to be compressed
-                let len = if compress_into(setup, plane, plane_limit, float, &mut out)? {
+                                              // a constant plane (all zero in most planes of a delta payload): its frame is
+                                              // written directly, no zstd pass (codec/zstd_rle.rs)
+                let rle = zstd_rle::constant_byte(plane)
+                    .filter(|_| zstd_rle::rle_frame_len(n) < plane_limit);
+                let len = if let Some(v) = rle {
+                    zstd_rle::push_rle_frame(&mut out, v, n);
+                    out.len() - at - 4
+                } else if compress_into(setup, plane, plane_limit, float, &mut out)? {
                     out.len() - at - 4
                 } else {
                     out.extend_from_slice(plane);
@@ -350,8 +350,9 @@ pub fn encode_chunk_crc_in(
         let limit = (raw.len() as u64 * MAX_KEPT_RATIO.0 / MAX_KEPT_RATIO.1) as usize;
         return Ok(huff_chunk::encode_in(dtype, raw, limit, buf));
     }
-    let stored = encode_chunk(codec, dtype, level, raw)?;
-    let raw_crc = crc(raw);
+    let mut fused = None;
+    let stored = encode_chunk_in(codec, dtype, level, raw, &mut fused)?;
+    let raw_crc = fused.unwrap_or_else(|| crc(raw));
     let stored_crc = stored.as_deref().map_or(raw_crc, crc);
     Ok(Encoded {
         stored,

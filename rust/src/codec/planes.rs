@@ -97,6 +97,34 @@ pub fn group_crc(w: usize, rot: bool, src: &[u8], planes: &mut [PlaneOut<'_>]) -
 }
 }
 
+/// Estimated Shannon entropy, in bits per byte, of a sample of `plane`. Planes above
+/// [`INCOMPRESSIBLE_BITS`] cannot shrink below 95% and are stored raw without trying zstd,
+/// which is what keeps compression fast on the random low mantissa bytes of float weights.
+pub fn sample_entropy(plane: &[u8]) -> f64 {
+    let step = (plane.len() / 16384).max(1);
+    let mut hist = [0u32; 256];
+    let mut n = 0u32;
+    for &b in plane.iter().step_by(step) {
+        hist[b as usize] += 1;
+        n += 1;
+    }
+    if n == 0 {
+        return 0.0;
+    }
+    let nf = n as f64;
+    hist.iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = c as f64 / nf;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// Above this estimated entropy (bits/byte) a plane is stored raw (8 × 0.95 = 7.6, minus a
+/// margin for the sample's bias).
+pub const INCOMPRESSIBLE_BITS: f64 = 7.5;
+
 macro_rules! ungroup_block {
     ($name:ident, $t:ty, $w:expr) => {
         #[inline(always)]
