@@ -36,6 +36,9 @@ HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "s3server" / "Cargo.toml"
 KEY = SECRET = "testing"  # the tests' and benches' credentials (both servers accept them)
 
+sys.path.insert(0, str(HERE.parent / "tests"))
+from s3_server import aws_environment, free_port  # noqa: E402  (the tests' helpers, one copy)
+
 
 def target_dir() -> Path:
     default = "~/.cache/shardpoint/s3server-target"
@@ -57,12 +60,6 @@ def build(quiet: bool = False) -> Path | None:
     if r.returncode != 0:
         raise RuntimeError(f"building {MANIFEST} failed:\n{r.stderr[-4000:]}")
     return target_dir() / "release" / "sp-s3server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -226,25 +223,8 @@ def s3_server(kind: str = "auto") -> Iterator[Server]:
 def s3_environment(kind: str = "auto") -> Iterator[Server]:
     """A started server with the AWS_* variables that point the core's object-store client
     (and boto3) at it, put back as they were (and the server stopped) after."""
-    with s3_server(kind) as s:
-        env = {
-            "AWS_ENDPOINT_URL": s.endpoint,
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            yield s
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with s3_server(kind) as s, aws_environment(s.endpoint, KEY, SECRET):
+        yield s
 
 
 def main() -> None:

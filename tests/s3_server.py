@@ -286,26 +286,36 @@ def opts_for(proxy: Proxy, **extra: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def moto_environment() -> Iterator[Moto]:
-    """A started moto server with the AWS_* variables that point the core's object-store
-    client (and boto3) at it; both are put back as they were, and the server stopped, after."""
-    m = Moto()
+def aws_environment(endpoint: str, key: str, secret: str) -> Iterator[None]:
+    """The AWS_* variables that point the core's object-store client (and boto3) at
+    ``endpoint``, put back as they were after."""
     env = {
-        "AWS_ENDPOINT_URL": m.endpoint,
+        "AWS_ENDPOINT_URL": endpoint,
         "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        yield m
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def moto_environment() -> Iterator[Moto]:
+    """A started moto server with the AWS_* variables that point the core's object-store
+    client (and boto3) at it; both are put back as they were, and the server stopped, after."""
+    m = Moto()
+    try:
+        with aws_environment(m.endpoint, "testing", "testing"):
+            yield m
+    finally:
         m.server.stop()
