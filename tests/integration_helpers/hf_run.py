@@ -170,6 +170,13 @@ def main(argv: list[str]) -> None:
         results.append(train(job[0], job[1], int(job[2]), True if resume == "true" else resume))
         job = []
     print(json.dumps(results), flush=True)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # gloo's threads must be joined before the interpreter exits: under load a rank
+        # aborted at exit after printing its results ("terminate called without an active
+        # exception", exit -6), as in ds_run
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
