@@ -195,6 +195,17 @@ def _checked_byte(
     return any(a <= pos < b for a, b in payloads.get(obj, []))
 
 
+def _read_twice(gets: list[tuple[str, str]], flipped: tuple[str, str, int]) -> bool:
+    """Whether the flipped byte was fetched by more than one ranged GET of the same call."""
+    path, rng, rel = flipped
+    pos = int(rng.split("=", 1)[1].split("-", 1)[0]) + rel
+    covering = 0
+    for p, r in gets:
+        lo, hi = (int(x) for x in r.split("=", 1)[1].split("-", 1))
+        covering += p.split("?", 1)[0] == path.split("?", 1)[0] and lo <= pos <= hi
+    return covering > 1
+
+
 def _equal(got: Result, want: Result) -> bool:
     return got.keys() == want.keys() and all(
         np.asarray(got[k]).dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want
@@ -221,8 +232,10 @@ def test_transit_bit_flips_never_return_wrong_values(moto, bucket: str, proxy: P
     for name, api in _apis(torch_ok).items():
         want = _expected(name)
         proxy.flip_ranged_get(None)
+        before = len(proxy.requests("GET"))
         assert _equal(api(url, opts), want), f"{name}: wrong values without any damage"
         n_gets = proxy.ranged_gets
+        clean_gets = [(p, r) for _, p, r in proxy.requests("GET")[before:] if r]
         assert n_gets >= 1, f"{name} made no ranged GET"
         for nth in range(n_gets):
             for bit in _BITS:
@@ -247,9 +260,13 @@ def test_transit_bit_flips_never_return_wrong_values(moto, bucket: str, proxy: P
                 assert _equal(got, want), f"{name}: WRONG VALUES after transit damage {flipped}"
                 # (verify's GETs of the padding are coalesced across the payloads between,
                 # whose bytes there it ignores: it checks them in their own GETs)
-                assert name == "verify" or not _checked_byte(payloads, flipped[0]), (
-                    f"{name}: a damaged payload byte went unnoticed ({flipped[0]})"
-                )
+                # (load_into reads a small raw value by itself and also inside a GET coalesced
+                # across its neighbours: a flip there lands in bytes it does not use)
+                assert (
+                    name == "verify"
+                    or not _checked_byte(payloads, flipped[0])
+                    or _read_twice(clean_gets, flipped[0])
+                ), f"{name}: a damaged payload byte went unnoticed ({flipped[0]})"
                 tally["harmless"] += 1
     print(f"transit flips ({codec}): {tally}")
     assert tally["raised"] > tally["harmless"]
