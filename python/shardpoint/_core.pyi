@@ -23,6 +23,7 @@ __all__ = [
     "crc32c",
     "crc32c_many",
     "encode_single",
+    "encoded_sizes",
     "xor_into",
     "xor_stats",
     "digest_bytes",
