@@ -348,7 +348,7 @@ class CheckpointManager:
             last = self._last_checkpoint_step
             if last is not None:
                 if step == last or (check_interval and step < last + self._checkpoint_interval):
-                    return None if blocking else _done(None)
+                    return None if blocking else SaveFuture.completed(None)
         check = getattr(self._checkpoint, "_sp_check", None)
         if callable(check):
             check()  # an earlier failure raises before the counter moves
@@ -588,13 +588,6 @@ class CheckpointManager:
                     numbered.append((n, os.path.join(self._directory, name[: -len(".index")])))
         out += [p for _, p in sorted(numbered, reverse=True)]
         return list(dict.fromkeys(out))
-
-
-def _done(value: Any) -> SaveFuture:
-    """A future that already holds ``value`` (an asynchronous save that had nothing to do)."""
-    f = SaveFuture()
-    f.set_result(value)
-    return f
 
 
 def _number_of(name: str, base: str) -> int | None:

@@ -57,6 +57,13 @@ class SaveFuture(Future[Any]):
         super().__init__()
         self.observed = False
 
+    @classmethod
+    def completed(cls, value: Any) -> SaveFuture:
+        """A future that already holds ``value`` (an asynchronous save that had nothing to do)."""
+        f = cls()
+        f.set_result(value)
+        return f
+
     def result(self, timeout: float | None = None) -> Any:
         try:
             return super().result(timeout)
