@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import shardpoint as sp
+from s3_server import aws_environment
 from shardpoint.errors import (
     CheckpointIOError,
     ChecksumMismatchError,
@@ -167,6 +168,20 @@ def test_credentials_never_in_errors(moto, bucket: str) -> None:
         sp.load_file(f"s3://no-such-{uuid.uuid4().hex[:8]}/x", storage_options=opts)
     assert secret not in str(ei.value)
     assert secret not in repr(ei.value)
+
+
+def test_a_changed_endpoint_in_the_environment_is_used(moto, bucket: str, proxy) -> None:
+    # The core shares one client per bucket; a later AWS_ENDPOINT_URL (a second server started
+    # in the same process, as tests and benches do) must reach the new endpoint, not the old one.
+    url = f"s3://{bucket}/env/ckpt"
+    sp.save_file({"a": np.arange(3)}, url)  # a client on moto's own endpoint
+    with aws_environment(proxy.endpoint, "testing", "testing"):
+        proxy.reset()
+        np.testing.assert_array_equal(sp.load_file(url)["a"], np.arange(3))
+        assert proxy.counts().get("GET", 0) >= 1, proxy.counts()
+    proxy.reset()
+    np.testing.assert_array_equal(sp.load_file(url)["a"], np.arange(3))
+    assert proxy.counts() == {}, "back on moto's endpoint, the proxy saw requests"
 
 
 def test_file_url_is_local(tmp_path) -> None:

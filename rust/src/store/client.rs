@@ -49,6 +49,19 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Store>>> {
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// The environment variables object-store builders read (`AWS_*`, `GOOGLE_*`, `AZURE_*`),
+/// sorted: part of a client's identity in the registry.
+fn store_environment() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_uppercase();
+            k.starts_with("AWS_") || k.starts_with("GOOGLE_") || k.starts_with("AZURE_")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// Values we must never print: option values whose key looks secret, and the same from the
 /// environment.
 fn secret_values(opts: &BTreeMap<String, String>) -> Vec<String> {
@@ -92,7 +105,16 @@ impl Store {
         opts: &BTreeMap<String, String>,
     ) -> Result<Arc<Store>> {
         let base = format!("{scheme}://{authority}");
-        let reg_key = format!("{base}\n{opts:?}");
+        // The builders also read the environment (endpoint, region, credentials), so a client
+        // is shared only while the variables it was built from are unchanged: a test or bench
+        // that starts a second server and points AWS_ENDPOINT_URL at it reaches that server.
+        // memory:// reads no environment and keeps one namespace per name.
+        let env = if scheme == "memory" {
+            Vec::new()
+        } else {
+            store_environment()
+        };
+        let reg_key = format!("{base}\n{opts:?}\n{env:?}");
         let mut reg = registry().lock().expect("store registry");
         if let Some(s) = reg.get(&reg_key) {
             return Ok(s.clone());
