@@ -46,8 +46,9 @@ class Moto:
         return name
 
     def keys(self, bucket: str) -> list[str]:
-        out = self.s3.list_objects_v2(Bucket=bucket).get("Contents", [])
-        return sorted(o["Key"] for o in out)
+        """Every key in the bucket (all pages: a listing answers at most 1,000)."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
     def uploads(self, bucket: str) -> list[str]:
         """Incomplete multipart uploads in the bucket (keys)."""
