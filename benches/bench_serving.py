@@ -31,8 +31,8 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
 (``posix_fadvise(DONTNEED)``) or warmed first.
 
 Every run is a fresh process: it builds the model (pre-faulted), then times open + read + copy
-of every tensor into its parameter. Peak host memory (``ru_maxrss``) above the model's own is
-reported. Rounds interleave the loaders; a row shows the best round and the median.
+of every tensor into its parameter. The loader's peak host memory (the resident high-water
+mark during the load over the resident set before it, the model included) is reported. Rounds interleave the loaders; a row shows the best round and the median.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -255,17 +254,37 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
     return lambda: spt.weights_iterator(path, io="pread", storage_options=opts, **kw)
 
 
+def _status_bytes(field: str) -> int:
+    """A memory figure of /proc/self/status (``VmRSS``, ``VmHWM``), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> int:
+    """Reset the resident high-water mark to the current resident set; returns that set."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS")
+
+
 def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None:
     import torch
 
     from bench_load import build_model
 
     get = pairs(name, root, s3)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model = build_model(scale)
     params = model.state_dict()
     nbytes = sum(t.numel() * t.element_size() for t in params.values())
     largest = max(t.numel() * t.element_size() for t in params.values())
+    # The loader's own memory: the resident high-water mark during the load over the resident
+    # set just before it (the model included). ru_maxrss counts from process start, so an
+    # import's transient peak could hide the load's and give negative figures; Linux resets the
+    # high-water mark (VmHWM) on writing 5 to clear_refs.
+    base = _reset_peak_rss()
     t0 = time.perf_counter()
     n = 0
     with torch.no_grad():
@@ -273,8 +292,7 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
             params[k].copy_(v)
             n += 1
     dt = time.perf_counter() - t0
-    # peak resident memory above the process before the model, less the model itself
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base - nbytes
+    peak = _status_bytes("VmHWM") - base
     ok = n == len(params) and not bool(torch.all(next(iter(params.values())) == 1))
     print(json.dumps({"seconds": dt, "bytes": nbytes, "ok": ok, "extra_rss": peak,
                       "largest": largest}))  # fmt: skip
