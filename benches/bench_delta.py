@@ -229,8 +229,10 @@ def rl_sweep(lrs: list[float], warm: int, batch: int, seq: int) -> None:
                   f"{len(blob) / raw:15.3%}   {db / files_bytes(full):16.4f}")  # fmt: skip
 
 
-def finetune(steps: int, lr: float, batch: int, seq: int) -> None:
-    """Fine-tune ``steps`` steps (embeddings frozen), then the CLI's delta against the base."""
+def finetune(steps: int, lr: float, batch: int, seq: int, train_embeddings: bool = False) -> None:
+    """Fine-tune ``steps`` steps (embeddings frozen unless ``train_embeddings``: then every
+    element moves, by AdamW's default weight decay if not by a gradient), then the CLI's delta
+    against the base."""
     from safetensors.torch import save_file as st_save
 
     g = torch.Generator().manual_seed(1)
@@ -239,7 +241,7 @@ def finetune(steps: int, lr: float, batch: int, seq: int) -> None:
     torch.manual_seed(0)
     m = bert()
     for name, p in m.named_parameters():
-        p.requires_grad_(not name.startswith("embeddings."))
+        p.requires_grad_(train_embeddings or not name.startswith("embeddings."))
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr)
     t0 = time.perf_counter()
     for step in range(steps):
@@ -292,6 +294,9 @@ def main() -> None:
     ap.add_argument("--sweep-lrs", default="3e-7,1e-6,3e-6,1e-5,3e-5")
     ap.add_argument("--ft-steps", type=int, default=300)
     ap.add_argument("--ft-lr", type=float, default=2e-5)
+    ap.add_argument(
+        "--ft-train-embeddings", action="store_true", help="fine-tune the embeddings too"
+    )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=16)
     a = ap.parse_args()
@@ -322,7 +327,7 @@ def main() -> None:
     if "rl-sweep" in run:
         rl_sweep([float(x) for x in a.sweep_lrs.split(",")], a.warm, a.batch, a.seq)
     if "finetune" in run:
-        finetune(a.ft_steps, a.ft_lr, a.batch, a.seq)
+        finetune(a.ft_steps, a.ft_lr, a.batch, a.seq, a.ft_train_embeddings)
 
 
 if __name__ == "__main__":
