@@ -89,6 +89,7 @@ SERIAL_GROUPS = {
         "test_tiers_dcp.py",
         "test_accelerate_tiers_ddp.py",
         "test_hf_trainer_tiers_ddp.py",
+        "test_deepspeed_tiers.py",
         "test_rank_death.py",
         "test_shared_listings.py",
     ),

@@ -472,6 +472,33 @@ class TieredCheckpointManager:
             raise TierError(f"{src.path}: the persistent commit record lists no files for it")
         return read_part(src.path, src.owner, step, token, expect=files)
 
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (small, JSON-able), in rank order, over the tiers' group: one
+        collective for an integration planning what its ranks read after a restore. Waits for
+        the local tier's background work first (its collectives use the same group)."""
+        self._local_worker.wait()
+        return self._group.all_gather(obj)
+
+    def fetch_restored(self, owners: Any) -> dict[int, str]:
+        """After :meth:`restore_or_initialize` restored a step (a collective: every rank calls
+        it, each naming the ranks whose parts it wants, maybe none): those ranks' parts of the
+        restored step, each sent by its owner from its local tier with the crc32c of its commit
+        record, every file checked and written under ``<local>/rank-R/fetched-OOOOO/``.
+        Returns owner -> prefix of that checkpoint; :meth:`drop_fetched` removes them."""
+        from .share import fetch_parts
+
+        plan = self._plan
+        if plan is None or plan.step is None or plan.token is None:
+            raise TierError("fetch_restored: no step was restored")
+        self._local_worker.wait()  # a refilled part's commit record is written there
+        return fetch_parts(self._group, self._local, plan.step, plan.token, list(owners))
+
+    def drop_fetched(self) -> None:
+        """Remove the parts :meth:`fetch_restored` wrote."""
+        from .share import drop_fetched
+
+        drop_fetched(self._local, self.rank)
+
     def _drop_newer(self, step: int, token: str) -> None:
         """After a restore: this rank's local copies of newer steps (never complete) and of this
         step from another save are removed, so a later save of those numbers starts clean."""
