@@ -5,7 +5,8 @@ tier is ``ROOT/<case>/bucket`` (the ``save_checkpoint`` directory).
 
     python -m integration_helpers.ds_tiers_run RANK PORT ROOT ACTION [CASE...]
 
-ACTION ``first``: in ``ROOT/a``, ``load_checkpoint`` (nothing there: a fresh start), then 8
+``SP_TEST_ZERO_STAGE`` (default 2) sets the ZeRO stage, ``SP_TEST_ZERO_ELASTIC=1`` DeepSpeed's
+``elastic_checkpoint`` (every rank then reads every rank's optimizer partition). ACTION ``first``: in ``ROOT/a``, ``load_checkpoint`` (nothing there: a fresh start), then 8
 steps with ``save_checkpoint`` after steps 2, 4 and 6 (persistent every 4). ``resume``: for
 each CASE, a new engine restores in ``ROOT/<CASE>`` and trains to step 8. Writes
 ``ROOT/out-<RANK>.json``: per run the restored step, each rank's tier, the loss (hex) and a
@@ -35,7 +36,10 @@ def _engine(root: str, rank: int) -> Any:
     opt = torch.optim.AdamW(model.parameters(), lr=0.02)
     cfg = {
         "train_batch_size": 8,
-        "zero_optimization": {"stage": 2},
+        "zero_optimization": {
+            "stage": int(os.environ.get("SP_TEST_ZERO_STAGE", "2")),
+            "elastic_checkpoint": os.environ.get("SP_TEST_ZERO_ELASTIC") == "1",
+        },
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10_000,
     }
@@ -54,11 +58,34 @@ def _step(eng: Any, step: int, rank: int) -> tuple[str, str]:
     eng.backward(loss)
     eng.step()
     h = hashlib.sha256()
-    opt = eng.optimizer
-    moments = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    for t in [*eng.module.parameters(), *opt.single_partition_of_fp32_groups, *moments]:
+    opt = getattr(eng.optimizer, "optimizer", eng.optimizer)  # ZeRO wraps the AdamW
+    moments = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    partitions = list(getattr(eng.optimizer, "single_partition_of_fp32_groups", []))
+    partitions += list(getattr(eng.optimizer, "fp32_partitioned_groups_flat", []))  # ZeRO-3
+    for t in [*eng.module.parameters(), *partitions, *moments]:
         h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return loss.item().hex(), h.hexdigest()
+
+
+def _refusals(eng: Any, bucket: str) -> dict[str, str]:
+    """The messages of what the tiers refuse (each raised before any collective)."""
+    from shardpoint.integrations.deepspeed import use_shardpoint
+
+    out = {}
+    calls = {
+        "tag": lambda: eng.load_checkpoint(bucket, tag="global_step2"),
+        "local_every": lambda: use_shardpoint(
+            eng, local_directory=bucket, tiers={"local_every": 2}
+        ),
+        "no_local": lambda: use_shardpoint(eng, tiers={"replicas": 1}),
+        "outside_load": lambda: eng.checkpoint_engine.load(os.path.join(bucket, "x")),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except Exception as e:  # reported to the test, which checks type and message
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def main(rank: int, port: int, root: str, action: str, cases: list[str]) -> None:
@@ -77,6 +104,7 @@ def main(rank: int, port: int, root: str, action: str, cases: list[str]) -> None
         where = os.path.join(root, case)
         bucket = os.path.join(where, "bucket")
         eng = _engine(where, rank)
+        refused = _refusals(eng, bucket) if action == "first" else {}
         load_path, _ = eng.load_checkpoint(bucket)
         tiers = eng.checkpoint_engine
         start = int(eng.global_steps)
@@ -94,6 +122,7 @@ def main(rank: int, port: int, root: str, action: str, cases: list[str]) -> None
                 "start": start,
                 "tiers": [s.tier for s in plan.sources] if plan is not None else None,
                 "fetched": tiers.fetched_from,
+                "refused": refused,
                 "steps": steps,
             }
         )

@@ -48,6 +48,12 @@ def test_deepspeed_resumes_exactly_from_each_tier(tmp_path: Path) -> None:
         (run,) = first[r]
         assert run["loaded"] is False and run["restored"] is None  # nothing saved yet
         assert len(run["steps"]) == 8
+        refused = run["refused"]
+        assert sorted(refused) == ["local_every", "no_local", "outside_load", "tag"]
+        assert refused["tag"].startswith("InvalidArgumentError") and "pass no tag" in refused["tag"]
+        assert "local_every is not taken" in refused["local_every"]
+        assert "tiers= needs local_directory=" in refused["no_local"]
+        assert "only inside engine.load_checkpoint" in refused["outside_load"]
     assert first[0][0]["steps"] != first[1][0]["steps"]  # each rank trained on its own batches
     straight = [first[r][0]["steps"] for r in range(2)]
     bucket = tmp_path / "a" / "bucket"
