@@ -116,17 +116,30 @@ class ShardpointTierEngine(CheckpointEngine):
     # -- saving ----------------------------------------------------------------------------------
     def create(self, info: Any) -> None:
         """Start of ``save_checkpoint`` (every rank): the manager opened, the files collected."""
+        from .. import storage
+
+        if storage.is_url(str(info.save_dir)):
+            raise InvalidArgumentError(
+                f"save_checkpoint({info.save_dir!r}): DeepSpeed writes its `latest` file into "
+                "that directory, so it must be a local path; put the persistent tier in the "
+                "object store with use_shardpoint(..., tiers={'directory': URL})"
+            )
         self.open(info.save_dir)
         self._info, self._files = info, {}
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         # the save directory itself is made (DeepSpeed writes its ``latest`` file there); the
         # tag's directory would only be an empty folder: the files go to the tiers
+        from .. import storage
+
         info = self._info
-        if info is not None and os.path.abspath(path).startswith(
-            os.path.abspath(os.path.join(info.save_dir, str(info.tag)))
-        ):
-            return
+        if storage.is_url(path):
+            return  # refused by create, which every rank reaches (only rank 0 gets here)
+        if info is not None:
+            folder = os.path.abspath(os.path.join(info.save_dir, str(info.tag)))
+            target = os.path.abspath(path)
+            if target == folder or target.startswith(folder + os.sep):
+                return
         os.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict: Any, path: str) -> None:
