@@ -211,14 +211,21 @@ class ShardpointTierEngine(CheckpointEngine):
         names = [set(n) for n in manager.all_gather(sorted(files))]
         view = tempfile.mkdtemp(prefix="shardpoint-deepspeed-tiers-")
         try:
-            needed = _needed(engine, view, tag, set().union(*names))
+            failed: Exception | None = None
+            try:
+                needed = _needed(engine, view, tag, set().union(*names))
+            except Exception as e:  # raised after the fetch, which the other ranks wait in
+                failed, needed = e, set()
             owners = sorted(
                 o
                 for o, held in enumerate(names)
                 if (needed - set(files)) & held and o != manager.rank
             )
             try:
-                for owner, prefix in manager.fetch_restored(owners).items():
+                fetched = manager.fetch_restored(owners)
+                if failed is not None:
+                    raise failed
+                for owner, prefix in fetched.items():
                     # every value's crc32c checked again as it is decoded; the other files of
                     # that rank's part are decoded too: a part is read whole
                     other = load_tree(prefix, integration=_NAME)["files"]
