@@ -48,6 +48,7 @@ pub mod load;
 pub mod merge;
 pub mod naming;
 pub mod reader;
+pub mod runs;
 pub mod shard;
 pub mod single;
 pub mod single_records;

@@ -13,9 +13,11 @@
 //!   that order by every worker (an atomic cursor, not rayon's halving, which would start the
 //!   second worker in the middle of the file, away from the read-ahead); the first error stops
 //!   the others.
-//! - **fused read + crc** ([`read_crc`]): an uncompressed piece is read with `pread` straight
-//!   into its destination in cache-sized blocks, each crc'd right after it lands, so every byte
-//!   crosses the memory bus once (the kernel's copy) instead of twice (copy, then a crc pass).
+//! - **fused read + crc** ([`crate::runs`]): uncompressed
+//!   bytes are read straight into their destinations in cache-sized blocks, each crc'd right
+//!   after it lands, so every byte crosses the memory bus once (the kernel's copy) instead of
+//!   twice (copy, then a crc pass); values lying end to end are read as one run, one `preadv`
+//!   per block filling each value's own buffer.
 //!
 //! Reads are `pread`, never mapping faults: a file truncated under the load gives an error
 //! naming the file and offset (the caller's `read_at`), not a SIGBUS.
@@ -36,7 +38,8 @@ pub const AHEAD_WINDOW: u64 = 512 << 20;
 pub const AHEAD_MIN: u64 = 16 << 20;
 /// Bytes per uncompressed work item (large values are split for parallelism).
 pub const RAW_PIECE: usize = 4 << 20;
-/// Bytes read then crc'd at a time: the block is still in the core's cache when the crc reads it.
+/// Bytes read then crc'd at a time: the block is still in the core's cache when the crc reads it
+/// ([`crate::runs`]).
 pub const FUSE_BLOCK: usize = 256 << 10;
 
 /// One byte range a load will read, in the order the workers will read it.
@@ -209,23 +212,6 @@ pub fn for_each_ordered(n: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Res
     }
 }
 
-/// Fill `dst` from `read(offset, block)` in [`FUSE_BLOCK`] blocks starting at `offset`,
-/// crc32c-ing each block while it is in cache; returns the crc of all of `dst`.
-pub fn read_crc(
-    offset: u64,
-    dst: &mut [u8],
-    read: impl Fn(u64, &mut [u8]) -> Result<()>,
-) -> Result<u32> {
-    let mut c = 0u32;
-    let mut at = offset;
-    for block in dst.chunks_mut(FUSE_BLOCK) {
-        read(at, block)?;
-        c = crc32c::crc32c_append(c, block);
-        at += block.len() as u64;
-    }
-    Ok(c)
-}
-
 /// Where a piece is read from: (file index, offset).
 type FileAt = (usize, u64);
 /// A destination taken exactly once by the worker that reads it.
@@ -262,23 +248,29 @@ impl PlainFile {
         use std::os::unix::fs::FileExt;
         match self.file.read_exact_at(buf, off) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::corrupt(
-                &self.path,
-                off,
-                format!(
-                    "file ends before offset {} ({} bytes when opened): truncated while loading",
-                    off + buf.len() as u64,
-                    self.len
-                ),
-            )),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(self.short(off, off + buf.len() as u64))
+            }
             Err(e) => Err(Error::io(&self.path, "read file", e)),
         }
+    }
+
+    /// The error for a read at `off` that needed bytes up to `end` and found the file's end.
+    pub(crate) fn short(&self, off: u64, end: u64) -> Error {
+        Error::corrupt(
+            &self.path,
+            off,
+            format!(
+                "file ends before offset {end} ({} bytes when opened): truncated while loading",
+                self.len
+            ),
+        )
     }
 }
 
 /// Read byte ranges of plain files (`(file index, offset)` + a destination of the range's
 /// length each) into caller-owned, non-overlapping buffers with the bulk-load engine
-/// (read-ahead, ordered parallel `pread`s): the load path of formats without checksums (a
+/// (read-ahead, ordered parallel vectored reads of runs of ranges: [`crate::runs`]): the load path of formats without checksums (a
 /// Hugging Face safetensors directory opened in place). Every range is checked against its
 /// file's length before anything is read.
 pub fn read_files_into(
@@ -331,18 +323,37 @@ pub fn read_files_into(
                 .map_or(0, |d| d.len() as u64),
         })
         .collect();
+    // Runs of ranges lying end to end (a safetensors file's tensors): one `preadv` fills
+    // many destinations (crate::runs).
+    let keyed: Vec<(usize, u64, u64)> = items
+        .iter()
+        .zip(&spans)
+        .map(|(((fi, off), _), s)| (*fi, *off, s.len))
+        .collect();
+    let units = crate::runs::group(&keyed);
     let cancel = crate::cancel::current();
     with_read_ahead(&spans, |progress| {
-        for_each_ordered(items.len(), |j| {
+        for_each_ordered(units.len(), |u| {
             cancel.check()?;
-            let ((fi, off), slot) = &items[j];
-            let dst = slot
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .expect("each item is taken once");
-            files[*fi].read_at(*off, dst)?;
-            progress.consumed(dst.len() as u64);
+            let run = &items[units[u].clone()];
+            let fi = run[0].0 .0;
+            let f = &files[fi];
+            let mut segs: Vec<crate::runs::Seg<'_>> = run
+                .iter()
+                .map(|((_, off), slot)| crate::runs::Seg {
+                    offset: *off,
+                    dst: slot
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take()
+                        .expect("each item is taken once"),
+                })
+                .collect();
+            crate::runs::read_run(&f.file, 0, &mut segs, false, |e| match e {
+                crate::runs::RunFailure::Short { offset, end } => f.short(offset, end),
+                crate::runs::RunFailure::Io(e) => Error::io(&f.path, "read file", e),
+            })?;
+            progress.consumed(segs.iter().map(|s| s.dst.len() as u64).sum());
             Ok(())
         })
     })
@@ -352,21 +363,6 @@ pub fn read_files_into(
 mod tests {
     use super::*;
     use std::io::Write;
-
-    #[test]
-    fn read_crc_matches_a_whole_crc() {
-        let data: Vec<u8> = (0..(FUSE_BLOCK * 3 + 77))
-            .map(|i| (i * 31 % 251) as u8)
-            .collect();
-        let mut out = vec![0u8; data.len() - 10];
-        let c = read_crc(10, &mut out, |off, b| {
-            b.copy_from_slice(&data[off as usize..off as usize + b.len()]);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(out, data[10..]);
-        assert_eq!(c, crc32c::crc32c(&data[10..]));
-    }
 
     #[test]
     fn ordered_work_runs_every_item_once_and_stops_on_error() {

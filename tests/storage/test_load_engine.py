@@ -166,3 +166,59 @@ def test_hf_io_modes(tmp_path, io):
         np.testing.assert_array_equal(got[k], v)
     np.testing.assert_array_equal(one, st["big2"])
     assert one.flags.writeable
+
+
+# --- runs of values read with one vectored read (rust/src/runs.rs) ---------------------------
+def _many_small() -> dict[str, np.ndarray]:
+    """2,000 values of 1-700 bytes lying end to end (runs cut by block, iovec and run limits),
+    around two large ones."""
+    rng = np.random.default_rng(41)
+    out: dict[str, np.ndarray] = {"a_big": rng.standard_normal(300_000).astype(np.float32)}
+    for i in range(2000):
+        out[f"v{i:04d}"] = rng.integers(0, 255, int(rng.integers(1, 700)), dtype=np.uint8)
+    out["z_big"] = rng.standard_normal(200_000).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["none", "hf"])
+def test_runs_of_small_values_land_in_their_own_arrays(tmp_path, fmt):
+    st = _many_small()
+    if fmt == "hf":
+        p = str(tmp_path / "hf")
+        os.mkdir(p)
+        st_save(st, os.path.join(p, "model.safetensors"))
+    else:
+        p = str(tmp_path / "ck")
+        sp.save_file(st, p, compression="none", durable=False)
+    targets = {k: np.full_like(v, 7) for k, v in st.items()}
+    with sp.open(p) as r:
+        r.load_into(targets)
+    for k, v in st.items():
+        np.testing.assert_array_equal(targets[k], v, err_msg=k)
+
+
+def test_a_flipped_byte_in_a_run_names_its_own_value(tmp_path):
+    st = _many_small()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression="none", durable=False)
+    with sp.open(p) as r:
+        info = r.info("v1234")
+        shard = r._core.shard_files()[info.shard][0]
+    _flip(shard, info.offset + info.stored_bytes - 1)
+    targets = {k: np.zeros_like(v) for k, v in st.items()}
+    with sp.open(p) as r, pytest.raises(ChecksumMismatchError, match="v1234"):
+        r.load_into(targets)
+
+
+def test_a_shard_cut_inside_a_run_of_small_values_names_the_file(tmp_path):
+    st = _many_small()
+    p = str(tmp_path / "ck")
+    sp.save_file(st, p, compression="none", durable=False)
+    targets = {k: np.zeros_like(v) for k, v in st.items() if k.startswith("v")}
+    with sp.open(p) as r:
+        info = r.info("v1000")
+        shard = r._core.shard_files()[info.shard][0]
+        os.truncate(shard, info.offset + 3)
+        with pytest.raises(CorruptCheckpointError, match="truncated") as e:
+            r.load_into(targets)
+    assert os.path.basename(shard) in str(e.value)

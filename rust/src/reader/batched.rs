@@ -43,9 +43,10 @@ impl Reader {
     /// Read many entries into caller-owned buffers (each exactly its entry's `raw_len`, none
     /// overlapping): the bulk-load path (see [`crate::load`]). Work items (pieces of
     /// uncompressed payloads, chunks of compressed ones) are taken in file order by every
-    /// worker while a helper thread reads ahead of them; an uncompressed piece is read into
-    /// its destination and crc'd in cache-sized blocks (`verify`), a chunk is decoded with its
-    /// crc. Compressed entries are always checked end to end; uncompressed ones when `verify`.
+    /// worker while a helper thread reads ahead of them; uncompressed pieces lying end to end
+    /// are read as runs (one `preadv` per cache-sized block fills several values' own
+    /// buffers, each part crc'd while in cache when `verify`: [`crate::runs`]), a chunk is
+    /// decoded with its crc. Compressed entries are always checked end to end; uncompressed ones when `verify`.
     /// On an error some buffers may hold new bytes and others not.
     pub fn read_many_into(
         &self,
@@ -53,7 +54,7 @@ impl Reader {
         dsts: Vec<&mut [u8]>,
         verify: bool,
     ) -> Result<()> {
-        use crate::load::{for_each_ordered, read_crc, with_read_ahead, Span, RAW_PIECE};
+        use crate::load::{for_each_ordered, with_read_ahead, Span, RAW_PIECE};
         if entries.len() != dsts.len() {
             return Err(Error::InvalidArgument(format!(
                 "{} entries but {} output buffers",
@@ -123,43 +124,78 @@ impl Reader {
             })
             .collect();
         let crcs: Vec<OnceLock<(u32, usize)>> = (0..items.len()).map(|_| OnceLock::new()).collect();
+        // Work units: runs of raw pieces lying end to end in one shard (one `preadv` per block
+        // fills them all, crate::runs), and each compressed chunk alone.
+        let keyed: Vec<((u32, usize), u64, u64)> = order
+            .iter()
+            .map(|&k| {
+                let it = &items[k];
+                let alone = if it.chunk == usize::MAX {
+                    usize::MAX
+                } else {
+                    k
+                };
+                ((it.at.0, alone), it.at.1, it.stored)
+            })
+            .collect();
+        let units = crate::runs::group(&keyed);
+        let take = |k: usize| -> &mut [u8] {
+            items[k]
+                .dst
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .expect("each item is taken once")
+        };
         // Ctrl-C (crate::cancel): checked between items, on the workers, against the caller's
         // token.
         let cancel = crate::cancel::current();
         with_read_ahead(&spans, |progress| {
-            for_each_ordered(order.len(), |j| {
+            for_each_ordered(units.len(), |u| {
                 cancel.check()?;
-                let k = order[j];
-                let it = &items[k];
-                let e = &entries[it.entry];
-                let dst = it
-                    .dst
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .expect("each item is taken once");
+                let run = &order[units[u].clone()];
+                let first = &items[run[0]];
+                let e = &entries[first.entry];
                 let shard = &self.shards[e.shard as usize];
-                let c = if it.chunk == usize::MAX {
-                    if verify {
-                        read_crc(it.at.1, dst, |off, b| shard.read_at(off, b))?
-                    } else {
-                        shard.read_at(it.at.1, dst)?;
-                        0
+                if first.chunk == usize::MAX {
+                    let mut segs: Vec<crate::runs::Seg<'_>> = run
+                        .iter()
+                        .map(|&k| crate::runs::Seg {
+                            offset: items[k].at.1,
+                            dst: take(k),
+                        })
+                        .collect();
+                    let got =
+                        crate::runs::read_run(&shard.file, shard.base, &mut segs, verify, |f| {
+                            match f {
+                                crate::runs::RunFailure::Short { end, .. } => shard.truncated(end),
+                                crate::runs::RunFailure::Io(source) => Error::Io {
+                                    path: shard.path.clone(),
+                                    op: "read shard",
+                                    source,
+                                },
+                            }
+                        })?;
+                    for ((&k, s), c) in run.iter().zip(&segs).zip(got) {
+                        let _ = crcs[k].set((c, s.dst.len()));
+                        progress.consumed(items[k].stored);
                     }
-                } else {
-                    match self.decode_chunk_checked(e, it.chunk, dst) {
-                        Ok(c) => c,
-                        // A decoder error on damaged bytes: the chunk crcs name the damage
-                        // better.
-                        Err(err @ Error::Corrupt { .. }) => {
-                            self.verify_entry(e)?;
-                            return Err(err);
-                        }
-                        Err(err) => return Err(err),
+                    return Ok(());
+                }
+                let k = run[0];
+                let dst = take(k);
+                let c = match self.decode_chunk_checked(e, first.chunk, dst) {
+                    Ok(c) => c,
+                    // A decoder error on damaged bytes: the chunk crcs name the damage
+                    // better.
+                    Err(err @ Error::Corrupt { .. }) => {
+                        self.verify_entry(e)?;
+                        return Err(err);
                     }
+                    Err(err) => return Err(err),
                 };
                 let _ = crcs[k].set((c, dst.len()));
-                progress.consumed(it.stored);
+                progress.consumed(first.stored);
                 Ok(())
             })
         })?;

@@ -64,7 +64,7 @@ impl ShardMap {
             .map_err(|e| Error::io(&self.path, "stat shard", e))
     }
 
-    fn truncated(&self, need: u64) -> Error {
+    pub(super) fn truncated(&self, need: u64) -> Error {
         let need = need + self.base;
         let now = self.current_len().unwrap_or(0);
         Error::corrupt(
