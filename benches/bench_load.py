@@ -398,7 +398,7 @@ def main() -> None:
         return
     files = setup(args.out, args.scale)
     if args.before:
-        for n in ("sp_hf_copy", "sp_none_into", "sp_default_into"):
+        for n in ("sp_hf_copy", "sp_hf_into", "sp_none_into", "sp_default_into"):
             LABELS[n + "@before"] = LABELS[n] + " [before]"
             files[n + "@before"] = files[n]
     names = [n for n in LABELS if not args.only or n.split("@")[0] in args.only.split(",")]
