@@ -111,11 +111,13 @@ pub fn read_run(
             scratch.resize(RUN_GAP as usize, 0);
         }
         let gap_ptr = scratch.as_mut_ptr();
+        // One block at a time: iovecs over the next RUN_BLOCK bytes (values and gaps), and the
+        // parts of segments they fill (segment, start, len), to crc once the block is in.
+        let mut iov: Vec<libc::iovec> = Vec::new();
+        let mut parts: Vec<(usize, usize, usize)> = Vec::new();
         while si < segs.len() {
-            // One block: iovecs over the next RUN_BLOCK bytes (values and gaps), and the parts
-            // of segments they fill (segment, start, len), to crc once the block is in.
-            let mut iov: Vec<libc::iovec> = Vec::new();
-            let mut parts: Vec<(usize, usize, usize)> = Vec::new();
+            iov.clear();
+            parts.clear();
             let (mut ti, mut to, mut pos, mut want) = (si, so, at, 0usize);
             while ti < segs.len() && want < block && iov.len() + 2 <= MAX_IOV {
                 let s = &mut segs[ti];
