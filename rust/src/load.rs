@@ -36,11 +36,9 @@ pub const AHEAD_PIECE: u64 = 8 << 20;
 pub const AHEAD_WINDOW: u64 = 512 << 20;
 /// Loads smaller than this get no helper thread (the kernel's own read-ahead is enough).
 pub const AHEAD_MIN: u64 = 16 << 20;
-/// Bytes per uncompressed work item (large values are split for parallelism).
-pub const RAW_PIECE: usize = 4 << 20;
-/// Bytes read then crc'd at a time: the block is still in the core's cache when the crc reads it
-/// ([`crate::runs`]).
-pub const FUSE_BLOCK: usize = 256 << 10;
+/// Bytes per uncompressed work item and bytes read then crc'd at a time: defined with the
+/// vectored runs ([`crate::runs`]), the lower module, so the two stay one choice.
+pub use crate::runs::{FUSE_BLOCK, RAW_PIECE};
 
 /// One byte range a load will read, in the order the workers will read it.
 #[derive(Clone, Copy)]

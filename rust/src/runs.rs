@@ -20,12 +20,15 @@ use crate::error::Result;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 
-/// Bytes read (and then crc'd) per vectored read: the block is still in the core's cache when
-/// the crc reads it (as [`crate::load::FUSE_BLOCK`]).
-pub const RUN_BLOCK: usize = crate::load::FUSE_BLOCK;
+/// Bytes per uncompressed work item of a load (large values are split for parallelism).
+pub const RAW_PIECE: usize = 4 << 20;
+/// Bytes read then crc'd at a time: the block is still in the core's cache when the crc reads it.
+pub const FUSE_BLOCK: usize = 256 << 10;
+/// Bytes read (and then crc'd) per vectored read: one [`FUSE_BLOCK`].
+pub const RUN_BLOCK: usize = FUSE_BLOCK;
 /// The most bytes of values in one run (one work item): as one raw piece of a large value, so
 /// the workers' items stay the same size whatever the values' sizes.
-pub const RUN_MAX: u64 = crate::load::RAW_PIECE as u64;
+pub const RUN_MAX: u64 = RAW_PIECE as u64;
 /// The largest gap between two values that still joins them into one run.
 pub const RUN_GAP: u64 = 64 << 10;
 /// The most iovecs per `preadv` (Linux's `IOV_MAX`).
