@@ -19,16 +19,17 @@ pub mod planes;
 pub mod pool;
 pub mod xor;
 pub mod zstd_rle;
+mod zstd_setup;
 
 pub use huff_chunk::Encoded;
 pub use pool::BufPool;
+use zstd_setup::{compress_into, plane_setup, xor_plane_setup, Setup};
 
 /// Default zstd level. Level 1 beat 3 and 9 on byte-grouped floats in both ratio and speed.
 pub const DEFAULT_LEVEL: i32 = 1;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    static COMPRESSORS: RefCell<Vec<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(Vec::new()) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
@@ -167,105 +168,34 @@ pub fn choose_codec(requested: Codec, dtype: DType, level: i32) -> Codec {
     }
 }
 
-/// How a zstd frame is produced: a plain zstd `level`, or the entropy setup used for
-/// byte-grouped planes at levels <= 1 (see [`plane_setup`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Setup {
-    Level(i32),
-    Entropy,
-}
-
-/// Byte-grouped planes are mostly "few distinct byte values, few long repeats" (float exponents):
-/// an LZ search finds little and costs much, a Huffman pass gets near the entropy bound. At
-/// levels <= 1 we therefore use the fastest match finder with a tiny hash table and long
-/// minimum matches, with literal Huffman coding forced on. Measured on normal-distributed fp32
-/// exponent planes: ratio 3.13 vs 2.65 and ~3.7x the speed of plain level 1.
-fn plane_setup(level: i32) -> Setup {
-    if level <= 1 {
-        Setup::Entropy
-    } else {
-        Setup::Level(level)
-    }
-}
-
-fn with_compressor<T>(
-    setup: Setup,
-    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> T,
-) -> Result<T> {
-    use zstd::zstd_safe::{CParameter, ParamSwitch};
-    COMPRESSORS.with(|cell| {
-        let mut cs = cell.borrow_mut();
-        let key = match setup {
-            Setup::Level(l) => l,
-            Setup::Entropy => i32::MIN,
-        };
-        let idx = match cs.iter().position(|(l, _)| *l == key) {
-            Some(i) => i,
-            None => {
-                let err = |e: std::io::Error| {
-                    Error::InvalidArgument(format!("zstd setup {setup:?}: {e}"))
-                };
-                let c = match setup {
-                    Setup::Level(l) => zstd::bulk::Compressor::new(l).map_err(err)?,
-                    Setup::Entropy => {
-                        let mut c = zstd::bulk::Compressor::new(-5).map_err(err)?;
-                        c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
-                            .map_err(err)?;
-                        c.set_parameter(CParameter::MinMatch(7)).map_err(err)?;
-                        c.set_parameter(CParameter::HashLog(6)).map_err(err)?;
-                        c
-                    }
-                };
-                cs.push((key, c));
-                cs.len() - 1
-            }
-        };
-        Ok(f(&mut cs[idx].1))
-    })
-}
-
-/// Append a zstd frame of `input` to `out` if it is smaller than `limit`; returns whether it was.
-/// With `skip_random`, inputs whose sampled byte histogram looks random are not even tried
-/// (right for float mantissa planes; wrong for structured integers, whose low bytes have flat
-/// histograms yet compress well by matching, so integer planes are always tried).
-fn compress_into(
-    setup: Setup,
-    input: &[u8],
-    limit: usize,
-    skip_random: bool,
-    out: &mut Vec<u8>,
-) -> Result<bool> {
-    if skip_random && planes::sample_entropy(input) > planes::INCOMPRESSIBLE_BITS {
-        return Ok(false);
-    }
-    with_compressor(setup, |c| {
-        // The spare capacity is exactly `limit`: a frame that does not fit is not worth it.
-        let mut spare: Vec<u8> = Vec::with_capacity(limit);
-        match c.compress_to_buffer(input, &mut spare) {
-            Ok(n) if n < limit => {
-                out.extend_from_slice(&spare);
-                true
-            }
-            _ => false,
-        }
-    })
-}
-
 /// Encode one raw chunk. Returns `None` when the chunk should be stored raw (it did not shrink
 /// below 95%), else the stored bytes (FORMAT.md §5: a zstd frame, or for byte grouping one
 /// segment per plane).
 pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Result<Option<Vec<u8>>> {
-    encode_chunk_in(codec, dtype, level, raw, &mut None)
+    encode_chunk_in(codec, dtype, level, raw, &mut None, false)
+}
+
+/// [`encode_chunk`] for a chunk of an XOR payload (`new ^ base` of a delta entry): the same
+/// format, with each float plane's zstd setup chosen by its density ([`xor_plane_setup`]).
+pub fn encode_xor_chunk(
+    codec: Codec,
+    dtype: DType,
+    level: i32,
+    raw: &[u8],
+) -> Result<Option<Vec<u8>>> {
+    encode_chunk_in(codec, dtype, level, raw, &mut None, true)
 }
 
 /// [`encode_chunk`], setting `raw_crc` to the crc32c of `raw` where the encoder reads it anyway
-/// (zstd-bytegroup: inside the grouping pass, block by block while in cache).
+/// (zstd-bytegroup: inside the grouping pass, block by block while in cache). `xor`: `raw` is
+/// an XOR payload ([`encode_xor_chunk`]).
 fn encode_chunk_in(
     codec: Codec,
     dtype: DType,
     level: i32,
     raw: &[u8],
     raw_crc: &mut Option<u32>,
+    xor: bool,
 ) -> Result<Option<Vec<u8>>> {
     if codec == Codec::None || raw.is_empty() {
         return Ok(None);
@@ -303,6 +233,11 @@ fn encode_chunk_in(
                 Setup::Level(level)
             };
             for plane in s.chunks_exact(n) {
+                let setup = if xor && setup == Setup::Entropy {
+                    xor_plane_setup(plane)
+                } else {
+                    setup
+                };
                 let at = out.len();
                 out.extend_from_slice(&[0u8; 4]);
                 let plane_limit = n - n / 64; // a plane must save at least ~1.5% to be compressed
@@ -337,6 +272,17 @@ pub fn encode_chunk_crc(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> R
     encode_chunk_crc_in(codec, dtype, level, raw, Vec::new())
 }
 
+/// [`encode_chunk_crc_in`] for a chunk of an XOR payload ([`encode_xor_chunk`]).
+pub fn encode_xor_chunk_crc_in(
+    codec: Codec,
+    dtype: DType,
+    level: i32,
+    raw: &[u8],
+    buf: Vec<u8>,
+) -> Result<Encoded> {
+    encode_crc_in(codec, dtype, level, raw, buf, true)
+}
+
 /// [`encode_chunk_crc`] writing codec 3's output into `buf` (cleared first; a recycled buffer
 /// from a [`BufPool`] saves the page faults of fresh memory).
 pub fn encode_chunk_crc_in(
@@ -346,12 +292,23 @@ pub fn encode_chunk_crc_in(
     raw: &[u8],
     buf: Vec<u8>,
 ) -> Result<Encoded> {
+    encode_crc_in(codec, dtype, level, raw, buf, false)
+}
+
+fn encode_crc_in(
+    codec: Codec,
+    dtype: DType,
+    level: i32,
+    raw: &[u8],
+    buf: Vec<u8>,
+    xor: bool,
+) -> Result<Encoded> {
     if codec == Codec::HuffByteGroup && !raw.is_empty() && dtype.group_width() >= 2 {
         let limit = (raw.len() as u64 * MAX_KEPT_RATIO.0 / MAX_KEPT_RATIO.1) as usize;
         return Ok(huff_chunk::encode_in(dtype, raw, limit, buf));
     }
     let mut fused = None;
-    let stored = encode_chunk_in(codec, dtype, level, raw, &mut fused)?;
+    let stored = encode_chunk_in(codec, dtype, level, raw, &mut fused, xor)?;
     let raw_crc = fused.unwrap_or_else(|| crc(raw));
     let stored_crc = stored.as_deref().map_or(raw_crc, crc);
     Ok(Encoded {

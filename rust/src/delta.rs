@@ -145,7 +145,7 @@ pub fn crc_many(bufs: &[&[u8]]) -> Result<Vec<u32>> {
 /// near break-even (docs/DELTA.md): the real encoder's output, with no scratch checkpoint
 /// written and read back. Entry padding is not counted.
 pub fn stored_sizes(items: &[crate::Item<'_>], opts: &crate::WriterOptions) -> Result<Vec<u64>> {
-    use crate::codec::{choose_codec, encode_chunk};
+    use crate::codec::{choose_codec, encode_chunk, encode_xor_chunk};
     use crate::format::{Codec, MIN_COMPRESS_BYTES};
     let cb = opts.chunk_bytes as usize;
     if cb == 0 {
@@ -180,7 +180,7 @@ pub fn stored_sizes(items: &[crate::Item<'_>], opts: &crate::WriterOptions) -> R
                         let mut x = cell.borrow_mut();
                         x.resize(n, 0); // (fully overwritten below)
                         crate::codec::xor::xor_to(&mut x, &it.data[range.clone()], &b[range]);
-                        encode_chunk(codec, it.dtype, opts.level, &x)
+                        encode_xor_chunk(codec, it.dtype, opts.level, &x)
                     })?,
                 };
                 Ok((i, stored.map_or(n, |s| s.len()) as u64))

@@ -2,7 +2,9 @@
 are written as hand-built zstd frames of RLE blocks, without a zstd pass (rust/src/codec/
 zstd_rle.rs). Any zstd decoder reads them: checked through ``encode``/``apply`` bit for bit on
 every group width (2, 4, 8; complex128's 16-byte elements as 8-byte halves) across chunk
-boundaries, through the pure-Python reference reader, and a damaged frame is refused."""
+boundaries, through the pure-Python reference reader, and a damaged frame is refused. Dense
+planes of an XOR payload are zstd frames of Huffman-coded literals (rust/src/codec/
+zstd_setup.rs): read back by both readers too."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from shardpoint.storage.dtypes import numpy_dtype
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import reference_reader as rr  # noqa: E402
+import reference_reader_delta as rd  # noqa: E402
 
 CHUNK = 1 << 20
 DTYPES = ["bfloat16", "float16", "int16", "float32", "int32", "float64", "int64", "complex128"]
@@ -89,3 +92,31 @@ def test_a_damaged_rle_frame_is_refused(tmp_path: object) -> None:
     open(path, "wb").write(bytes(data))
     with pytest.raises(CheckpointError, match="ones|d.data"):
         sp.load_file(p)
+
+
+def test_dense_xor_planes_read_back_through_both_readers(tmp_path: object) -> None:
+    """An RL-like bf16 step: the low plane of the XOR ~20% nonzero (the literals-only setup),
+    the high plane sparse (the matching one); a delta checkpoint of it reads back bit for bit
+    through the library and the reference reader, and a sync delta applies exactly."""
+    rng = np.random.default_rng(3)
+    n = CHUNK + 4097  # a full chunk and a partial one
+    old = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    new = old.copy()
+    moved = rng.random(n) < 0.2
+    new[moved] ^= rng.integers(1, 128, int(moved.sum()), dtype=np.uint16)  # low bits only
+    new[::997] ^= 0x0100  # and a few exponent-plane bytes
+    bf = numpy_dtype("bfloat16")
+    olds, news = {"w": old.view(bf)}, {"w": new.view(bf)}
+    d = str(tmp_path)
+    base, delta = os.path.join(d, "b"), os.path.join(d, "d")
+    sp.save_file(olds, base, durable=False)
+    sp.save_file(news, delta, base=base, delta=True, durable=False)
+    assert spd.describe(delta)["tensors"]["w"]["mode"] == "xor"
+    assert sp.load_file(delta)["w"].tobytes() == new.tobytes()
+    dtype, dims, raw = rd.read_resolved(delta)["w"]
+    assert (dtype, list(dims), raw) == ("bfloat16", [n], new.tobytes())
+    blob = spd.encode(olds, news)
+    assert blob is not None and len(blob) < new.nbytes // 3
+    target = {"w": old.view(bf).copy()}
+    assert spd.apply(blob, target)["xor"] == 1
+    assert target["w"].tobytes() == new.tobytes()

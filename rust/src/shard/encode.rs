@@ -5,7 +5,7 @@
 
 use super::{EncodeOptions, Item, ShardWriter};
 use crate::checksum::par_crc;
-use crate::codec::{choose_codec, encode_chunk_crc_in, BufPool};
+use crate::codec::{choose_codec, encode_chunk_crc_in, encode_xor_chunk_crc_in, BufPool};
 use crate::error::Result;
 use crate::format::*;
 use crate::index::{ChunkRec, EntryMeta};
@@ -171,8 +171,13 @@ impl ShardWriter {
                                 let mut x = cell.borrow_mut();
                                 x.resize(a.len(), 0); // (fully overwritten below)
                                 crate::codec::xor::xor_to(&mut x, a, b);
-                                let e =
-                                    encode_chunk_crc_in(codecs[item], it.dtype, level, &x, buf)?;
+                                let e = encode_xor_chunk_crc_in(
+                                    codecs[item],
+                                    it.dtype,
+                                    level,
+                                    &x,
+                                    buf,
+                                )?;
                                 let raw = e.stored.is_none().then(|| {
                                     let mut v = pool.take(x.len());
                                     v.extend_from_slice(&x);
