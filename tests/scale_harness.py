@@ -16,7 +16,9 @@ thousands of them fit on one machine. Two paths:
 Requests are counted by a counting proxy in front of a moto S3 server (tests/s3_server.py) when
 ``proxy`` is given; ``latency`` seconds are added per request there. Coordinator CPU is
 ``time.process_time`` around the coordinator's calls: meaningful against a local directory
-(against moto, the server runs in this process and its CPU is counted too).
+(against moto, the server runs in this process and its CPU is counted too). The merge's
+cleanup runs in the background (FORMAT.md §8.3): each save waits for it after its commit was
+measured and reports how long it still ran (``cleanup_wall``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ def _count_objects(prefix: str, proxy: Any, moto: Any) -> int:
     return sum(1 for k in moto.keys(bucket) if k.startswith(key))
 
 
+def _wait_for_cleanup() -> float:
+    """Wait for the merge's background cleanup (FORMAT.md §8.3) and return how long it still
+    ran: off the coordinator's critical path, so not in its CPU; waited for here so that it
+    is not counted in the next save's, and so that the files counted are the checkpoint's."""
+    t0 = time.perf_counter()
+    sp.wait_for_cleanups()
+    return time.perf_counter() - t0
+
+
 def _in_ranks(n: int, fn: Callable[[int], Any]) -> list[Any]:
     with ThreadPoolExecutor(min(RANK_THREADS, n)) as pool:
         return list(pool.map(fn, range(n)))
@@ -123,6 +134,7 @@ def writer_save(
     c0, w0 = time.process_time(), time.perf_counter()
     sp.merge(prefix, n, token=token, storage_options=options)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    cleanup = _wait_for_cleanup()
     return SaveRun(
         path="writer",
         n=n,
@@ -132,7 +144,7 @@ def writer_save(
         rank_requests=_per_rank(rank_counts, n),
         commit_requests=proxy.counts() if proxy is not None else {},
         objects_per_rank=_count_objects(prefix, proxy, moto) / n,
-        steps={"merge": cpu},
+        steps={"merge": cpu, "cleanup_wall": cleanup},
     )
 
 
@@ -279,6 +291,7 @@ def dcp_save(
         c4, wall = time.process_time(), time.perf_counter() - w0
     finally:
         dcp_module.storage.merge = real_merge  # type: ignore[attr-defined]
+    cleanup = _wait_for_cleanup()
     return SaveRun(
         path="dcp",
         n=n,
@@ -295,6 +308,7 @@ def dcp_save(
             "prepare_global_plan": c2 - c1,
             "finish": c4 - c3,
             "of_which_merge": merge_cpu[0],
+            "cleanup_wall": cleanup,
         },
         final_plans=final,
     )

@@ -3,7 +3,7 @@
 The public API (names are a contract):
 
 - files: :func:`save_file`, :func:`load_file`, :func:`open` (lazy reader), :class:`Writer`,
-  :func:`merge` (multi-writer commit), :func:`exists`, :func:`remove`;
+  :func:`merge` (multi-writer commit), :func:`wait_for_cleanups`, :func:`exists`, :func:`remove`;
 - errors: :class:`CheckpointError` and its subclasses;
 - object-based checkpointing (``Variable``, ``Module``, ``Checkpoint``, ``CheckpointManager``...)
   from :mod:`shardpoint.objgraph`; ``shardpoint.activation`` and ``shardpoint.torch`` need PyTorch and are
@@ -45,6 +45,7 @@ from .storage import (
     open,
     remove,
     save_file,
+    wait_for_cleanups,
 )
 from .storage.objects import add_safe_types, register_type, registered_types, safe_types
 
@@ -82,6 +83,7 @@ __all__ = [
     "open",
     "remove",
     "save_file",
+    "wait_for_cleanups",
     "add_safe_types",
     "register_type",
     "registered_types",

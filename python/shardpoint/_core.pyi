@@ -1,7 +1,7 @@
 # Stubs of the compiled module shardpoint._core (checked by `mypy.stubtest` in `make lint`).
 from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import final
+from typing import Any, final
 
 import numpy as np
 from typing_extensions import Buffer as _PyBuffer
@@ -34,9 +34,12 @@ __all__ = [
     "exists",
     "gc",
     "is_remote",
+    "int_attr_rows",
     "is_single_file",
     "list_dir",
     "merge",
+    "pending_cleanups",
+    "wait_for_cleanups",
     "object_delete",
     "object_get",
     "object_put",
@@ -212,7 +215,11 @@ def merge(
     durable: bool = True,
     token: str | None = None,
     storage_options: dict[str, str] | None = None,
+    wait_cleanup: bool = True,
 ) -> None: ...
+def wait_for_cleanups() -> None: ...
+def int_attr_rows(objs: list[Any], names: list[str], width: int) -> bytes | None: ...
+def pending_cleanups() -> int: ...
 def stage_copy(srcs: Sequence[_Buffer], dsts: Sequence[_Buffer], with_crc: bool) -> list[int]: ...
 def save_incremental(
     prefix: str | PathLike[str],

@@ -159,6 +159,12 @@ impl PrefixLock {
     pub fn held(&self) -> bool {
         self.file.is_some()
     }
+
+    /// The locked descriptor (None where the lock is not really held).
+    pub(crate) fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
 }
 
 /// A random 64-bit token (save ids, temp names).
@@ -497,6 +503,40 @@ pub fn commit_index_bytes(
     durable: bool,
     lock: &PrefixLock,
 ) -> Result<()> {
+    let (keep, orphans) = commit_without_cleanup(prefix, shards, built, durable, lock)?;
+    cleanup(prefix, &keep, &orphans);
+    Ok(())
+}
+
+/// [`commit_index_bytes`] taking the commit lock with it: with `background`, the cleanup runs
+/// on a thread that holds `lock` until it is done ([`crate::background_cleanup`]) and this
+/// returns as soon as the index is committed; otherwise as [`commit_index_bytes`].
+pub fn commit_index_bytes_owned(
+    prefix: &Path,
+    shards: &[ShardRec],
+    built: Result<Vec<u8>>,
+    durable: bool,
+    lock: PrefixLock,
+    background: bool,
+) -> Result<()> {
+    let (keep, orphans) = commit_without_cleanup(prefix, shards, built, durable, &lock)?;
+    if background {
+        crate::background_cleanup::spawn(prefix.to_path_buf(), keep, orphans, lock);
+    } else {
+        cleanup(prefix, &keep, &orphans);
+    }
+    Ok(())
+}
+
+/// The commit of [`commit_index_bytes`] up to its cleanup: returns the names the new index
+/// references and what the cleanup may remove besides.
+fn commit_without_cleanup(
+    prefix: &Path,
+    shards: &[ShardRec],
+    built: Result<Vec<u8>>,
+    durable: bool,
+    lock: &PrefixLock,
+) -> Result<(HashSet<String>, Orphans)> {
     let orphans = if lock.held() {
         Orphans::Locked
     } else {
@@ -515,8 +555,7 @@ pub fn commit_index_bytes(
     }
     crate::fault::point("commit.done");
     let keep: HashSet<String> = shards.iter().map(|s| s.name.clone()).collect();
-    cleanup(prefix, &keep, &orphans);
-    Ok(())
+    Ok((keep, orphans))
 }
 
 #[cfg(test)]

@@ -10,7 +10,13 @@
 //!   index or index is not written yet;
 //! - `merge.read`: the coordinator read and merged every partial index, nothing committed;
 //! - `commit.done`: the index is committed (renamed / put), the replaced shards and consumed
-//!   partials are not deleted yet.
+//!   partials are not deleted yet;
+//! - `cleanup.background`: a background cleanup (`merge_local(.., true)`) started, holding
+//!   the commit lock, nothing of it removed yet.
+//!
+//! `SHARDPOINT_TEST_DELAY_AT=<point>:<ms>` makes every arrival at `<point>` sleep `ms`
+//! milliseconds instead (tests that must act while, say, a background cleanup holds the
+//! commit lock).
 //!
 //! Read once; unset (always, outside tests) a point costs one atomic load.
 
@@ -44,9 +50,29 @@ fn armed() -> Option<&'static Armed> {
         .as_ref()
 }
 
+/// The environment variable that arms a delay point.
+pub const DELAY_AT_ENV: &str = "SHARDPOINT_TEST_DELAY_AT";
+
+fn delayed() -> Option<&'static (String, u64)> {
+    static DELAYED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    DELAYED
+        .get_or_init(|| {
+            let v = std::env::var(DELAY_AT_ENV).ok()?;
+            let (point, ms) = v.split_once(':')?;
+            Some((point.to_string(), ms.parse().ok()?))
+        })
+        .as_ref()
+}
+
 /// Reach the kill point `name`: SIGKILL this process if it is the armed one (a kill, not an
-/// exit: no destructor runs, no temp file is removed, no buffer is flushed).
+/// exit: no destructor runs, no temp file is removed, no buffer is flushed); sleep if it is
+/// the delayed one.
 pub fn point(name: &str) {
+    if let Some((p, ms)) = delayed() {
+        if p == name {
+            std::thread::sleep(std::time::Duration::from_millis(*ms));
+        }
+    }
     let Some(a) = armed() else {
         return;
     };

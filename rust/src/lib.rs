@@ -31,6 +31,7 @@
 //!   forked child works as a fresh process does;
 //! - [`error`]: the crate's one error type.
 
+pub mod background_cleanup;
 pub mod cancel;
 pub mod checksum;
 pub mod codec;
@@ -62,7 +63,7 @@ pub use digest::DigestAlgo;
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
-pub use merge::{merge, merge_at};
+pub use merge::{merge, merge_at, merge_at_with, merge_local};
 pub use reader::Reader;
 pub use shard::Item;
 pub use single::{encode_single, save_single};

@@ -6,7 +6,7 @@
 //! bytes are copied. The metadata blob is JSON we wrote ourselves, parsed here with serde_json
 //! (the user's part is carried through verbatim as raw JSON).
 
-use crate::commit::{commit_index_bytes, PrefixLock};
+use crate::commit::{commit_index_bytes_owned, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
@@ -86,6 +86,19 @@ struct PartialMarker {
 /// bytes are copied. Duplicate keys across writers are an error naming both ranks; partials
 /// whose merge tokens differ (from each other, or from `token` when given) are refused.
 pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
+    merge_local(prefix, world_size, durable, token, false)
+}
+
+/// [`merge`]; with `background_cleanup`, the replaced checkpoint's files and the consumed
+/// partial indexes are removed by a thread that holds the commit lock until it is done
+/// ([`crate::background_cleanup`]): this returns once `P.index` is committed.
+pub fn merge_local(
+    prefix: &Path,
+    world_size: u32,
+    durable: bool,
+    token: Option<&str>,
+    background_cleanup: bool,
+) -> Result<()> {
     if world_size == 0 {
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
@@ -97,15 +110,36 @@ pub fn merge(prefix: &Path, world_size: u32, durable: bool, token: Option<&str>)
         Ok((p, bytes))
     })?;
     crate::fault::point("merge.read");
-    commit_index_bytes(prefix, &m.shards, Ok(m.index), durable, &lock)
+    commit_index_bytes_owned(
+        prefix,
+        &m.shards,
+        Ok(m.index),
+        durable,
+        lock,
+        background_cleanup,
+    )
 }
 
 /// [`merge`] for a local prefix or an object-store URL (there the merged index is committed
 /// conditionally, FORMAT.md §8.2, and the consumed partial indexes are deleted). The partial
 /// indexes are read in parallel, [`MERGE_READS_IN_FLIGHT`] at a time.
 pub fn merge_at(loc: &Location, world_size: u32, durable: bool, token: Option<&str>) -> Result<()> {
+    merge_at_with(loc, world_size, durable, token, false)
+}
+
+/// [`merge_at`]; `background_cleanup` as in [`merge_local`] (a local prefix only: an object
+/// store's cleanup is one bulk delete per 1,000 keys, made before this returns).
+pub fn merge_at_with(
+    loc: &Location,
+    world_size: u32,
+    durable: bool,
+    token: Option<&str>,
+    background_cleanup: bool,
+) -> Result<()> {
     let rp = match loc {
-        Location::Local(p) => return merge(p, world_size, durable, token),
+        Location::Local(p) => {
+            return merge_local(p, world_size, durable, token, background_cleanup)
+        }
         Location::Remote(rp) => rp,
     };
     if world_size == 0 {

@@ -211,6 +211,8 @@ def recovery_save(mode: str, d: str) -> int:
     if mode == "merge":
         step = (merged_step(d) or 0) + 1
         merge_save(d, step, lambda point: None)
+        # the merge removes what it replaced in the background (FORMAT.md §8.3)
+        sp.wait_for_cleanups()
         return step
     ck = make_checkpoint(mode)
     if mode in MANAGED:

@@ -43,7 +43,7 @@ from .reader import (
     stats_dict,
 )
 from .save import DIGEST_ALGORITHMS, SavePlan, plan_save, save_file
-from .writer import Writer, merge
+from .writer import Writer, merge, wait_for_cleanups
 
 __all__ = [
     "save_file",
@@ -55,6 +55,7 @@ __all__ = [
     "exists",
     "remove",
     "merge",
+    "wait_for_cleanups",
     "PathLike",
     "StorageOptions",
     "SINGLE_FILE_SUFFIXES",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,11 @@ from .paths import PathLike, StorageOptions, _prefix, _storage
 from .save import _digest, _metadata_json, _opts, _sections_json
 from .values import check_user_key, encode
 
-__all__ = ["Writer", "merge"]
+__all__ = ["Writer", "merge", "wait_for_cleanups"]
+
+# A background cleanup (``merge(wait_cleanup=False)``) holds the prefix's commit lock until it
+# is done; let it finish before the interpreter exits rather than leave its files to ``gc``.
+atexit.register(_core.wait_for_cleanups)
 
 
 class Writer:
@@ -119,15 +124,33 @@ def merge(
     durable: bool = True,
     token: str | None = None,
     storage_options: StorageOptions = None,
+    wait_cleanup: bool = False,
 ) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
     (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
     whose ``merge_token`` differs from each other (or from ``token``, when given) raise
-    ``InvalidArgumentError`` and nothing is committed."""
+    ``InvalidArgumentError`` and nothing is committed.
+
+    Returns once the merged index is committed. At a local prefix, the files it made
+    unreferenced (the consumed partial indexes, the replaced checkpoint's shards) are then
+    removed by a background thread that holds the prefix's commit lock until it is done: the
+    next save, ``remove`` or ``gc`` at that prefix waits for it, readers never see them, and a
+    process that dies first leaves them to the next commit or ``gc`` (FORMAT.md §8.3).
+    ``wait_cleanup=True`` removes them before returning; :func:`wait_for_cleanups` waits for
+    every pending one (it also runs at interpreter exit). An object store's cleanup (bulk
+    deletes) is always done before returning."""
     _core.merge(
         _prefix(prefix),
         int(world_size),
         durable=bool(durable),
         token=token,
         storage_options=_storage(storage_options),
+        wait_cleanup=bool(wait_cleanup),
     )
+
+
+def wait_for_cleanups() -> None:
+    """Wait until every background cleanup this process started (``merge`` at a local prefix)
+    has removed its files. Called at interpreter exit; call it before listing a checkpoint's
+    directory right after a merge."""
+    _core.wait_for_cleanups()

@@ -111,9 +111,10 @@ pub(crate) fn is_single_file(py: Python<'_>, path: std::path::PathBuf) -> bool {
     py.detach(|| shardpoint_core::reader::is_single_file(&path))
 }
 
-/// Merge the partial indexes of a multi-writer save and commit `P.index`.
+/// Merge the partial indexes of a multi-writer save and commit `P.index`; with
+/// `wait_cleanup=False`, a local prefix's replaced files are removed in the background.
 #[pyfunction]
-#[pyo3(signature = (prefix, world_size, *, durable=true, token=None, storage_options=None))]
+#[pyo3(signature = (prefix, world_size, *, durable=true, token=None, storage_options=None, wait_cleanup=true))]
 pub(crate) fn merge(
     py: Python<'_>,
     prefix: &str,
@@ -121,11 +122,24 @@ pub(crate) fn merge(
     durable: bool,
     token: Option<String>,
     storage_options: Opts,
+    wait_cleanup: bool,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
     nogil_cancellable(py, || {
-        shardpoint_core::merge_at(&loc, world_size, durable, token.as_deref())
+        shardpoint_core::merge_at_with(&loc, world_size, durable, token.as_deref(), !wait_cleanup)
     })
+}
+
+/// Wait for every background cleanup this process started (`merge(wait_cleanup=False)`).
+#[pyfunction]
+pub(crate) fn wait_for_cleanups(py: Python<'_>) {
+    py.detach(shardpoint_core::background_cleanup::wait_all)
+}
+
+/// How many background cleanups of this process are still running.
+#[pyfunction]
+pub(crate) fn pending_cleanups() -> usize {
+    shardpoint_core::background_cleanup::pending()
 }
 
 /// Delete checkpoint `prefix` (index first).
