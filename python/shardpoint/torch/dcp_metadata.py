@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as _md
 
+from .. import _core
 from ..errors import CorruptCheckpointError
 
 __all__ = [
@@ -119,9 +120,23 @@ def _hashable(key: Any) -> Any:
 
 
 def chunk_rows(chunks: list[Any], dims: int) -> np.ndarray | None:
-    """``(len(chunks), 2 * dims)`` int64 rows: each chunk's offsets then sizes, flattened at C
-    speed (about 0.3 µs a chunk; a list of tuples through ``np.array`` costs 0.8); None when
-    a chunk has another rank than ``dims``."""
+    """``(len(chunks), 2 * dims)`` int64 rows: each chunk's offsets then sizes, flattened in
+    the core (about 0.1 µs a chunk; through ``np.fromiter`` 0.6 µs, a list of tuples through
+    ``np.array`` 6: at 4,096 ranks x 100 tensors this is the planner's largest step); None
+    when a chunk has another rank than ``dims``."""
+    if type(chunks) is not list:
+        chunks = list(chunks)
+    flat = _core.int_attr_rows(chunks, ["offsets", "sizes"], 2 * dims)
+    if flat is None:
+        return _chunk_rows_py(chunks, dims)
+    return (
+        np.frombuffer(flat, dtype="<i8").astype(np.int64, copy=False).reshape(len(chunks), 2 * dims)
+    )
+
+
+def _chunk_rows_py(chunks: list[Any], dims: int) -> np.ndarray | None:
+    """:func:`chunk_rows` for chunks whose offsets or sizes are not tuples of ints (lists,
+    numpy integers): the same rows through ``np.fromiter``."""
     flat = np.fromiter(
         itertools.chain.from_iterable(itertools.chain.from_iterable(map(_OFFSETS_SIZES, chunks))),
         dtype=np.int64,
@@ -141,7 +156,7 @@ def _fast_tensor(value: Any) -> bool:
         type(value) is _md.TensorStorageMetadata
         and type(value.properties) is _md.TensorProperties
         and type(value.size) is torch.Size
-        and {type(c) for c in value.chunks} <= {_md.ChunkStorageMetadata}
+        and set(map(type, value.chunks)) <= {_md.ChunkStorageMetadata}
     )
 
 
