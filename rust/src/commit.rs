@@ -508,29 +508,10 @@ pub fn commit_index_bytes(
     Ok(())
 }
 
-/// [`commit_index_bytes`] taking the commit lock with it: with `background`, the cleanup runs
-/// on a thread that holds `lock` until it is done ([`crate::background_cleanup`]) and this
-/// returns as soon as the index is committed; otherwise as [`commit_index_bytes`].
-pub fn commit_index_bytes_owned(
-    prefix: &Path,
-    shards: &[ShardRec],
-    built: Result<Vec<u8>>,
-    durable: bool,
-    lock: PrefixLock,
-    background: bool,
-) -> Result<()> {
-    let (keep, orphans) = commit_without_cleanup(prefix, shards, built, durable, &lock)?;
-    if background {
-        crate::background_cleanup::spawn(prefix.to_path_buf(), keep, orphans, lock);
-    } else {
-        cleanup(prefix, &keep, &orphans);
-    }
-    Ok(())
-}
-
 /// The commit of [`commit_index_bytes`] up to its cleanup: returns the names the new index
-/// references and what the cleanup may remove besides.
-fn commit_without_cleanup(
+/// references and what the cleanup may remove besides, for [`cleanup`] now or for a
+/// background cleanup that takes the lock with it (`crate::background_cleanup`).
+pub fn commit_without_cleanup(
     prefix: &Path,
     shards: &[ShardRec],
     built: Result<Vec<u8>>,

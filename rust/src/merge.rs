@@ -6,7 +6,7 @@
 //! bytes are copied. The metadata blob is JSON we wrote ourselves, parsed here with serde_json
 //! (the user's part is carried through verbatim as raw JSON).
 
-use crate::commit::{commit_index_bytes_owned, PrefixLock};
+use crate::commit::{cleanup, commit_without_cleanup, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
@@ -110,14 +110,14 @@ pub fn merge_local(
         Ok((p, bytes))
     })?;
     crate::fault::point("merge.read");
-    commit_index_bytes_owned(
-        prefix,
-        &m.shards,
-        Ok(m.index),
-        durable,
-        lock,
-        background_cleanup,
-    )
+    let (keep, orphans) = commit_without_cleanup(prefix, &m.shards, Ok(m.index), durable, &lock)?;
+    if background_cleanup {
+        // the thread owns the lock until it is done (FORMAT.md §8.3)
+        crate::background_cleanup::spawn(prefix.to_path_buf(), keep, orphans, lock);
+    } else {
+        cleanup(prefix, &keep, &orphans);
+    }
+    Ok(())
 }
 
 /// [`merge`] for a local prefix or an object-store URL (there the merged index is committed
