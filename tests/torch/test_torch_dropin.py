@@ -255,6 +255,8 @@ def test_loads_close_their_files(tmp_path):
     assert _open_in(tmp_path) == (0, 0)
     state = {"w": torch.arange(12.0).reshape(3, 4)}
     dcp.save(state, storage_writer=spt.StorageWriter(tmp_path / "dcp"))
+    # the save's merge cleans up in the background, holding the prefix's lock file open
+    sp.wait_for_cleanups()
     reader = spt.StorageReader(tmp_path / "dcp")
     target = {"w": torch.zeros(3, 4)}
     dcp.load(target, storage_reader=reader)
