@@ -229,7 +229,14 @@ def rl_sweep(lrs: list[float], warm: int, batch: int, seq: int) -> None:
                   f"{len(blob) / raw:15.3%}   {db / files_bytes(full):16.4f}")  # fmt: skip
 
 
-def finetune(steps: int, lr: float, batch: int, seq: int, train_embeddings: bool = False) -> None:
+def finetune(
+    steps: int,
+    lr: float,
+    batch: int,
+    seq: int,
+    train_embeddings: bool = False,
+    weight_decay: float = 0.01,
+) -> None:
     """Fine-tune ``steps`` steps (embeddings frozen unless ``train_embeddings``: then every
     element moves, by AdamW's default weight decay if not by a gradient), then the CLI's delta
     against the base."""
@@ -242,7 +249,8 @@ def finetune(steps: int, lr: float, batch: int, seq: int, train_embeddings: bool
     m = bert()
     for name, p in m.named_parameters():
         p.requires_grad_(train_embeddings or not name.startswith("embeddings."))
-    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=lr)
+    trained = [p for p in m.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=lr, weight_decay=weight_decay)
     t0 = time.perf_counter()
     for step in range(steps):
         pick = torch.randint(0, 256, (batch,), generator=g)
@@ -297,6 +305,12 @@ def main() -> None:
     ap.add_argument(
         "--ft-train-embeddings", action="store_true", help="fine-tune the embeddings too"
     )
+    ap.add_argument(
+        "--ft-weight-decay",
+        type=float,
+        default=0.01,
+        help="AdamW's weight decay (torch's default 0.01; HF TrainingArguments' default is 0.0)",
+    )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=16)
     a = ap.parse_args()
@@ -327,7 +341,7 @@ def main() -> None:
     if "rl-sweep" in run:
         rl_sweep([float(x) for x in a.sweep_lrs.split(",")], a.warm, a.batch, a.seq)
     if "finetune" in run:
-        finetune(a.ft_steps, a.ft_lr, a.batch, a.seq, a.ft_train_embeddings)
+        finetune(a.ft_steps, a.ft_lr, a.batch, a.seq, a.ft_train_embeddings, a.ft_weight_decay)
 
 
 if __name__ == "__main__":
