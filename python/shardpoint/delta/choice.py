@@ -66,7 +66,7 @@ _SPARSE_OF_RAW = 1 / 4
 #: tensors in the close band below this many bytes are stored whole, unmeasured
 _SMALL = 16 << 10
 #: trial windows for tensors in the close band: a few windows of this size (whole when small)
-_SAMPLE = 128 << 10
+_SAMPLE = 64 << 10  # 128 KiB gave the same choices on MiniLM at ~6% more encode time
 _WINDOWS = 4
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
