@@ -1,6 +1,6 @@
 """The merge's cleanup off the coordinator's critical path (FORMAT.md §8.3, docs/SCALE.md):
-``sp.merge`` at a local prefix returns once ``P.index`` is committed and a thread holding the
-commit lock removes the replaced checkpoint's shards and the consumed partial indexes.
+``sp.merge(wait_cleanup=False)`` (opt-in) at a local prefix returns once ``P.index`` is
+committed and a thread holding the commit lock removes the replaced checkpoint's shards and the consumed partial indexes.
 
 Each scenario runs in a fresh process (the cleanup's lifetime is the process's): the cleanup
 is held back with ``SHARDPOINT_TEST_DELAY_AT=cleanup.background:<ms>`` (rust/src/fault.rs) so
@@ -32,6 +32,7 @@ def save(prefix, step, **merge_kw):
     for r in range({ranks}):
         with sp.Writer(prefix, rank=r, world_size={ranks}, merge_token=f"s{{step}}") as w:
             w.add(f"r{{r}}", np.full(8, step * 10 + r, np.float32))
+    merge_kw.setdefault("wait_cleanup", False)  # the opt-in background cleanup
     sp.merge(prefix, {ranks}, token=f"s{{step}}", **merge_kw)
 """
 

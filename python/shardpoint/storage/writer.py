@@ -15,7 +15,7 @@ from .values import check_user_key, encode
 
 __all__ = ["Writer", "merge", "wait_for_cleanups"]
 
-# A background cleanup (``merge(wait_cleanup=False)``) holds the prefix's commit lock until it
+# A background cleanup (``merge(wait_cleanup=False)``, opt-in) holds the prefix's commit lock until it
 # is done; let it finish before the interpreter exits rather than leave its files to ``gc``.
 atexit.register(_core.wait_for_cleanups)
 
@@ -124,21 +124,23 @@ def merge(
     durable: bool = True,
     token: str | None = None,
     storage_options: StorageOptions = None,
-    wait_cleanup: bool = False,
+    wait_cleanup: bool = True,
 ) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
     (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
     whose ``merge_token`` differs from each other (or from ``token``, when given) raise
     ``InvalidArgumentError`` and nothing is committed.
 
-    Returns once the merged index is committed. At a local prefix, the files it made
-    unreferenced (the consumed partial indexes, the replaced checkpoint's shards) are then
-    removed by a background thread that holds the prefix's commit lock until it is done: the
-    next save, ``remove`` or ``gc`` at that prefix waits for it, readers never see them, and a
-    process that dies first leaves them to the next commit or ``gc`` (FORMAT.md §8.3).
-    ``wait_cleanup=True`` removes them before returning; :func:`wait_for_cleanups` waits for
-    every pending one (it also runs at interpreter exit). An object store's cleanup (bulk
-    deletes) is always done before returning."""
+    Returns once the merged index is committed and the files it made unreferenced (the
+    consumed partial indexes, the replaced checkpoint's shards) are removed.
+    ``wait_cleanup=False`` (for a coordinator of thousands of ranks, where those unlinks are
+    most of an unchanged save's commit) returns once the index is committed and, at a local
+    prefix, leaves the removal to a background thread that holds the prefix's commit lock
+    until it is done: the next save, ``remove`` or ``gc`` at that prefix waits for it, readers
+    never see those files, and a process that dies first leaves them to the next commit or
+    ``gc`` (FORMAT.md §8.3); :func:`wait_for_cleanups` waits for every pending one (it also
+    runs at interpreter exit). An object store's cleanup (bulk deletes) is always done before
+    returning."""
     _core.merge(
         _prefix(prefix),
         int(world_size),

@@ -125,6 +125,11 @@ class StorageWriter(_storage.StorageWriter):
         durable: fsync shards and index before the save returns (default).
         storage_options: credentials/endpoint/knobs when ``path`` is an object-store URL
             (``s3://bucket/run/step-100``): each rank streams its shards up in parallel.
+        background_cleanup: at a local prefix, let the coordinator's ``finish`` return once
+            the merged index is committed and remove the replaced save's files in a background
+            thread (``sp.merge(wait_cleanup=False)``, FORMAT.md §8.3): for thousands of ranks,
+            where those unlinks are most of an unchanged save's commit. Off by default: a
+            directory listed right after the save could still hold files being removed.
     """
 
     def __init__(
@@ -137,9 +142,11 @@ class StorageWriter(_storage.StorageWriter):
         threads: int | None = None,
         durable: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        background_cleanup: bool = False,
     ) -> None:
         super().__init__()
         self.prefix = os.fspath(path)
+        self.background_cleanup = bool(background_cleanup)
         self.storage_options = storage_options
         self.compression = compression
         self.level = level
@@ -278,6 +285,7 @@ class StorageWriter(_storage.StorageWriter):
             durable=self.durable,
             token=self._token or None,
             storage_options=self.storage_options,
+            wait_cleanup=not self.background_cleanup,
         )
 
     @classmethod
