@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import metadata as _md
 
-from .. import _core
+from .._core import int_attr_rows
 from ..errors import CorruptCheckpointError
 
 __all__ = [
@@ -126,7 +126,7 @@ def chunk_rows(chunks: list[Any], dims: int) -> np.ndarray | None:
     when a chunk has another rank than ``dims``."""
     if type(chunks) is not list:
         chunks = list(chunks)
-    flat = _core.int_attr_rows(chunks, ["offsets", "sizes"], 2 * dims)
+    flat = int_attr_rows(chunks, ["offsets", "sizes"], 2 * dims)
     if flat is None:
         return _chunk_rows_py(chunks, dims)
     return (
