@@ -52,6 +52,7 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations.zero_to_fp32": "deepspeed",
     "shardpoint.hf": "transformers",
     "shardpoint.integrations._deepspeed_engine": "deepspeed",
+    "shardpoint.integrations._deepspeed_tiers": "deepspeed",
     "shardpoint.signing": "signing",
     "shardpoint.testing.strategies": "testing",
     "shardpoint.testing.stateful": "testing",
