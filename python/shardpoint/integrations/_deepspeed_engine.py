@@ -7,6 +7,7 @@ import functools
 import inspect
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
@@ -88,26 +89,7 @@ class ShardpointCheckpointEngine(CheckpointEngine):
         ``load_checkpoint`` is wrapped to record its arguments for the duration of each call,
         so :meth:`load` knows which existing tensors will receive which values."""
         self._engine = weakref.ref(engine)
-        load = engine.__dict__.get("_sp_load_checkpoint") or engine.load_checkpoint
-        signature = inspect.signature(load)
-        me = weakref.ref(self)
-
-        @functools.wraps(load)
-        def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            ckpt = me()
-            if ckpt is not None:
-                ckpt._load_args = dict(bound.arguments)
-                ckpt._loaded = {}
-            try:
-                return load(*args, **kwargs)
-            finally:
-                if ckpt is not None:
-                    ckpt._load_args = ckpt._loaded = None
-
-        engine._sp_load_checkpoint = load
-        engine.load_checkpoint = load_checkpoint
+        wrap_load_checkpoint(engine, self, _record_load_args)
 
     def _targets(self, name: str) -> dict[str, Any] | None:
         """The engine's live tensors that the file ``name`` is about to restore, nested as
@@ -190,3 +172,37 @@ def _fresh_containers(tree: Any) -> Any:
     if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
         return tuple(_fresh_containers(v) for v in tree)
     return tree
+
+
+def wrap_load_checkpoint(
+    engine: Any, owner: Any, around: Callable[[Any, Any, inspect.BoundArguments, tuple, dict], Any]
+) -> None:
+    """Replace ``engine.load_checkpoint`` by a wrapper that calls ``around(owner, load, bound,
+    args, kwargs)`` (``load`` the original method, ``bound`` its arguments) while ``owner``
+    lives, and the original once it is gone. Wrapping again wraps the original, not a wrapper."""
+    load = engine.__dict__.get("_sp_load_checkpoint") or engine.load_checkpoint
+    signature = inspect.signature(load)
+    me = weakref.ref(owner)
+
+    @functools.wraps(load)
+    def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        o = me()
+        if o is None:
+            return load(*args, **kwargs)
+        return around(o, load, bound, args, kwargs)
+
+    engine._sp_load_checkpoint = load
+    engine.load_checkpoint = load_checkpoint
+
+
+def _record_load_args(
+    ckpt: Any, load: Any, bound: inspect.BoundArguments, args: tuple, kwargs: dict
+) -> Any:
+    """Record the call's arguments for the duration of the load (see ``attach``)."""
+    bound.apply_defaults()
+    ckpt._load_args, ckpt._loaded = dict(bound.arguments), {}
+    try:
+        return load(*args, **kwargs)
+    finally:
+        ckpt._load_args = ckpt._loaded = None

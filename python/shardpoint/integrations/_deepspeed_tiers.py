@@ -21,8 +21,6 @@ each read served from memory by this engine.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import shutil
 import tempfile
@@ -32,7 +30,7 @@ from typing import Any
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 from ..errors import InvalidArgumentError, TierError
-from ._deepspeed_engine import _fresh_containers
+from ._deepspeed_engine import _fresh_containers, wrap_load_checkpoint
 from ._deepspeed_objects import decode_objects, encode_objects
 from ._state import load_tree
 from ._tier_state import TreeState, tier_options
@@ -174,20 +172,9 @@ class ShardpointTierEngine(CheckpointEngine):
     # -- loading ---------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         """Route ``engine.load_checkpoint`` through :meth:`restore`."""
-        load = engine.__dict__.get("_sp_load_checkpoint") or engine.load_checkpoint
-        signature = inspect.signature(load)
-        me = weakref.ref(self)
-
-        @functools.wraps(load)
-        def load_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            ckpt = me()
-            if ckpt is None:
-                return load(*args, **kwargs)
-            return ckpt.restore(load, dict(bound.arguments))
-
-        engine._sp_load_checkpoint = load
-        engine.load_checkpoint = load_checkpoint
+        wrap_load_checkpoint(
+            engine, self, lambda me, load, bound, _a, _k: me.restore(load, dict(bound.arguments))
+        )
 
     def restore(self, load: Any, args: dict[str, Any]) -> Any:
         """``engine.load_checkpoint(**args)`` from the tiers (a collective)."""
