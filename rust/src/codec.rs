@@ -172,7 +172,7 @@ pub fn choose_codec(requested: Codec, dtype: DType, level: i32) -> Codec {
 /// below 95%), else the stored bytes (FORMAT.md §5: a zstd frame, or for byte grouping one
 /// segment per plane).
 pub fn encode_chunk(codec: Codec, dtype: DType, level: i32, raw: &[u8]) -> Result<Option<Vec<u8>>> {
-    encode_chunk_in(codec, dtype, level, raw, &mut None, false)
+    encode_chunk_in(codec, dtype, level, raw, &mut None, false, Vec::new())
 }
 
 /// [`encode_chunk`] for a chunk of an XOR payload (`new ^ base` of a delta entry): the same
@@ -183,12 +183,14 @@ pub fn encode_xor_chunk(
     level: i32,
     raw: &[u8],
 ) -> Result<Option<Vec<u8>>> {
-    encode_chunk_in(codec, dtype, level, raw, &mut None, true)
+    encode_chunk_in(codec, dtype, level, raw, &mut None, true, Vec::new())
 }
 
 /// [`encode_chunk`], setting `raw_crc` to the crc32c of `raw` where the encoder reads it anyway
 /// (zstd-bytegroup: inside the grouping pass, block by block while in cache). `xor`: `raw` is
-/// an XOR payload ([`encode_xor_chunk`]).
+/// an XOR payload ([`encode_xor_chunk`]). The output goes into `buf` (cleared first): a
+/// recycled buffer keeps its pages mapped, where a fresh one per chunk paid page faults and
+/// kernel zeroing on every chunk.
 fn encode_chunk_in(
     codec: Codec,
     dtype: DType,
@@ -196,6 +198,7 @@ fn encode_chunk_in(
     raw: &[u8],
     raw_crc: &mut Option<u32>,
     xor: bool,
+    buf: Vec<u8>,
 ) -> Result<Option<Vec<u8>>> {
     if codec == Codec::None || raw.is_empty() {
         return Ok(None);
@@ -203,7 +206,8 @@ fn encode_chunk_in(
     let limit = (raw.len() as u64 * MAX_KEPT_RATIO.0 / MAX_KEPT_RATIO.1) as usize;
     match codec {
         Codec::Zstd => {
-            let mut out = Vec::new();
+            let mut out = buf;
+            out.clear();
             Ok(compress_into(Setup::Level(level), raw, limit, false, &mut out)?.then_some(out))
         }
         Codec::ZstdByteGroup => SCRATCH.with(|s| {
@@ -223,7 +227,9 @@ fn encode_chunk_in(
             } else {
                 group(dtype, raw, s);
             }
-            let mut out = Vec::with_capacity(raw.len());
+            let mut out = buf;
+            out.clear();
+            out.reserve(raw.len() + 64);
             // Floats: entropy-oriented setup and skipping of random-looking planes. Integers:
             // the plain level (their planes compress by matching, not just by byte statistics).
             let float = dtype.rotates_sign();
@@ -308,7 +314,7 @@ fn encode_crc_in(
         return Ok(huff_chunk::encode_in(dtype, raw, limit, buf));
     }
     let mut fused = None;
-    let stored = encode_chunk_in(codec, dtype, level, raw, &mut fused, xor)?;
+    let stored = encode_chunk_in(codec, dtype, level, raw, &mut fused, xor, buf)?;
     let raw_crc = fused.unwrap_or_else(|| crc(raw));
     let stored_crc = stored.as_deref().map_or(raw_crc, crc);
     Ok(Encoded {

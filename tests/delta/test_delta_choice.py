@@ -13,8 +13,10 @@ import pytest
 
 import shardpoint as sp
 import shardpoint.delta as spd
+from shardpoint import _core
 from shardpoint.delta import choice
 from shardpoint.delta.bits import byte_view, xor_bytes
+from shardpoint.storage.values import encode as encode_value
 
 
 def _files(prefix: str) -> int:
@@ -130,3 +132,49 @@ def test_sparse_change_is_small(tmp_path: os.PathLike[str]) -> None:
     sp.save_file(new, delta, base=base, delta=True)
     raw = sum(v.nbytes for v in new.values())
     assert _files(delta) < 0.06 * raw
+
+
+def _nudged(a: np.ndarray, fraction: float, seed: int, random_low: bool) -> np.ndarray:
+    """``a`` (bf16) with ``fraction`` of its elements changed in the low mantissa byte: by one
+    or two units in the last place (an optimizer step's rounding), or to a random byte."""
+    rng = np.random.default_rng(seed)
+    bits = a.view(np.uint16).copy()
+    hit = rng.random(bits.size) < fraction
+    if random_low:
+        low = rng.integers(0, 256, bits.size, dtype=np.uint16)
+        bits[hit] = (bits[hit] & 0xFF00) | low[hit]
+    else:
+        bits[hit] ^= (1 + (rng.random(int(hit.sum())) < 0.3)).astype(np.uint16)  # XOR 1 or 2
+    return bits.view(ml_dtypes.bfloat16)
+
+
+def test_close_band_step_is_settled_on_small_xor_windows() -> None:
+    """A step that nudges a quarter of a weight's elements is in the close band by the
+    estimate (which models random changed bytes), yet its XOR codes far smaller: the quick
+    XOR-only windows make it ``xor`` without measuring the whole value, and the choice holds
+    on the whole value's real sizes. Random low bytes at half the elements stay measured."""
+    a = np.random.default_rng(5).standard_normal(1 << 19).astype(ml_dtypes.bfloat16)
+    step = _nudged(a, 0.25, 6, random_low=False)
+    noisy = _nudged(a, 0.5, 7, random_low=True)
+    pairs = {
+        k: (a.dtype, byte_view(v), byte_view(a)) for k, v in (("step", step), ("noisy", noisy))
+    }
+    stats = choice.stats(pairs)
+    for k, (_, nb, _) in pairs.items():
+        est = choice._estimate(stats[k].planes, nb.size)
+        assert choice._band(est, nb.size, stats[k].nonzero_fraction, None) == "close", k
+        assert est <= choice._QUICK_UP_TO * nb.size, k
+    assert choice._quick_xor(pairs) == ["step"]
+    got = choice.choose(pairs, choice.XOR_CODEC, choice.XOR_LEVEL)
+    assert got["step"].mode == "xor"
+    assert got["noisy"].mode == choice._measure({"noisy": pairs["noisy"]}, "zstd", None)["noisy"]
+    # the quick choice is right on the whole value: its XOR stores well under the value
+    whole = _core.encoded_sizes(
+        [encode_value("w", step)], codec="zstd-bytegroup", level=1,
+        chunk_bytes=int(_core.DEFAULT_CHUNK_BYTES), xor_bases=[None],
+    )[0]  # fmt: skip
+    xor = _core.encoded_sizes(
+        [encode_value("w", step)], codec="zstd-bytegroup", level=1,
+        chunk_bytes=int(_core.DEFAULT_CHUNK_BYTES), xor_bases=[byte_view(a)],
+    )[0]  # fmt: skip
+    assert xor < whole / 2, (xor, whole)

@@ -23,6 +23,14 @@ compress are stored raw). That estimate is compared with the whole value's store
   all nonzero yet compresses below its XOR's estimate (an integer ramp, say) can thus cost
   up to that estimate (at most 1/4 of its raw bytes) more than stored whole.
 
+Without a hint, a close-band value that looks like the sparse case (at least half its elements
+nonzero, estimate at most half its raw bytes: the estimate's table models random nonzero bytes,
+while a step's XOR of low mantissa bytes is mostly small values that Huffman codes far
+cheaper) is first tried on a few small windows of its XOR alone: at most 1/4 of their raw
+bytes there makes it ``xor`` with no trial of the whole value (the MiniLM RL step: 20 values,
+a quarter of the bytes, whose full trials cost about a fifth of the encode). The rest are
+measured both ways as above.
+
 Close-band tensors under 16 KiB (biases, norms) are stored whole without a measurement: the
 most it can cost is their raw bytes. So a sparse change, the case deltas are for, costs one XOR, one count and one compression;
 only tensors near the break-even point pay for trial compressions.
@@ -30,6 +38,8 @@ only tensors near the break-even point pay for trial compressions.
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +65,8 @@ XOR_LEVEL = 1
 # zstd-bytegroup level 1 on 1 Mi-element planes of random nonzero bytes at random positions
 # (measured for this module; rounded up). Sparse planes pay a match and a literal per
 # nonzero byte (~4-5 bytes), dense ones approach a byte per byte.
-_LOG_FRACTION = np.array([-7.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.2, 0.0])
-_BYTES_PER_NONZERO = np.array([16.0, 12.5, 5.2, 4.7, 4.1, 3.0, 1.95, 1.45, 1.1])
+_LOG_FRACTION = (-7.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.2, 0.0)
+_BYTES_PER_NONZERO = (16.0, 12.5, 5.2, 4.7, 4.1, 3.0, 1.95, 1.45, 1.1)
 #: per chunk and plane: frame and table headers (also what an all-zero plane costs)
 _CHUNK_OVERHEAD = 64
 _CHUNK = 1 << 20
@@ -68,6 +78,10 @@ _SMALL = 16 << 10
 #: trial windows for tensors in the close band: a few windows of this size (whole when small)
 _SAMPLE = 64 << 10  # 128 KiB gave the same choices on MiniLM at ~6% more encode time
 _WINDOWS = 4
+#: the quick XOR-only trial of sparse-looking close-band values (no hint): windows of this size
+_QUICK = 8 << 10
+#: ... for values whose estimate is at most this fraction of their raw bytes
+_QUICK_UP_TO = 0.5
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 T = TypeVar("T")
@@ -128,14 +142,21 @@ def stats(pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]]) -> dict[
 
 def _estimate(planes: list[int], nbytes: int) -> int:
     """Estimated stored bytes of an XOR payload of ``nbytes`` whose planes have (at most)
-    ``planes`` nonzero bytes (module docstring)."""
+    ``planes`` nonzero bytes (module docstring). Plain Python: it runs once per key on a
+    handful of numbers, where numpy's per-call overhead was ~2 ms of a 100-key encode."""
     if not planes or planes[0] == 0:
         return 0
-    p = np.asarray(planes, np.float64)
     n = nbytes / len(planes)
-    frac = np.maximum(p / n, 1e-7)
-    per = np.interp(np.log10(frac), _LOG_FRACTION, _BYTES_PER_NONZERO)
-    cost = np.minimum(p * per, n).sum()
+    cost = 0.0
+    for p in planes:
+        if p <= 0:
+            continue
+        x = math.log10(max(p / n, 1e-7))
+        i = min(max(bisect.bisect_right(_LOG_FRACTION, x), 1), len(_LOG_FRACTION) - 1)
+        x0, x1 = _LOG_FRACTION[i - 1], _LOG_FRACTION[i]
+        y0, y1 = _BYTES_PER_NONZERO[i - 1], _BYTES_PER_NONZERO[i]
+        per = y0 + (y1 - y0) * (min(max(x, x0), x1) - x0) / (x1 - x0)
+        cost += min(p * per, n)
     chunks = -(-nbytes // _CHUNK)
     return int(cost) + _CHUNK_OVERHEAD * chunks * len(planes)
 
@@ -180,10 +201,11 @@ def choose(
     the whole value's expected stored bytes per key, where known (module docstring). Nothing
     is kept of the XOR: the writer computes it again chunk by chunk as it encodes."""
     hints = hints or {}
-    out = {}
+    out, estimates, nonzero = {}, {}, {}
     for key, s in stats(pairs).items():
         nb = pairs[key][1]
-        est = _estimate(s.planes, nb.size)
+        est = estimates[key] = _estimate(s.planes, nb.size)
+        nonzero[key] = s.nonzero_fraction
         mode = "same" if s.changed == 0 else _band(est, nb.size, s.nonzero_fraction, hints.get(key))
         out[key] = Choice(mode, s.crc, s.base_crc)
     close = [k for k, c in out.items() if c.mode == "close"]
@@ -191,6 +213,15 @@ def choose(
     close = [k for k in close if pairs[k][1].size >= _SMALL]
     for k in small:  # not worth a measurement: whole costs at most its raw bytes
         out[k].mode = "full"
+    quick = {
+        k: pairs[k]
+        for k in close
+        if k not in hints and estimates[k] <= _QUICK_UP_TO * pairs[k][1].size and nonzero[k] >= 0.5
+    }
+    if quick:
+        for k in _quick_xor(quick):
+            out[k].mode = "xor"
+        close = [k for k in close if out[k].mode == "close"]
     if close:
         measured = _measure({k: pairs[k] for k in close}, compression, level)
         for k in close:
@@ -198,13 +229,27 @@ def choose(
     return out
 
 
-def _windows(b: np.ndarray, itemsize: int) -> list[np.ndarray]:
-    """A few evenly spaced windows of a byte array (the whole array when small)."""
-    if b.size <= _WINDOWS * _SAMPLE * 2:
+def _windows(b: np.ndarray, itemsize: int, size: int = _SAMPLE) -> list[np.ndarray]:
+    """A few evenly spaced windows of ``size`` bytes of a byte array (the whole array when
+    small)."""
+    if b.size <= _WINDOWS * size * 2:
         return [b]
-    step = (b.size - _SAMPLE) // (_WINDOWS - 1)
+    step = (b.size - size) // (_WINDOWS - 1)
     step -= step % itemsize
-    return [b[i * step : i * step + _SAMPLE] for i in range(_WINDOWS)]
+    return [b[i * step : i * step + size] for i in range(_WINDOWS)]
+
+
+def _quick_xor(pairs: Mapping[str, tuple[np.dtype, np.ndarray, np.ndarray]]) -> list[str]:
+    """The keys whose XOR, encoded on a few small windows, takes at most 1/4 of the windows'
+    raw bytes (module docstring: such a value is a sparse change)."""
+    xors: dict[str, tuple[Any, list[np.ndarray], list[np.ndarray] | None]] = {}
+    raw = {}
+    for key, (dtype, nb, ob) in pairs.items():
+        wn, wo = _windows(nb, dtype.itemsize, _QUICK), _windows(ob, dtype.itemsize, _QUICK)
+        xors[key] = (dtype, wn, wo)
+        raw[key] = sum(w.size for w in wn)
+    sizes = _stored_sizes(xors, XOR_CODEC, XOR_LEVEL)
+    return [k for k in pairs if sizes[k] <= _SPARSE_OF_RAW * raw[k]]
 
 
 def _typed(b: np.ndarray, dtype: Any) -> np.ndarray:

@@ -124,14 +124,19 @@ pub(super) fn compress_into(
         return Ok(false);
     }
     with_compressor(setup, |c| {
-        // The spare capacity is exactly `limit`: a frame that does not fit is not worth it.
-        let mut spare: Vec<u8> = Vec::with_capacity(limit);
-        match c.compress_to_buffer(input, &mut spare) {
-            Ok(n) if n < limit => {
-                out.extend_from_slice(&spare);
-                true
+        // Straight into `out`'s tail, with room for exactly `limit` bytes: a frame that does
+        // not fit is not worth it. (A scratch buffer per call was fresh memory each time: page
+        // faults and kernel zeroing on every plane, then a copy.)
+        let at = out.len();
+        out.reserve_exact(limit);
+        let mut tail = std::io::Cursor::new(&mut *out);
+        tail.set_position(at as u64);
+        match c.compress_to_buffer(input, &mut tail) {
+            Ok(n) if n < limit => true,
+            _ => {
+                out.truncate(at);
+                false
             }
-            _ => false,
         }
     })
 }
