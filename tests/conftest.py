@@ -92,6 +92,7 @@ SERIAL_GROUPS = {
         "test_deepspeed_tiers.py",
         "test_rank_death.py",
         "test_shared_listings.py",
+        "test_gc_uploads.py",
     ),
     "timing": ("test_gil.py",),
 }

@@ -57,7 +57,7 @@ class Moto:
 
 def request_kind(method: str, path: str) -> str:
     """The S3 operation of a request, from its method and query: ``PUT``, ``GET``, ``HEAD``,
-    ``LIST`` (objects or multipart uploads), ``DELETE``, ``BULK_DELETE`` (DeleteObjects),
+    ``LIST`` (objects, multipart uploads or an upload's parts), ``DELETE``, ``BULK_DELETE`` (DeleteObjects),
     ``MP_CREATE``, ``MP_PART``, ``MP_COMPLETE``, ``MP_ABORT``."""
     query = path.partition("?")[2]
     args = {a.partition("=")[0] for a in query.split("&") if a}
@@ -65,7 +65,8 @@ def request_kind(method: str, path: str) -> str:
         return "HEAD"
     if method == "GET":
         bucket_level = path.partition("?")[0].strip("/").count("/") == 0
-        return "LIST" if "uploads" in args or "list-type" in args or bucket_level else "GET"
+        listing = "uploads" in args or "uploadId" in args or "list-type" in args
+        return "LIST" if listing or bucket_level else "GET"
     if method == "PUT":
         return "MP_PART" if "partNumber" in args else "PUT"
     if method == "POST":

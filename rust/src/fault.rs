@@ -6,6 +6,8 @@
 //! `<point>` in this process. Points:
 //!
 //! - `shard.item`: a value's bytes were written to a shard's temp file or upload (mid-data);
+//! - `upload.part`: a part of a shard's multipart upload was uploaded (the writer waited for
+//!   it), the upload is not completed;
 //! - `writer.published`: a writer's shards are published (renamed / uploaded), its partial
 //!   index or index is not written yet;
 //! - `merge.read`: the coordinator read and merged every partial index, nothing committed;

@@ -79,11 +79,10 @@ def test_saves_commit_exactly_once_under_503s_and_drops() -> None:
 
 @pytest.mark.parametrize("after", [2, 4])
 def test_a_failed_multipart_save_aborts_its_upload(after: int) -> None:
-    """A save whose upload fails for good (a 403 ``after`` requests in: creating the upload,
-    its marker or a part) raises and leaves nothing: no multipart upload, no marker, no
-    shard. (A killed writer's upload is found through its marker by ``gc``; one killed before
-    its marker was written needs the bucket's AbortIncompleteMultipartUpload lifecycle rule,
-    docs/SCALE.md.)"""
+    """A save whose upload fails for good (a 403 ``after`` requests in: a part, the first
+    or the third, after the index GET and creating the upload) raises and leaves nothing: no
+    multipart upload, no shard. (A killed writer's upload is ``gc``'s, found with
+    ListMultipartUploads: tests/scale/test_gc_uploads.py.)"""
     with moto_environment() as moto:
         proxy = Proxy(moto.port)
         try:

@@ -495,7 +495,7 @@ class CheckpointManager:
             head, sep, _ = name.partition(".data-")
             n = _number_of(head, base) if sep else None
             if n is None or n >= current or name.endswith(".upload"):
-                # .upload: a multipart-upload marker; the next commit at that prefix or
+                # .upload: a multipart-upload marker a writer of the previous version left;
                 # `shardpoint gc` aborts the upload it names, so it is kept (FORMAT.md §8.2)
                 continue
             prefix = os.path.join(self._directory, head)

@@ -147,8 +147,9 @@ def gc(url: str, *, older_than: float = 3600.0, storage_options: StorageOptions 
     """Remove what saves that never committed left under ``url``, when at least
     ``older_than`` seconds old; returns how many objects (or files) and uploads.
 
-    On an object store: the multipart uploads of writers killed mid-save (found through their
-    upload markers; docs/OBJECT_STORE.md), shards no index references, and partial indexes.
+    On an object store: the multipart uploads of writers killed mid-save (on S3 found with
+    ListMultipartUploads; an upload whose newest part is younger than ``older_than`` is
+    spared; docs/OBJECT_STORE.md), shards no index references, and partial indexes.
     In a local directory: partial indexes, shards no index references and temp files no
     live writer holds (:mod:`.local_gc`; docs/SCALE.md "A rank that dies mid-save")."""
     if not is_url(url):

@@ -331,7 +331,8 @@ pub(crate) fn list_dir(py: Python<'_>, url: &str, storage_options: Opts) -> PyRe
     Ok(out)
 }
 
-/// Abort multipart uploads of dead writers under `url` (markers older than `older_than` s).
+/// Clear what dead writers left under `url` (older than `older_than` s): their multipart
+/// uploads (S3: listed), shards no index references, partial indexes.
 #[pyfunction]
 #[pyo3(signature = (url, older_than=3600.0, storage_options=None))]
 pub(crate) fn gc(

@@ -4,6 +4,7 @@
 
 use super::config::{StoreConfig, OWN_KEYS};
 use super::runtime::block_on;
+use super::s3_uploads::{KeepClient, S3Uploads};
 use crate::error::{Error, Result};
 use crate::threads::PerProcess;
 use futures::future::BoxFuture;
@@ -23,6 +24,8 @@ pub(crate) struct Clients {
     /// The low-level multipart API (S3, GCS, Azure): lets us record upload ids so that uploads
     /// of a killed writer can be aborted later. `None` for memory://.
     pub multipart: Option<Arc<dyn MultipartStore>>,
+    /// S3's listings of incomplete uploads and their parts (`gc`); `None` elsewhere.
+    pub s3_uploads: Option<Arc<S3Uploads>>,
 }
 
 /// Builds a store's [`Clients`].
@@ -165,6 +168,7 @@ impl Store {
                     Ok(Clients {
                         inner: m.clone(),
                         multipart: None,
+                        s3_uploads: None,
                     })
                 })
             }
@@ -176,11 +180,23 @@ impl Store {
                     let key = k.parse().map_err(&build_err)?;
                     b = b.with_config(key, v.as_str());
                 }
+                let (bucket, max_retries) = (authority.to_string(), config.max_retries);
                 Box::new(move || {
-                    let s = Arc::new(b.clone().build().map_err(&build_err)?);
+                    // keep the HTTP client object_store builds, for the listings it lacks
+                    let keep = KeepClient::default();
+                    let s = b
+                        .clone()
+                        .with_http_connector(keep.clone())
+                        .build()
+                        .map_err(&build_err)?;
+                    let s = Arc::new(s);
+                    let s3_uploads = keep.take().and_then(|http| {
+                        S3Uploads::new(&b, &bucket, s.clone(), http, max_retries).map(Arc::new)
+                    });
                     Ok(Clients {
                         inner: s.clone(),
                         multipart: Some(s),
+                        s3_uploads,
                     })
                 })
             }
@@ -197,6 +213,7 @@ impl Store {
                     Ok(Clients {
                         inner: s.clone(),
                         multipart: Some(s),
+                        s3_uploads: None,
                     })
                 })
             }
@@ -213,6 +230,7 @@ impl Store {
                     Ok(Clients {
                         inner: s.clone(),
                         multipart: Some(s),
+                        s3_uploads: None,
                     })
                 })
             }

@@ -25,6 +25,7 @@ mod location;
 pub mod remote_commit;
 pub mod remote_reader;
 mod runtime;
+pub mod s3_uploads;
 pub mod upload;
 
 pub use client::Store;

@@ -105,21 +105,12 @@ pub fn commit_index_bytes(
     // The replaced shards are garbage now (the condition guarantees the commit replaced
     // exactly the version they belong to); best effort: `gc` finds what a failure leaves.
     let keep: HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
-    // The upload markers of this save's multipart shards (a shard larger than one part was
-    // uploaded in parts; its writer leaves the marker for this bulk delete, upload.rs). A
-    // writer configured with a smaller part size may leave one more: `gc` removes it.
-    let part_size = prefix.store.config.part_size as u64;
-    let markers = shards
-        .iter()
-        .filter(|s| s.file_len >= part_size)
-        .map(|s| format!("{}{UPLOAD_MARKER}", s.name));
     let garbage: Vec<String> = seen
         .replaced
         .iter()
         .filter(|n| !keep.contains(n.as_str()))
         .cloned()
         .chain(consumed.iter().cloned())
-        .chain(markers)
         .map(|n| prefix.key_of(&n))
         .collect();
     let _ = prefix.store.delete_many(&garbage);
@@ -185,6 +176,51 @@ pub fn abort_stale_uploads<'a>(
     n
 }
 
+/// Abort the incomplete multipart uploads of shards (keys with `.data-`) whose key starts
+/// with `key_prefix`, found with S3's ListMultipartUploads (other stores: none found; a
+/// save writes no marker, FORMAT.md §8.2), that no live writer can own: started at least
+/// `older_than_s` ago and, if they have parts, whose newest part is that old too (a writer
+/// uploading a large shard for longer than `older_than_s` is still live), on the store's
+/// clock (the `Date` of its listing). Returns how many were aborted.
+pub fn abort_dead_uploads(store: &Store, key_prefix: &str, older_than_s: f64) -> Result<usize> {
+    let clients = store.clients()?;
+    let (Some(s3), Some(mp)) = (clients.s3_uploads.clone(), clients.multipart.clone()) else {
+        return Ok(0);
+    };
+    let (uploads, store_now) = s3.list(key_prefix)?;
+    let now = store_now.unwrap_or_else(chrono::Utc::now);
+    let old = |t: chrono::DateTime<chrono::Utc>| {
+        (now - t)
+            .to_std()
+            .map(|d| d.as_secs_f64() >= older_than_s)
+            .unwrap_or(older_than_s <= 0.0)
+    };
+    let mut n = 0;
+    for u in uploads {
+        if !u.key[key_prefix.len()..].contains(DATA_MARK) || !old(u.initiated) {
+            continue;
+        }
+        if older_than_s > 0.0 {
+            match s3.newest_part(&u.key, &u.id) {
+                Ok(Some(t)) if !old(t) => continue,
+                Ok(_) => {}
+                Err(Error::NotFound { .. }) => continue, // completed or aborted meanwhile
+                // a store without ListParts: its start alone decides
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let obj = store.obj(&u.key)?;
+        match block_on(mp.abort_multipart(&obj, &u.id)) {
+            Ok(()) => n += 1,
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store.err(&u.key, "abort multipart upload", e)),
+        }
+    }
+    Ok(n)
+}
+
 /// Delete checkpoint `P`: the index first (the checkpoint disappears at once), then the rest.
 pub fn remove(prefix: &RemotePrefix) -> Result<()> {
     let key = prefix.key_of(".index");
@@ -206,11 +242,12 @@ pub fn remove(prefix: &RemotePrefix) -> Result<()> {
 }
 
 /// `shardpoint gc`: under key prefix `dir` of `store`, clear what killed or failed writers
-/// left, when older than `older_than_s` seconds: abort the multipart uploads their markers
-/// name (and delete the markers), and delete shards and partial indexes that no committed
+/// left, when older than `older_than_s` seconds: abort their incomplete multipart uploads
+/// (S3: listed, [`abort_dead_uploads`]; and those the markers of previous-version writers
+/// name, deleting the markers), and delete shards and partial indexes that no committed
 /// index references (a checkpoint's own shards are never touched). One listing of `dir`, one
-/// GET per index found, bulk deletes. Returns the number of uploads aborted plus objects
-/// deleted.
+/// of its uploads (plus ListParts per upload started before `older_than_s`), one GET per
+/// index found, bulk deletes. Returns the number of uploads aborted plus objects deleted.
 pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
     let now = std::time::SystemTime::now();
     let objs = store.list(dir)?;
@@ -220,7 +257,14 @@ pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
             .map(|d| d.as_secs_f64() >= older_than_s)
             .unwrap_or(older_than_s <= 0.0)
     };
+    // uploads of writers of the previous format version, named by their markers
     let aborted = abort_stale_uploads(store, objs.iter().filter(|m| is_old(m)));
+    let key_prefix = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", dir.trim_end_matches('/'))
+    };
+    let aborted = aborted + abort_dead_uploads(store, &key_prefix, older_than_s)?;
     // Checkpoint prefixes with a committed index, and the shards each references.
     let mut referenced: HashMap<String, Option<HashSet<String>>> = HashMap::new();
     for m in &objs {

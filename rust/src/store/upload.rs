@@ -3,12 +3,12 @@
 //! memory: about `(concurrency + 1) × part_size` per shard). A shard smaller than one part is a
 //! single PUT. Any error, or dropping the sink unpublished, aborts the upload.
 //!
-//! Kill safety: before the first part, the writer records the multipart upload id in a small
-//! marker object `<shard>.upload` next to the shard. A writer killed mid-upload leaves that
-//! marker; the next commit at the same prefix, or `shardpoint gc`, aborts the upload it names
-//! (see [`super::remote_commit::abort_stale_uploads`]). A completed upload's marker is deleted
-//! by the commit of the index that names the shard, in its bulk delete. Stores without the low-level multipart
-//! API (memory://) need no marker: nothing of theirs outlives the process.
+//! Kill safety: a multipart shard costs create + parts + complete, nothing more. A writer
+//! killed mid-upload leaves an incomplete upload that `shardpoint gc` finds with S3's
+//! ListMultipartUploads and aborts (see [`super::remote_commit::abort_dead_uploads`]).
+//! Writers of the previous version recorded each upload id in a marker object
+//! `<shard>.upload` (one more request per shard); `gc` and `remove` still abort what such a
+//! marker names and delete it ([`UPLOAD_MARKER`]), no save writes one.
 
 use super::{block_on, spawn, RemotePrefix, Store};
 use crate::error::{Error, Result};
@@ -19,11 +19,12 @@ use object_store::{MultipartUpload, PutMode, PutPayload};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-/// Suffix of the marker object recording an in-progress multipart upload.
+/// Suffix of the marker object in which writers of the previous version recorded an
+/// in-progress multipart upload (read and removed by `gc`, never written).
 pub const UPLOAD_MARKER: &str = ".upload";
 
 enum Upload {
-    /// S3/GCS/Azure: explicit upload id (recorded in the marker), parts numbered by us.
+    /// S3/GCS/Azure: explicit upload id, parts numbered by us.
     Low {
         id: String,
         parts: Vec<Option<PartId>>,
@@ -66,32 +67,14 @@ impl RemoteSink {
         })
     }
 
-    fn marker_key(&self) -> String {
-        format!("{}{UPLOAD_MARKER}", self.key)
-    }
-
     fn begin(&mut self) -> Result<()> {
         let store = &self.store;
         self.upload = Some(match &store.clients()?.multipart {
-            Some(mp) => {
-                let id = block_on(mp.create_multipart(&self.obj))
-                    .map_err(|e| store.err(&self.key, "start multipart upload", e))?;
-                let up = Upload::Low {
-                    id,
-                    parts: Vec::new(),
-                };
-                if let Upload::Low { id, .. } = &up {
-                    if let Err(e) = store.put(
-                        &self.marker_key(),
-                        id.clone().into_bytes(),
-                        PutMode::Overwrite,
-                    ) {
-                        let _ = block_on(mp.abort_multipart(&self.obj, id));
-                        return Err(e);
-                    }
-                }
-                up
-            }
+            Some(mp) => Upload::Low {
+                id: block_on(mp.create_multipart(&self.obj))
+                    .map_err(|e| store.err(&self.key, "start multipart upload", e))?,
+                parts: Vec::new(),
+            },
             None => Upload::High(
                 block_on(store.clients()?.inner.put_multipart(&self.obj))
                     .map_err(|e| store.err(&self.key, "start multipart upload", e))?,
@@ -114,6 +97,7 @@ impl RemoteSink {
             }
             parts[idx] = Some(pid);
         }
+        crate::fault::point("upload.part");
         Ok(())
     }
 
@@ -171,9 +155,7 @@ impl RemoteSink {
         match self.upload.take() {
             Some(Upload::Low { id, .. }) => {
                 if let Ok(Some(mp)) = self.store.clients().map(|c| &c.multipart) {
-                    if block_on(mp.abort_multipart(&self.obj, &id)).is_ok() {
-                        let _ = self.store.delete(&self.marker_key());
-                    }
+                    let _ = block_on(mp.abort_multipart(&self.obj, &id));
                 }
             }
             Some(Upload::High(mut up)) => {
@@ -250,10 +232,6 @@ impl ShardSink for RemoteSink {
         })();
         match res {
             Ok(()) => {
-                // The upload is complete; its marker is left for the commit that names this
-                // shard to delete in its bulk delete (remote_commit::commit_index): one
-                // request fewer per multipart shard for the writer. A save that never
-                // commits leaves it to `gc` (whose abort of a completed upload is a no-op).
                 self.upload = None;
                 self.published = true;
                 Ok(self.name.clone())
