@@ -5,6 +5,8 @@ The harness itself is tests/scale_harness.py (the tests run it at N = 64).
     python benches/bench_scale.py                        # local dir, writer + DCP, N = 512..4096
     python benches/bench_scale.py --store s3 --latency 0.02 --paths writer --ns 192 4096
     python benches/bench_scale.py --store s3 --paths dcp --ns 64 --load 8   # loads N -> 3N/4
+    python benches/bench_scale.py --store s3 --paths dcp --ns 16 --load 4 --tensors 4 \
+        --cols 65536 --no-dcp-default      # the same with ~1 MiB per loading rank and tensor
 
 Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish),
 the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
@@ -66,6 +68,13 @@ def main() -> None:
         help="DCP path: load the checkpoint of our planner into M = 3N/4 ranks with DCP's "
         "DefaultLoadPlanner and ours, K loading ranks measured (each alone)",
     )
+    ap.add_argument(
+        "--cols",
+        type=int,
+        default=4,
+        help="float32 columns of every tensor (--load: rows are 3 per saving rank, 4 per "
+        "loading rank, so a loading rank reads 16 x cols bytes of each tensor)",
+    )
     ap.add_argument("--json", help="write the runs here as JSON")
     ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
     args = ap.parse_args()
@@ -121,6 +130,7 @@ def main() -> None:
                     kw = {"tensors": args.tensors, "proxy": proxy, "moto": moto, "options": opts}
                     if args.load:
                         kw["rows"] = 3  # 3N rows split evenly over M = 3N/4 loading ranks
+                        kw["cols"] = args.cols
                     first = h.dcp_save(prefix, n, planner="ours", **kw)
                     first.path = "ours"
                     print(_row(first), flush=True)
@@ -160,6 +170,7 @@ def _loads(prefix: str, n: int, args: argparse.Namespace, proxy, opts) -> None: 
                 m,
                 tensors=args.tensors,
                 rows=3,
+                cols=args.cols,
                 planner=planner,
                 ranks=ranks,
                 verify=verify,
@@ -176,7 +187,8 @@ def _loads(prefix: str, n: int, args: argparse.Namespace, proxy, opts) -> None: 
                 + (
                     f"open_req={run.open_requests[0]} open_bytes={med(run.open_bytes):.0f} "
                     f"data_req={run.data_requests[0]} data_bytes={med(run.data_bytes):.0f} "
-                    f"needed={med(run.needed_bytes):.0f} amplification={med(amp):.2f}"
+                    f"needed={med(run.needed_bytes):.0f} amplification={med(amp):.3f} "
+                    f"(max {max(amp):.3f})"
                     if proxy is not None
                     else ""
                 ),

@@ -50,7 +50,10 @@ def main() -> None:
         sp.save_file(vals, t + "/mixed", shards=2, chunk_bytes=4096)
         sp.save_file({f"k{i:04d}": np.uint8(i % 256) for i in range(130)}, t + "/blocks")
         sp.save_file({"x": np.arange(10, dtype=np.float32)}, t + "/tiny", compression="none")
-        for name in ("mixed", "blocks", "tiny"):
+        # an uncompressed value of 4 crc blocks (FORMAT.md §3.4), 2-d so its dims are in aux
+        crc_blocks = {"w": np.arange(12800, dtype=np.float32).reshape(100, 128)}
+        sp.save_file(crc_blocks, t + "/crcblocks", compression="none")
+        for name in ("mixed", "blocks", "tiny", "crcblocks"):
             with open(f"{t}/{name}.index", "rb") as f:
                 out("index", f"{name}.index", f.read())
         for fn in sorted(os.listdir(t)):

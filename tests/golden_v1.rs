@@ -173,3 +173,36 @@ fn golden_v1_raw_and_mixed_hold_the_same_bytes() {
         assert_eq!(read_all(&a, g), read_all(&b, g), "{}", g.key);
     }
 }
+
+/// The golden checkpoint of crc blocks (tests/golden/crc_blocks_v1, FORMAT.md §3.4): two
+/// uncompressed values with block tables (one with dims in aux, one inline), read whole and in
+/// checked ranges at any alignment, and verified.
+#[test]
+fn golden_crc_blocks() {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/crc_blocks_v1/ck");
+    let r = Reader::open(&p).unwrap();
+    r.verify().unwrap();
+    let w: Vec<u8> = (0..12800u32)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let v: Vec<u8> = (0..5000i64)
+        .flat_map(|i| (i * 3 - 7).to_le_bytes())
+        .collect();
+    for (key, raw, blocks) in [("w", &w, 4), ("v", &v, 3)] {
+        let e = r.entry(key).unwrap();
+        assert_eq!((e.block_log2, e.nblocks()), (14, blocks), "{key}");
+        for (i, b) in raw.chunks(16384).enumerate() {
+            assert_eq!(e.block_crc(i), crc32c::crc32c(b), "{key} block {i}");
+        }
+        let n = raw.len() as u64;
+        for (lo, hi) in [(0, n), (1, 2), (16383, 16385), (100, n - 3), (n - 1, n)] {
+            let mut out = vec![0u8; (hi - lo) as usize];
+            r.read_range_checked(&e, lo, hi, &mut out).unwrap();
+            assert_eq!(
+                &out[..],
+                &raw[lo as usize..hi as usize],
+                "{key} [{lo}, {hi})"
+            );
+        }
+    }
+}

@@ -118,6 +118,8 @@ class EntryRecord:
         default_factory=list
     )  # (rel_offset, stored_len, crc)
     chunks_stored_raw: int = 0
+    block_log2: int = 0  # crc blocks of an uncompressed value (FORMAT.md §3.4); 0: none
+    block_crcs: list[int] = field(default_factory=list)
     planes_compressed: int = 0  # zstd-bytegroup plane segments stored as zstd frames
     planes_raw: int = 0  # zstd-bytegroup plane segments stored as the plane itself
     planes_huffman: int = 0  # bytegroup-huffman planes stored Huffman coded
@@ -333,10 +335,13 @@ def _parse_entry(
         )
     if ndim > MAX_NDIM:
         raise FormatError(path, at + 9, f"{where}: ndim {ndim}")
-    if r[10] or r[11]:
-        raise FormatError(path, at + 10, f"{where}: reserved bytes are not zero")
+    if r[11]:
+        raise FormatError(path, at + 11, f"{where}: reserved byte is not zero")
     dtype, itemsize = DTYPES[dtype_t]
     codec, kind = CODECS[codec_t], KINDS[kind_t]
+    block_log2 = r[10]  # §3.4
+    if block_log2 and (codec != "none" or not 12 <= block_log2 <= 24):
+        raise FormatError(path, at + 10, f"{where}: crc_block_log2 {block_log2} on {codec}")
     shard, ecrc, aux_rel = _u32(r, 12), _u32(r, 16), _u32(r, 20)
     offset, stored_len = _u64(r, 24), _u64(r, 32)
     if shard >= len(shards):
@@ -360,9 +365,17 @@ def _parse_entry(
     if kind != "tensor" and (dtype != "uint8" or ndim != 1):
         raise FormatError(path, at + 6, f"{where}: typed entry is not 1-d uint8")
     chunks: list[tuple[int, int, int]] = []
+    block_crcs: list[int] = []
     if codec == "none":
         if stored_len != raw_len:
             raise FormatError(path, at + 32, f"{where}: stored_len {stored_len} != raw {raw_len}")
+        if block_log2:
+            if raw_len == 0:
+                raise FormatError(path, at + 10, f"{where}: crc blocks on an empty value")
+            nb = -(-raw_len // (1 << block_log2))
+            if pos + 4 * nb > len(aux):
+                raise FormatError(path, at + 20, f"{where}: crc blocks outside the aux range")
+            block_crcs = list(struct.unpack_from(f"<{nb}I", aux, pos))
     else:
         if stored_len > raw_len:
             raise FormatError(path, at + 32, f"{where}: stored_len > raw_len")
@@ -399,6 +412,8 @@ def _parse_entry(
         raw_len,
         inline,
         chunks,
+        block_log2=block_log2,
+        block_crcs=block_crcs,
     )
 
 
@@ -406,6 +421,10 @@ def _decode_payload(e: EntryRecord, shard_path: str, data: bytes, cb: int) -> by
     payload = data[e.offset : e.offset + e.stored_len]
     if e.codec == "none":
         raw = payload
+        size = 1 << e.block_log2
+        for k, want in enumerate(e.block_crcs):
+            where = f"key {e.key!r} crc block {k}"
+            _check_crc(shard_path, e.offset + k * size, where, want, raw[k * size : (k + 1) * size])
     else:
         parts = []
         for c, (rel, sl, ccrc) in enumerate(e.chunks):

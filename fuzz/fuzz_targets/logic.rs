@@ -49,7 +49,20 @@ pub fn fuzz_index(data: &[u8]) {
             if e.codec == Codec::None {
                 assert_eq!(e.stored_len, e.raw_len);
                 assert_eq!(e.nchunks(), 0);
+                // crc blocks (FORMAT.md §3.4): a count that follows from the value's length
+                if e.block_log2 == 0 {
+                    assert_eq!(e.nblocks(), 0);
+                } else {
+                    assert!((12..=24).contains(&e.block_log2));
+                    assert_eq!(
+                        e.nblocks() as u64,
+                        e.raw_len.div_ceil(1u64 << e.block_log2)
+                    );
+                    let _ = e.block_crc_list();
+                }
             } else {
+                assert_eq!(e.block_log2, 0);
+                assert_eq!(e.nblocks(), 0);
                 assert!(e.stored_len <= e.raw_len);
                 for c in 0..e.nchunks() {
                     let _ = e.chunk(c);

@@ -85,6 +85,8 @@ class EntryRecord:
     def crc32c(self) -> int: ...
     @property
     def nchunks(self) -> int: ...
+    @property
+    def crc_blocks(self) -> int: ...
 
 @final
 class EntryValue:
@@ -120,7 +122,17 @@ class CheckpointReader:
         verify: bool = True,
         threads: int | None = None,
     ) -> None: ...
-    def read_range(self, key: str, lo: int, hi: int, out: _Buffer) -> None: ...
+    def read_range(
+        self, key: str, lo: int, hi: int, out: _Buffer, verify: bool = False
+    ) -> None: ...
+    def read_ranges_into(
+        self,
+        keys: list[str],
+        los: list[int],
+        his: list[int],
+        outs: Sequence[_Buffer],
+        verify: bool = False,
+    ) -> None: ...
     def verify(self) -> None: ...
     def verify_strong(
         self,
@@ -149,6 +161,14 @@ class RemoteReader:
         self, keys: list[str], outs: Sequence[_Buffer], verify: bool = True
     ) -> None: ...
     def read_range(self, key: str, lo: int, hi: int, out: _Buffer, verify: bool = True) -> None: ...
+    def read_ranges_into(
+        self,
+        keys: list[str],
+        los: list[int],
+        his: list[int],
+        outs: Sequence[_Buffer],
+        verify: bool = True,
+    ) -> None: ...
     def verify(self) -> None: ...
     def verify_strong(
         self,

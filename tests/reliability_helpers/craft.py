@@ -90,7 +90,9 @@ class CEntry:
     offset: int | None = None  # None = where the writer puts the payload
     stored_len: int | None = None  # None = len(payload)
     inline_dims: bool | None = None  # None = the spec's rule (codec none and ndim 1)
-    reserved: bytes = b"\0\0"
+    reserved: bytes = b"\0\0"  # byte 10 is crc_block_log2 (FORMAT.md §3.4)
+    #: block crcs after dims (§3.4); None = no table
+    block_crcs: list[int] | None = None
 
 
 @dataclass
@@ -171,6 +173,8 @@ def _aux_of(e: CEntry) -> bytes:
     out = b"" if inline else b"".join(struct.pack("<Q", d & (2**64 - 1)) for d in e.dims)
     for rel, sl, c in e.chunks or []:
         out += struct.pack("<QII", rel, sl, c)
+    for c in e.block_crcs or []:
+        out += struct.pack("<I", c)
     return out
 
 

@@ -27,6 +27,9 @@ class EntryInfo:
     offset: int
     crc32c: int
     chunks: int
+    #: crc blocks of an uncompressed value (FORMAT.md §3.4): a checked row slice reads only
+    #: the blocks holding its rows; 0: one crc covers the whole value
+    crc_blocks: int = 0
 
     @property
     def ratio(self) -> float:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -43,6 +42,7 @@ from .io_mode import check_io, resolve_io
 from .numpy_views import restore_views
 from .paths import PathLike, StorageOptions, _prefix, _storage, is_url
 from .progress import progress_bar, wanted
+from .row_reads import read_rows
 from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
 from .strong_digest import verify_strong as _verify_strong
@@ -351,6 +351,7 @@ class Reader:
             offset=r.offset,
             crc32c=r.crc32c,
             chunks=r.nchunks,
+            crc_blocks=r.crc_blocks,
         )
 
     def get_slice(self, key: str) -> LazySlice:
@@ -361,28 +362,21 @@ class Reader:
         return TensorSlice(self, check_key(key))
 
     def slice(self, key: str, start: int, stop: int) -> Any:
-        """Rows ``start:stop`` along the first axis, reading only the chunks that hold them.
-        Compressed chunks are crc-checked as they are decoded; an uncompressed value has one
-        crc for all its bytes, so (with ``verify``) its first slice checks it whole, once
-        (locally), or every slice downloads the whole value once, checks it and cuts the rows
-        from that download (object stores: a download checked is never trusted for the next)."""
-        info = self.info(key)
-        if info.codec == "none" and not self._remote:
-            self._check_once(key)
-        if info.kind != "tensor" or not info.shape:
-            raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
-        start, stop, _ = slice(start, stop).indices(info.shape[0])
-        stop = max(start, stop)
-        dt = numpy_dtype(info.dtype)
-        row = dt.itemsize * math.prod(info.shape[1:])
-        out = np.empty((stop - start,) + info.shape[1:], dtype=dt)
-        flat = out.reshape(-1).view(np.uint8)
-        core = self._core
-        if isinstance(core, _core.RemoteReader):
-            core.read_range(key, start * row, stop * row, flat, self._verify)
-        else:
-            core.read_range(key, start * row, stop * row, flat)
-        return self._tensor_out(out)
+        """Rows ``start:stop`` along the first axis, reading only the bytes that hold them.
+        With ``verify`` they are checked: compressed values by the crcs of the chunks holding
+        the rows, uncompressed ones by the crcs of the blocks holding them (FORMAT.md §3.4).
+        An uncompressed value without crc blocks (a file from before them, or a value of one
+        block) has one crc for all its bytes: its first slice checks it whole, once (locally),
+        or every slice downloads the whole value once, checks it and cuts the rows from that
+        download (object stores: a download checked is never trusted for the next)."""
+        return self._tensor_out(read_rows(self, [(check_key(key), start, stop)])[0])
+
+    def slice_many(self, items: list[tuple[str, int, int]]) -> list[Any]:
+        """``[self.slice(key, start, stop) for key, start, stop in items]`` in one call: the
+        ranges are read in parallel and, from an object store, fetched together (neighbours in
+        a shard share one ranged GET), each checked as :meth:`slice` checks it."""
+        rows = read_rows(self, [(check_key(k), a, b) for k, a, b in items])
+        return [self._tensor_out(r) for r in rows]
 
     def _blob(self) -> dict[str, Any]:
         text = self._core.metadata_json()  # checksum errors propagate with their own class

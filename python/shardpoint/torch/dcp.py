@@ -305,7 +305,8 @@ class StorageReader(_storage.StorageReader):
     Args:
         path: checkpoint prefix (a ``checkpoint_id`` given to ``dcp.load`` replaces it).
         verify: check the crc32c of every value read (compressed values are always checked;
-            row slices of compressed tensors check the chunks they decode).
+            a row slice checks the chunks it decodes, or the crc blocks it reads of an
+            uncompressed value: FORMAT.md §3.4).
         allow_pickle: unpickling runs code chosen by whoever wrote the file, so by default
             nothing read from the checkpoint is unpickled beyond what
             ``torch.load(weights_only=True)`` accepts: DCP's non-tensor items (ints, lists,
@@ -338,9 +339,8 @@ class StorageReader(_storage.StorageReader):
 
     def _open(self) -> storage.Reader:
         if self._reader is None:
-            # ``verify`` reaches slices too: a row slice of an uncompressed value verified
-            # downloads the whole value once (one crc for all its bytes); unverified, only
-            # the rows
+            # ``verify`` reaches slices too: a row slice reads and checks only the crc blocks
+            # (uncompressed) or chunks (compressed) holding its rows
             self._reader = storage.open(
                 self.prefix, verify=self.verify, storage_options=self.storage_options
             )
@@ -403,24 +403,6 @@ class StorageReader(_storage.StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _read_box(self, key: str, offsets: torch.Size, lengths: torch.Size) -> torch.Tensor:
-        """The hypercube ``offsets .. offsets+lengths`` of stored tensor ``key``."""
-        reader = self._open()
-        info = reader.info(key)
-        shape = info.shape
-        if shape and (offsets[0] > 0 or lengths[0] < shape[0]):
-            # only the chunks holding these rows are read and decoded
-            rows = reader.slice(key, offsets[0], offsets[0] + lengths[0])
-            tensor = numpy_to_tensor(rows)
-            first = 1
-        else:
-            tensor = numpy_to_tensor(reader.get(key, verify=self.verify))
-            first = 0
-        for dim in range(first, len(shape)):
-            if offsets[dim] > 0 or lengths[dim] < shape[dim]:
-                tensor = tensor.narrow(dim, offsets[dim], lengths[dim])
-        return tensor
-
     def _check_restricted_pickle(self, key: str, raw: bytes) -> None:
         """Refuse a non-tensor item unless ``torch.load(weights_only=True)`` accepts it: DCP's
         planner unpickles it with the unrestricted unpickler, and a pickle the restricted one
@@ -447,29 +429,37 @@ class StorageReader(_storage.StorageReader):
         fut.set_result(None)
         return fut
 
-    def _whole_values(self, reader: storage.Reader, plan: LoadPlan) -> dict[str, Any]:
-        """The stored values this plan reads whole, in one batched call (an object store
-        coalesces neighbouring values of a shard into one ranged GET, so a rank's reads cost
-        about one request per shard it touches, not one per item): the values a request
-        covers entirely, and from an object store with ``verify`` every uncompressed value
-        (a checked part of one downloads it whole anyway: one crc for all its bytes)."""
-        remote_checked = self.verify and storage.is_url(self.prefix)
-        keys: dict[str, None] = {}
+    def _prefetch(
+        self, reader: storage.Reader, plan: LoadPlan
+    ) -> tuple[dict[str, Any], dict[tuple[str, int, int], Any]]:
+        """Everything this plan reads, in two batched calls: the values read whole (by key)
+        and the row ranges (by ``(key, start, stop)``) of the values read in part. A row
+        range reads, and with ``verify`` checks, only the chunks or crc blocks holding its
+        rows (FORMAT.md §3.4). From an object store every range goes into the one call, whole
+        values as ranges of all their rows, so neighbouring reads of a shard share one ranged
+        GET and a rank costs about one request per shard it touches; locally whole values are
+        loaded as such (zero-copy views of uncompressed ones)."""
+        remote = storage.is_url(self.prefix)
+        whole: dict[str, None] = {}
+        rows: dict[tuple[str, int, int], None] = {}
         for req in plan.items:
             if req.type == LoadItemType.BYTE_IO:
                 continue
             key = self.storage_data[req.storage_index]
-            info = reader.info(key)
-            whole = not any(req.storage_offsets) and list(req.lengths) == list(info.shape)
-            if whole or (remote_checked and info.codec == "none"):
-                keys[key] = None
-        if not keys:
-            return {}
-        return reader.load(list(keys), verify=self.verify, progress=False)
+            shape = list(reader.info(key).shape)
+            entire = not any(req.storage_offsets) and list(req.lengths) == shape
+            if not shape or (entire and not remote):
+                whole[key] = None
+            else:
+                start = int(req.storage_offsets[0])
+                rows[(key, start, start + int(req.lengths[0]))] = None
+        got = reader.load(list(whole), verify=self.verify, progress=False) if whole else {}
+        ranges = list(rows)
+        return got, dict(zip(ranges, reader.slice_many(ranges), strict=True))
 
     def _read_items(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         reader = self._open()
-        whole = self._whole_values(reader, plan)
+        whole, rows = self._prefetch(reader, plan)
         for req in plan.items:
             key = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
@@ -479,13 +469,16 @@ class StorageReader(_storage.StorageReader):
                 planner.load_bytes(req, io.BytesIO(raw))
                 continue
             value = whole.get(key)
+            first = 0
             if value is None:
-                source = self._read_box(key, req.storage_offsets, req.lengths)
-            else:
-                source = numpy_to_tensor(value)
-                for dim, (o, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
-                    if o > 0 or n < source.shape[dim]:
-                        source = source.narrow(dim, o, n)
+                start = int(req.storage_offsets[0])
+                value = rows[(key, start, start + int(req.lengths[0]))]
+                first = 1
+            source = numpy_to_tensor(value)
+            offsets = zip(req.storage_offsets, req.lengths, strict=True)
+            for dim, (o, n) in enumerate(offsets):
+                if dim >= first and (o > 0 or n < source.shape[dim]):
+                    source = source.narrow(dim, o, n)
             target = planner.resolve_tensor(req).detach()
             if target.size() != source.size():
                 raise CorruptCheckpointError(

@@ -39,6 +39,8 @@ pub(crate) struct EntryRecord {
     /// crc32c of the raw (decoded) bytes.
     crc32c: u32,
     nchunks: u64,
+    /// Crc blocks of an uncompressed value (FORMAT.md §3.4; 0: one crc for the whole value).
+    crc_blocks: u64,
 }
 
 impl EntryRecord {
@@ -54,6 +56,7 @@ impl EntryRecord {
             offset: e.offset,
             crc32c: e.crc,
             nchunks: e.nchunks() as u64,
+            crc_blocks: e.nblocks() as u64,
         }
     }
 }
@@ -343,6 +346,9 @@ impl CheckpointReader {
     }
 
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
+    /// `verify`: check uncompressed bytes too (only the crc blocks holding the range, when
+    /// the value has them; else the whole value); compressed chunks are always checked.
+    #[pyo3(signature = (key, lo, hi, out, verify=false))]
     fn read_range(
         &self,
         py: Python<'_>,
@@ -350,17 +356,58 @@ impl CheckpointReader {
         lo: u64,
         hi: u64,
         mut out: PyBuffer<u8>,
+        verify: bool,
     ) -> PyResult<()> {
         let e = self.entry(py, key)?;
         let dst = bytes_of_mut(py, &mut out)?;
-        // A range of an uncompressed value is checked against the whole value's crc, so the
-        // work is bounded by the stored value, not the range: watch only large ones (a helper
-        // thread per call costs ~60 us, ten times a small slice's own work).
+        // A range of an uncompressed value without crc blocks is checked against the whole
+        // value's crc, so the work is bounded by the stored value, not the range: watch only
+        // large ones (a helper thread per call costs ~60 us, ten times a small slice's work).
+        let reader = &self.inner;
+        let work = || {
+            if verify {
+                reader.read_range_checked(&e, lo, hi, dst)
+            } else {
+                reader.read_range(&e, lo, hi, dst)
+            }
+        };
         if e.stored_len.max(hi.saturating_sub(lo)) >= WATCH_MIN {
-            nogil_cancellable(py, || self.inner.read_range(&e, lo, hi, dst))
+            nogil_cancellable(py, work)
         } else {
-            nogil(py, || self.inner.read_range(&e, lo, hi, dst))
+            nogil(py, work)
         }
+    }
+
+    /// Raw bytes `[los[i], his[i])` of `keys[i]` into `outs[i]` for every `i`, in parallel,
+    /// as `read_range` reads one (GIL released). Buffers must not overlap.
+    #[pyo3(signature = (keys, los, his, outs, verify=false))]
+    fn read_ranges_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        los: Vec<u64>,
+        his: Vec<u64>,
+        mut outs: Vec<PyBuffer<u8>>,
+        verify: bool,
+    ) -> PyResult<()> {
+        use rayon::prelude::*;
+        let (entries, mut dsts) =
+            range_args(py, &keys, &los, &his, &mut outs, |k| self.entry(py, k))?;
+        let reader = &self.inner;
+        nogil_cancellable(py, || {
+            shardpoint_core::threads::install(|| {
+                entries
+                    .par_iter()
+                    .zip(dsts.par_iter_mut())
+                    .try_for_each(|((e, lo, hi), o)| {
+                        if verify {
+                            reader.read_range_checked(e, *lo, *hi, o)
+                        } else {
+                            reader.read_range(e, *lo, *hi, o)
+                        }
+                    })
+            })
+        })
     }
 
     /// Statistics of many tensor entries (`shardpoint_core::stats`): entries in parallel and,
@@ -556,4 +603,38 @@ pub(crate) fn read_file_ranges_direct(
         shardpoint_core::direct::read_files_direct(&paths, &ranges, dsts, depth)
     })?;
     Ok((s.in_place, s.bounced, s.buffered))
+}
+
+/// The arguments of a `read_ranges_into`: entries with their ranges, and the output buffers
+/// (checked to be as many as the keys, and not overlapping).
+pub(crate) fn range_args<'a, 'b>(
+    py: Python<'_>,
+    keys: &[String],
+    los: &[u64],
+    his: &[u64],
+    outs: &'b mut [PyBuffer<u8>],
+    entry: impl Fn(&str) -> PyResult<Entry<'a>>,
+) -> PyResult<(Vec<(Entry<'a>, u64, u64)>, Vec<&'b mut [u8]>)> {
+    if keys.len() != los.len() || keys.len() != his.len() || keys.len() != outs.len() {
+        return Err(crate::invalid(
+            py,
+            format!(
+                "{} keys, {} starts, {} ends and {} output buffers",
+                keys.len(),
+                los.len(),
+                his.len(),
+                outs.len()
+            ),
+        ));
+    }
+    let mut entries = Vec::with_capacity(keys.len());
+    for ((k, lo), hi) in keys.iter().zip(los).zip(his) {
+        entries.push((entry(k)?, *lo, *hi));
+    }
+    let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
+    for b in outs.iter_mut() {
+        dsts.push(bytes_of_mut(py, b)?);
+    }
+    refuse_overlaps(py, keys, &dsts)?;
+    Ok((entries, dsts))
 }

@@ -180,8 +180,9 @@ impl RemoteReader {
     }
 
     /// Raw bytes [lo, hi) of an entry into a writable buffer. Compressed: only the chunks
-    /// holding them are fetched (each checked). Uncompressed with `verify`: the whole value is
-    /// fetched once, checked, and the range cut from it; without, only the range (unchecked).
+    /// holding them are fetched (each checked). Uncompressed with `verify`: only the crc blocks
+    /// holding them when the value has them (each checked), else the whole value once,
+    /// checked, and the range cut from it; without `verify`, only the range (unchecked).
     #[pyo3(signature = (key, lo, hi, out, verify=true))]
     fn read_range(
         &self,
@@ -195,6 +196,23 @@ impl RemoteReader {
         let e = self.entry(py, key)?;
         let dst = bytes_of_mut(py, &mut out)?;
         nogil(py, || self.inner.read_range(&e, lo, hi, dst, verify))
+    }
+
+    /// Raw bytes `[los[i], his[i])` of `keys[i]` into `outs[i]`, as `read_range` reads one,
+    /// all downloads in one batched fetch (neighbours of a shard share a ranged GET).
+    #[pyo3(signature = (keys, los, his, outs, verify=true))]
+    fn read_ranges_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        los: Vec<u64>,
+        his: Vec<u64>,
+        mut outs: Vec<PyBuffer<u8>>,
+        verify: bool,
+    ) -> PyResult<()> {
+        let (entries, mut dsts) =
+            crate::read::range_args(py, &keys, &los, &his, &mut outs, |k| self.entry(py, k))?;
+        nogil(py, || self.inner.read_ranges(&entries, &mut dsts, verify))
     }
 
     /// Check every checksum and invariant, fetching every byte.

@@ -27,6 +27,10 @@ pub struct EntryMeta {
     pub offset: u64,
     pub stored_len: u64,
     pub chunks: Vec<ChunkRec>,
+    /// Uncompressed values only: blocks of `1 << block_log2` bytes, each with its crc32c in
+    /// `block_crcs` (§3.4), so a checked range reads only its blocks; 0 and empty: none.
+    pub block_log2: u8,
+    pub block_crcs: Vec<u32>,
 }
 
 /// One shard as recorded in the index (§3.1).
@@ -48,7 +52,7 @@ impl EntryMeta {
         } else {
             8 * self.dims.len()
         };
-        d + CHUNK_REC * self.chunks.len()
+        d + CHUNK_REC * self.chunks.len() + BLOCK_CRC_REC * self.block_crcs.len()
     }
 }
 
@@ -63,6 +67,29 @@ pub fn check_key(key: &str) -> Result<()> {
     if key.as_bytes().contains(&0) {
         return Err(Error::InvalidArgument(format!(
             "key {key:?} contains a NUL byte"
+        )));
+    }
+    Ok(())
+}
+
+/// A block crc table only on an uncompressed value, of a block size readers accept, with one
+/// crc per block (§3.4): what a reader would refuse is never written.
+fn check_block_table(e: &EntryMeta) -> Result<()> {
+    if e.block_log2 == 0 && e.block_crcs.is_empty() {
+        return Ok(());
+    }
+    let ok = e.codec == Codec::None
+        && (MIN_CRC_BLOCK_LOG2..=MAX_CRC_BLOCK_LOG2).contains(&e.block_log2)
+        && e.stored_len > 0
+        && crc_block_count(e.stored_len, e.block_log2) == e.block_crcs.len() as u64;
+    if !ok {
+        return Err(Error::InvalidArgument(format!(
+            "entry {:?}: block crc table of {} crcs (log2 {}) does not fit a {}-byte {} value",
+            e.key,
+            e.block_crcs.len(),
+            e.block_log2,
+            e.stored_len,
+            e.codec.name()
         )));
     }
     Ok(())
@@ -140,6 +167,7 @@ pub fn build_index(
                 .ok_or_else(|| {
                     Error::InvalidArgument(format!("entry {:?}: ndim > {MAX_NDIM}", e.key))
                 })?;
+            check_block_table(e)?;
             EntryRecord {
                 key_rel,
                 key_len: e.key.len() as u16,
@@ -147,7 +175,7 @@ pub fn build_index(
                 codec: e.codec as u8,
                 kind: e.kind as u8,
                 ndim,
-                reserved: 0,
+                reserved: e.block_log2 as u16,
                 shard: e.shard,
                 crc: e.crc,
                 aux_rel,
@@ -173,6 +201,10 @@ pub fn build_index(
                     &mut out[a..a + CHUNK_REC],
                 );
                 a += CHUNK_REC;
+            }
+            for c in &e.block_crcs {
+                out[a..a + BLOCK_CRC_REC].copy_from_slice(&c.to_le_bytes());
+                a += BLOCK_CRC_REC;
             }
             apos += e.aux_len() as u64;
         }

@@ -44,6 +44,8 @@ fn entry(key: &str, i: usize) -> EntryMeta {
         offset: 4096 + 64 * i as u64,
         stored_len: if codec == Codec::None { raw } else { 20 },
         chunks,
+        block_log2: 0,
+        block_crcs: Vec::new(),
     }
 }
 

@@ -79,3 +79,105 @@ impl Reader {
         })
     }
 }
+
+impl Reader {
+    /// Check `bytes`, the raw bytes of blocks `first ..` of an uncompressed entry (whole
+    /// blocks; the last may be the value's short tail), against its block crcs (§3.4).
+    /// Returns the crcs computed.
+    pub(super) fn check_blocks(
+        &self,
+        e: &Entry<'_>,
+        first: usize,
+        bytes: &[u8],
+    ) -> Result<Vec<u32>> {
+        check_block_bytes(e, first, bytes, &self.shards[e.shard as usize].path)
+    }
+
+    /// Raw bytes `[lo, hi)` of the entry, checked: an uncompressed value with crc blocks
+    /// (§3.4) reads only the blocks holding the range and checks each; one without reads and
+    /// checks the whole value once (its one crc covers all of it); a compressed value decodes
+    /// the chunks holding the range, each checked.
+    pub fn read_range_checked(
+        &self,
+        e: &Entry<'_>,
+        lo: u64,
+        hi: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if e.codec != Codec::None || lo == hi {
+            return self.read_range(e, lo, hi, out);
+        }
+        if e.block_log2 == 0 {
+            self.verify_entry(e)?;
+            return self.read_range(e, lo, hi, out);
+        }
+        if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
+            return self.read_range(e, lo, hi, out); // its error
+        }
+        let b = 1u64 << e.block_log2;
+        // The whole blocks inside [lo, hi) (the value's short last block counts as whole when
+        // hi is the value's end) are read straight into `out` and checked there; the (at most
+        // two) blocks cut by lo or hi are read whole into a buffer and checked.
+        let in_lo = lo.div_ceil(b) * b;
+        let in_hi = if hi == e.raw_len { hi } else { hi / b * b };
+        if in_lo < in_hi {
+            let dst = &mut out[(in_lo - lo) as usize..(in_hi - lo) as usize];
+            self.read_stored(e, in_lo, dst)?;
+            let dst = &*dst;
+            let step = READ_PIECE.max(b as usize);
+            let cancel = crate::cancel::current();
+            crate::threads::install(|| {
+                dst.par_chunks(step).enumerate().try_for_each(|(i, p)| {
+                    cancel.check()?;
+                    let first = (in_lo / b) as usize + i * (step / b as usize);
+                    self.check_blocks(e, first, p).map(|_| ())
+                })
+            })?;
+        }
+        for (a, z) in [(lo, in_lo.min(hi)), (in_hi.max(in_lo).max(lo), hi)] {
+            if a >= z {
+                continue;
+            }
+            let blk = a / b;
+            let (blo, bhi) = (blk * b, ((blk + 1) * b).min(e.raw_len));
+            let mut tmp = vec![0u8; (bhi - blo) as usize];
+            self.read_stored(e, blo, &mut tmp)?;
+            self.check_blocks(e, blk as usize, &tmp)?;
+            out[(a - lo) as usize..(z - lo) as usize]
+                .copy_from_slice(&tmp[(a - blo) as usize..(z - blo) as usize]);
+        }
+        Ok(())
+    }
+}
+
+/// Check `bytes` (whole blocks from block `first` of `e`, the last possibly the value's
+/// tail) against the entry's block crcs; `path` names the file in an error. Returns the crcs.
+pub(crate) fn check_block_bytes(
+    e: &Entry<'_>,
+    first: usize,
+    bytes: &[u8],
+    path: &std::path::Path,
+) -> Result<Vec<u32>> {
+    let b = 1usize << e.block_log2;
+    let mut got = Vec::with_capacity(bytes.len().div_ceil(b));
+    for (i, blk) in bytes.chunks(b).enumerate() {
+        let bi = first + i;
+        let actual = crc(blk);
+        let expected = if bi < e.nblocks() {
+            e.block_crc(bi)
+        } else {
+            !actual // (cannot happen: the caller cuts ranges inside the value)
+        };
+        if actual != expected {
+            return Err(Error::Checksum {
+                path: path.to_path_buf(),
+                offset: e.offset + (bi * b) as u64,
+                what: format!("key {:?} crc block {bi}", e.key),
+                expected,
+                actual,
+            });
+        }
+        got.push(actual);
+    }
+    Ok(got)
+}

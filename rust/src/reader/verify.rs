@@ -3,6 +3,7 @@
 //! payloads, chunks, zero gaps); and what strong (digest) verification reads.
 
 use super::{Reader, READ_PIECE};
+use crate::checksum::combine_block_crcs;
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::Entry;
@@ -50,15 +51,27 @@ impl Reader {
             let shard = &self.shards[e.shard as usize];
             let n = e.stored_len as usize;
             let cancel = crate::cancel::current();
-            let pieces: Vec<(u32, usize)> = (0..n.div_ceil(READ_PIECE))
+            // With crc blocks (§3.4) pieces are whole blocks and every block's crc is checked
+            // too: a block table that disagrees with the data fails here, not in a later slice.
+            let piece = if e.block_log2 == 0 {
+                READ_PIECE
+            } else {
+                READ_PIECE.max(1 << e.block_log2)
+            };
+            let pieces: Vec<(u32, usize)> = (0..n.div_ceil(piece))
                 .into_par_iter()
                 .map(|i| {
                     cancel.check()?;
-                    let lo = i * READ_PIECE;
-                    let len = READ_PIECE.min(n - lo);
+                    let lo = i * piece;
+                    let len = piece.min(n - lo);
                     let mut buf = vec![0u8; len];
                     shard.read_at(e.offset + lo as u64, &mut buf)?;
-                    Ok((crc(&buf), len))
+                    if e.block_log2 == 0 {
+                        return Ok((crc(&buf), len));
+                    }
+                    let first = lo >> e.block_log2;
+                    let got = self.check_blocks(e, first, &buf)?;
+                    Ok((combine_block_crcs(&got, len as u64, e.block_log2), len))
                 })
                 .collect::<Result<_>>()?;
             let actual = if pieces.is_empty() {

@@ -39,7 +39,8 @@ impl Job {
 /// item's `data` (an XOR item, [`Item::xor_base`]) and are stored raw.
 enum Done {
     Chunk(Option<Vec<u8>>, u32, usize, u32, Option<Vec<u8>>),
-    Raw(u32, Option<Vec<u8>>),
+    /// crc, the XOR payload if any, the block crcs (FORMAT.md §3.4; empty: none).
+    Raw(u32, Option<Vec<u8>>, Vec<u32>),
 }
 
 thread_local! {
@@ -142,10 +143,14 @@ impl ShardWriter {
                     cancel.check()?;
                     match *job {
                         Job::Raw { item } => Ok(match items[item].xor_base {
-                            None => Done::Raw(par_crc(items[item].data), None),
+                            None => {
+                                let (blocks, c) = value_crcs(items[item].data);
+                                Done::Raw(c, None, blocks)
+                            }
                             Some(b) => {
                                 let x = xor_owned(&pool, items[item].data, b);
-                                Done::Raw(par_crc(&x), Some(x))
+                                // an XOR payload is read whole, against its base: no blocks
+                                Done::Raw(par_crc(&x), Some(x), Vec::new())
                             }
                         }),
                         Job::Chunk { item, ci } => {
@@ -234,7 +239,7 @@ impl ShardWriter {
         } = *ctx;
         for (job, d) in batch.iter().zip(done) {
             match (*job, d?) {
-                (Job::Raw { item }, Done::Raw(c, xor)) => {
+                (Job::Raw { item }, Done::Raw(c, xor, blocks)) => {
                     let data = xor.as_deref().unwrap_or(items[item].data);
                     self.pad_for(data.len() as u64)?;
                     let offset = self.pos;
@@ -247,6 +252,7 @@ impl ShardWriter {
                         data.len() as u64,
                         vec![],
                     );
+                    self.set_blocks(blocks);
                     progress(data.len() as u64);
                     if let Some(x) = xor {
                         pool.give(x);
@@ -297,6 +303,11 @@ impl ShardWriter {
                             (codecs[item], chunks)
                         };
                         self.push_entry(it, codec, raw_crc, st.offset, stored_len, chunks);
+                        if st.all_raw && it.xor_base.is_none() {
+                            // an uncompressed value after all: give it its crc blocks (one
+                            // more crc pass, only over incompressible data)
+                            self.set_blocks(value_crcs(it.data).0);
+                        }
                         progress(it.data.len() as u64);
                     }
                 }
@@ -327,6 +338,27 @@ impl ShardWriter {
             offset,
             stored_len,
             chunks,
+            block_log2: 0,
+            block_crcs: Vec::new(),
         });
     }
+
+    /// Give the entry just pushed (uncompressed) its block crc table, if it has one.
+    fn set_blocks(&mut self, blocks: Vec<u32>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let e = self.entries.last_mut().expect("pushed just before");
+        e.block_log2 = CRC_BLOCK_LOG2;
+        e.block_crcs = blocks;
+    }
+}
+
+/// The crc of an uncompressed value and, when it spans more than one block, its block crcs
+/// (FORMAT.md §3.4; empty otherwise: a value of one block is read whole anyway).
+fn value_crcs(data: &[u8]) -> (Vec<u32>, u32) {
+    if data.len() as u64 <= 1u64 << CRC_BLOCK_LOG2 {
+        return (Vec::new(), par_crc(data));
+    }
+    crate::checksum::block_crcs(data, CRC_BLOCK_LOG2)
 }

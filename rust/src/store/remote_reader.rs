@@ -36,6 +36,11 @@ use std::sync::Mutex;
 
 /// Stored bytes fetched at once by `verify` and by the compressed part of `read_many_into`.
 const VERIFY_BATCH: u64 = 1 << 30;
+/// Tight coalescing (row ranges): a gap this small (a page of alignment padding) is always
+/// downloaded with its neighbours...
+const TIGHT_GAP: u64 = 4096;
+/// ... a larger one only when it is at most 1/40 of the bytes wanted by the GET (2.5%).
+const TIGHT_GAP_SHARE: u64 = 40;
 
 /// One shard object of an open remote checkpoint.
 pub struct RemoteShard {
@@ -167,6 +172,24 @@ impl RemoteReader {
     /// Fetch every span into `out[i]` (exactly the span's length), coalesced, split and in
     /// parallel, each piece copied to its place as it arrives.
     fn fetch_into(&self, spans: &[Span], out: &mut [&mut [u8]]) -> Result<()> {
+        self.fetch_into_with(spans, out, false)
+    }
+
+    /// [`Self::fetch`] with tight coalescing: neighbours share a GET only when the gap between
+    /// them is alignment padding (at most [`TIGHT_GAP`]) or at most 1/[`TIGHT_GAP_SHARE`] of
+    /// the bytes the GET is for, so row ranges read about their own bytes and no more (a
+    /// loading rank's cut values are not read whole through the 1 MiB rule).
+    fn fetch_tight(&self, spans: &[Span]) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = spans
+            .iter()
+            .map(|&(_, lo, hi)| vec![0u8; (hi - lo) as usize])
+            .collect();
+        let mut dsts: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        self.fetch_into_with(spans, &mut dsts, true)?;
+        Ok(out)
+    }
+
+    fn fetch_into_with(&self, spans: &[Span], out: &mut [&mut [u8]], tight: bool) -> Result<()> {
         debug_assert!(spans
             .iter()
             .zip(out.iter())
@@ -175,18 +198,27 @@ impl RemoteReader {
         let ps = store.config.part_size as u64;
         let mut order: Vec<usize> = (0..spans.len()).collect();
         order.sort_by_key(|&i| (spans[i].0, spans[i].1));
-        // Requests: (shard, lo, hi, spans inside).
+        // Requests: (shard, lo, hi, spans inside); `useful`: bytes of the spans of the last.
         let mut reqs: Vec<(u32, u64, u64, Vec<usize>)> = Vec::new();
+        let mut useful = 0u64;
         for i in order {
             let (s, lo, hi) = spans[i];
             if let Some(last) = reqs.last_mut() {
-                if last.0 == s && lo <= last.2 + COALESCE_GAP && hi.max(last.2) - last.1 <= ps {
+                let gap = lo.saturating_sub(last.2);
+                let near = if tight {
+                    gap <= TIGHT_GAP || gap * TIGHT_GAP_SHARE <= useful + (hi - lo)
+                } else {
+                    gap <= COALESCE_GAP
+                };
+                if last.0 == s && near && hi.max(last.2) - last.1 <= ps {
                     last.2 = last.2.max(hi);
                     last.3.push(i);
+                    useful += hi - lo;
                     continue;
                 }
             }
             reqs.push((s, lo, hi, vec![i]));
+            useful = hi - lo;
         }
         // Pieces of at most one part each.
         let mut pieces: Vec<(Span, usize)> = Vec::new();
@@ -452,9 +484,10 @@ impl RemoteReader {
     }
 
     /// Raw bytes `[lo, hi)` of the entry. Compressed: only the chunks holding them are fetched,
-    /// each checked. Uncompressed, `verify`: the whole value is fetched once, checked, and the
-    /// range cut from that very download (its crc covers the whole value); without `verify`
-    /// only the range is fetched, unchecked.
+    /// each checked. Uncompressed, `verify`: with crc blocks (FORMAT.md §3.4) only the blocks
+    /// holding the range, each checked; without, the whole value once, checked, and the range
+    /// cut from that very download (its crc covers the whole value). Without `verify` only
+    /// the range is fetched, unchecked.
     pub fn read_range(
         &self,
         e: &Entry<'_>,
@@ -463,39 +496,114 @@ impl RemoteReader {
         out: &mut [u8],
         verify: bool,
     ) -> Result<()> {
-        if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
+        self.read_ranges(&[(e.clone(), lo, hi)], &mut [out], verify)
+    }
+
+    /// Raw bytes `[lo, hi)` of many entries into `outs[i]`, as [`Self::read_range`] reads one,
+    /// with every download in one batched fetch: neighbouring spans of a shard become one
+    /// ranged GET (gaps up to the coalescing limit are downloaded and dropped).
+    pub fn read_ranges(
+        &self,
+        items: &[(Entry<'_>, u64, u64)],
+        outs: &mut [&mut [u8]],
+        verify: bool,
+    ) -> Result<()> {
+        if items.len() != outs.len() {
             return Err(Error::InvalidArgument(format!(
-                "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
-                e.key, e.raw_len
+                "{} ranges but {} output buffers",
+                items.len(),
+                outs.len()
             )));
         }
-        if lo == hi {
-            return Ok(());
-        }
-        if e.codec == Codec::None {
-            if !verify {
-                return self.fetch_into(&[(e.shard, e.offset + lo, e.offset + hi)], &mut [out]);
+        let mut spans: Vec<Span> = Vec::with_capacity(items.len());
+        for ((e, lo, hi), o) in items.iter().zip(outs.iter()) {
+            let (lo, hi) = (*lo, *hi);
+            if lo > hi || hi > e.raw_len || o.len() as u64 != hi - lo {
+                return Err(Error::InvalidArgument(format!(
+                    "key {:?}: byte range [{lo}, {hi}) invalid for {} bytes",
+                    e.key, e.raw_len
+                )));
             }
-            if lo == 0 && hi == e.raw_len {
-                return self.read_many_into(std::slice::from_ref(e), &mut [out]);
-            }
-            let whole = self.read(e)?;
-            out.copy_from_slice(&whole[lo as usize..hi as usize]);
-            return Ok(());
+            spans.push(self.range_span(e, lo, hi, verify)?);
         }
-        let r = self.read_chunks(e, lo, hi, out);
+        let r = self.fetch_tight(&spans).and_then(|stored| {
+            crate::threads::install(|| {
+                items
+                    .par_iter()
+                    .zip(outs.par_iter_mut())
+                    .zip(stored.par_iter().zip(spans.par_iter()))
+                    .try_for_each(|(((e, lo, hi), o), (s, span))| {
+                        self.cut_range(e, *lo, *hi, o, s, span.1 - e.offset, verify)
+                    })
+            })
+        });
         self.checked(r)
     }
 
-    /// `read_range` of a compressed entry: fetch and decode chunks covering `[lo, hi)`.
-    fn read_chunks(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
-        check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
+    /// What [`Self::read_ranges`] downloads for `[lo, hi)` of `e` (shard span).
+    fn range_span(&self, e: &Entry<'_>, lo: u64, hi: u64, verify: bool) -> Result<Span> {
+        if lo == hi {
+            return Ok((e.shard, e.offset, e.offset));
+        }
+        if e.codec != Codec::None {
+            check_chunk_table(e, self.index.chunk_bytes(), self.shard_url(e))?;
+            let cb = self.index.chunk_bytes() as u64;
+            return Ok(self.span_of(e, Some(((lo / cb) as usize, ((hi - 1) / cb) as usize))));
+        }
+        if !verify {
+            return Ok((e.shard, e.offset + lo, e.offset + hi));
+        }
+        if e.block_log2 == 0 {
+            return Ok(self.span_of(e, None));
+        }
+        let b = 1u64 << e.block_log2;
+        let (a, z) = (lo / b * b, (hi.div_ceil(b) * b).min(e.raw_len));
+        Ok((e.shard, e.offset + a, e.offset + z))
+    }
+
+    /// Check the downloaded `stored` (payload bytes from `rel`, as [`Self::range_span`] chose)
+    /// and put raw bytes `[lo, hi)` of `e` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn cut_range(
+        &self,
+        e: &Entry<'_>,
+        lo: u64,
+        hi: u64,
+        out: &mut [u8],
+        stored: &[u8],
+        rel: u64,
+        verify: bool,
+    ) -> Result<()> {
+        if lo == hi {
+            return Ok(());
+        }
+        if e.codec != Codec::None {
+            return self.decode_range(e, lo, hi, out, stored);
+        }
+        if verify {
+            if e.block_log2 == 0 {
+                self.check_raw(e, stored)?;
+            } else {
+                let first = (rel >> e.block_log2) as usize;
+                crate::reader::check_block_bytes(e, first, stored, self.shard_url(e))?;
+            }
+        }
+        out.copy_from_slice(&stored[(lo - rel) as usize..(hi - rel) as usize]);
+        Ok(())
+    }
+
+    /// Decode raw bytes `[lo, hi)` of a compressed entry from `stored`, the chunks covering
+    /// them as downloaded, each chunk checked.
+    fn decode_range(
+        &self,
+        e: &Entry<'_>,
+        lo: u64,
+        hi: u64,
+        out: &mut [u8],
+        stored: &[u8],
+    ) -> Result<()> {
         let cb = self.index.chunk_bytes() as u64;
         let (c0, c1) = ((lo / cb) as usize, ((hi - 1) / cb) as usize);
-        let stored = self
-            .fetch(&[self.span_of(e, Some((c0, c1)))])?
-            .pop()
-            .expect("one");
         let base = e.chunk(c0).rel_offset;
         let parts: Vec<(u64, Vec<u8>)> = crate::threads::install(|| {
             (c0..=c1)
@@ -504,7 +612,7 @@ impl RemoteReader {
                     let raw_lo = ci as u64 * cb;
                     let raw_n = cb.min(e.raw_len - raw_lo) as usize;
                     let mut tmp = vec![0u8; raw_n];
-                    self.decode_one(e, ci, &stored, base, &mut tmp)?;
+                    self.decode_one(e, ci, stored, base, &mut tmp)?;
                     Ok((raw_lo, tmp))
                 })
                 .collect::<Result<_>>()

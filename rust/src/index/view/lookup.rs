@@ -26,9 +26,28 @@ pub struct Entry<'a> {
     pub raw_len: u64,
     /// The chunk records (`nchunks × 16` bytes); empty for codec none.
     pub chunk_table: &'a [u8],
+    /// An uncompressed value's crc blocks (§3.4): `1 << block_log2` bytes each; 0 if none.
+    pub block_log2: u8,
+    /// Their crcs (`nblocks × 4` bytes); empty if none.
+    pub block_crcs: &'a [u8],
 }
 
 impl Entry<'_> {
+    /// Number of crc blocks (§3.4; 0 when the value has no block table).
+    pub fn nblocks(&self) -> usize {
+        self.block_crcs.len() / BLOCK_CRC_REC
+    }
+
+    /// The crc of block `i` (caller checks `i < nblocks()`).
+    pub fn block_crc(&self, i: usize) -> u32 {
+        le_u32(self.block_crcs, i * BLOCK_CRC_REC)
+    }
+
+    /// The block crcs, decoded.
+    pub fn block_crc_list(&self) -> Vec<u32> {
+        (0..self.nblocks()).map(|i| self.block_crc(i)).collect()
+    }
+
     /// Number of chunks (0 for codec none).
     pub fn nchunks(&self) -> usize {
         self.chunk_table.len() / CHUNK_REC
@@ -58,6 +77,8 @@ impl Entry<'_> {
             offset: self.offset,
             stored_len: self.stored_len,
             chunks: (0..self.nchunks()).map(|i| self.chunk(i)).collect(),
+            block_log2: self.block_log2,
+            block_crcs: self.block_crc_list(),
         }
     }
 }
@@ -165,6 +186,8 @@ impl<B: IndexSource> IndexView<B> {
             stored_len: r.rec.stored_len,
             raw_len: r.raw_len,
             chunk_table: r.chunk_table,
+            block_log2: r.block_log2,
+            block_crcs: r.block_crcs,
         })
     }
 
@@ -195,9 +218,21 @@ impl<B: IndexSource> IndexView<B> {
         let kind =
             Kind::from_tag(r.kind).ok_or_else(|| bad(format!("unknown kind tag {}", r.kind)))?;
         let ndim = r.ndim as usize;
-        if ndim > MAX_NDIM || r.reserved != 0 {
+        // Byte 10 is `crc_block_log2` (§3.4), byte 11 stays reserved.
+        let block_log2 = (r.reserved & 0xff) as u8;
+        if ndim > MAX_NDIM || r.reserved >> 8 != 0 {
             return Err(bad(format!(
                 "ndim {ndim} > {MAX_NDIM} or reserved bytes set"
+            )));
+        }
+        if block_log2 != 0
+            && (codec != Codec::None
+                || !(MIN_CRC_BLOCK_LOG2..=MAX_CRC_BLOCK_LOG2).contains(&block_log2))
+        {
+            return Err(bad(format!(
+                "crc_block_log2 {block_log2} on a {} value (only uncompressed values have \
+                 crc blocks, of 2^{MIN_CRC_BLOCK_LOG2} ..= 2^{MAX_CRC_BLOCK_LOG2} bytes)",
+                codec.name()
             )));
         }
         let shard = r.shard;
@@ -270,6 +305,21 @@ impl<B: IndexSource> IndexView<B> {
             a += len;
             t
         };
+        let block_crcs: &[u8] = if block_log2 == 0 {
+            &[]
+        } else {
+            if raw_len == 0 {
+                return Err(bad(format!(
+                    "crc_block_log2 {block_log2} on an empty value"
+                )));
+            }
+            // The count follows from the shape (never read from the file), and the table
+            // must lie inside the block's aux range: nothing is allocated from it.
+            let len = crc_block_count(raw_len, block_log2) * BLOCK_CRC_REC as u64;
+            let t = aux(a, len)?;
+            a += len;
+            t
+        };
         if offset < DATA_START
             || offset % ALIGN != 0
             || offset
@@ -292,6 +342,8 @@ impl<B: IndexSource> IndexView<B> {
             raw_len,
             aux: aux_bytes,
             chunk_table,
+            block_log2,
+            block_crcs,
         })
     }
 }
@@ -311,6 +363,9 @@ pub(crate) struct RawEntry<'a> {
     pub aux: &'a [u8],
     /// The chunk records (empty for codec none).
     pub chunk_table: &'a [u8],
+    /// `crc_block_log2` (0: none) and the block crcs (§3.4).
+    pub block_log2: u8,
+    pub block_crcs: &'a [u8],
 }
 
 impl RawEntry<'_> {
