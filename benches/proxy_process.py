@@ -40,6 +40,8 @@ def _serve(conn: Connection, backend_port: int, rate: float | None) -> None:
             conn.send(proxy.counts())
         elif op == "requests":
             conn.send(proxy.requests(arg))
+        elif op == "got":
+            conn.send(list(proxy.got))
         else:
             conn.send(ValueError(f"unknown proxy operation {op!r}"))
 
@@ -88,6 +90,12 @@ class ProxyProcess:
 
     def requests(self, method: str | None = None) -> list[tuple[str, str, str | None]]:
         return list(self._call("requests", method))
+
+    @property
+    def got(self) -> list[tuple[str, int]]:
+        """(path, body bytes) of every GET answered since the last reset, as the in-process
+        proxy keeps them (the load harness sums the bytes per loading rank)."""
+        return list(self._call("got"))
 
     def close(self) -> None:
         if self._proc.is_alive():

@@ -76,8 +76,14 @@ def test_a_flipped_byte_is_found_by_the_slices_that_read_its_block(tmp_path, sav
             r.slice_many([("a", 0, 10), ("a", 100, 200)])
         with pytest.raises(sp.ChecksumMismatchError, match=r'key "a"'):
             r.verify()
+        s = r.get_slice("a")  # the lazy slices read by runs, checking the blocks they read
+        assert np.array_equal(s[0:120, 5:90:7], a[0:120, 5:90:7])
+        assert np.array_equal(s[-1:-300:-2, -1], a[-1:-300:-2, -1])  # blocks 4..: not read
+        with pytest.raises(sp.ChecksumMismatchError, match=r'key "a" crc block 3'):
+            s[150, 3]
     with sp.open(p, verify=False) as r:
         assert r.slice("a", 150, 151).shape == (1, COLS)  # unchecked, as asked
+        assert r.get_slice("a")[150:151].shape == (1, COLS)
     with pytest.raises(FormatError, match="crc block 3"):
         read_checkpoint(p)
 

@@ -3,8 +3,10 @@
 A :class:`TensorSlice` holds only the entry's index record. Indexing it reads the selected
 elements and nothing else worth mentioning:
 
-* uncompressed entries are indexed through a copy-on-write view of the shard's mapping; the
-  first slice of a value checks its crc32c, which covers the whole value (so it is read once),
+* uncompressed entries with crc blocks (FORMAT.md §3.4), read with ``verify``, are read as
+  compressed ones are (below), by runs, each checking the 16 KiB blocks it reads;
+* other uncompressed entries are indexed through a copy-on-write view of the shard's mapping;
+  the first slice of a value checks its crc32c, which covers the whole value (read once),
   later slices read only the pages holding selected elements (``sp.open(..., verify=False)``
   skips the check and keeps even the first slice page-lazy); from an object store every
   slice downloads the whole value once, checks it and cuts the selection from that download
@@ -39,6 +41,8 @@ __all__ = ["TensorSlice", "LazySlice", "RUN_BYTES"]
 
 #: Largest temporary buffer one run of a compressed read uses (a single longer row is one run).
 RUN_BYTES = 64 << 20
+#: The crc block of uncompressed values the writer makes (FORMAT.md §3.4).
+CRC_BLOCK = 16 << 10
 
 
 def _describe(index: tuple[Any, ...]) -> str:
@@ -265,7 +269,7 @@ class TensorSlice:
         out_shape = tuple(a.count for a in axes if not a.drop)
         if any(a.count == 0 for a in axes):
             return np.empty(out_shape, dtype=self.dtype)
-        if self._info.codec == "none":
+        if self._info.codec == "none" and not self._checked_blocks():
             return self._from_mapping(axes).reshape(out_shape)
         # read with positive steps, then flip the axes that were asked for backwards
         flips = []
@@ -277,6 +281,13 @@ class TensorSlice:
         if flips:
             got = np.flip(got, axis=tuple(flips)).copy()
         return got.reshape(out_shape)
+
+    def _checked_blocks(self) -> bool:
+        """Whether this uncompressed value is read by runs, each checked by the crc blocks
+        it reads (FORMAT.md §3.4), rather than checked whole: it has blocks and its reader
+        checks (``verify``)."""
+        blocks = getattr(self._info, "crc_blocks", 0)
+        return bool(blocks) and bool(getattr(self._reader, "_verify", False))
 
     def _from_mapping(self, axes: list[_Axis]) -> np.ndarray:
         """Uncompressed: index a zero-copy view of the mapped shard; only touched pages load."""
@@ -319,7 +330,9 @@ class TensorSlice:
         )
         lo = row_starts + inner_lo
         hi = row_starts + inner_hi
-        gap_limit = max(int(self._reader._core.chunk_bytes()), 1)
+        # a new run where the gap is a chunk (compressed) or a crc block (uncompressed)
+        unit = CRC_BLOCK if self._info.codec == "none" else self._reader._core.chunk_bytes()
+        gap_limit = max(int(unit), 1)
         view_strides = [rows.step * strides[k]] + [
             a.step * strides[d] for d, a in enumerate(axes) if d > k
         ]
@@ -341,8 +354,16 @@ class TensorSlice:
     def _read_run(self, lo: int, hi: int, dst: np.ndarray, strides: list[int]) -> None:
         """Bytes ``[lo, hi)`` of the entry, strided into ``dst`` (read in place if contiguous)."""
         if dst.flags.c_contiguous and dst.nbytes == hi - lo:
-            self._reader._core.read_range(self.key, lo, hi, dst.reshape(-1).view(np.uint8))
+            self._read_bytes(lo, hi, dst.reshape(-1).view(np.uint8))
             return
         buf = np.empty(hi - lo, dtype=np.uint8)
-        self._reader._core.read_range(self.key, lo, hi, buf)
+        self._read_bytes(lo, hi, buf)
         dst[...] = np.ndarray(dst.shape, dtype=self.dtype, buffer=buf, strides=strides)
+
+    def _read_bytes(self, lo: int, hi: int, out: np.ndarray) -> None:
+        """Raw bytes ``[lo, hi)`` into ``out``: compressed ones checked by their chunks,
+        uncompressed ones (``_checked_blocks``) by their crc blocks."""
+        if self._info.codec == "none":
+            self._reader._core.read_range(self.key, lo, hi, out, True)
+        else:
+            self._reader._core.read_range(self.key, lo, hi, out)

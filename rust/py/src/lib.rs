@@ -7,6 +7,7 @@
 mod buffers;
 mod checksum;
 mod delta;
+mod outs;
 mod pools;
 mod read;
 mod remote;

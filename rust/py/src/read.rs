@@ -1,6 +1,7 @@
 //! Reading: `CheckpointReader`, lookups, zero-copy and decoded values, ranges, verify.
 
 use crate::buffers::{alloc_zeroed, arena_align, bytes_of_mut, Arena, Buffer, Store, ARENA_MAX};
+pub(crate) use crate::outs::{check_disjoint, range_args, refuse_overlaps};
 use crate::{nogil, nogil_cancellable, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -519,41 +520,6 @@ impl CheckpointReader {
     }
 }
 
-/// Writing two overlapping output buffers from two threads would be a data race: refuse.
-pub(crate) fn refuse_overlaps(py: Python<'_>, keys: &[String], dsts: &[&mut [u8]]) -> PyResult<()> {
-    check_disjoint(py, dsts, "keys", |i| format!("{:?}", keys[i]))
-}
-
-/// Refuse buffers that overlap: writing them from two threads would be a data race.
-/// `name(i)` names buffer `i` (one of the `what`) in the error.
-fn check_disjoint(
-    py: Python<'_>,
-    dsts: &[&mut [u8]],
-    what: &str,
-    name: impl Fn(usize) -> String,
-) -> PyResult<()> {
-    let mut spans: Vec<(usize, usize, usize)> = dsts
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| !d.is_empty())
-        .map(|(i, d)| (d.as_ptr() as usize, d.as_ptr() as usize + d.len(), i))
-        .collect();
-    spans.sort_unstable();
-    for w in spans.windows(2) {
-        if w[1].0 < w[0].1 {
-            return Err(crate::invalid(
-                py,
-                format!(
-                    "output buffers of {what} {} and {} overlap",
-                    name(w[0].2),
-                    name(w[1].2)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Read byte ranges of plain files into caller-owned writable buffers with the bulk-load
 /// engine (read-ahead, parallel ordered preads, GIL released): `ranges[i] = (index into
 /// paths, offset)`, `outs[i]` receives exactly its length. Ranges past a file's end raise
@@ -603,38 +569,4 @@ pub(crate) fn read_file_ranges_direct(
         shardpoint_core::direct::read_files_direct(&paths, &ranges, dsts, depth)
     })?;
     Ok((s.in_place, s.bounced, s.buffered))
-}
-
-/// The arguments of a `read_ranges_into`: entries with their ranges, and the output buffers
-/// (checked to be as many as the keys, and not overlapping).
-pub(crate) fn range_args<'a, 'b>(
-    py: Python<'_>,
-    keys: &[String],
-    los: &[u64],
-    his: &[u64],
-    outs: &'b mut [PyBuffer<u8>],
-    entry: impl Fn(&str) -> PyResult<Entry<'a>>,
-) -> PyResult<(Vec<(Entry<'a>, u64, u64)>, Vec<&'b mut [u8]>)> {
-    if keys.len() != los.len() || keys.len() != his.len() || keys.len() != outs.len() {
-        return Err(crate::invalid(
-            py,
-            format!(
-                "{} keys, {} starts, {} ends and {} output buffers",
-                keys.len(),
-                los.len(),
-                his.len(),
-                outs.len()
-            ),
-        ));
-    }
-    let mut entries = Vec::with_capacity(keys.len());
-    for ((k, lo), hi) in keys.iter().zip(los).zip(his) {
-        entries.push((entry(k)?, *lo, *hi));
-    }
-    let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
-    for b in outs.iter_mut() {
-        dsts.push(bytes_of_mut(py, b)?);
-    }
-    refuse_overlaps(py, keys, &dsts)?;
-    Ok((entries, dsts))
 }

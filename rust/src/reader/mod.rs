@@ -19,7 +19,6 @@ mod verify;
 mod xor;
 
 pub use files::{IndexBytes, ShardMap};
-pub(crate) use values::check_block_bytes;
 
 use crate::commit::{index_path, with_suffix};
 use crate::error::{Error, Result};

@@ -90,7 +90,7 @@ impl Reader {
         first: usize,
         bytes: &[u8],
     ) -> Result<Vec<u32>> {
-        check_block_bytes(e, first, bytes, &self.shards[e.shard as usize].path)
+        e.check_blocks(first, bytes, &self.shards[e.shard as usize].path)
     }
 
     /// Raw bytes `[lo, hi)` of the entry, checked: an uncompressed value with crc blocks
@@ -148,36 +148,4 @@ impl Reader {
         }
         Ok(())
     }
-}
-
-/// Check `bytes` (whole blocks from block `first` of `e`, the last possibly the value's
-/// tail) against the entry's block crcs; `path` names the file in an error. Returns the crcs.
-pub(crate) fn check_block_bytes(
-    e: &Entry<'_>,
-    first: usize,
-    bytes: &[u8],
-    path: &std::path::Path,
-) -> Result<Vec<u32>> {
-    let b = 1usize << e.block_log2;
-    let mut got = Vec::with_capacity(bytes.len().div_ceil(b));
-    for (i, blk) in bytes.chunks(b).enumerate() {
-        let bi = first + i;
-        let actual = crc(blk);
-        let expected = if bi < e.nblocks() {
-            e.block_crc(bi)
-        } else {
-            !actual // (cannot happen: the caller cuts ranges inside the value)
-        };
-        if actual != expected {
-            return Err(Error::Checksum {
-                path: path.to_path_buf(),
-                offset: e.offset + (bi * b) as u64,
-                what: format!("key {:?} crc block {bi}", e.key),
-                expected,
-                actual,
-            });
-        }
-        got.push(actual);
-    }
-    Ok(got)
 }

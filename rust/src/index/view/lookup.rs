@@ -48,6 +48,42 @@ impl Entry<'_> {
         (0..self.nblocks()).map(|i| self.block_crc(i)).collect()
     }
 
+    /// Check `bytes`, whole crc blocks of this uncompressed value from block `first` (the
+    /// last may be the value's short tail), against the block crcs; `path` names the file
+    /// they came from in an error. Returns the crcs computed.
+    pub fn check_blocks(
+        &self,
+        first: usize,
+        bytes: &[u8],
+        path: &std::path::Path,
+    ) -> Result<Vec<u32>> {
+        let b = 1usize << self.block_log2;
+        let mut got = Vec::with_capacity(bytes.len().div_ceil(b));
+        for (i, blk) in bytes.chunks(b).enumerate() {
+            let bi = first + i;
+            let actual = crc(blk);
+            if bi >= self.nblocks() {
+                return Err(Error::InvalidArgument(format!(
+                    "key {:?}: crc block {bi} of {} read",
+                    self.key,
+                    self.nblocks()
+                )));
+            }
+            let expected = self.block_crc(bi);
+            if actual != expected {
+                return Err(Error::Checksum {
+                    path: path.to_path_buf(),
+                    offset: self.offset + (bi * b) as u64,
+                    what: format!("key {:?} crc block {bi}", self.key),
+                    expected,
+                    actual,
+                });
+            }
+            got.push(actual);
+        }
+        Ok(got)
+    }
+
     /// Number of chunks (0 for codec none).
     pub fn nchunks(&self) -> usize {
         self.chunk_table.len() / CHUNK_REC
