@@ -94,8 +94,8 @@ class Reader:
     zero-copy where the array is), ``"jax"`` jax arrays. Non-tensor values are unchanged.
 
     Every value handed out has its crc32c checked first (``verify=True``, the default; a raw
-    value is checked when it is read, and a slice of one checks the whole value once, on the
-    first slice). ``verify=False`` opts out, for callers that verified the checkpoint already.
+    value is checked when it is read, and a slice of one checks the crc blocks holding its rows,
+    FORMAT.md §3.4, or, without blocks, the whole value once, on the first slice). ``verify=False`` opts out, for callers that verified the checkpoint already.
     ``copy=True`` never hands out views of a mapping (see the module docstring's hazard).
     """
 

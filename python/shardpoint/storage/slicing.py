@@ -8,7 +8,7 @@ elements and nothing else worth mentioning:
 * other uncompressed entries are indexed through a copy-on-write view of the shard's mapping;
   the first slice of a value checks its crc32c, which covers the whole value (read once),
   later slices read only the pages holding selected elements (``sp.open(..., verify=False)``
-  skips the check and keeps even the first slice page-lazy); from an object store every
+  skips the check and keeps even the first slice page-lazy); from an object store every such
   slice downloads the whole value once, checks it and cuts the selection from that download
   (a network may damage any one download, so no check carries over to the next);
 * compressed entries are read with ``read_range`` over *runs* of the selection: the selected

@@ -15,7 +15,7 @@ tilings) goes through DCP's code unchanged.
 Use it with shardpoint's StorageReader: ``dcp.load(sd, storage_reader=StorageReader(p),
 planner=LoadPlanner())``. Reads are what the plan asks for: the StorageReader reads only the
 rows of a stored chunk a read item needs (compressed: the chunks of ``chunk_bytes`` holding
-them; uncompressed with ``verify``: the whole value once, since it has one crc).
+them; uncompressed: the 16 KiB crc blocks holding them, FORMAT.md §3.4).
 """
 
 from __future__ import annotations
