@@ -135,6 +135,10 @@ def test_a_flipped_byte_in_a_block_a_slice_reads_is_found(saved_big: tuple) -> N
         assert np.array_equal(r.slice("w", 130, 1000), value[130:])
         with pytest.raises(sp.ChecksumMismatchError, match=r'key "w" crc block 5'):
             r.slice("w", 110, 111)
+        with pytest.raises(sp.ChecksumMismatchError, match=r'key "w" crc block 5'):
+            r["w"]  # a whole download checks its blocks in the same pass as its crc
+        with pytest.raises(sp.ChecksumMismatchError, match=r'key "w" crc block 5'):
+            r.verify()
 
 
 def test_our_plan_is_dcps_plan(saved: tuple) -> None:

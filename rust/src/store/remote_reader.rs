@@ -325,7 +325,23 @@ impl RemoteReader {
 
     /// Check the crc of an uncompressed entry's whole value `data` (as downloaded).
     fn check_raw(&self, e: &Entry<'_>, data: &[u8]) -> Result<()> {
-        let actual = crate::checksum::par_crc(data);
+        // With crc blocks (FORMAT.md §3.4) the one pass computes the block crcs, checks each
+        // (so `verify` finds a block table that disagrees with the data) and combines them.
+        let actual = if e.block_log2 == 0 || data.len() as u64 != e.raw_len {
+            crate::checksum::par_crc(data)
+        } else {
+            let (blocks, whole) = crate::checksum::block_crcs(data, e.block_log2);
+            if let Some(bi) = (0..blocks.len()).find(|&i| blocks[i] != e.block_crc(i)) {
+                return Err(Error::Checksum {
+                    path: self.shard_url(e).to_path_buf(),
+                    offset: e.offset + ((bi as u64) << e.block_log2),
+                    what: format!("key {:?} crc block {bi}", e.key),
+                    expected: e.block_crc(bi),
+                    actual: blocks[bi],
+                });
+            }
+            whole
+        };
         if actual != e.crc {
             return Err(Error::Checksum {
                 path: self.shard_url(e).to_path_buf(),
