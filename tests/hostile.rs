@@ -492,3 +492,89 @@ fn an_object_entry_over_the_bound_is_refused_from_its_record() {
     let err = save(&d.path().join("big"), &[it], opts(Codec::Zstd, 1)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
+
+/// `sample`, saved with hashed shard names (FORMAT.md §3.1.1): a version 2 index.
+fn hashed_sample(dir: &Path) -> PathBuf {
+    let mut v = std::collections::BTreeMap::<String, Val>::new();
+    v.insert(
+        "a".into(),
+        (DType::U8, Kind::Tensor, vec![16], (0..16).collect()),
+    );
+    let p = dir.join("ck");
+    let o = shardpoint_core::WriterOptions {
+        hashed_prefixes: true,
+        shards: 2,
+        ..opts(Codec::Zstd, 1)
+    };
+    save(&p, &items(&v), o).unwrap();
+    p
+}
+
+/// Write `name` into shard record 0 (and, when given, `version` into the header), resealed.
+fn patch_shard_name(p: &Path, name: &[u8], version: Option<u32>) {
+    patch(p, |b| {
+        let s = u64_at(b, 40);
+        b[s + 24..s + 64].fill(0);
+        b[s + 24..s + 24 + name.len()].copy_from_slice(name);
+        b[s + 20..s + 24].copy_from_slice(&(name.len() as u32).to_le_bytes());
+        if let Some(v) = version {
+            b[8..12].copy_from_slice(&v.to_le_bytes());
+        }
+    });
+}
+
+#[test]
+fn hashed_shard_names_need_version_2_and_the_exact_hash() {
+    let d = tempfile::tempdir().unwrap();
+    let p = hashed_sample(d.path());
+    assert_eq!(le_u32(&std::fs::read(idx(&p)).unwrap(), 8), 2);
+    assert!(exercise(&p).is_none());
+    let good = Reader::open(&p).unwrap().index().shards()[0].name.clone();
+    assert!(good.starts_with('/') && good.len() == 23, "{good}");
+    let hh = &good[1..3];
+    let flipped = format!("{:02x}", u8::from_str_radix(hh, 16).unwrap() ^ 0x10);
+    let rest = &good[3..]; // "/data-00000-of-00002"
+    let hostile: Vec<(String, &str)> = vec![
+        (format!("/{flipped}{rest}"), "wrong hash"),
+        (format!("/{}{rest}", hh.to_uppercase()), "uppercase"),
+        (format!("/{hh}0{rest}"), "three hex digits"),
+        (format!("/{}{rest}", &hh[..1]), "one hex digit"),
+        (format!("/{hh}/..{rest}"), "`..`"),
+        (format!("/..{rest}"), "`..` as the hash"),
+        (format!("/{hh}/x{rest}"), "extra `/`"),
+        (format!("{hh}{rest}"), "no leading `/`"),
+        (format!("/{hh}{rest}.0123"), "short token"),
+    ];
+    for (name, what) in hostile {
+        let d = tempfile::tempdir().unwrap();
+        let p = hashed_sample(d.path());
+        patch_shard_name(&p, name.as_bytes(), None);
+        let e = Reader::open(&p)
+            .err()
+            .unwrap_or_else(|| panic!("{what} accepted"));
+        assert!(matches!(e, Error::Corrupt { .. }), "{what}: {e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&idx(&p).display().to_string()),
+            "{what}: {msg}"
+        );
+        assert!(msg.contains("shard record 0"), "{what}: {msg}");
+    }
+    // the valid hashed name in a version 1 index: refused, naming the version it needs
+    let d = tempfile::tempdir().unwrap();
+    let p = hashed_sample(d.path());
+    patch_shard_name(&p, good.as_bytes(), Some(1));
+    let e = Reader::open(&p)
+        .err()
+        .expect("hashed name in a v1 index accepted");
+    assert!(e.to_string().contains("needs version 2"), "{e}");
+    // a version no reader knows
+    let d = tempfile::tempdir().unwrap();
+    let p = hashed_sample(d.path());
+    patch_shard_name(&p, good.as_bytes(), Some(3));
+    let e = Reader::open(&p).err().expect("version 3 accepted");
+    assert!(
+        matches!(e, Error::UnsupportedVersion { found: 3, .. }),
+        "{e}"
+    );
+}

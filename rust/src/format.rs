@@ -8,6 +8,10 @@ use std::path::Path;
 
 /// Format version written and read by this library.
 pub const FORMAT_VERSION: u32 = 1;
+/// The index `format_version` of an index that names a shard in the hashed form (§3.1.1):
+/// a reader that only knows version 1 refuses it by its version instead of misreading it.
+/// Shard files stay version 1; an index without hashed names stays version 1.
+pub const INDEX_VERSION_HASHED: u32 = 2;
 
 /// Shard file magic (§2).
 pub const SHARD_MAGIC: &[u8; 8] = b"SPSHARD\0";
@@ -543,7 +547,7 @@ impl ShardHeader {
 }
 
 // Shard names are made and checked in `naming`; re-exported here for existing callers.
-pub use crate::naming::{shard_name, valid_shard_name};
+pub use crate::naming::{shard_name, shard_name_version, valid_shard_name};
 
 #[cfg(test)]
 mod tests;

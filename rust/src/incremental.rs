@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, IndexView, ShardRec};
 use crate::merge::meta_blob;
+use crate::naming::shard_name_in;
 use crate::shard::{Item, ShardWriter};
 use crate::writer::{shard_digests, WriterOptions};
 use rayon::prelude::*;
@@ -286,7 +287,8 @@ fn write_and_commit(
     for (k, (rec, _)) in plan.shards.iter().enumerate() {
         let id = (groups.len() + k) as u32;
         let src = with_suffix(base.expect("a plan has a base"), &rec.name);
-        match link_checked(prefix, &src, rec, id, total, token, allow_plain) {
+        let at = (id, total, token, opts.hashed_prefixes);
+        match link_checked(prefix, &src, rec, at, allow_plain) {
             Ok((name, path)) => {
                 if let Some(algo) = opts.digest {
                     // The base's digest of this very file when it recorded one (the link was
@@ -353,6 +355,14 @@ fn write_and_commit(
     report.linked_shards = plan.shards.len() as u32;
     if opts.durable && !plan.shards.is_empty() {
         sync_dir(&parent_dir(prefix))?; // the links are durable before the index names them
+        let hashed_dirs: HashSet<std::path::PathBuf> = recs
+            .iter()
+            .filter(|r| r.name.starts_with('/'))
+            .map(|r| parent_dir(&with_suffix(prefix, &r.name)))
+            .collect();
+        for d in hashed_dirs {
+            sync_dir(&d)?; // links into `P/HH/` (FORMAT.md §3.1.1)
+        }
     }
     let base_name = plan
         .base_index_path
@@ -446,7 +456,13 @@ fn write_groups(
                         if g >= groups.len() {
                             return Ok(());
                         }
-                        let mut w = ShardWriter::create(prefix, g as u32, total, token)?;
+                        let mut w = ShardWriter::create_in(
+                            prefix,
+                            g as u32,
+                            total,
+                            token,
+                            opts.hashed_prefixes,
+                        )?;
                         w.set_digest(opts.digest);
                         let its: Vec<&Item<'_>> = groups[g].iter().map(|&i| &items[i]).collect();
                         w.write_items(&its, enc, &|_| {})?;
@@ -502,14 +518,16 @@ fn link_checked(
     prefix: &Path,
     src: &Path,
     rec: &ShardRec,
-    id: u32,
-    total: u32,
-    token: u64,
+    (id, total, token, hashed): (u32, u32, u64, bool),
     allow_plain: bool,
 ) -> Result<(String, std::path::PathBuf)> {
     let mut last = None;
-    let plain = shard_name(id, total, None);
-    let tokened = shard_name(id, total, Some(token));
+    let plain = shard_name_in(id, total, None, hashed);
+    let tokened = shard_name_in(id, total, Some(token), hashed);
+    if hashed {
+        // the link's directory `P/HH/` (FORMAT.md §3.1.1)
+        crate::commit::ensure_parent_dir(&with_suffix(prefix, &plain), true)?;
+    }
     // Without the commit lock only never-reused token names are used (FORMAT.md §8).
     let names: &[&String] = if allow_plain {
         &[&plain, &tokened]

@@ -70,7 +70,100 @@ pub fn shard_name(s: u32, n: u32, token: Option<u64>) -> String {
     }
 }
 
-/// Check a shard name suffix read from an index (§3.1): `.data-NNNNN-of-NNNNN` with an
+/// The hashed directory of shard `s` of `n` (FORMAT.md §3.1.1): two lowercase hex digits, the
+/// low byte of the crc32c of its plain name `.data-SSSSS-of-NNNNN`. Derived from the shard
+/// number only (not the token), so a shard's temp file, plain and tokened names share it.
+pub fn shard_hash(s: u32, n: u32) -> String {
+    let plain = format!("{DATA_MARK}{s:05}-of-{n:05}");
+    format!("{:02x}", crate::checksum::crc(plain.as_bytes()) & 0xff)
+}
+
+/// The hashed shard name suffix (§3.1.1): `/HH/data-SSSSS-of-NNNNN`, optionally
+/// `.<16 hex token>`. `P` + this puts the shard at `P/HH/…`: on an object store the two hex
+/// digits right after the user's prefix spread a save's shards over 256 key prefixes, which
+/// S3 partitions apart.
+pub fn hashed_shard_name(s: u32, n: u32, token: Option<u64>) -> String {
+    let hh = shard_hash(s, n);
+    match token {
+        None => format!("/{hh}/data-{s:05}-of-{n:05}"),
+        Some(t) => format!("/{hh}/data-{s:05}-of-{n:05}.{t:016x}"),
+    }
+}
+
+/// The shard name suffix in the form a save chose (`hashed`: §3.1.1, else §3.1).
+pub fn shard_name_in(s: u32, n: u32, token: Option<u64>, hashed: bool) -> String {
+    if hashed {
+        hashed_shard_name(s, n, token)
+    } else {
+        shard_name(s, n, token)
+    }
+}
+
+/// Check a hashed shard name read from an index (§3.1.1): exactly what
+/// [`hashed_shard_name`] makes for the shard number, count and token it spells, so the two
+/// hex digits must equal the hash recomputed from the name, be lowercase, and no other `/`,
+/// `..` or length passes.
+pub fn valid_hashed_shard_name(name: &[u8]) -> bool {
+    const BASE: usize = "/00/data-00000-of-00000".len();
+    if name.len() != BASE && name.len() != BASE + 17 {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let d = &name[r];
+        if !d.iter().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        std::str::from_utf8(d).ok()?.parse().ok()
+    };
+    let (Some(s), Some(n)) = (num(9..14), num(18..23)) else {
+        return false;
+    };
+    let token = if name.len() == BASE {
+        None
+    } else {
+        let hex = &name[BASE + 1..];
+        if !hex
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        {
+            return false;
+        }
+        match std::str::from_utf8(hex)
+            .ok()
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        {
+            Some(t) => Some(t),
+            None => return false,
+        }
+    };
+    hashed_shard_name(s, n, token).as_bytes() == name
+}
+
+/// The lowest index `format_version` that may name a shard so (§3.1, §3.1.1, §9): 1 for the
+/// plain form, 2 for the hashed form; `None` for a name no version allows.
+pub fn shard_name_version(name: &[u8]) -> Option<u32> {
+    if valid_shard_name(name) {
+        Some(1)
+    } else if valid_hashed_shard_name(name) {
+        Some(2)
+    } else {
+        None
+    }
+}
+
+/// Whether a suffix names a file under `P`'s hashed directories (`/HH/data-…`, its temp files
+/// included): what cleanup and removal consider there besides `P`'s own directory.
+pub fn is_hashed_owned_suffix(suffix: &str) -> bool {
+    let b = suffix.as_bytes();
+    b.len() > 9
+        && b[0] == b'/'
+        && b[1..3]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        && &b[3..9] == b"/data-"
+}
+
+/// Check a plain shard name suffix read from an index (§3.1): `.data-NNNNN-of-NNNNN` with an
 /// optional `.<16 hex>`. Anything else (a path separator, `..`) is refused before it is
 /// joined to a directory.
 pub fn valid_shard_name(name: &[u8]) -> bool {

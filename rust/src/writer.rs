@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{build_index, EntryMeta, ShardRec};
 use crate::merge::{meta_blob, partial_marker};
-use crate::naming::partial_suffix;
+use crate::naming::{partial_suffix, shard_name_in};
 use crate::shard::{EncodeOptions, Item, ShardWriter};
 use crate::store::upload::RemoteSink;
 use crate::store::{remote_commit, Location, RemotePrefix};
@@ -44,6 +44,10 @@ pub struct WriterOptions {
     /// Record a strong digest of every shard file, computed while writing, in a manifest in
     /// the index metadata (FORMAT.md §7.1). `None` = no manifest.
     pub digest: Option<DigestAlgo>,
+    /// Name shards in the hashed form `P/HH/data-…` (FORMAT.md §3.1.1): spreads a save's
+    /// object keys over 256 prefixes an object store can partition apart. Off by default: it
+    /// changes the names users see and needs index version 2.
+    pub hashed_prefixes: bool,
 }
 
 impl Default for WriterOptions {
@@ -60,6 +64,7 @@ impl Default for WriterOptions {
             sections_json: String::new(),
             merge_token: String::new(),
             digest: None,
+            hashed_prefixes: false,
         }
     }
 }
@@ -141,7 +146,7 @@ impl CheckpointWriter {
         let mut shards = Vec::with_capacity(opts.shards as usize);
         for j in 0..opts.shards {
             let s = opts.rank * opts.shards + j;
-            let mut w = ShardWriter::create(prefix, s, global, token)?;
+            let mut w = ShardWriter::create_in(prefix, s, global, token, opts.hashed_prefixes)?;
             w.set_digest(opts.digest);
             shards.push(Mutex::new(Some(w)));
         }
@@ -179,7 +184,8 @@ impl CheckpointWriter {
         let mut shards = Vec::with_capacity(opts.shards as usize);
         for j in 0..opts.shards {
             let s = opts.rank * opts.shards + j;
-            let sink = RemoteSink::new(rp, shard_name(s, global, Some(token)))?;
+            let name = shard_name_in(s, global, Some(token), opts.hashed_prefixes);
+            let sink = RemoteSink::new(rp, name)?;
             let mut w = ShardWriter::with_sink(Box::new(sink), s, global, token);
             w.set_digest(opts.digest);
             shards.push(Mutex::new(Some(w)));

@@ -52,7 +52,7 @@ fn overlapping(mut r: Vec<(usize, usize)>) -> bool {
 /// unchanged (FORMAT.md §8.1). Returns (linked_shards, linked_bytes, written_shards,
 /// written_bytes, base_problem).
 #[pyfunction]
-#[pyo3(signature = (prefix, items, *, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json, sections_json=String::new(), digest=None))]
+#[pyo3(signature = (prefix, items, *, crcs, base, codec, level, chunk_bytes, solo_bytes, durable, metadata_json, sections_json=String::new(), digest=None, hashed_prefixes=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save_incremental(
     py: Python<'_>,
@@ -68,6 +68,7 @@ pub(crate) fn save_incremental(
     metadata_json: String,
     sections_json: String,
     digest: Option<String>,
+    hashed_prefixes: bool,
 ) -> PyResult<(u32, u64, u32, u64, Option<String>)> {
     let opts = WriterOptions {
         digest: crate::parse_digest(py, digest.as_deref())?,
@@ -78,6 +79,7 @@ pub(crate) fn save_incremental(
         durable,
         metadata_json,
         sections_json,
+        hashed_prefixes,
         ..WriterOptions::default()
     };
     let its = to_items(py, &items, None)?;

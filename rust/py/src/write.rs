@@ -48,7 +48,7 @@ pub(crate) fn to_items<'a>(
 /// file at `prefix` (FORMAT.md §10; `shards` is ignored). Ctrl-C stops the save (nothing is
 /// committed) and raises `KeyboardInterrupt`.
 #[pyfunction]
-#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None, single_file=false, xor_bases=None))]
+#[pyo3(signature = (prefix, items, *, codec, level, chunk_bytes, shards, durable, metadata_json, sections_json=String::new(), storage_options=None, progress=None, digest=None, single_file=false, xor_bases=None, hashed_prefixes=false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -66,6 +66,7 @@ pub(crate) fn save(
     digest: Option<String>,
     single_file: bool,
     xor_bases: Option<Vec<Option<PyBuffer<u8>>>>,
+    hashed_prefixes: bool,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
     if single_file && !matches!(loc, shardpoint_core::Location::Local(_)) {
@@ -83,6 +84,7 @@ pub(crate) fn save(
         durable,
         metadata_json,
         sections_json,
+        hashed_prefixes,
         ..WriterOptions::default()
     };
     let its = to_items(py, &items, xor_bases.as_deref())?;
@@ -163,7 +165,7 @@ pub(crate) struct Writer {
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (prefix, *, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None, digest=None))]
+    #[pyo3(signature = (prefix, *, codec, level, chunk_bytes, shards, durable, rank, world_size, metadata_json, merge_token=String::new(), sections_json=String::new(), storage_options=None, digest=None, hashed_prefixes=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -180,6 +182,7 @@ impl Writer {
         sections_json: String,
         storage_options: Opts,
         digest: Option<String>,
+        hashed_prefixes: bool,
     ) -> PyResult<Self> {
         let loc = location(py, prefix, &storage_options)?;
         let opts = WriterOptions {
@@ -194,6 +197,7 @@ impl Writer {
             merge_token,
             sections_json,
             digest: parse_digest(py, digest.as_deref())?,
+            hashed_prefixes,
         };
         let inner = nogil(py, || CheckpointWriter::new_at(&loc, opts))?;
         Ok(Writer { inner })

@@ -39,6 +39,52 @@ fn shard_names() {
 }
 
 #[test]
+fn hashed_shard_names_are_exactly_what_the_writer_makes() {
+    use crate::naming::{hashed_shard_name, shard_hash, valid_hashed_shard_name};
+    // the hash is recomputable by hand: low byte of crc32c(".data-00003-of-00008")
+    let hh = format!("{:02x}", crc(b".data-00003-of-00008") & 0xff);
+    assert_eq!(shard_hash(3, 8), hh);
+    let plain = hashed_shard_name(3, 8, None);
+    let tok = hashed_shard_name(3, 8, Some(0x0123_4567_89ab_cdef));
+    assert_eq!(plain, format!("/{hh}/data-00003-of-00008"));
+    assert_eq!(tok, format!("/{hh}/data-00003-of-00008.0123456789abcdef"));
+    assert_eq!(tok.len(), SHARD_NAME_MAX);
+    for good in [&plain, &tok] {
+        assert!(valid_hashed_shard_name(good.as_bytes()));
+        assert_eq!(shard_name_version(good.as_bytes()), Some(2));
+        assert!(!valid_shard_name(good.as_bytes()), "never a v1 name");
+    }
+    assert_eq!(
+        shard_name_version(shard_name(3, 8, None).as_bytes()),
+        Some(1)
+    );
+    let other = format!("{:02x}", (u8::from_str_radix(&hh, 16).unwrap()) ^ 1);
+    let hostile = [
+        format!("/{other}/data-00003-of-00008"), // wrong hash
+        format!("/{}/data-00003-of-00008", hh.to_uppercase()), // uppercase hash
+        format!("/{hh}/data-00003-of-00008.0123456789ABCDEF"), // uppercase token
+        format!("/{hh}0/data-00003-of-00008"),   // three hex digits
+        format!("/{}/data-00003-of-00008", &hh[..1]), // one hex digit
+        format!("/{hh}/data-00003-of-00008.0123"), // short token
+        format!("/{hh}/../data-00003-of-0008"),  // `..`
+        "/../data-00003-of-00008".to_string(),
+        format!("/{hh}/x/data-00003-of-00008"), // extra `/`
+        format!("/{hh}/data-00003-of-00008/"),
+        format!("{hh}/data-00003-of-00008"), // no leading `/`
+        format!("/{hh}/.data-00003-of-00008"),
+        format!("/{hh}/data-0000a-of-00008"),
+        format!("/{hh}/data-00003-of-00008\0"),
+        String::new(),
+    ];
+    for h in &hostile {
+        assert_eq!(shard_name_version(h.as_bytes()), None, "{h:?}");
+    }
+    // spread: 4,096 shards of one save land in (nearly) all 256 directories
+    let dirs: std::collections::HashSet<String> = (0..4096).map(|s| shard_hash(s, 4096)).collect();
+    assert!(dirs.len() > 250, "{}", dirs.len());
+}
+
+#[test]
 fn shard_header_round_trip_and_checks() {
     let h = ShardHeader {
         save_token: 7,

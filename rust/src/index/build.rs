@@ -127,7 +127,7 @@ pub fn build_index(
     let mut out = vec![0u8; file_len as usize];
     // Shard table.
     for (i, s) in shards.iter().enumerate() {
-        if !valid_shard_name(s.name.as_bytes()) || s.name.len() > SHARD_NAME_MAX {
+        if shard_name_version(s.name.as_bytes()).is_none() || s.name.len() > SHARD_NAME_MAX {
             return Err(Error::InvalidArgument(format!(
                 "invalid shard name {:?}",
                 s.name
@@ -233,7 +233,7 @@ pub fn build_index(
     let meta_crc = crc(meta_json);
     out[IndexHeader::MAGIC..IndexHeader::MAGIC + 8].copy_from_slice(INDEX_MAGIC);
     IndexHeader {
-        version: FORMAT_VERSION,
+        version: index_version(shards),
         header_len: INDEX_HEADER_LEN as u32,
         file_len,
         entry_count: n as u64,
@@ -259,4 +259,14 @@ pub fn build_index(
     out[f + Footer::MAGIC..f + Footer::MAGIC + 8].copy_from_slice(INDEX_FOOTER_MAGIC);
     out[f + Footer::HEADER_CRC..f + Footer::HEADER_CRC + 4].copy_from_slice(&hc.to_le_bytes());
     Ok(out)
+}
+
+/// The index `format_version` these shard names need: 2 when any is in the hashed form
+/// (FORMAT.md §3.1.1), else 1, so a save without hashed names is byte-for-byte a v1 index.
+pub fn index_version(shards: &[ShardRec]) -> u32 {
+    shards
+        .iter()
+        .filter_map(|s| shard_name_version(s.name.as_bytes()))
+        .max()
+        .unwrap_or(FORMAT_VERSION)
 }

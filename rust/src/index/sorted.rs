@@ -133,7 +133,7 @@ impl SortedIndexBuilder {
         let mut out = Vec::with_capacity(file_len);
         out.resize(blocks_off, 0);
         for (i, s) in shards.iter().enumerate() {
-            if !valid_shard_name(s.name.as_bytes()) || s.name.len() > SHARD_NAME_MAX {
+            if shard_name_version(s.name.as_bytes()).is_none() || s.name.len() > SHARD_NAME_MAX {
                 return Err(Error::InvalidArgument(format!(
                     "invalid shard name {:?}",
                     s.name
@@ -160,7 +160,7 @@ impl SortedIndexBuilder {
         let blocks_crc = crc(&self.blocks);
         out[IndexHeader::MAGIC..IndexHeader::MAGIC + 8].copy_from_slice(INDEX_MAGIC);
         IndexHeader {
-            version: FORMAT_VERSION,
+            version: super::build::index_version(shards),
             header_len: INDEX_HEADER_LEN as u32,
             file_len: file_len as u64,
             entry_count: self.n as u64,

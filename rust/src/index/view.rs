@@ -66,11 +66,11 @@ impl<B: IndexSource> IndexView<B> {
             });
         }
         let h = IndexHeader::decode(b);
-        if h.version != FORMAT_VERSION {
+        if h.version != FORMAT_VERSION && h.version != INDEX_VERSION_HASHED {
             return Err(Error::UnsupportedVersion {
                 path: p.to_path_buf(),
                 found: h.version,
-                supported: FORMAT_VERSION,
+                supported: INDEX_VERSION_HASHED,
             });
         }
         if h.header_len as usize != INDEX_HEADER_LEN {
@@ -222,15 +222,30 @@ impl<B: IndexSource> IndexView<B> {
                 ));
             }
             let name = &r[ShardRecord::NAME..ShardRecord::NAME + name_len];
-            if !valid_shard_name(name) {
-                return Err(Error::corrupt(
-                    p,
-                    off,
-                    format!(
-                        "shard record {i}: refusing shard name {:?}",
-                        String::from_utf8_lossy(name)
-                    ),
-                ));
+            match shard_name_version(name) {
+                Some(v) if v <= h.version => {}
+                Some(v) => {
+                    return Err(Error::corrupt(
+                        p,
+                        off,
+                        format!(
+                            "shard record {i}: hashed shard name {:?} in a version {} index \
+                             (needs version {v}, FORMAT.md §3.1.1)",
+                            String::from_utf8_lossy(name),
+                            h.version
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(Error::corrupt(
+                        p,
+                        off,
+                        format!(
+                            "shard record {i}: refusing shard name {:?}",
+                            String::from_utf8_lossy(name)
+                        ),
+                    ))
+                }
             }
             shards.push(ShardRec {
                 file_len: rec.file_len,

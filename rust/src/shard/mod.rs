@@ -15,7 +15,7 @@ use crate::digest::{DigestAlgo, FileHasher};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{EntryMeta, ShardRec};
-use crate::naming::{final_of_temp, temp_path, with_suffix};
+use crate::naming::{final_of_temp, shard_name_in, temp_path, with_suffix};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -114,6 +114,8 @@ pub struct ShardWriter {
     header_crc: u32,
     index: u32,
     count: u32,
+    /// Named in the hashed form (FORMAT.md §3.1.1); local shards only (a sink names itself).
+    hashed: bool,
     entries: Vec<EntryMeta>,
     bytes_written: u64,
     /// Flushed and fsynced by [`ShardWriter::seal`]; the file stays open (and locked) until
@@ -135,13 +137,42 @@ const WRITE_PIECE: usize = 64 << 20;
 impl ShardWriter {
     /// Create the temp file of shard `index` of `count` and write its header.
     pub fn create(prefix: &Path, index: u32, count: u32, token: u64) -> Result<Self> {
-        let dest = with_suffix(prefix, &shard_name(index, count, None));
+        Self::create_in(prefix, index, count, token, false)
+    }
+
+    /// [`ShardWriter::create`], naming the shard in the hashed form `P/HH/data-…` when
+    /// `hashed` (FORMAT.md §3.1.1; its directories are created here).
+    pub fn create_in(
+        prefix: &Path,
+        index: u32,
+        count: u32,
+        token: u64,
+        hashed: bool,
+    ) -> Result<Self> {
+        let dest = with_suffix(prefix, &shard_name_in(index, count, None, hashed));
         let tmp = temp_path(&dest, token);
         // errors name the shard's final name (the user's prefix), not the temp name
         // Locked until the file is closed: tells a concurrent commit's cleanup that this temp
         // file is in use (a crashed writer's lock dies with it). Without flock support it is
         // not locked, and cleanup leaves temp files alone.
-        let file = crate::commit::create_locked_temp(&tmp, &dest, "create shard")?;
+        let file = if hashed {
+            // `P/` and `P/HH/`, their parents fsynced as they are created (a shard linked into
+            // a directory that a crash loses would be lost with it). A concurrent commit's
+            // cleanup removes empty `P/HH/` directories: created again and retried.
+            let mut tries = 0;
+            loop {
+                crate::commit::ensure_parent_dir(&dest, true)?;
+                match crate::commit::create_locked_temp(&tmp, &dest, "create shard") {
+                    Err(e) if tries < 3 && !crate::commit::parent_dir(&dest).is_dir() => {
+                        tries += 1;
+                        let _ = e;
+                    }
+                    r => break r?,
+                }
+            }
+        } else {
+            crate::commit::create_locked_temp(&tmp, &dest, "create shard")?
+        };
         let mut w = ShardWriter {
             sink: None,
             prefix: prefix.to_path_buf(),
@@ -153,6 +184,7 @@ impl ShardWriter {
             header_crc: 0,
             index,
             count,
+            hashed,
             entries: Vec::new(),
             bytes_written: 0,
             sealed: false,
@@ -197,6 +229,7 @@ impl ShardWriter {
             header_crc,
             index,
             count,
+            hashed: false,
             entries: Vec::new(),
             bytes_written: 0,
             sealed: false,
@@ -336,8 +369,8 @@ impl ShardWriter {
             };
             return Ok((rec, std::mem::take(&mut self.entries)));
         }
-        let plain = shard_name(self.index, self.count, None);
-        let tokened = shard_name(self.index, self.count, Some(self.token));
+        let plain = shard_name_in(self.index, self.count, None, self.hashed);
+        let tokened = shard_name_in(self.index, self.count, Some(self.token), self.hashed);
         // Drop (which removes the temp file on error) still sees `file`, so keep it until
         // the link succeeded; the lock on it is released when it is closed.
         let name = publish_shard(&self.prefix, &self.tmp, &plain, &tokened, allow_plain)?;

@@ -16,7 +16,7 @@ use super::upload::UPLOAD_MARKER;
 use super::{block_on, RemotePrefix, Store};
 use crate::error::{Error, Result};
 use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
-use crate::naming::{DATA_MARK, PARTIAL_MARK};
+use crate::naming::{is_hashed_owned_suffix, DATA_MARK, PARTIAL_MARK};
 use object_store::{ObjectMeta, PutMode, UpdateVersion};
 use std::collections::{HashMap, HashSet};
 
@@ -124,7 +124,7 @@ type Owned = (Vec<(String, ObjectMeta)>, Option<ObjectMeta>);
 /// suffixes, and `P.index`'s metadata if present. One listing of `P`'s directory.
 fn owned(prefix: &RemotePrefix) -> Result<Owned> {
     let (dir, base) = prefix.dir_and_base();
-    let (objects, _) = prefix.store.list_dir(dir)?;
+    let (objects, subdirs) = prefix.store.list_dir(dir)?;
     let mut out = Vec::new();
     let mut index = None;
     for m in objects {
@@ -137,7 +137,36 @@ fn owned(prefix: &RemotePrefix) -> Result<Owned> {
             }
         }
     }
+    // Hashed shards live under `P/HH/` (FORMAT.md §3.1.1): listed only when the listing
+    // above shows `P/` (so a prefix without them costs no extra request).
+    if subdirs
+        .iter()
+        .any(|d| d.trim_end_matches('/') == prefix.key_of(""))
+    {
+        for m in prefix.store.list(&prefix.key_of("/"))? {
+            let key = m.location.to_string();
+            if let Some(rest) = key.strip_prefix(&prefix.key_of("")) {
+                let shard = rest.strip_suffix(UPLOAD_MARKER).unwrap_or(rest);
+                if is_hashed_owned_suffix(shard) {
+                    out.push((rest.to_string(), m));
+                }
+            }
+        }
+    }
     Ok((out, index))
+}
+
+/// The checkpoint prefix and the shard or partial-index suffix a listed key may belong to:
+/// the plain form `P.data-…` / `P.index.part-…`, or the hashed form `P/HH/data-…`
+/// (FORMAT.md §3.1.1). `None` for any other key.
+fn owner_of(key: &str) -> Option<(&str, &str)> {
+    if let Some(i) = key.rfind(DATA_MARK).or_else(|| key.rfind(PARTIAL_MARK)) {
+        return Some((&key[..i], &key[i..]));
+    }
+    let j = key.rfind("/data-")?;
+    let i = j.checked_sub(3)?;
+    let suffix = key.get(i..)?;
+    is_hashed_owned_suffix(suffix).then(|| (&key[..i], suffix))
 }
 
 /// For each upload marker among `objects`: abort the multipart upload it names and delete it.
@@ -284,9 +313,8 @@ pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
         if key.ends_with(UPLOAD_MARKER) {
             continue; // handled above (kept when its upload could not be aborted)
         }
-        let (p, suffix) = match (key.rfind(DATA_MARK), key.rfind(PARTIAL_MARK)) {
-            (Some(i), _) | (None, Some(i)) => (&key[..i], &key[i..]),
-            _ => continue,
+        let Some((p, suffix)) = owner_of(&key) else {
+            continue;
         };
         let orphan = match referenced.get(p) {
             // an unreadable index: leave its prefix alone
