@@ -53,7 +53,9 @@ def main() -> None:
         # an uncompressed value of 4 crc blocks (FORMAT.md §3.4), 2-d so its dims are in aux
         crc_blocks = {"w": np.arange(12800, dtype=np.float32).reshape(100, 128)}
         sp.save_file(crc_blocks, t + "/crcblocks", compression="none")
-        for name in ("mixed", "blocks", "tiny", "crcblocks"):
+        # hashed shard names (FORMAT.md §3.1.1): a version 2 index
+        sp.save_file(vals, t + "/hashed", shards=3, chunk_bytes=4096, hashed_prefixes=True)
+        for name in ("mixed", "blocks", "tiny", "crcblocks", "hashed"):
             with open(f"{t}/{name}.index", "rb") as f:
                 out("index", f"{name}.index", f.read())
         for fn in sorted(os.listdir(t)):

@@ -31,9 +31,21 @@ pub fn fuzz_index(data: &[u8]) {
         "entry count {n} cannot fit in {} bytes",
         data.len()
     );
+    let version = le_u32(data, 8);
     for s in v.shards() {
-        assert!(shardpoint_core::format::valid_shard_name(s.name.as_bytes()));
-        assert!(!s.name.contains('/') && !s.name.contains(".."));
+        // a plain name (§3.1): no `/`; a hashed one (§3.1.1) only in a version 2 index, its
+        // hex digits the hash of the name, exactly two `/`, never `..`
+        match shardpoint_core::format::shard_name_version(s.name.as_bytes()) {
+            Some(1) => assert!(!s.name.contains('/')),
+            Some(2) => {
+                assert_eq!(version, 2, "hashed name {:?} in a v{version} index", s.name);
+                assert!(shardpoint_core::naming::valid_hashed_shard_name(s.name.as_bytes()));
+                assert_eq!(s.name.matches('/').count(), 2);
+                assert!(s.name.starts_with('/'));
+            }
+            other => panic!("accepted shard name {:?} ({other:?})", s.name),
+        }
+        assert!(!s.name.contains(".."));
     }
     let mut keys: Vec<(usize, Vec<u8>)> = Vec::new();
     for i in 0..n.min(MAX_ENTRIES_TOUCHED) {
