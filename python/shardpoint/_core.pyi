@@ -196,6 +196,7 @@ class Writer:
         sections_json: str = ...,
         storage_options: dict[str, str] | None = None,
         digest: str | None = None,
+        hashed_prefixes: bool = False,
     ) -> Writer: ...
     def add(
         self,
@@ -226,6 +227,7 @@ def save(
     digest: str | None = None,
     single_file: bool = False,
     xor_bases: Sequence[_Buffer | None] | None = None,
+    hashed_prefixes: bool = False,
 ) -> None: ...
 def is_single_file(path: str | PathLike[str]) -> bool: ...
 def merge(
@@ -255,6 +257,7 @@ def save_incremental(
     metadata_json: str,
     sections_json: str = ...,
     digest: str | None = None,
+    hashed_prefixes: bool = False,
 ) -> tuple[int, int, int, int, str | None]: ...
 def remove(prefix: str, storage_options: dict[str, str] | None = None) -> None: ...
 def is_remote(prefix: str) -> bool: ...

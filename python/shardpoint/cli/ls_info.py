@@ -151,7 +151,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if url and (args.path.endswith("/") or is_manager_url(args.path)):
         _list_directory(args.path.rstrip("/"), args.json)
         return EXIT_OK
-    if os.path.isdir(args.path) and not is_hf_path(args.path):
+    # ``P/`` beside ``P.index`` holds hashed shards (FORMAT.md §3.1.1): a checkpoint, not a directory
+    isdir = os.path.isdir(args.path) and not os.path.isfile(args.path + ".index")
+    if isdir and not is_hf_path(args.path):
         _list_directory(args.path, args.json)
         return EXIT_OK
     from ..convert import detect_format

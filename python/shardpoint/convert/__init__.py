@@ -65,7 +65,9 @@ def resolve_prefix(path: str) -> str:
         if is_manager_url(path):  # the directory as given to CheckpointManager, no slash
             return latest_checkpoint(path) or path
         return path
-    if os.path.isdir(path) and not is_hf_path(path):
+    # a checkpoint saved with hashed_prefixes=True has a directory ``P/`` beside ``P.index``
+    # (FORMAT.md §3.1.1): the index says it is a prefix
+    if os.path.isdir(path) and not is_hf_path(path) and not os.path.isfile(path + ".index"):
         latest = latest_checkpoint(path)
         if latest is None:
             return _only_checkpoint(path)

@@ -9,6 +9,8 @@ manager) keeps them forever. This is the local twin of the object stores' ``gc``
 
 - partial indexes (a commit consumes them; one left behind belongs to a save that died);
 - shards that ``P.index`` does not reference (all of them when there is no index);
+- the same files under the prefix's hashed directories ``P/HH/data-…`` (saves with
+  ``hashed_prefixes=True``, FORMAT.md §3.1.1);
 - temp files that no live writer holds (a writer holds an exclusive ``flock`` on its temp
   files until it closes them; a killed writer's lock dies with it),
 
@@ -35,6 +37,32 @@ _DATA_MARK = ".data-"
 _PARTIAL_MARK = ".index.part-"
 _INDEX_TEMP_MARK = ".index.tmp-"
 _TEMP_MARK = ".tmp-"
+
+
+def _is_hashed_shard(suffix: str) -> bool:
+    """Whether ``suffix`` names a file under a hashed directory of ``P``, ``/HH/data-…``
+    (FORMAT.md §3.1.1; naming.rs ``is_hashed_owned_suffix``), temp files included."""
+    return (
+        len(suffix) > 9
+        and suffix[0] == "/"
+        and all(c in "0123456789abcdef" for c in suffix[1:3])
+        and suffix[3:9] == "/data-"
+    )
+
+
+def _hashed_files(directory: str, base: str) -> Iterator[tuple[str, float]]:
+    """``(suffix, mtime)`` of the files under ``directory/base/HH/`` that a save with hashed
+    prefixes owns (a user's own files there are not listed)."""
+    top = os.path.join(directory, base)
+    with os.scandir(top) as subs:
+        for sub in subs:
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            with os.scandir(sub.path) as files:
+                for ent in files:
+                    suffix = f"/{sub.name}/{ent.name}"
+                    if _is_hashed_shard(suffix) and ent.is_file(follow_symlinks=False):
+                        yield suffix, ent.stat(follow_symlinks=False).st_mtime
 
 
 def _head(name: str) -> tuple[str, str] | None:
@@ -77,7 +105,18 @@ def _referenced(prefix: str) -> set[str] | None:
     except (CheckpointError, OSError, ValueError):
         return None
     base = os.path.basename(prefix)
-    return {os.path.basename(os.fspath(p))[len(base) :] for p, _ in r.shard_files()}
+    return {_suffix_of(os.fspath(p), base) for p, _ in r.shard_files()}
+
+
+def _suffix_of(path: str, base: str) -> str:
+    """The name suffix after ``P`` of shard file ``path`` of a prefix whose last component is
+    ``base``: ``/HH/data-…`` when hashed (``P/HH/data-…``), else ``.data-…``."""
+    name = os.path.basename(path)
+    hh_dir = os.path.dirname(path)
+    hashed = f"/{os.path.basename(hh_dir)}/{name}"
+    if os.path.basename(os.path.dirname(hh_dir)) == base and _is_hashed_shard(hashed):
+        return hashed
+    return name[len(base) :]
 
 
 def _unlink(path: str) -> bool:
@@ -95,6 +134,11 @@ def gc_directory(directory: str, older_than: float) -> int:
     groups: dict[str, list[tuple[str, float]]] = {}
     with os.scandir(directory) as it:
         for ent in it:
+            if ent.is_dir(follow_symlinks=False):
+                hashed = list(_hashed_files(directory, ent.name))
+                if hashed:
+                    groups.setdefault(ent.name, []).extend(hashed)
+                continue
             hs = _head(ent.name)
             if hs is None or not ent.is_file(follow_symlinks=False):
                 continue

@@ -102,6 +102,7 @@ def save_file(
     _internal_keys: bool = False,
     delta: bool = False,
     max_chain: int | None = None,
+    hashed_prefixes: bool = False,
 ) -> SaveFuture | None:
     """Save a mapping of keys to arrays/values as checkpoint ``prefix`` (atomically).
 
@@ -153,6 +154,12 @@ def save_file(
             check each rebuilt value's crc32c). Local paths, blocking saves only.
         max_chain: with ``delta``, the longest chain of delta checkpoints below a new one
             (default 8); a save that would make it longer writes a full checkpoint.
+        hashed_prefixes: store the shards as ``prefix/HH/data-…`` (``HH``: two hex digits
+            hashed from the shard number) instead of ``prefix.data-…``, spreading a save's
+            object keys over 256 key prefixes that S3 partitions apart (FORMAT.md §3.1.1,
+            docs/OBJECT_STORE.md "Hashed key prefixes"). Off by default: the names change and
+            the index is version 2, which readers older than this option refuse. Not with
+            ``single_file`` or ``delta``.
 
     ``prefix`` may be a local path, a ``file://`` URL or an object-store URL (``s3://b/run/ck``):
     shards stream up as multipart uploads and the index is committed last by a conditional put.
@@ -160,6 +167,8 @@ def save_file(
     readers that have it open keep seeing it unchanged.
     """
     if delta:
+        if hashed_prefixes:
+            raise InvalidArgumentError("delta=True does not take hashed_prefixes=True")
         if base is None or not blocking or incremental or single_file or digest:
             raise InvalidArgumentError(
                 "delta=True needs base= and a blocking save without incremental, single_file "
@@ -193,6 +202,7 @@ def save_file(
         digest=digest,
         single_file=single_file,
         _internal_keys=_internal_keys,
+        hashed_prefixes=hashed_prefixes,
     )
     if blocking:
         plan.write(items, None)
@@ -220,6 +230,7 @@ def plan_save(
     digest: str | None = None,
     single_file: bool | None = None,
     _internal_keys: bool = False,
+    hashed_prefixes: bool = False,
 ) -> tuple[SavePlan, list[Any]]:
     """Validate the arguments of :func:`save_file` and encode the values: the plan of the
     save and its items, for callers that stage and write them themselves (asynchronous saves
@@ -247,6 +258,11 @@ def plan_save(
             f"{p}: incremental saves share shard files; a single-file checkpoint has none to "
             "share (pass single_file=False or a name without a .pt/.pth/.bin/.sp suffix)"
         )
+    if single and hashed_prefixes:
+        raise InvalidArgumentError(
+            f"{p}: a single-file checkpoint has no shard files to spread over hashed prefixes "
+            "(pass single_file=False or a name without a .pt/.pth/.bin/.sp suffix)"
+        )
     plan = SavePlan(
         p,
         codec,
@@ -262,6 +278,7 @@ def plan_save(
         _storage(storage_options),
         _digest(digest),
         single,
+        bool(hashed_prefixes),
     )
     return plan, items
 
@@ -326,6 +343,8 @@ class SavePlan:
     digest: str = ""
     #: write the single-file form (FORMAT.md §10) at ``prefix`` itself
     single_file: bool = False
+    #: name shards ``prefix/HH/data-…`` (FORMAT.md §3.1.1)
+    hashed_prefixes: bool = False
 
     def staged(self, items: list[Any]) -> Any:
         """The ``stage`` callable of ``AsyncSaver.submit``: copy ``items`` into the buffers
@@ -354,6 +373,7 @@ class SavePlan:
                 metadata_json=self.metadata_json,
                 sections_json=self.sections_json,
                 digest=self.digest or None,
+                hashed_prefixes=self.hashed_prefixes,
             )
             return
         shards = self.shards
@@ -379,6 +399,7 @@ class SavePlan:
                 progress=None if bar is None else bar.update,
                 digest=self.digest or None,
                 single_file=self.single_file,
+                hashed_prefixes=self.hashed_prefixes,
             )
         finally:
             if bar is not None:

@@ -33,6 +33,9 @@ class Writer:
     at once; each call writes to a free shard (``shards`` of them) with the GIL released.
     ``digest`` (``"sha256"``/``"blake3"``) records strong digests of the shard files as
     :func:`save_file` does; a merged checkpoint keeps them when every writer recorded them.
+    ``hashed_prefixes=True`` stores the shards under hashed key prefixes ``<prefix>/HH/data-…``
+    (docs/OBJECT_STORE.md, "Hashed key prefixes"; FORMAT.md §3.1.1), for saves whose request
+    rate one object-store prefix cannot take; off by default (readers need version 2).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Writer:
         _sections: Mapping[str, Any] | None = None,
         storage_options: StorageOptions = None,
         digest: str | None = None,
+        hashed_prefixes: bool = False,
     ) -> None:
         self.prefix = _prefix(prefix)
         codec, lvl = _opts(compression, level)
@@ -69,6 +73,7 @@ class Writer:
             sections_json=_sections_json(_sections),
             storage_options=_storage(storage_options),
             digest=_digest(digest) or None,
+            hashed_prefixes=bool(hashed_prefixes),
         )
 
     def _writer(self) -> _core.Writer:

@@ -130,6 +130,9 @@ class StorageWriter(_storage.StorageWriter):
             thread (``sp.merge(wait_cleanup=False)``, FORMAT.md §8.3): for thousands of ranks,
             where those unlinks are most of an unchanged save's commit. Off by default: a
             directory listed right after the save could still hold files being removed.
+        hashed_prefixes: store every rank's shards as ``path/HH/data-…`` (FORMAT.md §3.1.1):
+            spreads a save's object keys over 256 prefixes an object store partitions apart
+            (docs/OBJECT_STORE.md "Hashed key prefixes"). Off by default.
     """
 
     def __init__(
@@ -143,9 +146,11 @@ class StorageWriter(_storage.StorageWriter):
         durable: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         background_cleanup: bool = False,
+        hashed_prefixes: bool = False,
     ) -> None:
         super().__init__()
         self.prefix = os.fspath(path)
+        self.hashed_prefixes = bool(hashed_prefixes)
         self.background_cleanup = bool(background_cleanup)
         self.storage_options = storage_options
         self.compression = compression
@@ -215,6 +220,7 @@ class StorageWriter(_storage.StorageWriter):
             metadata={_MARKER: {"version": 1, "metadata_entry": METADATA_ENTRY}},
             merge_token=slot.merge_token,
             storage_options=self.storage_options,
+            hashed_prefixes=self.hashed_prefixes,
         )
 
         def write_one(item: WriteItem) -> _storage.WriteResult:
@@ -257,6 +263,7 @@ class StorageWriter(_storage.StorageWriter):
             chunk_bytes=self.chunk_bytes,
             merge_token=self._token,
             storage_options=self.storage_options,
+            hashed_prefixes=self.hashed_prefixes,
         )
         try:
             encoded = encode_metadata(metadata)
