@@ -94,7 +94,8 @@ fn newer_version_is_refused_clearly() {
     save(&p, &items(&sample_values()), opts(Codec::None, 1)).unwrap();
     let idx = dir.path().join("ck.index");
     let mut b = std::fs::read(&idx).unwrap();
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    // 2 is known: hashed shard names (FORMAT.md §3.1.1)
+    b[8..12].copy_from_slice(&3u32.to_le_bytes());
     let c = crc32c::crc32c(&b[..124]);
     b[124..128].copy_from_slice(&c.to_le_bytes());
     let n = b.len();
@@ -102,7 +103,7 @@ fn newer_version_is_refused_clearly() {
     std::fs::write(&idx, &b).unwrap();
     let e = Reader::open(&p).err().unwrap();
     assert!(
-        matches!(e, Error::UnsupportedVersion { found: 2, .. }),
+        matches!(e, Error::UnsupportedVersion { found: 3, .. }),
         "{e}"
     );
     assert!(e.to_string().contains("upgrade"), "{e}");

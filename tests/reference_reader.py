@@ -36,6 +36,7 @@ from reference_codecs import (  # tests/ is not a package: its own modules
 from reference_crc import _update_py, crc32c  # noqa: F401  (_update_py: tests use it)
 from reference_spec import (
     _FLOAT_RE,
+    _HASHED_NAME_RE,
     _INT_RE,
     _SHARD_NAME_RE,
     ALIGN,
@@ -51,6 +52,7 @@ from reference_spec import (
     INDEX_FOOTER_MAGIC,
     INDEX_HEADER_LEN,
     INDEX_MAGIC,
+    INDEX_VERSION_HASHED,
     JSON_MAX_DEPTH,
     KINDS,
     MAX_NDIM,
@@ -196,8 +198,9 @@ def _parse_index(prefix: str) -> tuple[dict[str, int], list[ShardRecord], list[E
         raise FormatError(path, 0, "bad index magic")
     header_crc = _u32(b, 124)
     _check_crc(path, 124, "index header", header_crc, b[:124])
-    if _u32(b, 8) != FORMAT_VERSION:
-        raise FormatError(path, 8, f"unsupported format_version {_u32(b, 8)}")
+    version = _u32(b, 8)
+    if version not in (FORMAT_VERSION, INDEX_VERSION_HASHED):
+        raise FormatError(path, 8, f"unsupported format_version {version}")
     if _u32(b, 12) != INDEX_HEADER_LEN:
         raise FormatError(path, 12, f"index header_len {_u32(b, 12)} != 128")
     h = {
@@ -266,7 +269,9 @@ def _parse_index(prefix: str) -> tuple[dict[str, int], list[ShardRecord], list[E
         name = r[24 : 24 + name_len]
         if any(r[24 + name_len :]):
             raise FormatError(path, at + 24 + name_len, f"shard record {i}: name not zero padded")
-        if not _SHARD_NAME_RE.fullmatch(name):
+        if not _SHARD_NAME_RE.fullmatch(name) and not (
+            version == INDEX_VERSION_HASHED and _hashed_name_ok(name)
+        ):
             raise FormatError(path, at + 24, f"shard record {i}: refused name {name!r}")
         shards.append(
             ShardRecord(_u64(r, 0), _u64(r, 8), _u32(r, 16), name.decode(), prefix + name.decode())
@@ -527,6 +532,15 @@ def read_checkpoint(prefix: str | os.PathLike[str]) -> Checkpoint:
         values[e.key] = _value(e, r, spath)
         by_key[e.key] = e
     return Checkpoint(prefix, h["chunk_bytes"], shards, by_key, raw, values, metadata)
+
+
+def _hashed_name_ok(name: bytes) -> bool:
+    """§3.1.1: ``/HH/data-SSSSS-of-NNNNN[.token]`` whose HH is the low byte of the crc32c
+    of the plain name ``.data-SSSSS-of-NNNNN``, as two lowercase hex digits."""
+    m = _HASHED_NAME_RE.fullmatch(name)
+    if m is None:
+        return False
+    return int(m.group(1), 16) == crc32c(b".data-" + m.group(2)) & 0xFF
 
 
 def read_index(prefix: str | os.PathLike[str]) -> dict[str, EntryRecord]:

@@ -62,6 +62,10 @@ CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup", 3: "bytegroup-huffman"}
 KINDS = {0: "tensor", 1: "bytes", 2: "str", 3: "int", 4: "float", 5: "json", 6: "object"}
 _ROTATED = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
 _SHARD_NAME_RE = re.compile(rb"\.data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?")
+# §3.1.1 (index format_version 2 only): "/" HH "/data-SSSSS-of-NNNNN" [. token], HH checked
+# against the hash of the plain name by the reader
+_HASHED_NAME_RE = re.compile(rb"/([0-9a-f]{2})/data-([0-9]{5}-of-[0-9]{5})(\.[0-9a-f]{16})?")
+INDEX_VERSION_HASHED = 2
 _INT_RE = re.compile(r"-?([0-9]+|0x[0-9a-f]+)")  # §6: decimal, or 0x + lowercase hex
 _FLOAT_RE = re.compile(r"-?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?)")
 

@@ -42,7 +42,7 @@ pub enum Error {
     },
 
     /// The file was written by a format version this library does not read.
-    #[error("{}: format version {found} is not supported (this library reads version {supported}); upgrade shardpoint", path.display())]
+    #[error("{}: format version {found} is not supported (this library reads versions up to {supported}); upgrade shardpoint", path.display())]
     UnsupportedVersion {
         path: PathBuf,
         found: u32,

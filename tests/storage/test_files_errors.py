@@ -154,12 +154,12 @@ def test_wrong_magic(ckpt) -> None:
 def test_newer_format_version(ckpt) -> None:
     idx = ckpt + ".index"
     b = bytearray(open(idx, "rb").read())
-    b[8:12] = struct.pack("<I", 2)
+    b[8:12] = struct.pack("<I", 3)  # 2 is known: hashed shard names (FORMAT.md §3.1.1)
     crc = rr.crc32c(bytes(b[:124]))
     b[124:128] = struct.pack("<I", crc)
     b[-8:-4] = struct.pack("<I", crc)  # the footer's copy of the header crc
     open(idx, "wb").write(b)
-    with pytest.raises(sp.UnsupportedFormatError, match=r"ck\.index.*version 2") as ei:
+    with pytest.raises(sp.UnsupportedFormatError, match=r"ck\.index.*version 3") as ei:
         sp.load_file(ckpt)
     assert isinstance(ei.value, sp.CorruptCheckpointError)
 

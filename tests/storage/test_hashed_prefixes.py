@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import reference_reader as rr
 import shardpoint as sp
 from reference_crc import crc32c
 from shardpoint.cli import main as cli
@@ -65,6 +66,10 @@ def test_round_trip_puts_shards_under_hashed_directories(tmp_path) -> None:
             np.testing.assert_array_equal(out[k], v)
         shards = sorted(os.fspath(s) for s, _ in r.format_info["shards"])
         assert all(s.startswith(f"{p}/") for s in shards), shards
+    # the reference reader, written from FORMAT.md alone, reads the same values
+    ref, _ = rr.load(p)
+    for k, v in vals.items():
+        np.testing.assert_array_equal(ref[k], v)
 
 
 def test_off_by_default_and_a_fresh_process_reads_it(tmp_path) -> None:
@@ -209,3 +214,19 @@ def test_hostile_names_are_refused_naming_file_and_entry(tmp_path, mangle) -> No
     with pytest.raises(CorruptCheckpointError) as e:
         sp.load_file(p)
     assert "ck.index" in str(e.value) and "shard record 0" in str(e.value), e.value
+    with pytest.raises(rr.FormatError, match="shard record 0: refused name"):
+        rr.read_checkpoint(p)
+
+
+def test_a_hashed_name_in_a_version_1_index_is_refused(tmp_path) -> None:
+    p = tmp_path / "ck"
+    sp.save_file({"a": np.arange(3)}, p, shards=1, hashed_prefixes=True)
+    idx = bytearray((tmp_path / "ck.index").read_bytes())
+    idx[8:12] = struct.pack("<I", 1)
+    idx[124:128] = struct.pack("<I", crc32c(bytes(idx[:124])))
+    idx[-8:-4] = idx[124:128]
+    (tmp_path / "ck.index").write_bytes(bytes(idx))
+    with pytest.raises(CorruptCheckpointError, match="needs version 2"):
+        sp.load_file(p)
+    with pytest.raises(rr.FormatError, match="refused name"):
+        rr.read_checkpoint(p)

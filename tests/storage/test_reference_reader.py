@@ -414,12 +414,12 @@ def test_reference_reader_refuses_newer_version(tmp_path) -> None:
     p = str(tmp_path / "ck")
     sp.save_file({"a": np.arange(3)}, p, durable=False)
     b = bytearray(open(p + ".index", "rb").read())
-    b[8:12] = struct.pack("<I", 2)
+    b[8:12] = struct.pack("<I", 3)  # 2 is known: hashed shard names (§3.1.1)
     c = rr.crc32c(bytes(b[:124]))
     b[124:128] = struct.pack("<I", c)
     b[-8:-4] = struct.pack("<I", c)
     open(p + ".index", "wb").write(b)
-    with pytest.raises(rr.FormatError, match="format_version 2"):
+    with pytest.raises(rr.FormatError, match="format_version 3"):
         rr.read_checkpoint(p)
     with pytest.raises(sp.UnsupportedFormatError):
         sp.load_file(p)
