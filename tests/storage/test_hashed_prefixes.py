@@ -230,3 +230,17 @@ def test_a_hashed_name_in_a_version_1_index_is_refused(tmp_path) -> None:
         sp.load_file(p)
     with pytest.raises(rr.FormatError, match="refused name"):
         rr.read_checkpoint(p)
+
+
+def test_checkpoint_manager_saves_rotates_and_restores(tmp_path) -> None:
+    v = sp.Variable(np.zeros(4, np.float32))
+    ck = sp.Checkpoint(v=v)
+    m = sp.CheckpointManager(ck, tmp_path, max_to_keep=1, hashed_prefixes=True)
+    for step in (1, 2, 3):
+        v.assign(np.full(4, step, np.float32))
+        m.save()
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-3", "ckpt-3.index"]
+    assert _index_version(tmp_path / "ckpt-3") == 2
+    v.assign(np.zeros(4, np.float32))
+    ck.restore(m.latest_checkpoint).assert_consumed()
+    np.testing.assert_array_equal(v.numpy(), np.full(4, 3, np.float32))

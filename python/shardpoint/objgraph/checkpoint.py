@@ -239,12 +239,13 @@ class Checkpoint(Module):
         digest: str | None = None,
         delta: int | None = None,
         compression: str | None = "zstd",
+        hashed_prefixes: bool = False,
     ) -> Any:
         """Write at ``path`` (then run ``then``): now, or through this object's saver.
         ``base()`` names the checkpoint an incremental save re-uses (default: this object's
         previous committed save); asynchronously it is asked just before the write. ``delta``: a
         delta checkpoint against ``base()`` with chains of at most that many links (blocking
-        saves only)."""
+        saves only). ``hashed_prefixes``: ``sp.save_file``'s (FORMAT.md §3.1.1)."""
         if base is None:
             base = lambda: self._sp_last_written  # noqa: E731
         values, document = serialize(self)
@@ -257,7 +258,7 @@ class Checkpoint(Module):
                 saver.check()
             storage_io.write_checkpoint(
                 path, values, graph, incremental=incremental, base=base(), digest=digest,
-                delta=delta, compression=compression,
+                delta=delta, compression=compression, hashed_prefixes=hashed_prefixes,
             )  # fmt: skip
             object.__setattr__(self, "_sp_last_written", path)
             if then is not None:
@@ -280,6 +281,7 @@ class Checkpoint(Module):
             then=committed,
             digest=digest,
             compression=compression,
+            hashed_prefixes=hashed_prefixes,
         )
         fut = self._saver().submit(_returning(stage, path))
         return fut

@@ -83,6 +83,8 @@ class CheckpointManager:
     §11: unchanged tensors cost ~0, slightly changed ones their XOR), a full one every
     ``full_every`` saves (default 8); retention never deletes a checkpoint a kept one needs as
     its base (:mod:`.manager_delta`). Local directories and blocking saves only.
+    ``hashed_prefixes=True`` stores every save's shards under hashed key prefixes
+    (``<dir>/ckpt-N/HH/data-…``, FORMAT.md §3.1.1; docs/OBJECT_STORE.md), not with ``delta``.
 
     A manager created over an existing directory takes over (may later delete) only the listed
     checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
@@ -117,6 +119,7 @@ class CheckpointManager:
         digest: str | None = None,
         delta: bool = False,
         full_every: int | None = None,
+        hashed_prefixes: bool = False,
     ) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep <= 0
@@ -129,6 +132,10 @@ class CheckpointManager:
                 "`step_counter` should be passed if `checkpoint_interval` is not None."
             )
         self._checkpoint = checkpoint
+        if hashed_prefixes and delta:
+            raise ValueError("delta=True does not take hashed_prefixes=True")
+        # every save's shards under hashed key prefixes (FORMAT.md §3.1.1)
+        self._hashed_prefixes = bool(hashed_prefixes)
         # strong digests of every save's files (FORMAT.md §7.1); None: crc32c only
         self._digest = digest
         self._directory = os.fspath(directory)
@@ -379,6 +386,7 @@ class CheckpointManager:
                     then=lambda: self._record_and_sweep(path, stamp),
                     base=lambda: self._latest_checkpoint,
                     digest=self._digest,
+                    hashed_prefixes=self._hashed_prefixes,
                     **({} if self._delta_chain is None else {"delta": self._delta_chain}),
                 )
         except BaseException as e:

@@ -52,13 +52,14 @@ def write_checkpoint(
     digest: str | None = None,
     delta: int | None = None,
     compression: str | None = "zstd",
+    hashed_prefixes: bool = False,
 ) -> None:
     """Write ``values`` plus the object graph atomically at ``prefix`` (parents created).
     ``delta``: a delta checkpoint against ``base`` with chains of at most that many links
     (FORMAT.md §11; a full save when there is no base or the chain is that long).
     ``incremental``: shard layout for incremental saves, re-using unchanged shards of ``base``
     (FORMAT.md §8.1). ``digest``: record strong digests of the files (FORMAT.md §7.1).
-    ``compression``: ``sp.save_file``'s."""
+    ``compression``, ``hashed_prefixes``: ``sp.save_file``'s."""
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
         os.makedirs(parent, exist_ok=True)
@@ -73,13 +74,17 @@ def write_checkpoint(
             storage.save_file(payload, prefix, compression=compression)
         return
     if not incremental:
-        storage.save_file(payload, prefix, digest=digest, compression=compression)
+        storage.save_file(
+            payload, prefix, digest=digest, compression=compression,
+            hashed_prefixes=hashed_prefixes,
+        )  # fmt: skip
         return
     if base is not None and not storage.exists(base):
         base = None
     storage.save_file(
-        payload, prefix, incremental=True, base=base, digest=digest, compression=compression
-    )
+        payload, prefix, incremental=True, base=base, digest=digest, compression=compression,
+        hashed_prefixes=hashed_prefixes,
+    )  # fmt: skip
 
 
 def stage_checkpoint(
@@ -92,12 +97,15 @@ def stage_checkpoint(
     then: Callable[[], None] | None = None,
     digest: str | None = None,
     compression: str | None = "zstd",
+    hashed_prefixes: bool = False,
 ) -> Callable[[StagingBuffers], Callable[[], None]]:
     """The ``stage`` step of an asynchronous :func:`write_checkpoint` for ``AsyncSaver.submit``:
     validates and encodes now, copies into the staging buffers when called, and returns the
     background writer. ``base()`` is asked in the background, just before writing (the
     previous save has committed by then); ``then()`` runs after the commit."""
-    plan, items = _plan(prefix, values, graph_json, incremental, None, digest, compression)
+    plan, items = _plan(
+        prefix, values, graph_json, incremental, None, digest, compression, hashed_prefixes
+    )
 
     def stage(bufs: StagingBuffers) -> Callable[[], None]:
         copy, crcs = bufs.stage(items, with_crc=incremental)
@@ -123,6 +131,7 @@ def _plan(
     base: str | None,
     digest: str | None = None,
     compression: str | None = "zstd",
+    hashed_prefixes: bool = False,
 ) -> tuple[storage.SavePlan, list[Any]]:
     parent = os.path.dirname(prefix)
     if parent and not is_url(prefix):
@@ -138,6 +147,7 @@ def _plan(
         base=base,
         digest=digest,
         compression=compression,
+        hashed_prefixes=hashed_prefixes,
     )
 
 
