@@ -134,3 +134,29 @@ def test_renamed_checkpoint_still_reads(tmp_path) -> None:
     got = sp.load_file(tmp_path / "moved")
     for key, rec in EXPECTED["checkpoints"]["mixed"]["entries"].items():
         check_value(key, rec, got[key])
+
+
+def test_golden_v2_hashed_holds_v1_mixed() -> None:
+    """tests/golden/v2 (gen_golden_v2.py): v1's ``mixed`` with hashed shard names (FORMAT.md
+    §3.1.1), index format version 2; read by the library and by the reference reader."""
+    v2 = os.path.join(HERE, "v2")
+    files = sorted(
+        os.path.relpath(os.path.join(root, f), v2) for root, _, fs in os.walk(v2) for f in fs
+    )
+    assert files == ["mixed.index", "mixed/6a/data-00001-of-00002", "mixed/cf/data-00000-of-00002"]
+    prefix = os.path.join(v2, "mixed")
+    with open(prefix + ".index", "rb") as f:
+        assert f.read(12)[8:] == (2).to_bytes(4, "little")
+    exp = EXPECTED["checkpoints"]["mixed"]
+    got = sp.load_file(prefix)
+    ref, _ = rr.load(prefix)
+    assert sorted(got) == sorted(ref) == sorted(exp["entries"])
+    for key, rec in exp["entries"].items():
+        check_value(key, rec, got[key])
+        check_value(key, rec, ref[key])
+    with sp.open(prefix) as r:
+        r.verify()
+        assert r.metadata == exp["metadata"]
+        for key, rec in exp["entries"].items():
+            # shard and crc as v1's; codecs may differ (the default choice changed since v1)
+            assert (r.info(key).shard, r.info(key).crc32c) == (rec["shard"], rec["crc32c"]), key
