@@ -16,6 +16,13 @@ and results, pickled as DCP sends them), requests per rank and per commit by S3 
 moto`` or without cargo, behind the counting proxy of tests/s3_server.py run in a process of
 its own), objects per rank. ``--dcp-max`` caps N for DCP's own planner (its global
 step grows faster than linearly; see docs/SCALE.md).
+
+``--hashed-prefixes``: the writer path's ranks save with ``hashed_prefixes=True`` (FORMAT.md
+§3.1.1), and each writer row is followed by how the save's objects spread over key prefixes
+(the object store's unit of request rate: S3 ~3,500 writes/s each): writes (objects listed
+after the save plus the partial indexes the merge consumed), distinct prefixes, writes under
+the busiest one. A prefix is ``P/HH/`` for a hashed shard, ``P.`` for
+everything at the checkpoint's own prefix (plain shards, partial indexes, the index).
 """
 
 from __future__ import annotations
@@ -45,6 +52,27 @@ def _row(run: h.SaveRun) -> str:
         f"objects/rank={run.objects_per_rank:.3f} rank_req={run.rank_requests} "
         f"commit_req={run.commit_requests} [{steps}]"
     )
+
+
+def _prefix_spread(prefix: str, moto: object, partials: int) -> str:
+    """How the writes of a save at ``prefix`` spread over key prefixes (module docstring): one
+    per object listed after the save (a shard under ``part_size`` is one PUT), plus the
+    ``partials`` partial indexes at ``P.`` that the merge consumed."""
+    if prefix.startswith("s3://"):
+        bucket, key = prefix[len("s3://") :].split("/", 1)
+        keys = [k for k in moto.keys(bucket) if k.startswith(key)]  # type: ignore[attr-defined]
+    else:
+        key = prefix
+        keys = [os.path.join(r, f) for r, _, fs in os.walk(os.path.dirname(prefix)) for f in fs]
+        keys = [k for k in keys if k.startswith(prefix) and not k.endswith(".lock")]
+    groups: dict[str, int] = {".": partials}
+    for k in keys:
+        rest = k[len(key) :]
+        g = rest[:4] if rest.startswith("/") else "."
+        groups[g] = groups.get(g, 0) + 1
+    busiest = max(groups.values(), default=0)
+    total = len(keys) + partials
+    return f"       writes={total} prefixes={len(groups)} busiest_prefix_writes={busiest}"
 
 
 def main() -> None:
@@ -77,6 +105,11 @@ def main() -> None:
     )
     ap.add_argument("--json", help="write the runs here as JSON")
     ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
+    ap.add_argument(
+        "--hashed-prefixes",
+        action="store_true",
+        help="writer path: shards under hashed key prefixes; report objects per prefix",
+    )
     args = ap.parse_args()
 
     runs: list[h.SaveRun] = []
@@ -121,9 +154,18 @@ def main() -> None:
                     runs.append(run)
                     print(_row(run), flush=True)
                 else:
-                    run = fn(prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts)
+                    kw = (
+                        {"hashed_prefixes": True}
+                        if path == "writer" and args.hashed_prefixes
+                        else {}
+                    )
+                    run = fn(
+                        prefix, n, tensors=args.tensors, proxy=proxy, moto=moto, options=opts, **kw
+                    )
                     runs.append(run)
                     print(_row(run), flush=True)
+                    if path == "writer":
+                        print(_prefix_spread(prefix, moto, n), flush=True)
                 if path == "dcp":
                     # our planner beside DCP's, same run: a first save, then one whose
                     # layout did not change (every rank's plan cached)

@@ -78,7 +78,9 @@ def _per_rank(counts: dict[str, int], n: int) -> dict[str, float]:
 def _count_objects(prefix: str, proxy: Any, moto: Any) -> int:
     if not prefix.startswith("s3://"):
         d, base = os.path.split(prefix)
-        return sum(1 for f in os.listdir(d) if f.startswith(base))
+        n = sum(1 for f in os.listdir(d) if f.startswith(base) and os.path.isfile(f"{d}/{f}"))
+        # hashed shards (FORMAT.md §3.1.1) under prefix/HH/
+        return n + sum(len(fs) for _, _, fs in os.walk(prefix))
     if moto is None:
         return 0
     bucket, _, key = prefix.removeprefix("s3://").partition("/")
@@ -109,8 +111,10 @@ def writer_save(
     moto: Any = None,
     options: dict[str, str] | None = None,
     token: str = "s",
+    hashed_prefixes: bool = False,
 ) -> SaveRun:
-    """N ranks through ``sp.Writer(rank=, world_size=)``, then ``sp.merge`` on the coordinator."""
+    """N ranks through ``sp.Writer(rank=, world_size=)``, then ``sp.merge`` on the coordinator.
+    ``hashed_prefixes``: the ranks' shards under ``prefix/HH/`` (FORMAT.md §3.1.1)."""
 
     def rank_save(r: int) -> None:
         with sp.Writer(
@@ -120,6 +124,7 @@ def writer_save(
             compression="none",
             merge_token=token,
             storage_options=options,
+            hashed_prefixes=hashed_prefixes,
         ) as w:
             for k, v in _tensors(r, tensors, elems).items():
                 w.add(k, v)
