@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
-use crate::naming::{is_hashed_owned_suffix, is_owned_suffix, is_temp_suffix, temp_path};
+use crate::naming::{is_owned_suffix, is_temp_suffix, temp_path};
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::Write;
@@ -344,47 +344,8 @@ fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
             }
         }
     }
-    hashed_owned_names(prefix, &mut out);
+    crate::hashed_dirs::owned_names(prefix, &mut out);
     Ok(out)
-}
-
-/// The files of `P` under its hashed directories `P/HH/` (FORMAT.md §3.1.1): shards and their
-/// temp files named `data-…`. Nothing else there is `P`'s (a user's own files stay).
-fn hashed_owned_names(prefix: &Path, out: &mut Vec<(String, PathBuf)>) {
-    let Ok(rd) = fs::read_dir(prefix) else {
-        return; // no hashed shards (or `P` is not a directory)
-    };
-    for sub in rd.flatten() {
-        let hh = sub.file_name().to_string_lossy().into_owned();
-        let Ok(files) = fs::read_dir(sub.path()) else {
-            continue;
-        };
-        for ent in files.flatten() {
-            let suffix = format!("/{hh}/{}", ent.file_name().to_string_lossy());
-            if is_hashed_owned_suffix(&suffix) {
-                out.push((suffix, ent.path()));
-            }
-        }
-    }
-}
-
-/// Remove `P/HH/` and `P/` where they became empty (best effort; a directory holding
-/// anything else, e.g. a live writer's temp file or a user's file, stays).
-fn remove_empty_hashed_dirs(prefix: &Path) {
-    let Ok(rd) = fs::read_dir(prefix) else {
-        return;
-    };
-    for sub in rd.flatten() {
-        let hh = sub.file_name().to_string_lossy().into_owned();
-        if hh.len() == 2
-            && hh
-                .bytes()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-        {
-            let _ = fs::remove_dir(sub.path());
-        }
-    }
-    let _ = fs::remove_dir(prefix);
 }
 
 /// Remove temp files `dest.tmp-<16 hex>` left by crashed saves of the single file `dest`
@@ -497,7 +458,7 @@ pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
             }
             // a writer creating its temp file in a directory removed here retries
             // (`ShardWriter::create_in`)
-            remove_empty_hashed_dirs(prefix);
+            crate::hashed_dirs::remove_empty(prefix);
         }
     }
 }
@@ -516,7 +477,7 @@ pub fn remove(prefix: &Path) -> Result<()> {
             let _ = fs::remove_file(path);
         }
     }
-    remove_empty_hashed_dirs(prefix);
+    crate::hashed_dirs::remove_empty(prefix);
     drop(lock);
     Ok(())
 }

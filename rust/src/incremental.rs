@@ -355,12 +355,7 @@ fn write_and_commit(
     report.linked_shards = plan.shards.len() as u32;
     if opts.durable && !plan.shards.is_empty() {
         sync_dir(&parent_dir(prefix))?; // the links are durable before the index names them
-        let hashed_dirs: HashSet<std::path::PathBuf> = recs
-            .iter()
-            .filter(|r| r.name.starts_with('/'))
-            .map(|r| parent_dir(&with_suffix(prefix, &r.name)))
-            .collect();
-        for d in hashed_dirs {
+        for d in crate::hashed_dirs::dirs_of(prefix, recs.iter().map(|r| r.name.as_str())) {
             sync_dir(&d)?; // links into `P/HH/` (FORMAT.md §3.1.1)
         }
     }
@@ -447,6 +442,7 @@ fn write_groups(
         level: opts.level,
         chunk_bytes: opts.chunk_bytes,
     };
+    let hashed = opts.hashed_prefixes; // shards at `P/HH/` (FORMAT.md §3.1.1)
     std::thread::scope(|sc| -> Result<()> {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
@@ -456,13 +452,7 @@ fn write_groups(
                         if g >= groups.len() {
                             return Ok(());
                         }
-                        let mut w = ShardWriter::create_in(
-                            prefix,
-                            g as u32,
-                            total,
-                            token,
-                            opts.hashed_prefixes,
-                        )?;
+                        let mut w = ShardWriter::create_in(prefix, g as u32, total, token, hashed)?;
                         w.set_digest(opts.digest);
                         let its: Vec<&Item<'_>> = groups[g].iter().map(|&i| &items[i]).collect();
                         w.write_items(&its, enc, &|_| {})?;
@@ -524,11 +514,8 @@ fn link_checked(
     let mut last = None;
     let plain = shard_name_in(id, total, None, hashed);
     let tokened = shard_name_in(id, total, Some(token), hashed);
-    if hashed {
-        // the link's directory `P/HH/` (FORMAT.md §3.1.1)
-        crate::commit::ensure_parent_dir(&with_suffix(prefix, &plain), true)?;
-    }
-    // Without the commit lock only never-reused token names are used (FORMAT.md §8).
+    crate::commit::ensure_parent_dir(&with_suffix(prefix, &plain), true)?; // `P/HH/` (§3.1.1)
+                                                                           // Without the commit lock only never-reused token names are used (FORMAT.md §8).
     let names: &[&String] = if allow_plain {
         &[&plain, &tokened]
     } else {

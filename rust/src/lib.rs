@@ -43,6 +43,7 @@ pub mod direct;
 pub mod error;
 pub mod fault;
 pub mod format;
+pub mod hashed_dirs;
 pub mod incremental;
 pub mod index;
 pub mod load;

@@ -151,16 +151,22 @@ pub fn shard_name_version(name: &[u8]) -> Option<u32> {
     }
 }
 
-/// Whether a suffix names a file under `P`'s hashed directories (`/HH/data-…`, its temp files
-/// included): what cleanup and removal consider there besides `P`'s own directory.
+/// Whether a suffix names a file of `P` under its hashed directories: a valid hashed shard
+/// name (§3.1.1, hash checked), or one followed by `.tmp-<16 hex>` (its temp file). What
+/// cleanup, removal and `gc` consider there; anything else under `P/` (a user's own file such
+/// as `P/ab/data-notes.txt`) is never touched.
 pub fn is_hashed_owned_suffix(suffix: &str) -> bool {
-    let b = suffix.as_bytes();
-    b.len() > 9
-        && b[0] == b'/'
-        && b[1..3]
-            .iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-        && &b[3..9] == b"/data-"
+    let name = match suffix.rfind(TEMP_MARK) {
+        Some(at) => {
+            let tok = &suffix[at + TEMP_MARK.len()..];
+            if tok.len() != 16 || !tok.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return false;
+            }
+            &suffix[..at]
+        }
+        None => suffix,
+    };
+    valid_hashed_shard_name(name.as_bytes())
 }
 
 /// Check a plain shard name suffix read from an index (§3.1): `.data-NNNNN-of-NNNNN` with an

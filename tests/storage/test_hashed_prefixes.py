@@ -75,7 +75,9 @@ def test_round_trip_puts_shards_under_hashed_directories(tmp_path) -> None:
 def test_off_by_default_and_a_fresh_process_reads_it(tmp_path) -> None:
     sp.save_file(_values(), tmp_path / "plain", shards=2)
     assert not os.path.isdir(tmp_path / "plain") and _index_version(tmp_path / "plain") == 1
-    sp.save_file(_values(), tmp_path / "h", shards=2, hashed_prefixes=True)
+    # an asynchronous save takes the option too
+    sp.save_file(_values(), tmp_path / "h", shards=2, hashed_prefixes=True, blocking=False).result()
+    assert os.path.isdir(tmp_path / "h" / _hh(1, 2))
     code = textwrap.dedent(
         f"""
         import numpy as np, shardpoint as sp
@@ -149,6 +151,8 @@ def test_gc_removes_a_killed_writers_hashed_files_only(tmp_path) -> None:
     sp.save_file(_values(), tmp_path / "kept", shards=2, hashed_prefixes=True)
     kept = _tree(tmp_path)
     (tmp_path / "kept" / "notes.txt").write_text("a user's file stays")
+    (tmp_path / "kept" / "ab").mkdir()
+    (tmp_path / "kept" / "ab" / "data-notes.txt").write_text("looks hashed, is not: stays")
     # rank 1 published its shard and partial index; rank 0 was killed mid-save (temp files)
     with sp.Writer(tmp_path / "dead", rank=1, world_size=2, shards=2, hashed_prefixes=True) as w:
         w.add("k1", np.arange(10))
@@ -170,8 +174,10 @@ def test_gc_removes_a_killed_writers_hashed_files_only(tmp_path) -> None:
     assert len(dead) == 2 + 2 + 1  # temps, rank 1's shards, its partial index
     assert gc(os.fspath(tmp_path), older_than=3600) == 0  # too young
     assert gc(os.fspath(tmp_path), older_than=0) == 5
-    assert _tree(tmp_path) == sorted(kept + ["kept/notes.txt"])
+    assert _tree(tmp_path) == sorted(kept + ["kept/notes.txt", "kept/ab/data-notes.txt"])
     sp.open(tmp_path / "kept").verify()
+    sp.remove(tmp_path / "kept")  # removes its shards only
+    assert _tree(tmp_path) == ["kept/ab/data-notes.txt", "kept/notes.txt"]
 
 
 def test_not_with_single_file_or_delta(tmp_path) -> None:

@@ -83,8 +83,7 @@ class CheckpointManager:
     §11: unchanged tensors cost ~0, slightly changed ones their XOR), a full one every
     ``full_every`` saves (default 8); retention never deletes a checkpoint a kept one needs as
     its base (:mod:`.manager_delta`). Local directories and blocking saves only.
-    ``hashed_prefixes=True`` stores every save's shards under hashed key prefixes
-    (``<dir>/ckpt-N/HH/data-…``, FORMAT.md §3.1.1; docs/OBJECT_STORE.md), not with ``delta``.
+    ``hashed_prefixes=True``: shards under ``ckpt-N/HH/`` (FORMAT.md §3.1.1), not with delta.
 
     A manager created over an existing directory takes over (may later delete) only the listed
     checkpoints newer than the state file's ``last_preserved_timestamp``, as TensorFlow's does:
@@ -132,12 +131,8 @@ class CheckpointManager:
                 "`step_counter` should be passed if `checkpoint_interval` is not None."
             )
         self._checkpoint = checkpoint
-        if hashed_prefixes and delta:
-            raise ValueError("delta=True does not take hashed_prefixes=True")
-        # every save's shards under hashed key prefixes (FORMAT.md §3.1.1)
-        self._hashed_prefixes = bool(hashed_prefixes)
-        # strong digests of every save's files (FORMAT.md §7.1); None: crc32c only
-        self._digest = digest
+        # every save's options: strong digests (FORMAT.md §7.1), hashed shard names (§3.1.1)
+        self._save_options = {"digest": digest, "hashed_prefixes": bool(hashed_prefixes)}
         self._directory = os.fspath(directory)
         # an object-store URL: no directory lock (no flock on a bucket); the state object's
         # conditional update plays its part (module docstring)
@@ -170,7 +165,7 @@ class CheckpointManager:
         # delta saves: the longest chain below a save (None: delta off)
         self._delta_chain: int | None = None
         if delta:
-            k = check_options(full_every, self._remote, self._incremental, digest)
+            k = check_options(full_every, self._remote, self._incremental, digest, hashed_prefixes)
             self._delta_chain = max_chain(k)
         if max_in_flight is not None:
             checkpoint.max_in_flight = max_in_flight
@@ -385,8 +380,7 @@ class CheckpointManager:
                     self._incremental,
                     then=lambda: self._record_and_sweep(path, stamp),
                     base=lambda: self._latest_checkpoint,
-                    digest=self._digest,
-                    hashed_prefixes=self._hashed_prefixes,
+                    **self._save_options,
                     **({} if self._delta_chain is None else {"delta": self._delta_chain}),
                 )
         except BaseException as e:

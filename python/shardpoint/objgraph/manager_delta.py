@@ -24,15 +24,17 @@ __all__ = ["check_options", "max_chain", "protect_bases"]
 logger = logging.getLogger("shardpoint.objgraph")
 
 
-def check_options(full_every: int | None, remote: bool, incremental: bool, digest: object) -> int:
+def check_options(
+    full_every: int | None, remote: bool, incremental: bool, digest: object, hashed: bool = False
+) -> int:
     """The ``full_every`` of a delta manager, checked (default 8)."""
     k = 8 if full_every is None else full_every
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"full_every must be a positive integer, got {full_every!r}")
-    if remote or incremental or digest:
+    if remote or incremental or digest or hashed:
         raise ValueError(
             "delta=True saves local checkpoints against a local base: not with an object-store "
-            "URL, incremental=True or digest="
+            "URL, incremental=True, digest= or hashed_prefixes=True"
         )
     return k
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -39,15 +40,21 @@ _INDEX_TEMP_MARK = ".index.tmp-"
 _TEMP_MARK = ".tmp-"
 
 
+#: A hashed shard name (FORMAT.md §3.1.1), optionally its temp file's ``.tmp-<16 hex>``.
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+_HASHED = re.compile(
+    r"/([0-9a-f]{2})/data-([0-9]{5}-of-[0-9]{5})(\.[0-9a-f]{16})?(\.tmp-[0-9a-f]{16})?"
+)
+
+
 def _is_hashed_shard(suffix: str) -> bool:
-    """Whether ``suffix`` names a file under a hashed directory of ``P``, ``/HH/data-…``
-    (FORMAT.md §3.1.1; naming.rs ``is_hashed_owned_suffix``), temp files included."""
-    return (
-        len(suffix) > 9
-        and suffix[0] == "/"
-        and all(c in "0123456789abcdef" for c in suffix[1:3])
-        and suffix[3:9] == "/data-"
-    )
+    """Whether ``suffix`` names a file of ``P`` under its hashed directories: a hashed shard
+    name whose ``HH`` is the hash of its number, or its temp file (naming.rs
+    ``is_hashed_owned_suffix``). A user's own file under ``P/`` never matches."""
+    m = _HASHED.fullmatch(suffix)
+    if m is None:
+        return False
+    return int(m.group(1), 16) == _core.crc32c(f".data-{m.group(2)}".encode()) & 0xFF
 
 
 def _hashed_files(directory: str, base: str) -> Iterator[tuple[str, float]]:
@@ -56,7 +63,7 @@ def _hashed_files(directory: str, base: str) -> Iterator[tuple[str, float]]:
     top = os.path.join(directory, base)
     with os.scandir(top) as subs:
         for sub in subs:
-            if not sub.is_dir(follow_symlinks=False):
+            if not _HEX2.fullmatch(sub.name) or not sub.is_dir(follow_symlinks=False):
                 continue
             with os.scandir(sub.path) as files:
                 for ent in files:

@@ -79,6 +79,17 @@ fn hashed_shard_names_are_exactly_what_the_writer_makes() {
     for h in &hostile {
         assert_eq!(shard_name_version(h.as_bytes()), None, "{h:?}");
     }
+    // what cleanup and gc may remove under `P/`: hashed shards and their temp files only
+    use crate::naming::is_hashed_owned_suffix;
+    assert!(is_hashed_owned_suffix(&plain) && is_hashed_owned_suffix(&tok));
+    assert!(is_hashed_owned_suffix(&format!(
+        "{plain}.tmp-00000000000000ff"
+    )));
+    assert!(!is_hashed_owned_suffix(&format!("{plain}.tmp-ff")));
+    assert!(!is_hashed_owned_suffix(&format!(
+        "/{other}/data-00003-of-00008"
+    )));
+    assert!(!is_hashed_owned_suffix(&format!("/{hh}/data-notes.txt")));
     // spread: 4,096 shards of one save land in (nearly) all 256 directories
     let dirs: std::collections::HashSet<String> = (0..4096).map(|s| shard_hash(s, 4096)).collect();
     assert!(dirs.len() > 250, "{}", dirs.len());
