@@ -8,7 +8,9 @@ The harness itself is tests/scale_harness.py (the tests run it at N = 64).
     python benches/bench_scale.py --store s3 --paths dcp --ns 16 --load 4 --tensors 4 \
         --cols 65536 --no-dcp-default      # the same with ~1 MiB per loading rank and tensor
 
-Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish),
+Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish;
+our planner: a first save ``ours``, an unchanged one ``ours2`` merged in the remembered order,
+and the same unchanged save with that order forgotten ``ours2h``, the heap merge),
 the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
 and results, pickled as DCP sends them), requests per rank and per commit by S3 operation
 (``--store s3``: an S3 server in its own process, benches/s3server.py: ours, which adds the
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 import scale_harness as h  # noqa: E402
+from shardpoint import _core  # noqa: E402
 
 
 def _row(run: h.SaveRun) -> str:
@@ -173,14 +176,21 @@ def main() -> None:
                     if args.load:
                         kw["rows"] = 3  # 3N rows split evenly over M = 3N/4 loading ranks
                         kw["cols"] = args.cols
+                    _core.forget_merge_orders()  # a first save: nothing remembered
                     first = h.dcp_save(prefix, n, planner="ours", **kw)
                     first.path = "ours"
                     print(_row(first), flush=True)
                     again = h.dcp_save(prefix, n, planner="ours", previous=first, **kw)
                     again.path = "ours2"
                     print(_row(again), flush=True)
-                    first.final_plans = again.final_plans = []  # N x tensors objects
-                    runs += [first, again]
+                    # the same unchanged save with the merge order forgotten: the heap merge
+                    # (what every unchanged save did before the order was remembered)
+                    _core.forget_merge_orders()
+                    heap = h.dcp_save(prefix, n, planner="ours", previous=first, **kw)
+                    heap.path = "ours2h"
+                    print(_row(heap), flush=True)
+                    first.final_plans = again.final_plans = heap.final_plans = []
+                    runs += [first, again, heap]
                     if args.load:
                         _loads(prefix, n, args, proxy, opts)
                 if args.store == "local":

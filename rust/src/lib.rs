@@ -64,7 +64,9 @@ pub use digest::DigestAlgo;
 pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
-pub use merge::{merge, merge_at, merge_at_with, merge_local};
+pub use merge::{
+    forget_merge_orders, merge, merge_at, merge_at_with, merge_local, merge_order_stats,
+};
 pub use reader::Reader;
 pub use shard::Item;
 pub use single::{encode_single, save_single};

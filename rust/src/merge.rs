@@ -19,6 +19,10 @@ use serde_json::value::RawValue;
 use std::cmp::Reverse;
 use std::collections::binary_heap::{BinaryHeap, PeekMut};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod order;
+pub use order::{forget_all as forget_merge_orders, stats as merge_order_stats};
 
 /// The metadata blob stored in an index:
 /// `{"format":V,"writer":"shardpoint X.Y.Z"<extra>[,"sections":"<JSON text>"],"user":<user>}`.
@@ -103,7 +107,8 @@ pub fn merge_local(
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
     let lock = PrefixLock::acquire(prefix)?;
-    let m = merge_partials(world_size, token, |rank| {
+    let at = prefix.to_string_lossy();
+    let m = merge_partials(world_size, token, &at, |rank| {
         let p = partial_index_path(prefix, rank, world_size);
         let bytes = std::fs::read(&p)
             .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
@@ -160,7 +165,8 @@ pub fn merge_at_with(
             .map(|s| spawn(rp.store.get_future(&rp.key_of(s)))),
     )
     .buffered(MERGE_READS_IN_FLIGHT);
-    let m = merge_partials(world_size, token, |rank| {
+    let at = rp.url_of("");
+    let m = merge_partials(world_size, token, &at.to_string_lossy(), |rank| {
         let suffix = &suffixes[rank as usize];
         let got = block_on(reads.next()).ok_or_else(|| {
             Error::InvalidArgument(format!("no read for the partial index of rank {rank}"))
@@ -191,6 +197,10 @@ pub fn merge_at_with(
 struct Merged {
     shards: Vec<ShardRec>,
     index: Vec<u8>,
+    /// Whether the entries were copied in the order remembered from the last merge at the
+    /// same place (else the heap merged them).
+    #[cfg_attr(not(test), allow(dead_code))] // what the tests read
+    in_order: bool,
 }
 
 /// One validated partial index, kept until the merge has copied its entries.
@@ -200,7 +210,8 @@ struct Partial {
     shard_base: u32,
 }
 
-/// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes).
+/// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes)
+/// into the index that goes to `at` (the key of its order in the [`order`] cache).
 ///
 /// Each partial is verified whole (header, crcs, every block, its keys strictly sorted), then
 /// the sorted partials are merged k ways: a heap of one cursor per partial ordered by the
@@ -208,9 +219,15 @@ struct Partial {
 /// and its record, key and aux bytes copied straight into the merged index. Nothing is
 /// allocated per entry and nothing is sorted; a key that two ranks wrote comes out of the
 /// heap twice in a row and is refused naming both ranks.
+///
+/// The heap's output order (which rank each entry came from) is remembered for `at`; the next
+/// merge there first tries that order ([`order::merge_in_order`]: the same validation and a
+/// strict order check on every key, so only a correct guess gets through) and falls back to
+/// the heap when the layout changed. Either way the index is the same bytes.
 fn merge_partials(
     world_size: u32,
     token: Option<&str>,
+    at: &str,
     mut load: impl FnMut(u32) -> Result<(PathBuf, Vec<u8>)>,
 ) -> Result<Merged> {
     let mut first_token: Option<String> = None;
@@ -278,8 +295,27 @@ fn merge_partials(
         (n, keys_len, aux_len) = (n + view.len(), keys_len + k, aux_len + a);
         partials.push(Partial { view, shard_base });
     }
-    let mut out = SortedIndexBuilder::with_capacity(n, keys_len as usize, aux_len as usize);
-    merge_sorted(&partials, &mut out)?;
+    let builder = || SortedIndexBuilder::with_capacity(n, keys_len as usize, aux_len as usize);
+    let mut out = builder();
+    let guessed = order::recall(at).map(|o| {
+        let fitted = o.fits(&partials) && order::merge_in_order(&partials, &o, &mut out).is_ok();
+        order::count(fitted);
+        fitted
+    });
+    if guessed != Some(true) {
+        if guessed.is_some() {
+            out = builder(); // the guess failed part way: start again
+        }
+        match merge_sorted(&partials, &mut out, n) {
+            Ok(ranks) => {
+                order::remember(at, Arc::new(order::MergeOrder::new(ranks, partials.len())))
+            }
+            Err(e) => {
+                order::forget(at);
+                return Err(e);
+            }
+        }
+    }
     let user = user_meta.unwrap_or_else(|| "{}".to_string());
     let manifest = match digests.map(|(a, f)| (DigestAlgo::from_name(&a), f)) {
         Some((Ok(algo), files)) => manifest_extra(algo, &files),
@@ -295,7 +331,11 @@ fn merge_partials(
         chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
         meta.as_bytes(),
     )?;
-    Ok(Merged { shards, index })
+    Ok(Merged {
+        shards,
+        index,
+        in_order: guessed == Some(true),
+    })
 }
 
 /// The first 8 bytes of `key`, zero-padded, as a big-endian integer: the heap compares these
@@ -311,8 +351,10 @@ fn key_prefix(key: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// The k-way merge of the verified, sorted `partials` (index = rank) into `out`.
-fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder) -> Result<()> {
+/// The k-way merge of the verified, sorted `partials` (index = rank, `n` entries in all) into
+/// `out`; returns the rank each merged entry came from, in order.
+fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder, n: usize) -> Result<Vec<u32>> {
+    let mut ranks: Vec<u32> = Vec::with_capacity(n);
     // One cursor per non-empty partial: (its current key's prefix, the key, its rank),
     // smallest key on top; a tie between ranks comes out lower rank first, so equal keys pop
     // one after the other.
@@ -340,6 +382,7 @@ fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder) -> Result<()
         // In range: entry_raw checked the shard against this partial's table.
         rec.shard += p.shard_base;
         out.push(rec, key, e.aux)?;
+        ranks.push(r as u32);
         prev = Some((key, r));
         pos[r] += 1;
         if pos[r] < p.view.len() {
@@ -349,7 +392,7 @@ fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder) -> Result<()
             PeekMut::pop(top);
         }
     }
-    Ok(())
+    Ok(ranks)
 }
 
 #[cfg(test)]

@@ -145,7 +145,12 @@ def merge(
     never see those files, and a process that dies first leaves them to the next commit or
     ``gc`` (FORMAT.md §8.3); :func:`wait_for_cleanups` waits for every pending one (it also
     runs at interpreter exit). An object store's cleanup (bulk deletes) is always done before
-    returning."""
+    returning.
+
+    The process remembers the entry order of its last merge at each prefix (a few prefixes):
+    when the next save there writes the same keys, its entries are copied in that order, each
+    key checked to be above the one before it, instead of merged through a heap; any change of
+    layout fails that check and the heap merges. The index is the same bytes either way."""
     _core.merge(
         _prefix(prefix),
         int(world_size),

@@ -217,6 +217,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::wait_for_cleanups, m)?)?;
     m.add_function(wrap_pyfunction!(write::pending_cleanups, m)?)?;
+    m.add_function(wrap_pyfunction!(write::merge_order_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(write::forget_merge_orders, m)?)?;
     m.add_function(wrap_pyfunction!(write::remove, m)?)?;
     m.add_function(wrap_pyfunction!(staged::stage_copy, m)?)?;
     m.add_function(wrap_pyfunction!(staged::save_incremental, m)?)?;

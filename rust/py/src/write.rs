@@ -138,6 +138,19 @@ pub(crate) fn wait_for_cleanups(py: Python<'_>) {
     py.detach(shardpoint_core::background_cleanup::wait_all)
 }
 
+/// (merges made in the order remembered from the last merge at their prefix, remembered
+/// orders that no longer fit and fell back to the heap) in this process (tests, benchmarks).
+#[pyfunction]
+pub(crate) fn merge_order_stats() -> (u64, u64) {
+    shardpoint_core::merge_order_stats()
+}
+
+/// Forget every remembered merge order: the next merge at each prefix uses the heap.
+#[pyfunction]
+pub(crate) fn forget_merge_orders() {
+    shardpoint_core::forget_merge_orders()
+}
+
 /// How many background cleanups of this process are still running.
 #[pyfunction]
 pub(crate) fn pending_cleanups() -> usize {

@@ -71,7 +71,15 @@ fn name(rank: u32) -> PathBuf {
 }
 
 fn run(parts: &[Vec<u8>]) -> Result<Merged> {
-    merge_partials(parts.len() as u32, Some(WORLD_TOKEN), |r| {
+    // a place of its own each time: no remembered order (the tests run in parallel)
+    static CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    run_at(parts, &format!("merge-test-{n}"))
+}
+
+/// The merge of `parts` into the index at `at` (where its order is remembered).
+fn run_at(parts: &[Vec<u8>], at: &str) -> Result<Merged> {
+    merge_partials(parts.len() as u32, Some(WORLD_TOKEN), at, |r| {
         Ok((name(r), parts[r as usize].clone()))
     })
 }
@@ -275,3 +283,5 @@ fn sections_and_user_metadata_survive_the_metadata_json() {
     assert!(plain.sections.is_none() && plain.partial.is_none());
     assert_eq!(plain.user.map(|u| u.get()), Some("{}"));
 }
+
+mod order;
