@@ -295,8 +295,14 @@ fn merge_partials(
         (n, keys_len, aux_len) = (n + view.len(), keys_len + k, aux_len + a);
         partials.push(Partial { view, shard_base });
     }
-    let builder = || SortedIndexBuilder::with_capacity(n, keys_len as usize, aux_len as usize);
-    let mut out = builder();
+    let builder = || -> Result<SortedIndexBuilder> {
+        let (k, a) = (usize::try_from(keys_len), usize::try_from(aux_len));
+        let (k, a) = k.ok().zip(a.ok()).ok_or_else(|| {
+            Error::InvalidArgument("partial indexes too large to merge in memory".into())
+        })?;
+        SortedIndexBuilder::with_shape(shards.len(), n, k, a)
+    };
+    let mut out = builder()?;
     let guessed = order::recall(at).map(|o| {
         let fitted = o.fits(&partials) && order::merge_in_order(&partials, &o, &mut out).is_ok();
         order::count(fitted);
@@ -304,7 +310,7 @@ fn merge_partials(
     });
     if guessed != Some(true) {
         if guessed.is_some() {
-            out = builder(); // the guess failed part way: start again
+            out = builder()?; // the guess failed part way: start again
         }
         match merge_sorted(&partials, &mut out, n) {
             Ok(ranks) => {

@@ -1,7 +1,10 @@
 //! Writing an index (FORMAT.md §3) whose entries arrive already in key order, record by record:
-//! what the multi-writer merge does with the sorted partial indexes. Each record, key and aux
-//! bytes are appended straight to their section's buffer and each block's crc is computed as
-//! it fills, so nothing is held per entry (no `EntryMeta`, no key `String`, no sort).
+//! what the multi-writer merge does with the sorted partial indexes. The caller declares the
+//! index's shape up front (shard, entry, key and aux byte counts: the sums over the partials),
+//! so every section's offset is known and each record, key and aux byte is written straight
+//! to its place in the file's bytes; each block's crc is computed as it fills. Nothing is held
+//! per entry (no `EntryMeta`, no key `String`, no sort) and the 21 MB index of a 4,096-rank
+//! save is never copied from section buffers into a file buffer.
 
 use super::build::ShardRec;
 use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
@@ -10,73 +13,139 @@ use crate::format::*;
 
 /// An index being written in key order; [`SortedIndexBuilder::finish`] returns its bytes.
 pub(crate) struct SortedIndexBuilder {
-    entries: Vec<u8>,
-    keys: Vec<u8>,
-    aux: Vec<u8>,
-    blocks: Vec<u8>,
+    /// The file's bytes up to its metadata, zeroed where not yet written.
+    out: Vec<u8>,
+    /// The declared shape.
+    shard_count: usize,
+    entries: usize,
+    keys_len: usize,
+    aux_len: usize,
+    /// Where the sections start in `out`.
+    blocks_off: usize,
+    entries_off: usize,
+    keys_off: usize,
+    aux_off: usize,
+    /// Entries pushed, and bytes of keys and aux data written.
     n: usize,
+    kpos: usize,
+    apos: usize,
     /// Where the open block's keys and aux bytes start in their blobs.
     block_key_lo: usize,
     block_aux_lo: usize,
-    /// `keys[last_key..]` is the last key pushed (for the order check).
-    last_key: Option<usize>,
+    /// The last key pushed, as (start in the key blob, length), for the order check.
+    last_key: Option<(usize, usize)>,
+}
+
+fn too_large() -> Error {
+    Error::InvalidArgument("index too large to build in memory".into())
 }
 
 impl SortedIndexBuilder {
-    /// A builder with room for `entries` entries, `keys_len` key bytes and `aux_len` aux bytes
-    /// (hints only: the buffers grow if the hints are short).
-    pub fn with_capacity(entries: usize, keys_len: usize, aux_len: usize) -> Self {
-        SortedIndexBuilder {
-            entries: Vec::with_capacity(entries.saturating_mul(ENTRY_REC)),
-            keys: Vec::with_capacity(keys_len),
-            aux: Vec::with_capacity(aux_len),
-            blocks: Vec::with_capacity(entries.div_ceil(BLOCK_ENTRIES) * BLOCK_REC),
+    /// A builder for an index of exactly `entries` entries, `keys_len` key bytes and `aux_len`
+    /// aux bytes referring to `shard_count` shards; pushing more, or finishing with fewer, is
+    /// an error.
+    pub fn with_shape(
+        shard_count: usize,
+        entries: usize,
+        keys_len: usize,
+        aux_len: usize,
+    ) -> Result<Self> {
+        let blocks_off = shard_count
+            .checked_mul(SHARD_REC)
+            .and_then(|s| s.checked_add(INDEX_HEADER_LEN))
+            .ok_or_else(too_large)?;
+        let entries_off = entries
+            .div_ceil(BLOCK_ENTRIES)
+            .checked_mul(BLOCK_REC)
+            .and_then(|b| b.checked_add(blocks_off))
+            .ok_or_else(too_large)?;
+        let keys_off = entries
+            .checked_mul(ENTRY_REC)
+            .and_then(|e| e.checked_add(entries_off))
+            .ok_or_else(too_large)?;
+        let aux_off = keys_off.checked_add(keys_len).ok_or_else(too_large)?;
+        let meta_off = aux_off.checked_add(aux_len).ok_or_else(too_large)?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(meta_off).map_err(|_| too_large())?;
+        // zeroed by the allocator (fresh pages): untouched bytes cost nothing until written
+        out.resize(meta_off, 0);
+        Ok(SortedIndexBuilder {
+            out,
+            shard_count,
+            entries,
+            keys_len,
+            aux_len,
+            blocks_off,
+            entries_off,
+            keys_off,
+            aux_off,
             n: 0,
+            kpos: 0,
+            apos: 0,
             block_key_lo: 0,
             block_aux_lo: 0,
             last_key: None,
-        }
+        })
     }
 
     /// The last key pushed.
     fn last_key(&self) -> Option<&[u8]> {
-        self.last_key.map(|k| &self.keys[k..])
+        self.last_key
+            .map(|(k, len)| &self.out[self.keys_off + k..self.keys_off + k + len])
     }
 
     /// Append one entry: `rec` as the index will store it except for `key_rel`, `key_len` and
     /// `aux_rel` (set here), its `key` and its `aux` bytes (dims unless inline, chunk table).
     /// The caller has validated the record (a view's `entry_raw` does); keys must come in
     /// strictly increasing order, which is checked: an out-of-order or repeated key is an
-    /// error naming it.
+    /// error naming it, as is a shard beyond the declared count or more than was declared.
     pub fn push(&mut self, mut rec: EntryRecord, key: &[u8], aux: &[u8]) -> Result<()> {
+        let name = || String::from_utf8_lossy(key).into_owned();
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(Error::InvalidArgument(format!(
                 "key {:?}: length {} is outside 1..={MAX_KEY_LEN} bytes",
-                String::from_utf8_lossy(key),
+                name(),
                 key.len()
             )));
         }
         if self.last_key().is_some_and(|last| last >= key) {
             return Err(Error::InvalidArgument(format!(
                 "key {:?} is not above the key before it (entries must come sorted, no repeats)",
-                String::from_utf8_lossy(key)
+                name()
             )));
         }
-        rec.key_rel = u32::try_from(self.keys.len() - self.block_key_lo)
+        if rec.shard as usize >= self.shard_count {
+            return Err(Error::InvalidArgument(format!(
+                "entry {:?}: shard {} out of range ({} shards)",
+                name(),
+                rec.shard,
+                self.shard_count
+            )));
+        }
+        if self.n == self.entries
+            || key.len() > self.keys_len - self.kpos
+            || aux.len() > self.aux_len - self.apos
+        {
+            return Err(Error::InvalidArgument(format!(
+                "entry {:?}: more entries, key or aux bytes than the index was built for",
+                name()
+            )));
+        }
+        rec.key_rel = u32::try_from(self.kpos - self.block_key_lo)
             .map_err(|_| Error::InvalidArgument("keys of one block exceed 4 GiB".into()))?;
-        rec.aux_rel = u32::try_from(self.aux.len() - self.block_aux_lo).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "entry {:?}: chunk table too large",
-                String::from_utf8_lossy(key)
-            ))
+        rec.aux_rel = u32::try_from(self.apos - self.block_aux_lo).map_err(|_| {
+            Error::InvalidArgument(format!("entry {:?}: chunk table too large", name()))
         })?;
         rec.key_len = key.len() as u16;
-        let at = self.entries.len();
-        self.entries.resize(at + ENTRY_REC, 0);
-        rec.encode(&mut self.entries[at..]);
-        self.last_key = Some(self.keys.len());
-        self.keys.extend_from_slice(key);
-        self.aux.extend_from_slice(aux);
+        let at = self.entries_off + self.n * ENTRY_REC;
+        rec.encode(&mut self.out[at..at + ENTRY_REC]);
+        let k = self.keys_off + self.kpos;
+        self.out[k..k + key.len()].copy_from_slice(key);
+        let a = self.aux_off + self.apos;
+        self.out[a..a + aux.len()].copy_from_slice(aux);
+        self.last_key = Some((self.kpos, key.len()));
+        self.kpos += key.len();
+        self.apos += aux.len();
         self.n += 1;
         if self.n.is_multiple_of(BLOCK_ENTRIES) {
             self.close_block();
@@ -87,51 +156,69 @@ impl SortedIndexBuilder {
     /// Write the block record of the entries pushed since the last one (crc of the block's
     /// entry records, keys and aux bytes, in that order).
     fn close_block(&mut self) {
-        let lo = (self.blocks.len() / BLOCK_REC) * BLOCK_ENTRIES;
-        let mut c = crc(&self.entries[lo * ENTRY_REC..]);
-        c = crc32c::crc32c_append(c, &self.keys[self.block_key_lo..]);
-        c = crc32c::crc32c_append(c, &self.aux[self.block_aux_lo..]);
-        let at = self.blocks.len();
-        self.blocks.resize(at + BLOCK_REC, 0);
+        let b = (self.n - 1) / BLOCK_ENTRIES;
+        let lo = b * BLOCK_ENTRIES;
+        let o = &self.out;
+        let mut c =
+            crc(&o[self.entries_off + lo * ENTRY_REC..self.entries_off + self.n * ENTRY_REC]);
+        c = crc32c::crc32c_append(
+            c,
+            &o[self.keys_off + self.block_key_lo..self.keys_off + self.kpos],
+        );
+        c = crc32c::crc32c_append(
+            c,
+            &o[self.aux_off + self.block_aux_lo..self.aux_off + self.apos],
+        );
+        let at = self.blocks_off + b * BLOCK_REC;
         BlockRecord {
             key_lo: self.block_key_lo as u64,
             aux_lo: self.block_aux_lo as u64,
             crc: c,
             reserved: 0,
         }
-        .encode(&mut self.blocks[at..]);
-        self.block_key_lo = self.keys.len();
-        self.block_aux_lo = self.aux.len();
+        .encode(&mut self.out[at..at + BLOCK_REC]);
+        self.block_key_lo = self.kpos;
+        self.block_aux_lo = self.apos;
     }
 
-    /// The index file: header, `shards`, the blocks, entries, keys and aux bytes pushed,
-    /// `meta_json`, footer. Every entry's shard must be below `shards.len()`.
+    /// The index file: header, `shards` (as many as declared), the blocks, entries, keys and
+    /// aux bytes pushed (all that was declared), `meta_json`, footer.
     pub fn finish(
         mut self,
         shards: &[ShardRec],
         chunk_bytes: u32,
         meta_json: &[u8],
     ) -> Result<Vec<u8>> {
+        if shards.len() != self.shard_count
+            || self.n != self.entries
+            || self.kpos != self.keys_len
+            || self.apos != self.aux_len
+        {
+            return Err(Error::InvalidArgument(format!(
+                "index built for {} shards, {} entries, {} key and {} aux bytes got {}, {}, {} and {}",
+                self.shard_count,
+                self.entries,
+                self.keys_len,
+                self.aux_len,
+                shards.len(),
+                self.n,
+                self.kpos,
+                self.apos
+            )));
+        }
         if !self.n.is_multiple_of(BLOCK_ENTRIES) {
             self.close_block();
         }
-        for (i, r) in self.entries.chunks_exact(ENTRY_REC).enumerate() {
-            if EntryRecord::decode(r).shard as usize >= shards.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "entry {i}: shard out of range ({} shards)",
-                    shards.len()
-                )));
-            }
-        }
         let shards_off = INDEX_HEADER_LEN;
-        let blocks_off = shards_off + shards.len() * SHARD_REC;
-        let entries_off = blocks_off + self.blocks.len();
-        let keys_off = entries_off + self.entries.len();
-        let aux_off = keys_off + self.keys.len();
-        let meta_off = aux_off + self.aux.len();
+        let (blocks_off, entries_off, keys_off, aux_off) = (
+            self.blocks_off,
+            self.entries_off,
+            self.keys_off,
+            self.aux_off,
+        );
+        let meta_off = self.out.len();
         let file_len = meta_off + meta_json.len() + INDEX_FOOTER_LEN;
-        let mut out = Vec::with_capacity(file_len);
-        out.resize(blocks_off, 0);
+        let mut out = self.out;
         for (i, s) in shards.iter().enumerate() {
             if shard_name_version(s.name.as_bytes()).is_none() || s.name.len() > SHARD_NAME_MAX {
                 return Err(Error::InvalidArgument(format!(
@@ -150,14 +237,10 @@ impl SortedIndexBuilder {
                 &mut out[shards_off + i * SHARD_REC..][..SHARD_REC],
             );
         }
-        out.extend_from_slice(&self.blocks);
-        out.extend_from_slice(&self.entries);
-        out.extend_from_slice(&self.keys);
-        out.extend_from_slice(&self.aux);
         out.extend_from_slice(meta_json);
         out.resize(file_len, 0);
         let shards_crc = crc(&out[shards_off..blocks_off]);
-        let blocks_crc = crc(&self.blocks);
+        let blocks_crc = crc(&out[blocks_off..entries_off]);
         out[IndexHeader::MAGIC..IndexHeader::MAGIC + 8].copy_from_slice(INDEX_MAGIC);
         IndexHeader {
             version: super::build::index_version(shards),
@@ -170,9 +253,9 @@ impl SortedIndexBuilder {
             blocks_off: blocks_off as u64,
             entries_off: entries_off as u64,
             keys_off: keys_off as u64,
-            keys_len: self.keys.len() as u64,
+            keys_len: self.keys_len as u64,
             aux_off: aux_off as u64,
-            aux_len: self.aux.len() as u64,
+            aux_len: self.aux_len as u64,
             meta_off: meta_off as u64,
             meta_len: meta_json.len() as u64,
             shards_crc,
