@@ -182,7 +182,11 @@ def main() -> None:
                     print(_row(first), flush=True)
                     again = h.dcp_save(prefix, n, planner="ours", previous=first, **kw)
                     again.path = "ours2"
-                    print(_row(again), flush=True)
+                    print(
+                        _row(again),
+                        f"merge_order(in order, misfits)={_core.merge_order_stats()}",
+                        flush=True,
+                    )
                     # the same unchanged save with the merge order forgotten: the heap merge
                     # (what every unchanged save did before the order was remembered)
                     _core.forget_merge_orders()
