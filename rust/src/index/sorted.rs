@@ -271,3 +271,76 @@ impl SortedIndexBuilder {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec() -> EntryRecord {
+        EntryRecord {
+            key_rel: 0,
+            key_len: 0,
+            dtype: DType::U8 as u8,
+            codec: Codec::None as u8,
+            kind: Kind::Tensor as u8,
+            ndim: 1,
+            reserved: 0,
+            shard: 0,
+            crc: 0,
+            aux_rel: 0,
+            offset: DATA_START,
+            stored_len: 4,
+        }
+    }
+
+    fn shard() -> ShardRec {
+        ShardRec {
+            file_len: 1 << 20,
+            save_token: 1,
+            header_crc: 2,
+            name: ".data-00000-of-00001".into(),
+        }
+    }
+
+    #[test]
+    fn the_declared_shape_is_held_to() {
+        // more entries, key bytes or aux bytes than declared: refused at the push
+        let mut b = SortedIndexBuilder::with_shape(1, 1, 2, 0).unwrap();
+        b.push(rec(), b"ab", &[]).unwrap();
+        let e = b.push(rec(), b"ac", &[]).unwrap_err().to_string();
+        assert!(e.contains("\"ac\"") && e.contains("more entries"), "{e}");
+        let mut b = SortedIndexBuilder::with_shape(1, 2, 3, 0).unwrap();
+        b.push(rec(), b"ab", &[]).unwrap();
+        assert!(
+            b.push(rec(), b"ac", &[]).is_err(),
+            "4 key bytes, 3 declared"
+        );
+        let mut b = SortedIndexBuilder::with_shape(1, 1, 1, 0).unwrap();
+        assert!(
+            b.push(rec(), b"a", &[1]).is_err(),
+            "aux bytes, none declared"
+        );
+        // a shard beyond the declared count
+        let mut b = SortedIndexBuilder::with_shape(1, 1, 1, 0).unwrap();
+        let e = b
+            .push(EntryRecord { shard: 1, ..rec() }, b"a", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shard 1 out of range"), "{e}");
+        // fewer than declared, or another shard count: refused at finish
+        let mut b = SortedIndexBuilder::with_shape(1, 2, 2, 0).unwrap();
+        b.push(rec(), b"a", &[]).unwrap();
+        assert!(b.finish(&[shard()], DEFAULT_CHUNK_BYTES, b"{}").is_err());
+        let mut b = SortedIndexBuilder::with_shape(2, 1, 1, 0).unwrap();
+        b.push(rec(), b"a", &[]).unwrap();
+        assert!(b.finish(&[shard()], DEFAULT_CHUNK_BYTES, b"{}").is_err());
+        // and exactly the declared shape builds an index a view opens and verifies
+        let mut b = SortedIndexBuilder::with_shape(1, 2, 2, 0).unwrap();
+        b.push(rec(), b"a", &[]).unwrap();
+        b.push(rec(), b"b", &[]).unwrap();
+        let bytes = b.finish(&[shard()], DEFAULT_CHUNK_BYTES, b"{}").unwrap();
+        let v = super::super::IndexView::open(bytes, std::path::Path::new("built")).unwrap();
+        v.verify_all().unwrap();
+        assert_eq!(v.len(), 2);
+    }
+}
