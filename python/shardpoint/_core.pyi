@@ -37,6 +37,8 @@ __all__ = [
     "int_attr_rows",
     "is_single_file",
     "list_dir",
+    "merge_order_stats",
+    "forget_merge_orders",
     "merge",
     "pending_cleanups",
     "wait_for_cleanups",
