@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod order;
+use order::Partial;
 pub use order::{forget_all as forget_merge_orders, stats as merge_order_stats};
 
 /// The metadata blob stored in an index:
@@ -201,13 +202,6 @@ struct Merged {
     /// same place (else the heap merged them).
     #[cfg_attr(not(test), allow(dead_code))] // what the tests read
     in_order: bool,
-}
-
-/// One validated partial index, kept until the merge has copied its entries.
-struct Partial {
-    view: IndexView<Vec<u8>>,
-    /// Where this partial's shards start in the merged shard table.
-    shard_base: u32,
 }
 
 /// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes)

@@ -11,11 +11,19 @@
 //! duplicate, a different world size) fails the guess and the caller merges with the heap.
 //! So a partial whose keys changed cannot produce a wrong index: it costs the fallback.
 
-use super::Partial;
 use crate::error::{Error, Result};
+use crate::index::IndexView;
 use crate::index::SortedIndexBuilder;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// One validated partial index, kept until the merge has copied its entries. (Here, not in
+/// `merge`, so that `merge` uses this module and this module uses nothing of `merge`.)
+pub(super) struct Partial {
+    pub(super) view: IndexView<Vec<u8>>,
+    /// Where this partial's shards start in the merged shard table.
+    pub(super) shard_base: u32,
+}
 
 /// How many prefixes the process remembers an order for. An order costs 4 bytes per entry
 /// (1.6 MB at 4,096 ranks x 100 tensors); a coordinator saves to one or a few prefixes.
