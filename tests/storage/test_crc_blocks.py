@@ -88,6 +88,32 @@ def test_a_flipped_byte_is_found_by_the_slices_that_read_its_block(tmp_path, sav
         read_checkpoint(p)
 
 
+def test_a_value_without_blocks_checks_the_bytes_it_returns(tmp_path, saved) -> None:
+    """A value of one block or less has only its whole crc: a checked slice of it is checked
+    against that crc over the bytes around the slice and the slice itself, so damage outside
+    the rows asked for is still found, and good rows come back exact."""
+    src, a = saved
+    p = str(tmp_path / "ck")
+    for suffix in (".index", ".data-00000-of-00001"):
+        with open(src + suffix, "rb") as f, open(p + suffix, "wb") as g:
+            g.write(f.read())
+    with sp.open(p) as r:
+        assert r.info("small").crc_blocks == 0
+        assert [g.tobytes() for g in r.slice_many([("small", 0, 1), ("small", 1, 3)])] == [
+            a[0:1].tobytes(),
+            a[1:3].tobytes(),
+        ]
+        off = r.info("small").offset
+    _flip(p, off + 2 * COLS * 4 + 9)  # inside row 2
+    with sp.open(p) as r:
+        for lo, hi in ((0, 1), (2, 3), (0, 3)):
+            with pytest.raises(sp.ChecksumMismatchError, match=r'key "small"'):
+                r.slice_many([("small", lo, hi)])
+    _flip(p, off + 2 * COLS * 4 + 9)  # back as it was
+    with sp.open(p) as r:
+        assert np.array_equal(r.slice_many([("small", 1, 2)])[0], a[1:2])
+
+
 def _blocked(key: bytes, raw: bytes, log2: int = 14, **kw: object) -> craft.CEntry:
     crcs = [crc32c(raw[k : k + (1 << log2)]) for k in range(0, len(raw), 1 << log2)]
     e = craft.raw_entry(key, "uint8", [len(raw)], raw)

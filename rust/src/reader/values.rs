@@ -108,8 +108,7 @@ impl Reader {
             return self.read_range(e, lo, hi, out);
         }
         if e.block_log2 == 0 {
-            self.verify_entry(e)?;
-            return self.read_range(e, lo, hi, out);
+            return self.read_range_whole_crc(e, lo, hi, out);
         }
         if lo > hi || hi > e.raw_len || out.len() as u64 != hi - lo {
             return self.read_range(e, lo, hi, out); // its error
@@ -145,6 +144,40 @@ impl Reader {
             self.check_blocks(e, blk as usize, &tmp)?;
             out[(a - lo) as usize..(z - lo) as usize]
                 .copy_from_slice(&tmp[(a - blo) as usize..(z - blo) as usize]);
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_range_checked`] of an uncompressed value without crc blocks: its one crc
+    /// covers the whole value, so the range is read into `out` and the crc is taken over the
+    /// bytes before it (read in pieces, bounded memory), `out` itself and the bytes after it.
+    /// The bytes checked are the bytes returned: checking the whole value and then reading the
+    /// range again read it twice, and a file changed in between gave unchecked bytes.
+    fn read_range_whole_crc(&self, e: &Entry<'_>, lo: u64, hi: u64, out: &mut [u8]) -> Result<()> {
+        self.read_range(e, lo, hi, out)?;
+        let piece_crc = |from: u64, to: u64| -> Result<u32> {
+            let mut acc = crate::checksum::crc(&[]);
+            let mut buf = vec![0u8; READ_PIECE.min((to - from) as usize)];
+            let mut at = from;
+            while at < to {
+                let n = READ_PIECE.min((to - at) as usize);
+                self.read_stored(e, at, &mut buf[..n])?;
+                acc = crate::crc_combine::combine(acc, crate::checksum::crc(&buf[..n]), n as u64);
+                at += n as u64;
+            }
+            Ok(acc)
+        };
+        let before = piece_crc(0, lo)?;
+        let mid = crate::crc_combine::combine(before, crate::checksum::crc(out), hi - lo);
+        let actual = crate::crc_combine::combine(mid, piece_crc(hi, e.raw_len)?, e.raw_len - hi);
+        if actual != e.crc {
+            return Err(Error::Checksum {
+                path: self.shards[e.shard as usize].path.clone(),
+                offset: e.offset,
+                what: format!("key {:?}", e.key),
+                expected: e.crc,
+                actual,
+            });
         }
         Ok(())
     }
