@@ -124,6 +124,9 @@ class CheckpointReader:
         verify: bool = True,
         threads: int | None = None,
     ) -> None: ...
+    def first_mismatch(
+        self, keys: list[str], dtypes: list[str], shapes: Sequence[Sequence[int]]
+    ) -> int | None: ...
     def read_range(
         self, key: str, lo: int, hi: int, out: _Buffer, verify: bool = False
     ) -> None: ...

@@ -46,6 +46,7 @@ from .row_reads import read_rows
 from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
 from .strong_digest import verify_strong as _verify_strong
+from .targets import checked_targets
 from .values import check_key, decode, json_depth
 
 __all__ = [
@@ -312,6 +313,9 @@ class Reader:
     ) -> tuple[list[str], list[np.ndarray]]:
         """Keys and byte views of ``load_into`` targets, each checked against its stored value
         (a tensor of the same dtype and shape; the array C-contiguous and writable)."""
+        fast = checked_targets(self._r, targets)  # all at once; key by key on any doubt
+        if fast is not None:
+            return fast
         keys, outs = [], []
         for key, arr in targets.items():
             check_key(key)

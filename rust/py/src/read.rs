@@ -346,6 +346,34 @@ impl CheckpointReader {
         nogil_cancellable(py, work)
     }
 
+    /// The first target not matching its entry (`None`: all do): `keys[i]` a storable key
+    /// (`check_key`) of a tensor of dtype name `dtypes[i]` and shape `shapes[i]`. One call for
+    /// all `load_into` targets, not one `info` per key; the caller words the error (re-checking
+    /// key by key).
+    fn first_mismatch(
+        &self,
+        keys: Vec<String>,
+        dtypes: Vec<String>,
+        shapes: Vec<Vec<u64>>,
+    ) -> Option<usize> {
+        if keys.len() != dtypes.len() || keys.len() != shapes.len() {
+            return Some(keys.len().min(dtypes.len()).min(shapes.len()));
+        }
+        (0..keys.len()).find(|&i| {
+            let key = &keys[i];
+            let storable = !key.is_empty() && key.len() <= 65535 && !key.contains('\0');
+            !storable
+                || match self.inner.entry(key) {
+                    Ok(e) => {
+                        e.kind.name() != "tensor"
+                            || e.dtype.name() != dtypes[i]
+                            || e.dims[..] != shapes[i][..]
+                    }
+                    Err(_) => true,
+                }
+        })
+    }
+
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
     /// `verify`: check uncompressed bytes too (only the crc blocks holding the range, when
     /// the value has them; else the whole value); compressed chunks are always checked.
