@@ -353,3 +353,21 @@ def test_loader_option_direct() -> None:
     assert loader_options({"direct": True}, "x") == {"direct": True}
     with pytest.raises(ValueError, match="direct must be true or false"):
         loader_options({"direct": "yes"}, "x")
+
+
+def test_first_batches_ramp_up(tmp_path: pathlib.Path) -> None:
+    """The first batch is small (the consumer waits for all of it, with nothing to overlap),
+    each next one twice the last up to the limit; every value once, in file order."""
+    state = {f"w.{i:03d}": torch.full((256, 1024), float(i)) for i in range(40)}  # 1 MiB each
+    sptorch.save(state, str(tmp_path / "ck"), compression="none")
+    with sptorch.weights_iterator(str(tmp_path / "ck")) as it:
+        plan = it._plan
+        mib = 1 << 20
+        sizes = [sum(i.raw_bytes for i in b) // mib for b in plan.batches(8 * mib, 2 * mib)]
+        assert sizes[:4] == [2, 4, 8, 8]
+        assert sum(sizes) == 40
+        flat = [i.key for b in plan.batches(8 * mib, 2 * mib) for i in b]
+        assert flat == [i.key for i in plan.infos]
+        assert [len(b) for b in plan.batches(8 * mib)][:2] == [8, 8]  # no ramp asked
+        got = {n: float(t[0, 0]) for n, t in it}
+    assert got == {k: float(v[0, 0]) for k, v in state.items()}

@@ -45,6 +45,7 @@ import torch
 from .. import storage
 from ..errors import InvalidArgumentError, MissingKeyError
 from ..storage.io_mode import check_io, resolve_io
+from .host_pool import POOL_MIN, HostPool
 from .tensors import tensor_to_numpy, torch_dtype, torch_section
 
 __all__ = [
@@ -61,6 +62,11 @@ DEFAULT_WINDOW = 256 << 20
 #: Raw bytes per batch (one ``read_many_into`` call): large enough that the engine's own
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
+
+#: The first batch from a file: the consumer waits for all of it before its first value, and
+#: nothing overlaps that read; the next batches double up to ``_BATCH``. 16 MiB: where the
+#: engine's own read-ahead starts.
+_FIRST_BATCH = 16 << 20
 
 #: Batches read at once from an object store. One at a time, the link idled while a batch of
 #: compressed values was decoded (the remote engine fetches a batch, then decodes it): the
@@ -136,14 +142,18 @@ class _Plan:
         out = [key, *self.followers.get(key, [])]
         return out if self.wanted is None else [n for n in out if n in self.wanted]
 
-    def batches(self, limit: int) -> Iterator[list[storage.EntryInfo]]:
-        """Consecutive runs of at most ``limit`` raw bytes (a larger value alone)."""
+    def batches(self, limit: int, first: int | None = None) -> Iterator[list[storage.EntryInfo]]:
+        """Consecutive runs of at most ``limit`` raw bytes (a larger value alone); with
+        ``first``, the first run at most that, each next one twice the last, up to ``limit``
+        (the consumer starts on the first values sooner: nothing overlaps the first read)."""
         cur: list[storage.EntryInfo] = []
         acc = 0
+        cap = limit if first is None else min(first, limit)
         for info in self.infos:
-            if cur and acc + info.raw_bytes > limit:
+            if cur and acc + info.raw_bytes > cap:
                 yield cur
                 cur, acc = [], 0
+                cap = min(limit, cap * 2)
             cur.append(info)
             acc += info.raw_bytes
         if cur:
@@ -156,6 +166,13 @@ def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
     dtype = torch_dtype(info.dtype)
     raw = torch.empty(info.raw_bytes, dtype=torch.uint8, pin_memory=pin)
     return raw.view(dtype).view(info.shape)
+
+
+def _pooled(info: storage.EntryInfo, pool: HostPool) -> torch.Tensor:
+    """A new tensor for ``info``'s value in a mapping of its own out of ``pool`` (recycled
+    from a tensor the consumer has dropped, when one of its size is free)."""
+    raw = pool.tensor(info.raw_bytes)
+    return raw.view(torch_dtype(info.dtype)).view(info.shape)
 
 
 def _placed(info: storage.EntryInfo) -> torch.Tensor:
@@ -220,6 +237,9 @@ class WeightsIterator:
         self._window = window
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        # large values in recycled mappings (host_pool.py: first touch of new memory is what
+        # capped this route); pinned memory is the CUDA allocator's own
+        self._pool = None if self._pin else HostPool(self._pool_room)
         self.bytes_read = 0
         self.raw_bytes = 0
         self.seconds = 0.0
@@ -236,6 +256,11 @@ class WeightsIterator:
         )
         self._thread.start()
 
+    def _pool_room(self) -> int:
+        """Bytes the pool may keep free: the window less what is read ahead (a benign race:
+        one int read without the lock)."""
+        return max(0, self._window - self._inflight)
+
     def _resolve(self, io: str) -> str:
         """``io`` for this checkpoint: what ``sp.open`` resolved for it (a Hugging Face reader
         records its choice), or the same rule for a shardpoint checkpoint."""
@@ -250,12 +275,17 @@ class WeightsIterator:
 
     # --- the producer: one thread reading batches ahead, within the window ---------------------
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
+        pool = self._pool
         out = [
             _placed(i)
             if self._direct and not self._pin and i.raw_bytes >= _PLACE_MIN
+            else _pooled(i, pool)
+            if pool is not None and i.raw_bytes >= POOL_MIN
             else _empty(i, self._pin)
             for i in batch
         ]
+        if pool is not None:
+            pool.trim()  # this batch is now counted in the window: keep the pool within it
         keys: list[str] = []
         bufs: list[np.ndarray] = []
         for info, t in zip(batch, out, strict=True):
@@ -293,7 +323,8 @@ class WeightsIterator:
         try:
             # two batches fit in the window: one being handed out while the next is read
             limit = _REMOTE_BATCH if remote else _BATCH
-            for batch in self._plan.batches(min(limit, max(1, self._window // 2))):
+            limit = min(limit, max(1, self._window // 2))
+            for batch in self._plan.batches(limit, None if remote else _FIRST_BATCH):
                 size = sum(i.raw_bytes for i in batch)
                 while True:
                     with self._cond:
@@ -381,6 +412,9 @@ class WeightsIterator:
                 self._thread.join()
             self._ready.clear()
             self._pending.clear()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
         if self._owned and getattr(self, "_reader", None) is not None:
             self._reader.close()
 

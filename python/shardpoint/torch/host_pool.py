@@ -1,0 +1,112 @@
+"""Recycled host memory for ``weights_iterator``'s tensors.
+
+Why: every tensor the iterator hands out is new memory (engines keep references), and on the
+reference VM writing memory the process has never touched runs at 0.1-1.5 GB/s (one page fault
+and one page clearing per 4 KiB; ``MAP_POPULATE`` and ``MADV_POPULATE_WRITE`` measured no
+faster, docs/SERVING.md), while writing memory touched before runs at 5-7 GB/s. An engine
+copies each tensor into its parameter and drops it, so the memory of the tensors it dropped is
+the cheapest place for the next ones: this pool keeps each large tensor in an anonymous mapping
+of its own, and when the last reference to that tensor is gone (a finalizer on the numpy array
+torch's storage holds), the mapping goes back to the pool for a later tensor of the same size
+class, instead of being unmapped and faulted in again.
+
+What must stay true:
+- a mapping holds one tensor at a time and is reused only after every reference to that tensor
+  (views, storages, numpy arrays of it) is gone: tensors handed out are independent memory,
+  and a tensor kept by its consumer is never written again (exactly ``malloc``'s contract);
+- the pool's free bytes plus what the iterator has read ahead stay within the iterator's
+  window (``room`` says how much is left; :meth:`trim` drops the excess), and the pool is
+  emptied when the iterator closes: the memory bound stays the one documented;
+- small values are not pooled (``torch.empty``: ``malloc`` recycles those itself, and a
+  mapping per bias would multiply the process's mappings).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+__all__ = ["HostPool", "POOL_MIN"]
+
+#: Values at least this large get a pooled mapping of their own; smaller ones ``torch.empty``.
+POOL_MIN = 1 << 20
+_PAGE = 4096
+
+
+def size_class(nbytes: int) -> int:
+    """The mapping size a value of ``nbytes`` gets: rounded up to an eighth of its power of
+    two (at most 12.5% unused, untouched so never resident), so that values of nearby sizes
+    (a model's layers) reuse each other's mappings."""
+    step = max(_PAGE, 1 << max(0, nbytes.bit_length() - 4))
+    return -(-nbytes // step) * step
+
+
+class HostPool:
+    """Anonymous mappings recycled between the tensors of one iterator.
+
+    ``room()`` is the number of bytes the pool may keep free right now (the iterator's window
+    less what it has read ahead)."""
+
+    def __init__(self, room: Callable[[], int]) -> None:
+        self._room = room
+        self._lock = threading.Lock()
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._free_bytes = 0
+        self._closed = False
+        self.reused = 0  # tensors placed in a recycled mapping (for tests and benches)
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of mappings kept free for later tensors."""
+        return self._free_bytes
+
+    def tensor(self, nbytes: int) -> torch.Tensor:
+        """A new ``uint8`` tensor of ``nbytes`` in a mapping of its own (recycled when one of
+        its size class is free)."""
+        size = size_class(nbytes)
+        m = None
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                m = free.pop()
+                self._free_bytes -= size
+                self.reused += 1
+        if m is None:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        arr = np.frombuffer(m, dtype=np.uint8, count=nbytes)
+        # torch's storage holds `arr` until the last tensor or view on it is freed; then the
+        # finalizer hands the mapping back (it holds `m` itself, so the mapping outlives `arr`)
+        done = weakref.finalize(arr, self._give_back, m, size)
+        done.atexit = False
+        return torch.from_numpy(arr)
+
+    def _give_back(self, m: mmap.mmap, size: int) -> None:
+        with self._lock:
+            if self._closed or self._free_bytes + size > self._room():
+                return  # dropped: unmapped once nothing refers to it
+            self._free.setdefault(size, []).append(m)
+            self._free_bytes += size
+
+    def trim(self) -> None:
+        """Drop free mappings beyond ``room()`` (called after the iterator reads ahead)."""
+        with self._lock:
+            room = self._room()
+            for size in sorted(self._free, reverse=True):
+                free = self._free[size]
+                while free and self._free_bytes > room:
+                    free.pop()
+                    self._free_bytes -= size
+                if self._free_bytes <= room:
+                    break
+
+    def close(self) -> None:
+        """Drop every free mapping; tensors freed later are not kept."""
+        with self._lock:
+            self._closed = True
+            self._free.clear()
+            self._free_bytes = 0

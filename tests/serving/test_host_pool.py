@@ -1,0 +1,152 @@
+"""``weights_iterator``'s recycled host memory (``shardpoint/torch/host_pool.py``).
+
+Large values are handed out in anonymous mappings of their own; a mapping whose tensor the
+consumer dropped is reused for a later value instead of new memory being faulted in. What
+must hold: every tensor handed out is independent memory, a tensor the consumer keeps is never
+written again however far the iterator moves on, the pool stays within the window, and bad
+files still fail with errors naming the file."""
+
+from __future__ import annotations
+
+import gc
+import pathlib
+
+import pytest
+
+import shardpoint as sp
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import shardpoint.torch as sptorch  # noqa: E402
+from shardpoint.torch.host_pool import POOL_MIN, HostPool, size_class  # noqa: E402
+
+_N = 24
+_SHAPE = (512, 640)  # fp32: 1.25 MiB, pooled
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    out = {f"layers.{i:02d}.weight": torch.randn(*_SHAPE, generator=g) for i in range(_N)}
+    out["layers.norm"] = torch.randn(33, generator=g)  # small: torch.empty, not pooled
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("pool")
+    state = _state()
+    safetensors_torch.save_file(state, str(d / "model.safetensors"))
+    sptorch.save(state, str(d / "ck"), compression="none")
+    return {"hf": str(d / "model.safetensors"), "sp": str(d / "ck")}
+
+
+def test_size_classes() -> None:
+    assert POOL_MIN <= 4 * _SHAPE[0] * _SHAPE[1]
+    for n in (1, 4095, 4096, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17, 80_089_728):
+        c = size_class(n)
+        assert n <= c <= max(4096, n + n // 8), n
+        assert c % 4096 == 0
+    # nearby sizes share a class (a model's layers reuse each other's mappings)
+    assert size_class(3_000_000) == size_class(3_000_001)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "sp"])
+def test_dropped_tensors_are_recycled_bit_exact(files: dict[str, str], fmt: str) -> None:
+    """A consumer that copies and drops (an engine's ``load_weights``): mappings are reused,
+    and every value is still exactly what was saved."""
+    state = _state()
+    window = 6 * _SHAPE[0] * _SHAPE[1] * 4  # a few values: the pool has to recycle
+    it = sptorch.weights_iterator(files[fmt], window=window)
+    seen = 0
+    peak = 0
+    for name, t in it:
+        assert torch.equal(t, state[name]), name
+        pool = it._pool
+        assert pool is not None
+        peak = max(peak, pool.free_bytes + it._inflight)
+        seen += 1
+        del t
+    assert seen == len(state)
+    assert it._pool is not None and it._pool.reused >= _N // 3
+    # what the pool keeps free plus what is read ahead stays within the window (one value
+    # may exceed it transiently while a batch larger than the room is placed)
+    assert peak <= window + size_class(4 * _SHAPE[0] * _SHAPE[1])
+    assert it._pool.free_bytes == 0  # emptied at the end
+
+
+@pytest.mark.parametrize("fmt", ["hf", "sp"])
+def test_kept_tensors_survive_the_iterator_moving_on(files: dict[str, str], fmt: str) -> None:
+    """Every other tensor kept, the rest dropped: the kept ones are never reused for a later
+    value, are independent of each other, and outlive the iterator."""
+    state = _state()
+    window = 4 * _SHAPE[0] * _SHAPE[1] * 4
+    kept: dict[str, torch.Tensor] = {}
+    with sptorch.weights_iterator(files[fmt], window=window) as it:
+        for i, (name, t) in enumerate(it):
+            if i % 2 == 0:
+                kept[name] = t[1:]  # a view keeps its storage (and mapping) alive too
+        reused = it._pool.reused if it._pool is not None else 0
+    del it
+    gc.collect()
+    assert reused > 0  # the dropped half was recycled, so the check below can fail
+    ptrs = [t.untyped_storage().data_ptr() for t in kept.values()]
+    assert len(ptrs) == len(set(ptrs))
+    for name, t in kept.items():
+        assert torch.equal(t, state[name][1:]), name
+    first = next(iter(kept))
+    before = {k: v.clone() for k, v in kept.items()}
+    kept[first].fill_(0.0)  # writing one touches no other
+    for k, v in kept.items():
+        if k != first:
+            assert torch.equal(v, before[k]), k
+
+
+def test_pool_reuses_only_after_the_last_reference() -> None:
+    free = [1 << 30]
+    pool = HostPool(lambda: free[0])
+    a = pool.tensor(POOL_MIN)
+    a.fill_(7)
+    view = a[10:20]
+    del a
+    gc.collect()
+    b = pool.tensor(POOL_MIN)  # the view still holds the first mapping
+    assert pool.reused == 0
+    assert int(view.sum()) == 70
+    del view
+    gc.collect()
+    assert pool.free_bytes == size_class(POOL_MIN)
+    c = pool.tensor(POOL_MIN - 100)  # same size class: the freed mapping
+    assert pool.reused == 1 and pool.free_bytes == 0
+    assert c.data_ptr() != b.data_ptr()
+    # no room: a freed mapping is dropped, not kept
+    free[0] = 0
+    del c
+    gc.collect()
+    assert pool.free_bytes == 0
+    free[0] = 1 << 30
+    pool.close()
+    del b
+    gc.collect()
+    assert pool.free_bytes == 0  # closed: nothing kept
+
+
+def test_short_file_errors_name_the_file(files: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """A safetensors file cut inside a pooled value, and a shard cut the same way: a clear
+    error naming the file, not a crash or short tensors."""
+    data = pathlib.Path(files["hf"]).read_bytes()
+    cut = tmp_path / "model.safetensors"
+    cut.write_bytes(data[: len(data) - 3 * _SHAPE[0] * _SHAPE[1]])
+    with pytest.raises(sp.CheckpointError, match="model.safetensors"):
+        for _ in sptorch.weights_iterator(str(cut)):
+            pass
+    src = pathlib.Path(files["sp"])
+    with sp.open(str(src)) as r:
+        shard = r.format_info["shards"][0][0]
+    for p in src.parent.glob(src.name + ".*"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    short = tmp_path / pathlib.Path(shard).name
+    short.write_bytes(short.read_bytes()[: short.stat().st_size // 2])
+    with pytest.raises(sp.CheckpointError, match=short.name):
+        for _ in sptorch.weights_iterator(str(tmp_path / src.name)):
+            pass
