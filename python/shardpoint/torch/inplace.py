@@ -42,6 +42,11 @@ def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
         same_dtype = format_dtype(t.dtype) == stored_dtype
     except UnsupportedDTypeError:
         return False
+    return same_dtype and _plain(t)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether `t` is plain, contiguous, non-empty CPU memory (its dtype aside)."""
     return (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.device.type == "cpu"
@@ -49,8 +54,38 @@ def _direct(t: torch.Tensor, stored_dtype: str) -> bool:
         and t.is_contiguous()
         and t.numel() > 0
         and not (t.is_conj() or t.is_neg())
-        and same_dtype
     )
+
+
+def _bytes_of(t: torch.Tensor) -> np.ndarray:
+    """The memory of a plain (``_plain``) tensor as a numpy array, the cheapest way: torch's
+    own ``numpy()`` where numpy has the dtype (bfloat16, float8... through ``tensor_to_numpy``'s
+    integer view)."""
+    try:
+        return t.detach().numpy()
+    except TypeError:  # no numpy dtype of its own
+        return tensor_to_numpy(t)
+
+
+def _all_match(reader: storage.Reader, pairs: list[tuple[torch.Tensor, str]]) -> bool:
+    """Whether every ``(tensor, stored key)`` names a stored tensor of exactly the tensor's
+    dtype and shape, checked in one core call (``first_mismatch``) instead of one ``info``
+    per key; ``False`` when any does not, or the reader has no such call (the caller then
+    checks key by key and words the error)."""
+    match = getattr(getattr(reader, "_r", None), "first_mismatch", None)
+    if match is None or not pairs:
+        return False
+    names: list[str] = []
+    for t, _ in pairs:
+        try:
+            names.append(format_dtype(t.dtype))
+        except UnsupportedDTypeError:
+            return False
+    try:
+        bad = match([k for _, k in pairs], names, [tuple(t.shape) for t, _ in pairs])
+    except (TypeError, ValueError):
+        return False
+    return bad is None
 
 
 def _read_arrays(reader: storage.Reader, arrays: Mapping[str, np.ndarray], verify: bool) -> None:
@@ -225,7 +260,18 @@ def load_into_worded(
             raise RuntimeError(keys_message(name, missing, unexpected))
         direct: dict[str, np.ndarray] = {}
         copied: list[tuple[torch.Tensor, str]] = []
-        seen: dict[str, str] = {}
+        pairs = [(state[n], src) for n, src in plan.items() if src is not None]
+        first: dict[str, torch.Tensor] = {}  # the tensor each directly read value lands in
+        if _all_match(reader, pairs):
+            # every stored dtype and shape is the target's: only the layout is left to check,
+            # and a plain tensor's bytes are all the read needs
+            for t, src in pairs:
+                if src not in first and _plain(t):
+                    first[src] = t
+                    direct[src] = _bytes_of(t)
+                else:
+                    copied.append((t, src))
+            plan = {}  # checked: the key-by-key loop below has nothing left to do
         for n, src in plan.items():
             if src is None:
                 continue
@@ -238,8 +284,8 @@ def load_into_worded(
                     f"copying a param with shape {got} from checkpoint, the shape in current "
                     f"model is {t.shape}."
                 )
-            if _direct(t, info.dtype) and src not in seen:
-                seen[src] = n
+            if _direct(t, info.dtype) and src not in first:
+                first[src] = t
                 direct[src] = tensor_to_numpy(t)
             else:
                 copied.append((t, src))
@@ -249,8 +295,8 @@ def load_into_worded(
             for t, src in copied:
                 # A second target of the same stored value copies from the first one's
                 # freshly decoded memory instead of decoding it again.
-                value = numpy_to_tensor(
-                    direct[src] if src in direct else reader.get(src, verify=verify)
+                value = first.get(src)
+                t.copy_(
+                    value if value is not None else numpy_to_tensor(reader.get(src, verify=verify))
                 )
-                t.copy_(value)
     return IncompatibleKeys(missing, unexpected)
