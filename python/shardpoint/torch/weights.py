@@ -16,10 +16,13 @@ same offset in a 4 KiB page as in its file: the device writes the bytes straight
 Off by default: docs/SERVING.md, "Cold reads", has the figures.
 
 What must stay true:
-- every tensor handed out owns its memory (a fresh allocation per value, never a view of a
-  reused buffer or of a mapping): engines keep references (vLLM's runai test
+- every tensor handed out owns its memory (an allocation per value, never a view of a buffer
+  another value lives in, nor of a file's mapping): engines keep references (vLLM's runai test
   ``clones_reused_buffers``; fastsafetensors#95 was a lifetime bug of exactly this kind), and
-  values stay valid after the iterator is closed;
+  values stay valid after the iterator is closed. Values of 1 MiB or more get an anonymous
+  mapping each, reused for a later value only once every reference to the earlier one is
+  gone (``host_pool.py``: first touch of new memory is what the route paid for), as
+  ``malloc`` reuses freed memory;
 - every byte is checked (crc32c) before it is handed out, where the format has checksums
   (shardpoint checkpoints and single files; a Hugging Face directory has none);
 - host memory stays bounded: values read but not yet handed out never exceed ``window`` bytes
