@@ -4,9 +4,12 @@ proxy that counts requests and injects failures."""
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
 import http.client
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -87,7 +90,10 @@ class Proxy:
     `fail_next(n, mode)` makes the next n
     requests fail with a 503 ("503"), a 403 that is not retried ("403") or a dropped connection
     ("drop"), `fail_after(n, mode)` the one after the next n; `flip_ranged_get(n, bit)`
-    flips one bit of the n-th ranged GET's response body (bytes damaged in transit)."""
+    flips one bit of the n-th ranged GET's response body (bytes damaged in transit);
+    `clock_skew` (seconds): the store's clock runs that far from this machine's: every time
+    the store answers with (the `Date` and `Last-Modified` headers, `LastModified` and
+    `Initiated` in listings) is shifted by it."""
 
     def __init__(self, backend_port: int, rate_bytes_per_s: float | None = None) -> None:
         self.backend_port = backend_port
@@ -114,6 +120,7 @@ class Proxy:
         # requests being answered now, and the most at once since the last reset
         self.inflight = 0
         self.max_inflight = 0
+        self.clock_skew = 0.0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -121,6 +128,11 @@ class Proxy:
 
             def log_message(self, *args: object) -> None:
                 pass
+
+            def date_time_string(self, timestamp: float | None = None) -> str:
+                # the `Date` of every answer: the store's clock
+                t = time.time() if timestamp is None else timestamp
+                return email.utils.formatdate(t + proxy.clock_skew, usegmt=True)
 
             def _any(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
@@ -180,9 +192,17 @@ class Proxy:
                 if self.command == "GET":
                     with proxy.lock:
                         proxy.got.append((self.path, len(data)))
+                skew = proxy.clock_skew
+                if skew and r.getheader("Content-Type", "").endswith("xml"):
+                    data = _shift_xml_times(data, skew)
                 self.send_response(r.status)
                 for k, v in r.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        if skew and k.lower() == "date":
+                            continue  # this proxy's own `Date` (date_time_string) says it
+                        if skew and k.lower() == "last-modified":
+                            t = email.utils.parsedate_to_datetime(v).timestamp() + skew
+                            v = email.utils.formatdate(t, usegmt=True)
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -280,6 +300,22 @@ class Proxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+_XML_TIME = re.compile(rb"<(LastModified|Initiated)>([^<]+)</\1>")
+
+
+def _shift_xml_times(body: bytes, skew: float) -> bytes:
+    """``body`` (an S3 XML answer) with its ``LastModified``/``Initiated`` times moved by
+    ``skew`` seconds, in the same ISO 8601 form (``2026-01-02T03:04:05.000Z``)."""
+
+    def shift(m: re.Match[bytes]) -> bytes:
+        t = datetime.datetime.fromisoformat(m.group(2).decode().replace("Z", "+00:00"))
+        t += datetime.timedelta(seconds=skew)
+        text = t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return b"<%s>%s</%s>" % (m.group(1), text.encode(), m.group(1))
+
+    return _XML_TIME.sub(shift, body)
 
 
 def opts_for(proxy: Proxy, **extra: str) -> dict[str, str]:

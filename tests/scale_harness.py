@@ -138,7 +138,10 @@ def writer_save(
         proxy.reset()
     c0, w0 = time.process_time(), time.perf_counter()
     # the opt-in background cleanup (FORMAT.md §8.3), waited for below outside the measurement
-    sp.merge(prefix, n, token=token, storage_options=options, wait_cleanup=False)
+    sp.merge(
+        prefix, n, token=token, storage_options=options, wait_cleanup=False,
+        hashed_prefixes=hashed_prefixes,
+    )  # fmt: skip
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     cleanup = _wait_for_cleanup()
     return SaveRun(

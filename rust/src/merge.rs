@@ -11,7 +11,7 @@ use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
 use crate::index::{IndexView, ShardRec, SortedIndexBuilder};
-use crate::naming::{partial_index_path, partial_suffix};
+use crate::naming::{partial_suffix_in, with_suffix};
 use crate::store::{block_on, remote_commit, spawn, Location, MERGE_READS_IN_FLIGHT};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -104,15 +104,44 @@ pub fn merge_local(
     token: Option<&str>,
     background_cleanup: bool,
 ) -> Result<()> {
+    merge_local_in(
+        prefix,
+        world_size,
+        durable,
+        token,
+        background_cleanup,
+        false,
+    )
+}
+
+/// [`merge_local`] of partial indexes named in the form the writers chose: `hashed`, at
+/// `P/HH/index.part-…` (writers with `hashed_prefixes`, FORMAT.md §3.1.1), else at
+/// `P.index.part-…`. Only that form is read; a partial missing there but present in the other
+/// form is an error saying which option to pass.
+pub fn merge_local_in(
+    prefix: &Path,
+    world_size: u32,
+    durable: bool,
+    token: Option<&str>,
+    background_cleanup: bool,
+    hashed: bool,
+) -> Result<()> {
     if world_size == 0 {
         return Err(Error::InvalidArgument("world_size must be >= 1".into()));
     }
     let lock = PrefixLock::acquire(prefix)?;
     let at = prefix.to_string_lossy();
     let m = merge_partials(world_size, token, &at, |rank| {
-        let p = partial_index_path(prefix, rank, world_size);
-        let bytes = std::fs::read(&p)
-            .map_err(|e| Error::io(&p, "read partial index (did every writer commit?)", e))?;
+        let p = with_suffix(prefix, &partial_suffix_in(rank, world_size, hashed));
+        let bytes = std::fs::read(&p).map_err(|e| {
+            let other = with_suffix(prefix, &partial_suffix_in(rank, world_size, !hashed));
+            let what = if e.kind() == std::io::ErrorKind::NotFound && other.exists() {
+                other_form_hint(hashed)
+            } else {
+                "read partial index (did every writer commit?)"
+            };
+            Error::io(&p, what, e)
+        })?;
         Ok((p, bytes))
     })?;
     crate::fault::point("merge.read");
@@ -142,9 +171,22 @@ pub fn merge_at_with(
     token: Option<&str>,
     background_cleanup: bool,
 ) -> Result<()> {
+    merge_at_in(loc, world_size, durable, token, background_cleanup, false)
+}
+
+/// [`merge_at_with`] of partial indexes in the form the writers chose (`hashed`: at
+/// `P/HH/index.part-…`, FORMAT.md §3.1.1; see [`merge_local_in`]).
+pub fn merge_at_in(
+    loc: &Location,
+    world_size: u32,
+    durable: bool,
+    token: Option<&str>,
+    background_cleanup: bool,
+    hashed: bool,
+) -> Result<()> {
     let rp = match loc {
         Location::Local(p) => {
-            return merge_local(p, world_size, durable, token, background_cleanup)
+            return merge_local_in(p, world_size, durable, token, background_cleanup, hashed)
         }
         Location::Remote(rp) => rp,
     };
@@ -153,7 +195,7 @@ pub fn merge_at_with(
     }
     let seen = remote_commit::observe(rp)?;
     let suffixes: Vec<String> = (0..world_size)
-        .map(|rank| partial_suffix(rank, world_size))
+        .map(|rank| partial_suffix_in(rank, world_size, hashed))
         .collect();
     // The partial indexes are fetched MERGE_READS_IN_FLIGHT at a time on the I/O runtime
     // (spawned, so they progress while this thread validates the ones already here) and
@@ -178,10 +220,18 @@ pub fn merge_at_with(
             source: std::io::Error::other(e.to_string()),
         })?;
         let (bytes, _) = got.map_err(|e| match e {
-            Error::NotFound { path, .. } => Error::NotFound {
-                path,
-                what: "read partial index (did every writer commit?)".into(),
-            },
+            Error::NotFound { path, .. } => {
+                // the failure path only: one more request, to say which option to pass
+                let other = rp.key_of(&partial_suffix_in(rank, world_size, !hashed));
+                let what = match rp.store.head(&other) {
+                    Ok(Some(_)) => other_form_hint(hashed),
+                    _ => "read partial index (did every writer commit?)",
+                };
+                Error::NotFound {
+                    path,
+                    what: what.into(),
+                }
+            }
             e => e,
         })?;
         Ok((rp.url_of(suffix), bytes))
@@ -190,6 +240,16 @@ pub fn merge_at_with(
     crate::fault::point("merge.read");
     // The consumed partial indexes go in the same bulk delete as the replaced shards.
     remote_commit::commit_index_bytes(rp, seen, &m.shards, m.index, &suffixes)
+}
+
+/// What a merge says when a partial index is missing in the form it reads but present in the
+/// other one: the writers' `hashed_prefixes` and the merge's differ.
+fn other_form_hint(hashed: bool) -> &'static str {
+    if hashed {
+        "read partial index (the writers saved without hashed_prefixes: merge without it too)"
+    } else {
+        "read partial index (the writers saved with hashed_prefixes=True: pass it to the merge too)"
+    }
 }
 
 /// The merged content of a multi-writer save, ready to commit: the shard table and the

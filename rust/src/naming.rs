@@ -47,6 +47,51 @@ pub fn partial_index_path(prefix: &Path, rank: u32, world: u32) -> PathBuf {
     with_suffix(prefix, &partial_suffix(rank, world))
 }
 
+/// The hashed partial index suffix of writer `rank` of `world` (FORMAT.md §3.1.1):
+/// `/HH/index.part-RRRRR-of-WWWWW`, `HH` the low byte of the crc32c of the plain suffix
+/// `.index.part-RRRRR-of-WWWWW`, so a save's partial indexes spread over the 256 key
+/// prefixes like its shards (a save of small shards makes as many partial PUTs as shard PUTs).
+pub fn hashed_partial_suffix(rank: u32, world: u32) -> String {
+    let plain = partial_suffix(rank, world);
+    let hh = crate::checksum::crc(plain.as_bytes()) & 0xff;
+    format!("/{hh:02x}/index.part-{rank:05}-of-{world:05}")
+}
+
+/// The partial index suffix in the form a save chose (`hashed`: §3.1.1, else §1).
+pub fn partial_suffix_in(rank: u32, world: u32, hashed: bool) -> String {
+    if hashed {
+        hashed_partial_suffix(rank, world)
+    } else {
+        partial_suffix(rank, world)
+    }
+}
+
+/// Whether `suffix` is exactly a hashed partial index name (§3.1.1): what
+/// [`hashed_partial_suffix`] makes for the rank and world it spells (hash checked).
+pub fn valid_hashed_partial_suffix(suffix: &[u8]) -> bool {
+    const LEN: usize = "/00/index.part-00000-of-00000".len();
+    if suffix.len() != LEN {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let d = &suffix[r];
+        if !d.iter().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        std::str::from_utf8(d).ok()?.parse().ok()
+    };
+    let (Some(rank), Some(world)) = (num(15..20), num(24..29)) else {
+        return false;
+    };
+    hashed_partial_suffix(rank, world).as_bytes() == suffix
+}
+
+/// Whether a suffix of `P` names a partial index, plain (`.index.part-…`) or hashed
+/// (`/HH/index.part-…`): a commit consumes every one, so one found later is a dead save's.
+pub fn is_partial_suffix(suffix: &str) -> bool {
+    suffix.starts_with(PARTIAL_MARK) || valid_hashed_partial_suffix(suffix.as_bytes())
+}
+
 /// The temp file next to `dest` that becomes `dest` by one rename (or hard link).
 pub fn temp_path(dest: &Path, token: u64) -> PathBuf {
     with_suffix(dest, &format!("{TEMP_MARK}{token:016x}"))
@@ -152,9 +197,9 @@ pub fn shard_name_version(name: &[u8]) -> Option<u32> {
 }
 
 /// Whether a suffix names a file of `P` under its hashed directories: a valid hashed shard
-/// name (§3.1.1, hash checked), or one followed by `.tmp-<16 hex>` (its temp file). What
-/// cleanup, removal and `gc` consider there; anything else under `P/` (a user's own file such
-/// as `P/ab/data-notes.txt`) is never touched.
+/// name or hashed partial index name (§3.1.1, hash checked), or one followed by
+/// `.tmp-<16 hex>` (its temp file). What cleanup, removal and `gc` consider there; anything
+/// else under `P/` (a user's own file such as `P/ab/data-notes.txt`) is never touched.
 pub fn is_hashed_owned_suffix(suffix: &str) -> bool {
     let name = match suffix.rfind(TEMP_MARK) {
         Some(at) => {
@@ -166,7 +211,7 @@ pub fn is_hashed_owned_suffix(suffix: &str) -> bool {
         }
         None => suffix,
     };
-    valid_hashed_shard_name(name.as_bytes())
+    valid_hashed_shard_name(name.as_bytes()) || valid_hashed_partial_suffix(name.as_bytes())
 }
 
 /// Check a plain shard name suffix read from an index (§3.1): `.data-NNNNN-of-NNNNN` with an

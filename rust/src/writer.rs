@@ -2,15 +2,13 @@
 //! in parallel), a one-call parallel save, and partial indexes for multi-process writers (the
 //! merge that commits them is in `merge`).
 
-use crate::commit::{
-    commit_index, partial_index_path, random_token, unlink_shards, write_atomic, PrefixLock,
-};
+use crate::commit::{commit_index, random_token, unlink_shards, write_atomic, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::{build_index, EntryMeta, ShardRec};
 use crate::merge::{meta_blob, partial_marker};
-use crate::naming::{partial_suffix, shard_name_in};
+use crate::naming::{partial_suffix_in, shard_name_in, with_suffix};
 use crate::shard::{EncodeOptions, Item, ShardWriter};
 use crate::store::upload::RemoteSink;
 use crate::store::{remote_commit, Location, RemotePrefix};
@@ -382,11 +380,15 @@ impl CheckpointWriter {
             let meta = self.partial_meta(&manifest);
             let res = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes()).and_then(
                 |bytes| {
-                    write_atomic(
-                        &partial_index_path(&self.prefix, self.opts.rank, self.opts.world_size),
-                        &bytes,
-                        self.opts.durable,
-                    )
+                    let o = &self.opts;
+                    let suffix = partial_suffix_in(o.rank, o.world_size, o.hashed_prefixes);
+                    let dest = with_suffix(&self.prefix, &suffix);
+                    if o.hashed_prefixes {
+                        // `P/HH/` of a hashed partial (§3.1.1); under the commit lock, so no
+                        // cleanup removes it between here and the rename
+                        crate::commit::ensure_parent_dir(&dest, o.durable)?;
+                    }
+                    write_atomic(&dest, &bytes, o.durable)
                 },
             );
             if res.is_err() {
@@ -499,7 +501,8 @@ impl CheckpointWriter {
                 self.partial_meta(&manifest).as_bytes(),
             )
             .and_then(|bytes| {
-                let suffix = partial_suffix(self.opts.rank, self.opts.world_size);
+                let o = &self.opts;
+                let suffix = partial_suffix_in(o.rank, o.world_size, o.hashed_prefixes);
                 rp.store
                     .put(&rp.key_of(&suffix), bytes, object_store::PutMode::Overwrite)
                     .map(|_| ())

@@ -1,13 +1,16 @@
 """Hashed key prefixes (``hashed_prefixes=True``, FORMAT.md §3.1.1) on a real moto S3 server:
 object keys ``P/HH/data-…``, reads, a multi-writer merge, ``gc`` of a dead save's hashed objects
-(a committed checkpoint's never touched) and ``remove``."""
+(a committed checkpoint's never touched) and ``remove``; partial indexes under the hashed
+prefixes; the manager's sweep; gc's ages on the store's clock."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import shardpoint as sp
 from reference_crc import crc32c
+from s3_server import Proxy, opts_for
 from shardpoint.storage import gc
 
 
@@ -41,19 +44,62 @@ def test_s3_round_trip_keys_under_hashed_prefixes(moto, bucket: str) -> None:
     assert moto.keys(bucket) == []
 
 
+def _part(rank: int, world: int) -> str:
+    """The hashed partial index name of a rank (FORMAT.md §3.1.1)."""
+    plain = f".index.part-{rank:05d}-of-{world:05d}"
+    return f"{crc32c(plain.encode()) & 0xFF:02x}/index.part-{rank:05d}-of-{world:05d}"
+
+
 def test_s3_multi_writer_merge_and_gc_of_a_dead_save(moto, bucket: str) -> None:
     url = f"s3://{bucket}/mw/ckpt"
     for r in range(3):
         with sp.Writer(url, rank=r, world_size=3, merge_token="t", hashed_prefixes=True) as w:
             w.add(f"k{r}", np.full(4, r))
-    sp.merge(url, 3, token="t")
+    # the partial indexes spread over the hashed prefixes like the shards
+    assert sorted(k for k in moto.keys(bucket) if "index.part" in k) == sorted(
+        f"mw/ckpt/{_part(r, 3)}" for r in range(3)
+    )
+    with pytest.raises(sp.NotFoundError, match="hashed_prefixes=True"):
+        sp.merge(url, 3, token="t")
+    sp.merge(url, 3, token="t", hashed_prefixes=True)
     kept = moto.keys(bucket)
-    assert len([k for k in kept if k.startswith("mw/ckpt/")]) == 3
+    assert len([k for k in kept if k.startswith("mw/ckpt/")]) == 3 and len(kept) == 4
     # a dead save: one rank published its shard and partial index, nobody merged
     with sp.Writer(f"s3://{bucket}/mw/dead", rank=0, world_size=2, hashed_prefixes=True) as w:
         w.add("x", np.arange(5))
+    assert f"mw/dead/{_part(0, 2)}" in moto.keys(bucket)
     assert len(moto.keys(bucket)) == len(kept) + 2
+    # a gc of a checkpoint's own hashed directory finds its index outside that listing
+    assert gc(f"s3://{bucket}/mw/ckpt/", older_than=0) == 0
     assert gc(f"s3://{bucket}/mw/", older_than=0) == 2
     assert moto.keys(bucket) == kept
     got = sp.load_file(url)
     assert {k: int(v[0]) for k, v in got.items()} == {"k0": 0, "k1": 1, "k2": 2}
+
+
+def test_s3_manager_sweeps_hashed_checkpoints(moto, bucket: str) -> None:
+    url = f"s3://{bucket}/run"
+    v = sp.Variable(np.zeros(4, np.float32))
+    m = sp.CheckpointManager(sp.Checkpoint(v=v), url, max_to_keep=1, hashed_prefixes=True)
+    m.save()
+    m.save()  # rotates ckpt-1 out: its hashed objects go with it
+    assert not [k for k in moto.keys(bucket) if k.startswith("run/ckpt-1")]
+    moto.s3.delete_object(Bucket=bucket, Key="run/ckpt-2.index")  # a removal cut short
+    m.save()
+    assert not [k for k in moto.keys(bucket) if k.startswith("run/ckpt-2")]
+    assert [k for k in moto.keys(bucket) if k.startswith("run/ckpt-")][0].startswith("run/ckpt-3")
+
+
+def test_s3_gc_ages_objects_on_the_stores_clock(moto, bucket: str, proxy: Proxy) -> None:
+    """A store whose clock is two hours behind this machine's: a dead save's objects written
+    a moment ago are a moment old (on the store's clock, which ``LastModified`` is on), not
+    two hours, so ``gc(older_than=1 h)`` keeps them (a live writer's too)."""
+    opts = opts_for(proxy)
+    with sp.Writer(f"s3://{bucket}/run/dead", rank=0, world_size=2, storage_options=opts) as w:
+        w.add("x", np.arange(5))
+    proxy.clock_skew = -7200.0
+    assert len(moto.keys(bucket)) == 2
+    assert gc(f"s3://{bucket}/run/", older_than=3600, storage_options=opts) == 0
+    assert len(moto.keys(bucket)) == 2
+    assert gc(f"s3://{bucket}/run/", older_than=0, storage_options=opts) == 2
+    assert moto.keys(bucket) == []

@@ -108,7 +108,7 @@ def test_multi_writer_merge(tmp_path) -> None:
             p, rank=r, world_size=3, shards=2, merge_token="s", hashed_prefixes=True
         ) as w:
             w.add(f"k{r}", np.full(10, r, np.int64))
-    sp.merge(p, 3, token="s")
+    sp.merge(p, 3, token="s", hashed_prefixes=True)  # the partials are hashed too
     assert _index_version(p) == 2
     assert _tree(tmp_path) == ["mw.index"] + sorted(
         f"mw/{_hh(s, 6)}/data-{s:05d}-of-00006" for s in range(6)

@@ -174,6 +174,7 @@ class Checkpoint(Module):
         incremental: bool = False,
         digest: str | None = None,
         compression: str | None = "zstd",
+        hashed_prefixes: bool = False,
     ) -> Any:
         """Write exactly at ``file_prefix``; no numbering, no state file, counter untouched.
 
@@ -186,7 +187,8 @@ class Checkpoint(Module):
         ``digest``: ``"sha256"``/``"blake3"`` records strong digests of the files
         (``sp.save_file``'s option; checked by ``verify(strong=True)``). ``compression``:
         ``sp.save_file``'s (``None``: stored as is, restored without decoding; the tiered
-        manager's local tier uses that).
+        manager's local tier uses that). ``hashed_prefixes``: the shards at
+        ``file_prefix/HH/data-…`` (``sp.save_file``'s; FORMAT.md §3.1.1).
         """
         prefix = os.fspath(file_prefix)
         return self._write(
@@ -196,6 +198,7 @@ class Checkpoint(Module):
             then=None,
             digest=digest,
             compression=compression,
+            hashed_prefixes=hashed_prefixes,
         )
 
     def save(

@@ -19,6 +19,7 @@ shards are found through the store's listing. docs/OBJECT_STORE.md has the detai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -480,34 +481,33 @@ class CheckpointManager:
         return [os.path.join(self._directory, h) for h in heads if _number_of(h, base) is not None]
 
     def _sweep_orphans(self, path: str) -> None:
-        """Remove shard files of numbered checkpoints below the one just saved that have no
-        index: leftovers of a deletion (index first, then shards) cut short by a crash. Higher
-        numbers are left alone: a save may be in flight there."""
+        """Remove shard files (``ckpt-N.data-…``, hashed ``ckpt-N/HH/data-…``) of numbered
+        checkpoints below the one just saved that have no index: leftovers of a deletion cut
+        short by a crash. Higher numbers are left alone: a save may be in flight there."""
         base = os.path.basename(self._prefix)
         current = _number_of(os.path.basename(path), base)
         if current is None:
             return
         try:
-            names = storage_io.list_names(self._directory)
+            names, dirs = storage_io.list_files_and_dirs(self._directory)
         except CheckpointError as e:
             logger.warning("%s: could not list for orphaned shards: %s", self._directory, e)
             return
+        below = [d for d in dirs if (n := _number_of(d, base)) is not None and n < current]
+        storage_io.remove_hashed_orphans([os.path.join(self._directory, d) for d in below])
         exists: dict[str, bool] = {}
         for name in names:
             head, sep, _ = name.partition(".data-")
             n = _number_of(head, base) if sep else None
+            # .upload: a previous version's multipart-upload marker, for `shardpoint gc` (§8.2)
             if n is None or n >= current or name.endswith(".upload"):
-                # .upload: a multipart-upload marker a writer of the previous version left;
-                # `shardpoint gc` aborts the upload it names, so it is kept (FORMAT.md §8.2)
                 continue
             prefix = os.path.join(self._directory, head)
             if head not in exists:
                 exists[head] = storage_io.checkpoint_exists(prefix)
             if not exists[head]:
-                try:
+                with contextlib.suppress(OSError, CheckpointError):
                     storage_io.delete_name(os.path.join(self._directory, name))
-                except (OSError, CheckpointError):
-                    pass
 
     # -- restoring -------------------------------------------------------------------------------
     def restore_or_initialize(self, *, strict: bool = False) -> str | None:

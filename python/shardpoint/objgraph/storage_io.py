@@ -7,11 +7,13 @@ the boundary this small lets the object graph be tested against any storage with
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from .. import storage
+from ..errors import CheckpointError
 from ..storage.async_save import StagingBuffers
 from .naming import OBJECT_GRAPH_KEY
 
@@ -24,6 +26,8 @@ __all__ = [
     "is_url",
     "dirname",
     "list_names",
+    "list_files_and_dirs",
+    "remove_hashed_orphans",
     "read_small",
     "write_small",
     "delete_name",
@@ -177,6 +181,41 @@ def list_names(directory: str) -> list[str]:
         except OSError:
             return []
     return [n for n in storage.list_url(directory) if not n.endswith("/")]
+
+
+def list_files_and_dirs(directory: str) -> tuple[list[str], list[str]]:
+    """(files, sub-directories) directly in ``directory``, a local path or a URL, from one
+    listing; ([], []) when the directory does not exist."""
+    if not is_url(directory):
+        try:
+            with os.scandir(directory or ".") as it:
+                ents = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            return [], []
+        return [n for n, d in ents if not d], [n for n, d in ents if d]
+    names = storage.list_url(directory)
+    return [n for n in names if not n.endswith("/")], [n[:-1] for n in names if n.endswith("/")]
+
+
+def remove_hashed_orphans(prefixes: list[str]) -> None:
+    """For each of ``prefixes`` without an index (a removal cut short between its index and
+    its shards), remove what it left under its hashed directories ``P/HH/`` and the
+    directories that leaves empty (FORMAT.md §3.1.1). For checkpoints no save writes any
+    more: on an object store it is ``gc`` of ``P/`` whatever the age. Failures are logged."""
+    from ..storage.local_gc import gc_hashed_prefix
+
+    for prefix in prefixes:
+        try:
+            if checkpoint_exists(prefix):
+                continue
+            if is_url(prefix):
+                storage.gc(prefix.rstrip("/") + "/", older_than=0)
+            else:
+                gc_hashed_prefix(prefix)
+        except (OSError, CheckpointError) as e:
+            logging.getLogger("shardpoint").warning(
+                "%s: could not remove orphaned hashed shards: %s", prefix, e
+            )
 
 
 def read_small(url: str) -> bytes | None:

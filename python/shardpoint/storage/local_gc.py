@@ -9,8 +9,10 @@ manager) keeps them forever. This is the local twin of the object stores' ``gc``
 
 - partial indexes (a commit consumes them; one left behind belongs to a save that died);
 - shards that ``P.index`` does not reference (all of them when there is no index);
-- the same files under the prefix's hashed directories ``P/HH/data-…`` (saves with
-  ``hashed_prefixes=True``, FORMAT.md §3.1.1);
+- the same files under the prefix's hashed directories ``P/HH/data-…`` and
+  ``P/HH/index.part-…`` (saves with ``hashed_prefixes=True``, FORMAT.md §3.1.1), then those
+  directories and ``P/`` itself when that left them empty (a directory holding anything else,
+  such as a user's own file, stays);
 - temp files that no live writer holds (a writer holds an exclusive ``flock`` on its temp
   files until it closes them; a killed writer's lock dies with it),
 
@@ -31,7 +33,7 @@ from collections.abc import Iterator
 from .. import _core
 from ..errors import CheckpointError
 
-__all__ = ["gc_directory"]
+__all__ = ["gc_directory", "gc_hashed_prefix"]
 
 #: The name marks of files a save owns besides ``P.index`` (rust/src/naming.rs).
 _DATA_MARK = ".data-"
@@ -45,16 +47,44 @@ _HEX2 = re.compile(r"[0-9a-f]{2}")
 _HASHED = re.compile(
     r"/([0-9a-f]{2})/data-([0-9]{5}-of-[0-9]{5})(\.[0-9a-f]{16})?(\.tmp-[0-9a-f]{16})?"
 )
+#: A hashed partial index name (FORMAT.md §3.1.1), optionally its temp file's suffix.
+_HASHED_PARTIAL = re.compile(
+    r"/([0-9a-f]{2})/(index\.part-[0-9]{5}-of-[0-9]{5})(\.tmp-[0-9a-f]{16})?"
+)
 
 
 def _is_hashed_shard(suffix: str) -> bool:
     """Whether ``suffix`` names a file of ``P`` under its hashed directories: a hashed shard
-    name whose ``HH`` is the hash of its number, or its temp file (naming.rs
-    ``is_hashed_owned_suffix``). A user's own file under ``P/`` never matches."""
+    or partial index name whose ``HH`` is the hash of its plain name, or its temp file
+    (naming.rs ``is_hashed_owned_suffix``). A user's own file under ``P/`` never matches."""
     m = _HASHED.fullmatch(suffix)
+    plain = f".data-{m.group(2)}" if m else None
     if m is None:
+        m = _HASHED_PARTIAL.fullmatch(suffix)
+        plain = f".{m.group(2)}" if m else None
+    if m is None or plain is None:
         return False
-    return int(m.group(1), 16) == _core.crc32c(f".data-{m.group(2)}".encode()) & 0xFF
+    return int(m.group(1), 16) == _core.crc32c(plain.encode()) & 0xFF
+
+
+def _is_partial(suffix: str) -> bool:
+    """Whether ``suffix`` is a partial index, plain or hashed (never referenced by an index:
+    a commit consumes them, so one found here belongs to a save that died)."""
+    return suffix.startswith(_PARTIAL_MARK) or (
+        _HASHED_PARTIAL.fullmatch(suffix) is not None and _is_hashed_shard(suffix)
+    )
+
+
+def _remove_empty_dirs(prefix: str) -> None:
+    """Remove ``P/HH/`` and then ``P/`` where the removals left them empty (``rmdir`` fails on
+    a directory holding anything: a user's own file, a live writer's temp file, stays)."""
+    try:
+        subs = [e.path for e in os.scandir(prefix) if _HEX2.fullmatch(e.name) and e.is_dir()]
+    except OSError:
+        return
+    for path in [*subs, prefix]:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _hashed_files(directory: str, base: str) -> Iterator[tuple[str, float]]:
@@ -152,21 +182,45 @@ def gc_directory(directory: str, older_than: float) -> int:
             groups.setdefault(hs[0], []).append((hs[1], ent.stat(follow_symlinks=False).st_mtime))
     removed = 0
     for base, files in sorted(groups.items()):
-        prefix = os.path.join(directory, base)
         old = [s for s, mtime in files if now - mtime >= older_than]
-        if not old:
-            continue
-        with _flocked(prefix + ".lock", create=True) as held:
-            if not held:
-                continue  # a save is publishing or committing at this prefix now
-            keep = _referenced(prefix)
-            if keep is None:
-                continue
-            for suffix in old:
-                path = prefix + suffix
-                if _TEMP_MARK in suffix:
-                    with _flocked(path, create=False) as abandoned:
-                        removed += abandoned and _unlink(path)
-                elif suffix.startswith(_PARTIAL_MARK) or suffix not in keep:
-                    removed += _unlink(path)
+        removed += _gc_prefix(os.path.join(directory, base), old)
+    return removed
+
+
+def gc_hashed_prefix(prefix: str) -> int:
+    """:func:`gc_directory` of one prefix's hashed directories ``P/HH/``, whatever their age:
+    what a removal of ``P`` cut short between its index and its shards left there (a manager's
+    sweep of checkpoints below the one just saved, which no save writes any more). Returns
+    how many files were removed."""
+    directory, base = os.path.split(prefix)
+    try:
+        files = [s for s, _ in _hashed_files(directory, base)]
+    except OSError:
+        return 0  # no `P/`
+    return _gc_prefix(prefix, files)
+
+
+def _gc_prefix(prefix: str, old: list[str]) -> int:
+    """Remove the files of ``prefix`` among suffixes ``old`` that no save needs (module
+    docstring), under its commit lock; returns how many."""
+    if not old:
+        return 0
+    removed = 0
+    with _flocked(prefix + ".lock", create=True) as held:
+        if not held:
+            return 0  # a save is publishing or committing at this prefix now
+        keep = _referenced(prefix)
+        if keep is None:
+            return 0
+        for suffix in old:
+            path = prefix + suffix
+            if _TEMP_MARK in suffix:
+                with _flocked(path, create=False) as abandoned:
+                    removed += abandoned and _unlink(path)
+            elif _is_partial(suffix) or suffix not in keep:
+                removed += _unlink(path)
+        if any(s.startswith("/") for s in old):
+            # a writer creating a temp shard in a directory removed here makes it again and
+            # retries (shard/mod.rs `create_in`), as after a commit's cleanup
+            _remove_empty_dirs(prefix)
     return removed

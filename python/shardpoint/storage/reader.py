@@ -426,6 +426,9 @@ class Reader:
         blob = json.loads(self._core.metadata_json())
         blob.pop("user", None)
         blob.pop("sections", None)
+        # the index header's version (2 when it names hashed shards, FORMAT.md §3.1.1); the
+        # metadata's own "format" field is that of the metadata JSON, always 1
+        blob["format"] = self._core.format_version()
         blob["shards"] = [(os.fspath(p), n) for p, n in self._core.shard_files()]
         blob["index_bytes"] = self._core.index_size()
         blob["chunk_bytes"] = self._core.chunk_bytes()

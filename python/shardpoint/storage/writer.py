@@ -35,7 +35,9 @@ class Writer:
     :func:`save_file` does; a merged checkpoint keeps them when every writer recorded them.
     ``hashed_prefixes=True`` stores the shards under hashed key prefixes ``<prefix>/HH/data-…``
     (docs/OBJECT_STORE.md, "Hashed key prefixes"; FORMAT.md §3.1.1), for saves whose request
-    rate one object-store prefix cannot take; off by default (readers need version 2).
+    rate one object-store prefix cannot take; off by default (readers need version 2). A writer
+    of several (``world_size > 1``) then publishes its partial index at
+    ``<prefix>/HH/index.part-…`` too: pass ``hashed_prefixes=True`` to :func:`merge`.
     """
 
     def __init__(
@@ -130,9 +132,13 @@ def merge(
     token: str | None = None,
     storage_options: StorageOptions = None,
     wait_cleanup: bool = True,
+    hashed_prefixes: bool = False,
 ) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
-    (no data is copied). Duplicate keys across writers raise ``DuplicateKeyError``; partials
+    (no data is copied). ``hashed_prefixes``: the writers' option (``Writer(...,
+    hashed_prefixes=True)`` publishes its partial index at ``prefix/HH/index.part-…``,
+    FORMAT.md §3.1.1); the merge reads partials in that form only, and a partial found in the
+    other form is an error saying which to pass. Duplicate keys across writers raise ``DuplicateKeyError``; partials
     whose ``merge_token`` differs from each other (or from ``token``, when given) raise
     ``InvalidArgumentError`` and nothing is committed.
 
@@ -158,6 +164,7 @@ def merge(
         token=token,
         storage_options=_storage(storage_options),
         wait_cleanup=bool(wait_cleanup),
+        hashed_prefixes=bool(hashed_prefixes),
     )
 
 

@@ -293,6 +293,7 @@ class StorageWriter(_storage.StorageWriter):
             token=self._token or None,
             storage_options=self.storage_options,
             wait_cleanup=not self.background_cleanup,
+            hashed_prefixes=self.hashed_prefixes,
         )
 
     @classmethod

@@ -537,6 +537,12 @@ impl CheckpointReader {
         self.inner.index_file().to_path_buf()
     }
 
+    /// The index header's `format_version` (FORMAT.md §3, §3.1.1): 1, or 2 for an index
+    /// naming hashed shards (what `shardpoint info` prints).
+    fn format_version(&self) -> u32 {
+        self.inner.index().format_version()
+    }
+
     /// Size of the index file in bytes.
     fn index_size(&self) -> u64 {
         self.inner.index().file_len()

@@ -262,6 +262,11 @@ impl RemoteReader {
             .collect()
     }
 
+    /// The index header's `format_version` (FORMAT.md §3, §3.1.1).
+    fn format_version(&self) -> u32 {
+        self.inner.index().format_version()
+    }
+
     /// Size of the index object in bytes.
     fn index_size(&self) -> u64 {
         self.inner.index().file_len()

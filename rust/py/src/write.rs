@@ -115,8 +115,11 @@ pub(crate) fn is_single_file(py: Python<'_>, path: std::path::PathBuf) -> bool {
 
 /// Merge the partial indexes of a multi-writer save and commit `P.index`; with
 /// `wait_cleanup=False`, a local prefix's replaced files are removed in the background.
+/// `hashed_prefixes`: the writers saved with it, so their partial indexes are at
+/// `P/HH/index.part-…` (FORMAT.md §3.1.1).
 #[pyfunction]
-#[pyo3(signature = (prefix, world_size, *, durable=true, token=None, storage_options=None, wait_cleanup=true))]
+#[pyo3(signature = (prefix, world_size, *, durable=true, token=None, storage_options=None, wait_cleanup=true, hashed_prefixes=false))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn merge(
     py: Python<'_>,
     prefix: &str,
@@ -125,10 +128,18 @@ pub(crate) fn merge(
     token: Option<String>,
     storage_options: Opts,
     wait_cleanup: bool,
+    hashed_prefixes: bool,
 ) -> PyResult<()> {
     let loc = location(py, prefix, &storage_options)?;
     nogil_cancellable(py, || {
-        shardpoint_core::merge_at_with(&loc, world_size, durable, token.as_deref(), !wait_cleanup)
+        shardpoint_core::merge_at_in(
+            &loc,
+            world_size,
+            durable,
+            token.as_deref(),
+            !wait_cleanup,
+            hashed_prefixes,
+        )
     })
 }
 

@@ -96,6 +96,43 @@ fn hashed_shard_names_are_exactly_what_the_writer_makes() {
 }
 
 #[test]
+fn hashed_partial_index_names() {
+    use crate::naming::{
+        hashed_partial_suffix, is_hashed_owned_suffix, is_partial_suffix, partial_suffix_in,
+        valid_hashed_partial_suffix,
+    };
+    // the low byte of crc32c of the plain name, as for shards (FORMAT.md §3.1.1)
+    let hh = format!("{:02x}", crc(b".index.part-00001-of-00004") & 0xff);
+    let name = hashed_partial_suffix(1, 4);
+    assert_eq!(name, format!("/{hh}/index.part-00001-of-00004"));
+    assert_eq!(partial_suffix_in(1, 4, true), name);
+    assert_eq!(partial_suffix_in(1, 4, false), ".index.part-00001-of-00004");
+    assert!(valid_hashed_partial_suffix(name.as_bytes()));
+    assert!(is_partial_suffix(&name) && is_partial_suffix(".index.part-00001-of-00004"));
+    assert!(is_hashed_owned_suffix(&name));
+    assert!(is_hashed_owned_suffix(&format!(
+        "{name}.tmp-00000000000000ff"
+    )));
+    let other = format!("{:02x}", u8::from_str_radix(&hh, 16).unwrap() ^ 1);
+    for bad in [
+        format!("/{other}/index.part-00001-of-00004"), // wrong hash
+        format!("/{hh}0/index.part-00001-of-00004"),   // three hex digits
+        format!("/{hh}/index.part-00001-of-00004.0123456789abcdef"), // partials carry no token
+        format!("/{hh}/index.part-0001-of-00004"),
+        format!("/{hh}/../index.part-00001-of-00004"),
+        format!("/{hh}/index.part-00001-of-0000a"),
+    ] {
+        assert!(!valid_hashed_partial_suffix(bad.as_bytes()), "{bad:?}");
+        assert!(
+            !is_partial_suffix(&bad) && !is_hashed_owned_suffix(&bad),
+            "{bad:?}"
+        );
+    }
+    // never a shard name of any version: an index cannot name a partial
+    assert_eq!(shard_name_version(name.as_bytes()), None);
+}
+
+#[test]
 fn shard_header_round_trip_and_checks() {
     let h = ShardHeader {
         save_token: 7,

@@ -330,6 +330,11 @@ impl<B: IndexSource> IndexView<B> {
         (self.h.keys_len, self.h.aux_len)
     }
 
+    /// The index's `format_version` (FORMAT.md §3: 1, or 2 when it names hashed shards).
+    pub fn format_version(&self) -> u32 {
+        self.h.version
+    }
+
     /// Total size of the index file.
     pub fn file_len(&self) -> u64 {
         self.h.file_len

@@ -4,6 +4,7 @@
 use super::*;
 use crate::format::{crc, le_u32, le_u64, Codec, DType, Kind, BLOCK_ENTRIES, BLOCK_REC};
 use crate::index::{build_index, ChunkRec, EntryMeta};
+use crate::naming::partial_index_path;
 
 const WORLD_TOKEN: &str = "step-9";
 

@@ -16,7 +16,7 @@ use super::upload::UPLOAD_MARKER;
 use super::{block_on, RemotePrefix, Store};
 use crate::error::{Error, Result};
 use crate::index::{build_index, EntryMeta, IndexView, ShardRec};
-use crate::naming::{is_hashed_owned_suffix, DATA_MARK, PARTIAL_MARK};
+use crate::naming::{is_hashed_owned_suffix, is_partial_suffix, DATA_MARK, PARTIAL_MARK};
 use object_store::{ObjectMeta, PutMode, UpdateVersion};
 use std::collections::{HashMap, HashSet};
 
@@ -157,13 +157,14 @@ fn owned(prefix: &RemotePrefix) -> Result<Owned> {
 }
 
 /// The checkpoint prefix and the shard or partial-index suffix a listed key may belong to:
-/// the plain form `P.data-…` / `P.index.part-…`, or the hashed form `P/HH/data-…`
-/// (FORMAT.md §3.1.1). `None` for any other key.
+/// the plain form `P.data-…` / `P.index.part-…`, or the hashed form `P/HH/data-…` /
+/// `P/HH/index.part-…` (FORMAT.md §3.1.1). `None` for any other key.
 fn owner_of(key: &str) -> Option<(&str, &str)> {
     if let Some(i) = key.rfind(DATA_MARK).or_else(|| key.rfind(PARTIAL_MARK)) {
         return Some((&key[..i], &key[i..]));
     }
-    let j = key.rfind("/data-")?;
+    // hashed: `P/HH/data-…` or `P/HH/index.part-…`
+    let j = key.rfind("/data-").or_else(|| key.rfind("/index.part-"))?;
     let i = j.checked_sub(3)?;
     let suffix = key.get(i..)?;
     is_hashed_owned_suffix(suffix).then(|| (&key[..i], suffix))
@@ -205,6 +206,21 @@ pub fn abort_stale_uploads<'a>(
     n
 }
 
+/// The incomplete multipart uploads under `key_prefix` (S3's ListMultipartUploads; other
+/// stores: none) and the store's clock, the `Date` of that listing (None: not S3, or the
+/// response had none).
+type UploadListing = (
+    Vec<super::s3_uploads::Upload>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+fn list_uploads(store: &Store, key_prefix: &str) -> Result<UploadListing> {
+    match store.clients()?.s3_uploads.clone() {
+        Some(s3) => s3.list(key_prefix),
+        None => Ok((Vec::new(), None)),
+    }
+}
+
 /// Abort the incomplete multipart uploads of shards (keys with `.data-`) whose key starts
 /// with `key_prefix`, found with S3's ListMultipartUploads (other stores: none found; a
 /// save writes no marker, FORMAT.md §8.2), that no live writer can own: started at least
@@ -212,11 +228,21 @@ pub fn abort_stale_uploads<'a>(
 /// uploading a large shard for longer than `older_than_s` is still live), on the store's
 /// clock (the `Date` of its listing). Returns how many were aborted.
 pub fn abort_dead_uploads(store: &Store, key_prefix: &str, older_than_s: f64) -> Result<usize> {
+    let listing = list_uploads(store, key_prefix)?;
+    abort_listed_uploads(store, listing, key_prefix, older_than_s)
+}
+
+/// [`abort_dead_uploads`] of a listing already made.
+fn abort_listed_uploads(
+    store: &Store,
+    (uploads, store_now): UploadListing,
+    key_prefix: &str,
+    older_than_s: f64,
+) -> Result<usize> {
     let clients = store.clients()?;
     let (Some(s3), Some(mp)) = (clients.s3_uploads.clone(), clients.multipart.clone()) else {
         return Ok(0);
     };
-    let (uploads, store_now) = s3.list(key_prefix)?;
     let now = store_now.unwrap_or_else(chrono::Utc::now);
     let old = |t: chrono::DateTime<chrono::Utc>| {
         (now - t)
@@ -276,9 +302,24 @@ pub fn remove(prefix: &RemotePrefix) -> Result<()> {
 /// name, deleting the markers), and delete shards and partial indexes that no committed
 /// index references (a checkpoint's own shards are never touched). One listing of `dir`, one
 /// of its uploads (plus ListParts per upload started before `older_than_s`), one GET per
-/// index found, bulk deletes. Returns the number of uploads aborted plus objects deleted.
+/// index found (and one per prefix whose index lies outside `dir`: a gc of `P/`), bulk
+/// deletes. Returns the number of uploads aborted plus objects deleted. Ages are on the
+/// store's clock where it tells it (FORMAT.md §8.2).
 pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
-    let now = std::time::SystemTime::now();
+    let key_prefix = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", dir.trim_end_matches('/'))
+    };
+    // Ages are taken on the store's clock (FORMAT.md §8.2): `LastModified` is the store's, so
+    // a client clock ahead of it would make a live writer's fresh objects look old. On S3 the
+    // `Date` of the ListMultipartUploads response made here anyway is that clock (taken before
+    // the listing below: an earlier "now" only makes objects look younger); a store without
+    // that listing (or a response without `Date`) falls back to this machine's clock.
+    let uploads = list_uploads(store, &key_prefix)?;
+    let now: std::time::SystemTime = uploads
+        .1
+        .map_or_else(std::time::SystemTime::now, Into::into);
     let objs = store.list(dir)?;
     let is_old = |m: &ObjectMeta| {
         let t: std::time::SystemTime = m.last_modified.into();
@@ -288,23 +329,20 @@ pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
     };
     // uploads of writers of the previous format version, named by their markers
     let aborted = abort_stale_uploads(store, objs.iter().filter(|m| is_old(m)));
-    let key_prefix = if dir.is_empty() {
-        String::new()
-    } else {
-        format!("{}/", dir.trim_end_matches('/'))
-    };
-    let aborted = aborted + abort_dead_uploads(store, &key_prefix, older_than_s)?;
+    let aborted = aborted + abort_listed_uploads(store, uploads, &key_prefix, older_than_s)?;
     // Checkpoint prefixes with a committed index, and the shards each references.
     let mut referenced: HashMap<String, Option<HashSet<String>>> = HashMap::new();
+    // None: unreadable (its prefix is left alone); Err(NotFound): no index
+    let index_names = |key: &str| -> Result<Option<HashSet<String>>> {
+        let (bytes, _) = store.get(key)?;
+        Ok(IndexView::open(bytes, &store.url_path(key))
+            .ok()
+            .map(|v| v.shards().iter().map(|s| s.name.clone()).collect()))
+    };
     for m in &objs {
         let key = m.location.to_string();
         if let Some(p) = key.strip_suffix(".index") {
-            let names = store.get(&key).ok().and_then(|(bytes, _)| {
-                IndexView::open(bytes, &store.url_path(&key))
-                    .ok()
-                    .map(|v| v.shards().iter().map(|s| s.name.clone()).collect())
-            });
-            referenced.insert(p.to_string(), names);
+            referenced.insert(p.to_string(), index_names(&key).ok().flatten());
         }
     }
     let mut garbage = Vec::new();
@@ -316,10 +354,22 @@ pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
         let Some((p, suffix)) = owner_of(&key) else {
             continue;
         };
+        let index = format!("{p}.index");
+        if !referenced.contains_key(p) && !index.starts_with(&key_prefix) {
+            // `P.index` lies outside the listing (a gc of `P/`, the hashed directories of
+            // `P`, FORMAT.md §3.1.1): ask for it, once per such prefix, so that a committed
+            // checkpoint's shards are never taken for orphans
+            let names = match index_names(&index) {
+                Ok(names) => names,
+                Err(Error::NotFound { .. }) => Some(HashSet::new()),
+                Err(_) => None,
+            };
+            referenced.insert(p.to_string(), names);
+        }
         let orphan = match referenced.get(p) {
             // an unreadable index: leave its prefix alone
             Some(None) => false,
-            Some(Some(names)) => suffix.starts_with(PARTIAL_MARK) || !names.contains(suffix),
+            Some(Some(names)) => is_partial_suffix(suffix) || !names.contains(suffix),
             None => true,
         };
         if orphan {
