@@ -95,6 +95,9 @@ class TieredCheckpointManager:
     local parts, which the replicas and the persistent tier receive byte for byte (default
     None: stored as is, so a restore copies instead of decoding; ``"zstd"`` makes them
     smaller), given to ``checkpoint.write`` when it takes a ``compression`` argument.
+    ``hashed_prefixes=True``: every part's shards at ``ckpt-S/HH/data-…`` (FORMAT.md §3.1.1),
+    so the persistent tier's object keys spread over 256 prefixes (``checkpoint.write`` must
+    take that argument).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class TieredCheckpointManager:
         process_group: Any = None,
         timeout: datetime.timedelta | None = None,
         compression: str | None = None,
+        hashed_prefixes: bool = False,
     ) -> None:
         _positive("local_every", local_every)
         _positive("persistent_every", persistent_every)
@@ -124,7 +128,7 @@ class TieredCheckpointManager:
         if not callable(getattr(checkpoint, "write", None)):
             raise InvalidArgumentError("checkpoint must have write(prefix, blocking=...)")
         self._checkpoint = checkpoint
-        self._write_options = _write_options(checkpoint.write, compression)
+        self._write_options = _write_options(checkpoint.write, compression, hashed_prefixes)
         self._directory = os.fspath(directory)
         if storage.is_url(self._directory):
             self._directory = self._directory.rstrip("/")
@@ -510,16 +514,23 @@ class TieredCheckpointManager:
                     remove_copy(prefix)
 
 
-def _write_options(write: Any, compression: str | None) -> dict[str, Any]:
+def _write_options(write: Any, compression: str | None, hashed: bool = False) -> dict[str, Any]:
     """``{"compression": compression}`` when ``write`` takes that argument, else nothing (a
-    checkpoint object with ``write(prefix, blocking)`` only keeps its own codec)."""
+    checkpoint object with ``write(prefix, blocking)`` only keeps its own codec); with
+    ``hashed``, ``hashed_prefixes=True`` too, which ``write`` must take."""
     try:
-        params = inspect.signature(write).parameters.values()
+        params = list(inspect.signature(write).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: its own codec
-        return {}
-    if any(p.name == "compression" or p.kind is p.VAR_KEYWORD for p in params):
-        return {"compression": compression}
-    return {}
+        params = []
+    takes = lambda name: any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)  # noqa: E731
+    out: dict[str, Any] = {"compression": compression} if takes("compression") else {}
+    if hashed:
+        if not takes("hashed_prefixes"):
+            raise InvalidArgumentError(
+                "hashed_prefixes=True needs a checkpoint whose write() takes hashed_prefixes"
+            )
+        out["hashed_prefixes"] = True
+    return out
 
 
 def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:

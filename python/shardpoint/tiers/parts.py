@@ -1,7 +1,8 @@
 """A rank's checkpoint part as files: read with checksums, sent as one message, written back.
 
 A part is an ordinary shardpoint checkpoint at a prefix ``P`` (FORMAT.md §1: shard files
-``P.data-SSSSS-of-NNNNN[.<token>]`` and ``P.index``). The index stores each shard's name
+``P.data-SSSSS-of-NNNNN[.<token>]``, or ``P/HH/data-…`` with hashed prefixes (§3.1.1), and
+``P.index``). The index stores each shard's name
 *suffix*, so the same bytes written under another prefix are the same checkpoint: that is how
 a part is replicated to a peer or uploaded to the persistent tier, byte for byte, without
 decoding or recompressing anything.
@@ -41,6 +42,8 @@ __all__ = [
 ]
 
 _SUFFIX = re.compile(r"\.(index|data-[0-9]{5}-of-[0-9]{5}(\.[0-9a-f]{16})?)")
+#: a hashed shard name (FORMAT.md §3.1.1): ``/HH/data-…``, ``HH`` checked against the hash
+_HASHED_SUFFIX = re.compile(r"/([0-9a-f]{2})/data-([0-9]{5}-of-[0-9]{5})(\.[0-9a-f]{16})?")
 _MAGIC = b"SPTIERS1"
 _HEAD = struct.Struct("<8sQ")
 #: caps on what a message may claim before anything is allocated for it
@@ -87,9 +90,25 @@ def join(directory: str, name: str) -> str:
     return os.path.join(directory, name)
 
 
+def _is_hashed(suffix: str) -> bool:
+    """Whether ``suffix`` is exactly a hashed shard name (its ``HH`` the hash of its number):
+    no other ``/``, no ``..`` passes, so a peer's message cannot name a file outside ``P/``."""
+    m = _HASHED_SUFFIX.fullmatch(suffix)
+    return m is not None and int(m.group(1), 16) == (
+        storage.crc32c(f".data-{m.group(2)}".encode()) & 0xFF
+    )
+
+
 def _check_suffix(suffix: str, where: str) -> None:
-    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+    if not isinstance(suffix, str) or not (_SUFFIX.fullmatch(suffix) or _is_hashed(suffix)):
         raise CorruptCheckpointError(f"{where}: {suffix!r} is not a checkpoint file suffix")
+
+
+def _shard_dirs(prefix: str, suffixes: list[str]) -> list[str]:
+    """The directories to fsync before a local part's index is written: ``P/HH/`` of each
+    hashed shard, then ``P/`` (which holds them), then ``P``'s own directory."""
+    hashed = sorted({os.path.dirname(prefix + s) for s in suffixes if s.startswith("/")})
+    return [*hashed, *([prefix] if hashed else []), os.path.dirname(prefix)]
 
 
 def _read_whole(path: str) -> bytes:
@@ -104,15 +123,21 @@ def _suffixes(prefix: str) -> list[str]:
     The shard list comes from the index itself (never from a directory listing, which may hold
     leftovers), and the index's own checksums are checked as it is opened."""
     with storage.open(prefix, verify=True) as r:
-        shards = [os.path.basename(os.fspath(p)) for p, _ in r.format_info["shards"]]
+        shards = [os.fspath(p) for p, _ in r.format_info["shards"]]
     base = (
         prefix.rstrip("/").rsplit("/", 1)[-1]
         if storage.is_url(prefix)
         else os.path.basename(prefix)
     )
     out = []
-    for name in shards:
-        suffix = name[len(base) :] if name.startswith(base) else name
+    for path in shards:
+        # a hashed shard is `P/HH/data-…`: its suffix spans two path components
+        name = os.path.basename(path)
+        hh = os.path.basename(os.path.dirname(path))
+        if _is_hashed(f"/{hh}/{name}"):
+            suffix = f"/{hh}/{name}"
+        else:
+            suffix = name[len(base) :] if name.startswith(base) else name
         _check_suffix(suffix, prefix)
         out.append(suffix)
     return [*out, ".index"]
@@ -299,10 +324,14 @@ def write_part(part: Part, prefix: str, *, after_data: object = None, durable: b
             if callable(after_data):
                 after_data()
             if not remote and durable:
-                fsync_dir(os.path.dirname(prefix))  # shards durable before the commit
+                # shards durable before the commit (and the hashed directories holding them)
+                for d in _shard_dirs(prefix, [g.suffix for g in part.files]):
+                    fsync_dir(d)
         if remote:
             storage.write_object(prefix + f.suffix, bytes(f.data))
         else:
+            if f.suffix.startswith("/"):
+                make_dirs(os.path.dirname(prefix + f.suffix))  # `P/HH/` of a hashed shard
             _write_local(prefix + f.suffix, f.data, durable)
     if not remote and durable:
         fsync_dir(os.path.dirname(prefix))
@@ -317,7 +346,8 @@ def sync_part(part: Part, prefix: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    fsync_dir(os.path.dirname(prefix))
+    for d in _shard_dirs(prefix, [f.suffix for f in part.files]):
+        fsync_dir(d)
 
 
 def encode_parts(parts: list[Part]) -> bytearray:
