@@ -23,8 +23,8 @@ step grows faster than linearly; see docs/SCALE.md).
 §3.1.1), and each writer row is followed by how the save's objects spread over key prefixes
 (the object store's unit of request rate: S3 ~3,500 writes/s each): writes (objects listed
 after the save plus the partial indexes the merge consumed), distinct prefixes, writes under
-the busiest one. A prefix is ``P/HH/`` for a hashed shard, ``P.`` for
-everything at the checkpoint's own prefix (plain shards, partial indexes, the index).
+the busiest one. A prefix is ``P/HH/`` for a hashed shard or partial index, ``P.`` for
+everything at the checkpoint's own prefix (plain shards and partial indexes, the index).
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ def _row(run: h.SaveRun) -> str:
     )
 
 
-def _prefix_spread(prefix: str, moto: object, partials: int) -> str:
+def _prefix_spread(prefix: str, moto: object, partials: int, hashed: bool = False) -> str:
     """How the writes of a save at ``prefix`` spread over key prefixes (module docstring): one
     per object listed after the save (a shard under ``part_size`` is one PUT), plus the
-    ``partials`` partial indexes at ``P.`` that the merge consumed."""
+    ``partials`` partial indexes that the merge consumed: at ``P.``, or with ``hashed`` at
+    ``P/HH/`` (``HH`` from the rank, FORMAT.md §3.1.1)."""
     if prefix.startswith("s3://"):
         bucket, key = prefix[len("s3://") :].split("/", 1)
         keys = [k for k in moto.keys(bucket) if k.startswith(key)]  # type: ignore[attr-defined]
@@ -68,7 +69,11 @@ def _prefix_spread(prefix: str, moto: object, partials: int) -> str:
         key = prefix
         keys = [os.path.join(r, f) for r, _, fs in os.walk(os.path.dirname(prefix)) for f in fs]
         keys = [k for k in keys if k.startswith(prefix) and not k.endswith(".lock")]
-    groups: dict[str, int] = {".": partials}
+    groups: dict[str, int] = {}
+    for r in range(partials):
+        plain = f".index.part-{r:05d}-of-{partials:05d}"
+        g = f"/{_core.crc32c(plain.encode()) & 0xFF:02x}/" if hashed else "."
+        groups[g] = groups.get(g, 0) + 1
     for k in keys:
         rest = k[len(key) :]
         g = rest[:4] if rest.startswith("/") else "."
@@ -168,7 +173,8 @@ def main() -> None:
                     runs.append(run)
                     print(_row(run), flush=True)
                     if path == "writer":
-                        print(_prefix_spread(prefix, moto, n), flush=True)
+                        hashed = bool(args.hashed_prefixes)
+                        print(_prefix_spread(prefix, moto, n, hashed), flush=True)
                 if path == "dcp":
                     # our planner beside DCP's, same run: a first save, then one whose
                     # layout did not change (every rank's plan cached)
