@@ -93,7 +93,8 @@ class Proxy:
     flips one bit of the n-th ranged GET's response body (bytes damaged in transit);
     `clock_skew` (seconds): the store's clock runs that far from this machine's: every time
     the store answers with (the `Date` and `Last-Modified` headers, `LastModified` and
-    `Initiated` in listings) is shifted by it."""
+    `Initiated` in listings) is shifted by it; `send_date = False`: answers carry no `Date`
+    (as from a store whose responses do not say its time)."""
 
     def __init__(self, backend_port: int, rate_bytes_per_s: float | None = None) -> None:
         self.backend_port = backend_port
@@ -121,6 +122,7 @@ class Proxy:
         self.inflight = 0
         self.max_inflight = 0
         self.clock_skew = 0.0
+        self.send_date = True
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -133,6 +135,10 @@ class Proxy:
                 # the `Date` of every answer: the store's clock
                 t = time.time() if timestamp is None else timestamp
                 return email.utils.formatdate(t + proxy.clock_skew, usegmt=True)
+
+            def send_header(self, keyword: str, value: str) -> None:
+                if proxy.send_date or keyword.lower() != "date":
+                    super().send_header(keyword, value)
 
             def _any(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)

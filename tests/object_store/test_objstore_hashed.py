@@ -90,16 +90,25 @@ def test_s3_manager_sweeps_hashed_checkpoints(moto, bucket: str) -> None:
     assert [k for k in moto.keys(bucket) if k.startswith("run/ckpt-")][0].startswith("run/ckpt-3")
 
 
-def test_s3_gc_ages_objects_on_the_stores_clock(moto, bucket: str, proxy: Proxy) -> None:
+@pytest.mark.parametrize("date", [True, False], ids=["date-header", "no-date-probe"])
+def test_s3_gc_ages_objects_on_the_stores_clock(
+    moto, bucket: str, proxy: Proxy, date: bool
+) -> None:
     """A store whose clock is two hours behind this machine's: a dead save's objects written
     a moment ago are a moment old (on the store's clock, which ``LastModified`` is on), not
-    two hours, so ``gc(older_than=1 h)`` keeps them (a live writer's too)."""
+    two hours, so ``gc(older_than=1 h)`` keeps them (a live writer's too). The store's "now"
+    is the ``Date`` of its upload listing or, when its answers carry no ``Date`` (as other
+    stores' listings), the ``LastModified`` of an object gc writes and deletes."""
     opts = opts_for(proxy)
+    proxy.send_date = date
     with sp.Writer(f"s3://{bucket}/run/dead", rank=0, world_size=2, storage_options=opts) as w:
         w.add("x", np.arange(5))
     proxy.clock_skew = -7200.0
     assert len(moto.keys(bucket)) == 2
+    proxy.reset()
     assert gc(f"s3://{bucket}/run/", older_than=3600, storage_options=opts) == 0
-    assert len(moto.keys(bucket)) == 2
+    assert len(moto.keys(bucket)) == 2  # the clock probe is gone too
+    puts = [p for m, p, _ in proxy.requests() if m == "PUT"]
+    assert len(puts) == (0 if date else 1), puts
     assert gc(f"s3://{bucket}/run/", older_than=0, storage_options=opts) == 2
     assert moto.keys(bucket) == []

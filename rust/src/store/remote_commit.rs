@@ -296,6 +296,28 @@ pub fn remove(prefix: &RemotePrefix) -> Result<()> {
     Ok(())
 }
 
+/// The name of the object [`store_clock`] writes under a gc's key prefix (then deletes).
+pub const CLOCK_PROBE: &str = ".shardpoint-gc-clock.";
+
+/// The store's "now" where no response the gc makes anyway says it (S3 answers its upload
+/// listing with a `Date`; other stores make no such listing): the `LastModified` of an empty
+/// object written for the purpose (PUT, HEAD, DELETE: three requests per gc, none in a save).
+/// This machine's clock when the store does not take the write (e.g. no write permission).
+fn store_clock(store: &Store, key_prefix: &str) -> std::time::SystemTime {
+    let key = format!(
+        "{key_prefix}{CLOCK_PROBE}{:016x}",
+        crate::commit::random_token()
+    );
+    let t = store
+        .put(&key, Vec::new(), PutMode::Overwrite)
+        .and_then(|_| store.head(&key));
+    let _ = store.delete(&key);
+    match t {
+        Ok(Some(m)) => m.last_modified.into(),
+        _ => std::time::SystemTime::now(),
+    }
+}
+
 /// `shardpoint gc`: under key prefix `dir` of `store`, clear what killed or failed writers
 /// left, when older than `older_than_s` seconds: abort their incomplete multipart uploads
 /// (S3: listed, [`abort_dead_uploads`]; and those the markers of previous-version writers
@@ -312,14 +334,14 @@ pub fn gc(store: &Store, dir: &str, older_than_s: f64) -> Result<usize> {
         format!("{}/", dir.trim_end_matches('/'))
     };
     // Ages are taken on the store's clock (FORMAT.md §8.2): `LastModified` is the store's, so
-    // a client clock ahead of it would make a live writer's fresh objects look old. On S3 the
-    // `Date` of the ListMultipartUploads response made here anyway is that clock (taken before
-    // the listing below: an earlier "now" only makes objects look younger); a store without
-    // that listing (or a response without `Date`) falls back to this machine's clock.
+    // a client clock ahead of it would make a live writer's fresh objects look old. Both ways
+    // of reading that clock happen before the listing below: an earlier "now" only makes
+    // objects look younger.
     let uploads = list_uploads(store, &key_prefix)?;
-    let now: std::time::SystemTime = uploads
-        .1
-        .map_or_else(std::time::SystemTime::now, Into::into);
+    let now = match uploads.1 {
+        Some(t) => t.into(),
+        None => store_clock(store, &key_prefix),
+    };
     let objs = store.list(dir)?;
     let is_old = |m: &ObjectMeta| {
         let t: std::time::SystemTime = m.last_modified.into();
