@@ -10,8 +10,10 @@ What is signed (``model_signing`` signs a *model path*, a file or a directory):
 
 - a shardpoint checkpoint ``P`` (or a manager directory: its latest checkpoint): the directory
   of ``P``, with every entry of it that is not one of ``P``'s files (``P.index`` and the shards
-  its index names) recorded as ignored. So the signature covers exactly the checkpoint, and the
-  directory may hold other checkpoints. Default signature file: ``P.sig``. Verification hashes
+  its index names, ``P/HH/data-…`` for hashed shards, FORMAT.md §3.1.1) recorded as ignored.
+  So the signature covers exactly the checkpoint, and the directory may hold other
+  checkpoints. (A hashed checkpoint's ``P/`` is a directory, but a path with ``P.index``
+  beside it is always the checkpoint, never a directory signed whole.) Default signature file: ``P.sig``. Verification hashes
   the signed files only (``ignore_unsigned_files``), because a manager keeps adding and removing
   other checkpoints beside ``P``, and then checks that ``P.index`` and every shard of the index
   are among the signed files. Their CLI verifies it with
@@ -64,11 +66,25 @@ class SignedTarget:
 
 
 def _checkpoint_files(prefix: str) -> list[str]:
-    """``P.index`` and the shard files its index names, as names inside P's directory."""
-    base = os.path.basename(prefix)
+    """``P.index`` and the shard files its index names, as paths relative to P's directory
+    (``ck.data-…``, or ``ck/HH/data-…`` for hashed shards)."""
+    d = os.path.dirname(os.path.abspath(prefix))
     with storage.open(prefix) as r:
-        shards = [os.path.basename(p) for p, _ in r.format_info["shards"]]
-    return [base + ".index", *shards]
+        shards = [os.path.relpath(os.path.abspath(p), d) for p, _ in r.format_info["shards"]]
+    return [os.path.basename(prefix) + ".index", *(s.replace(os.sep, "/") for s in shards)]
+
+
+def _ignored(d: str, own: list[str]) -> list[str]:
+    """What in directory ``d`` is not one of ``own``: its other entries, and the other files
+    under the directories holding hashed shards (``P/``: a user's own files there)."""
+    keep = set(own)
+    tops = {n.split("/", 1)[0] for n in own if "/" in n}
+    out = [n for n in os.listdir(d) if n not in keep and n not in tops]
+    for top in sorted(tops):
+        for root, _, files in os.walk(os.path.join(d, top)):
+            rels = (os.path.relpath(os.path.join(root, f), d).replace(os.sep, "/") for f in files)
+            out += [r for r in rels if r not in keep]
+    return sorted(out)
 
 
 def target_of(
@@ -78,7 +94,9 @@ def target_of(
     p = os.fspath(path)
     if storage.is_url(p):
         raise InvalidArgumentError(f"{p}: signing reads local files; download the checkpoint first")
-    if os.path.isdir(p) and (is_hf_path(p) or not os.path.exists(os.path.join(p, "checkpoint"))):
+    hashed_prefix = os.path.exists(p.rstrip("/") + ".index")  # `P/` of a hashed checkpoint
+    whole = is_hf_path(p) or not os.path.exists(os.path.join(p, "checkpoint"))
+    if os.path.isdir(p) and not hashed_prefix and whole:
         d = Path(p)
         inside: tuple[str, ...] = ()
         if signature is not None:
@@ -91,8 +109,7 @@ def target_of(
     d = Path(os.path.dirname(os.path.abspath(prefix)))
     own = _checkpoint_files(prefix)
     sig = Path(signature) if signature is not None else Path(prefix + ".sig")
-    keep = set(own)
-    ignored = sorted(n for n in os.listdir(d) if n not in keep)
+    ignored = _ignored(str(d), own)
     if sig.resolve().parent == d.resolve() and sig.name not in ignored:
         ignored.append(sig.name)  # written after hashing; never part of what it signs
     return SignedTarget(d, tuple(own), tuple(ignored), Path(prefix + ".sig"))

@@ -123,6 +123,30 @@ def test_unsigned_and_wrong_key_say_so(tmp_path, keys, capsys):
         signing.verify_signature(q, public_key=pub, signature=p + ".sig")
 
 
+def test_hashed_checkpoint_signs_its_index_and_hashed_shards(tmp_path, keys):
+    """``P/`` of a hashed checkpoint (FORMAT.md §3.1.1) is a directory, yet the checkpoint is
+    what is signed: ``P.index`` and ``P/HH/data-…``, not the user's file beside them."""
+    priv, pub = keys
+    p = str(tmp_path / "ck")
+    sp.save_file(
+        {"w": np.arange(4096.0), "b": np.arange(9)}, p, shards=2, compression="none",
+        hashed_prefixes=True,
+    )  # fmt: skip
+    (tmp_path / "ck" / "notes.txt").write_text("a user's file, not signed")
+    signing.sign(p, private_key=priv)
+    names = signing.verify_signature(p, public_key=pub)
+    with sp.open(p) as r:
+        shards = [os.path.relpath(s, tmp_path) for s, _ in r.format_info["shards"]]
+    assert names == sorted(["ck.index", *shards]) and all(s.startswith("ck/") for s in shards)
+    (tmp_path / "ck" / "notes.txt").write_text("changed: not the checkpoint's")
+    signing.verify_signature(p, public_key=pub)
+    evil = np.arange(9)
+    evil[3] = 99  # a value rewritten with its crc fixed, in a hashed shard
+    shard = rewrite_raw_value(p, "b", evil.tobytes())
+    with pytest.raises(SignatureError, match=os.path.basename(shard)):
+        signing.verify_signature(p, public_key=pub)
+
+
 def test_manager_directory_signs_its_latest_checkpoint(tmp_path, keys):
     priv, pub = keys
     d = str(tmp_path / "run")
