@@ -140,3 +140,14 @@ def test_manager_sweeps_a_hashed_checkpoint_whose_removal_was_cut_short(tmp_path
         ["checkpoint", "ckpt-2", "ckpt-2.index", "ckpt-3", "ckpt-3.index"]
     )
     assert all(not f.startswith("ckpt-1") for f in _tree(tmp_path))
+
+
+def test_serving_loaders_take_a_hashed_prefix(tmp_path) -> None:
+    """vLLM, SGLang and ``shardpoint.hf`` resolve paths with ``convert.serving.resolve``: the
+    directory ``P/`` beside ``P.index`` is the checkpoint, not a model directory."""
+    from shardpoint.convert.serving import resolve
+
+    p = tmp_path / "ck"
+    sp.save_file({"a": np.arange(10, dtype=np.float32)}, p, shards=2, hashed_prefixes=True)
+    layout = resolve(p)
+    assert (layout.directory, layout.whole) == (None, os.fspath(p))

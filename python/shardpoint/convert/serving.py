@@ -110,7 +110,9 @@ def resolve(path: str | os.PathLike[str]) -> Layout:
     p = os.fspath(path)
     if storage.is_url(p):
         return Layout(None, p)
-    if os.path.isdir(p):
+    # `P/` of a checkpoint saved with hashed_prefixes=True is a directory beside `P.index`
+    # (FORMAT.md §3.1.1): the index says it is a prefix
+    if os.path.isdir(p) and not os.path.isfile(p.rstrip("/") + ".index"):
         worlds = _worlds(p)
         if os.path.exists(os.path.join(p, WHOLE + ".index")):
             return Layout(p, os.path.join(p, WHOLE), worlds)
