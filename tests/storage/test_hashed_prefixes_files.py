@@ -142,12 +142,16 @@ def test_manager_sweeps_a_hashed_checkpoint_whose_removal_was_cut_short(tmp_path
     assert all(not f.startswith("ckpt-1") for f in _tree(tmp_path))
 
 
-def test_serving_loaders_take_a_hashed_prefix(tmp_path) -> None:
-    """vLLM, SGLang and ``shardpoint.hf`` resolve paths with ``convert.serving.resolve``: the
-    directory ``P/`` beside ``P.index`` is the checkpoint, not a model directory."""
+def test_readers_of_a_path_take_a_hashed_prefix(tmp_path) -> None:
+    """``P/`` beside ``P.index`` is the checkpoint, not a directory of checkpoints or a model
+    directory: ``sp.load_checkpoint``/``sp.list_variables`` and the serving loaders (vLLM,
+    SGLang and ``shardpoint.hf`` resolve paths with ``convert.serving.resolve``)."""
     from shardpoint.convert.serving import resolve
 
     p = tmp_path / "ck"
-    sp.save_file({"a": np.arange(10, dtype=np.float32)}, p, shards=2, hashed_prefixes=True)
+    sp.Checkpoint(v=sp.Variable(np.arange(10, dtype=np.float32))).write(p, hashed_prefixes=True)
+    assert os.path.isdir(p)
+    assert sp.load_checkpoint(p).get_variable_to_shape_map()["v/.ATTRIBUTES/VARIABLE_VALUE"] == [10]
+    assert ("v/.ATTRIBUTES/VARIABLE_VALUE", [10]) in sp.list_variables(p)
     layout = resolve(p)
     assert (layout.directory, layout.whole) == (None, os.fspath(p))

@@ -14,7 +14,9 @@ __all__ = ["CheckpointReader", "load_checkpoint", "list_variables", "load_variab
 
 def _resolve(path: str | os.PathLike) -> str:
     path = os.fspath(path)
-    if os.path.isdir(path):
+    # `P/` of a checkpoint saved with hashed_prefixes=True is a directory beside `P.index`
+    # (FORMAT.md §3.1.1): the index says it is a prefix
+    if os.path.isdir(path) and not os.path.isfile(path.rstrip("/") + ".index"):
         latest = latest_checkpoint(path)
         if latest is None:
             raise ValueError(
