@@ -155,3 +155,61 @@ fn bad_urls_are_refused() {
         Ok(Location::Local(_))
     ));
 }
+
+#[test]
+fn memory_hashed_partials_merge_and_gc_on_the_stores_clock() {
+    use shardpoint_core::merge_at_in;
+    use shardpoint_core::store::remote_commit::gc;
+    let writer = |l: &Location, rank: u32, key: &str, x: &[u8]| {
+        let opts = WriterOptions {
+            rank,
+            world_size: 2,
+            merge_token: "t".into(),
+            hashed_prefixes: true,
+            ..Default::default()
+        };
+        let w = CheckpointWriter::new_at(l, opts).unwrap();
+        w.add(&item(key, x)).unwrap();
+        w.commit().unwrap();
+    };
+    let l = loc("memory://hashedparts/run/ckpt");
+    let x = f32s(16, 7);
+    for rank in 0..2 {
+        writer(&l, rank, &format!("r{rank}"), &x);
+    }
+    let store = &remote(&l).store;
+    let keys = || -> Vec<String> {
+        let mut k: Vec<String> = store
+            .list("run")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.location.to_string())
+            .collect();
+        k.sort();
+        k
+    };
+    // the partial indexes spread under `P/HH/` like the shards (FORMAT.md §3.1.1)
+    let parts: Vec<String> = keys()
+        .into_iter()
+        .filter(|k| k.contains("index.part"))
+        .collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(
+        parts.iter().all(|k| k.starts_with("run/ckpt/")),
+        "{parts:?}"
+    );
+    let err = merge_at(&l, 2, true, Some("t")).unwrap_err().to_string();
+    assert!(err.contains("hashed_prefixes=True"), "{err}");
+    merge_at_in(&l, 2, true, Some("t"), false, true).expect("merge");
+    assert!(!keys().iter().any(|k| k.contains("index.part")));
+    let kept = keys();
+    // a dead save beside it: young on the store's clock (memory:// gives it through the
+    // object gc writes and deletes), then removed when any age will do
+    writer(&loc("memory://hashedparts/run/dead"), 0, "d", &x);
+    assert_eq!(keys().len(), kept.len() + 2);
+    assert_eq!(gc(store, "run", 3600.0).unwrap(), 0);
+    assert_eq!(gc(store, "run", 0.0).unwrap(), 2);
+    assert_eq!(keys(), kept); // no clock probe left behind
+    let r = RemoteReader::open(remote(&l)).unwrap();
+    assert_eq!(r.read(&r.entry("r1").unwrap()).unwrap(), x);
+}
