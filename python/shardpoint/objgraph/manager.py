@@ -494,13 +494,12 @@ class CheckpointManager:
             logger.warning("%s: could not list for orphaned shards: %s", self._directory, e)
             return
         below = [d for d in dirs if (n := _number_of(d, base)) is not None and n < current]
-        storage_io.remove_hashed_orphans([os.path.join(self._directory, d) for d in below])
+        storage_io.remove_hashed_orphans(self._directory, below, listed=names)
         exists: dict[str, bool] = {}
         for name in names:
             head, sep, _ = name.partition(".data-")
             n = _number_of(head, base) if sep else None
-            # .upload: a previous version's multipart-upload marker, for `shardpoint gc` (§8.2)
-            if n is None or n >= current or name.endswith(".upload"):
+            if n is None or n >= current or name.endswith(".upload"):  # .upload: gc's (§8.2)
                 continue
             prefix = os.path.join(self._directory, head)
             if head not in exists:

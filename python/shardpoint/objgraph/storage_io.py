@@ -197,14 +197,17 @@ def list_files_and_dirs(directory: str) -> tuple[list[str], list[str]]:
     return [n for n in names if not n.endswith("/")], [n[:-1] for n in names if n.endswith("/")]
 
 
-def remove_hashed_orphans(prefixes: list[str]) -> None:
-    """For each of ``prefixes`` without an index (a removal cut short between its index and
-    its shards), remove what it left under its hashed directories ``P/HH/`` and the
-    directories that leaves empty (FORMAT.md §3.1.1). For checkpoints no save writes any
-    more: on an object store it is ``gc`` of ``P/`` whatever the age. Failures are logged."""
+def remove_hashed_orphans(directory: str, names: list[str], *, listed: list[str]) -> None:
+    """For each checkpoint ``directory/name`` of ``names`` without an index (a removal cut
+    short between its index and its shards), remove what it left under its hashed
+    directories ``P/HH/`` and the directories that leaves empty (FORMAT.md §3.1.1). For
+    checkpoints no save writes any more: on an object store it is ``gc`` of ``P/`` whatever
+    the age. ``listed``: the file names of ``directory`` (one whose ``P.index`` is among them
+    is kept without a request). Failures are logged."""
     from ..storage.local_gc import gc_hashed_prefix
 
-    for prefix in prefixes:
+    have = set(listed)
+    for prefix in (os.path.join(directory, n) for n in names if f"{n}.index" not in have):
         try:
             if checkpoint_exists(prefix):
                 continue
