@@ -149,9 +149,10 @@ def gc(url: str, *, older_than: float = 3600.0, storage_options: StorageOptions 
 
     On an object store: the multipart uploads of writers killed mid-save (on S3 found with
     ListMultipartUploads; an upload whose newest part is younger than ``older_than`` is
-    spared; docs/OBJECT_STORE.md), shards no index references, and partial indexes.
-    In a local directory: partial indexes, shards no index references and temp files no
-    live writer holds (:mod:`.local_gc`; docs/SCALE.md "A rank that dies mid-save")."""
+    spared; docs/OBJECT_STORE.md), shards no index references, and partial indexes, aged
+    on the store's clock (FORMAT.md §8.2). In a local directory: partial indexes, shards no
+    index references and temp files no live writer holds, then hashed directories ``P/HH/``
+    and ``P/`` left empty (:mod:`.local_gc`; docs/SCALE.md "A rank that dies mid-save")."""
     if not is_url(url):
         from .local_gc import gc_directory
 
