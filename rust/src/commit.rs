@@ -516,6 +516,11 @@ pub fn commit_index_bytes(
     durable: bool,
     lock: &PrefixLock,
 ) -> Result<()> {
+    let (bytes, failed) = match built {
+        Ok(b) => (b, None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    let built = failed.map_or(Ok(bytes.as_slice()), Err);
     let (keep, orphans) = commit_without_cleanup(prefix, shards, built, durable, lock)?;
     cleanup(prefix, &keep, &orphans);
     Ok(())
@@ -527,7 +532,7 @@ pub fn commit_index_bytes(
 pub fn commit_without_cleanup(
     prefix: &Path,
     shards: &[ShardRec],
-    built: Result<Vec<u8>>,
+    built: Result<&[u8]>,
     durable: bool,
     lock: &PrefixLock,
 ) -> Result<(HashSet<String>, Orphans)> {
@@ -538,7 +543,7 @@ pub fn commit_without_cleanup(
             previous: current_shards(prefix),
         }
     };
-    let written = built.and_then(|bytes| replace_file(&index_path(prefix), &bytes, durable));
+    let written = built.and_then(|bytes| replace_file(&index_path(prefix), bytes, durable));
     if let Err(e) = written {
         unlink_shards(prefix, shards);
         return Err(e);

@@ -10,7 +10,7 @@ use crate::commit::{cleanup, commit_without_cleanup, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
-use crate::index::{IndexView, ShardRec, SortedIndexBuilder};
+use crate::index::{IndexSource, IndexView, ShardRec, SortedIndexBuilder};
 use crate::naming::{partial_suffix_in, with_suffix};
 use crate::store::{block_on, remote_commit, spawn, Location, MERGE_READS_IN_FLIGHT};
 use futures::StreamExt;
@@ -21,6 +21,7 @@ use std::collections::binary_heap::{BinaryHeap, PeekMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod kept;
 mod order;
 use order::Partial;
 pub use order::{forget_all as forget_merge_orders, stats as merge_order_stats};
@@ -131,21 +132,39 @@ pub fn merge_local_in(
     }
     let lock = PrefixLock::acquire(prefix)?;
     let at = prefix.to_string_lossy();
-    let m = merge_partials(world_size, token, &at, |rank| {
+    // The partials are read into one arena kept between merges (merge/kept.rs), each
+    // validated right after its read; the index is built in the kept index buffer. The arena
+    // goes back to be kept whether the merge succeeded or not.
+    let mut arena = kept::Arena::take();
+    // an empty arena (the process's first merge) is sized from the first partial (a save's
+    // partials are alike), with room to spare
+    let first = with_suffix(prefix, &partial_suffix_in(0, world_size, hashed));
+    let first = std::fs::metadata(first).map_or(0, |m| m.len());
+    let first = usize::try_from(first).unwrap_or(usize::MAX);
+    let mut reader = arena.reader(first.saturating_mul(world_size as usize + 1));
+    let merged = merge_partials(world_size, token, &at, kept::take_index(), |rank| {
         let p = with_suffix(prefix, &partial_suffix_in(rank, world_size, hashed));
-        let bytes = std::fs::read(&p).map_err(|e| {
-            let other = with_suffix(prefix, &partial_suffix_in(rank, world_size, !hashed));
-            let what = if e.kind() == std::io::ErrorKind::NotFound && other.exists() {
-                other_form_hint(hashed)
-            } else {
-                "read partial index (did every writer commit?)"
-            };
-            Error::io(&p, what, e)
-        })?;
+        let bytes = reader
+            .read_file(&p, "read partial index (did every writer commit?)")
+            .map_err(|e| {
+                // the failure path only: say which option to pass when the other form is there
+                let other = with_suffix(prefix, &partial_suffix_in(rank, world_size, !hashed));
+                if !p.exists() && other.exists() {
+                    let gone = std::io::Error::from(std::io::ErrorKind::NotFound);
+                    Error::io(&p, other_form_hint(hashed), gone)
+                } else {
+                    e
+                }
+            })?;
         Ok((p, bytes))
-    })?;
+    });
+    let needed = reader.needed();
+    arena.give_back(needed);
+    let m = merged?;
     crate::fault::point("merge.read");
-    let (keep, orphans) = commit_without_cleanup(prefix, &m.shards, Ok(m.index), durable, &lock)?;
+    let committed = commit_without_cleanup(prefix, &m.shards, Ok(&m.index), durable, &lock);
+    kept::keep_index(m.index);
+    let (keep, orphans) = committed?;
     if background_cleanup {
         // the thread owns the lock until it is done (FORMAT.md §8.3)
         crate::background_cleanup::spawn(prefix.to_path_buf(), keep, orphans, lock);
@@ -209,33 +228,40 @@ pub fn merge_at_in(
     )
     .buffered(MERGE_READS_IN_FLIGHT);
     let at = rp.url_of("");
-    let m = merge_partials(world_size, token, &at.to_string_lossy(), |rank| {
-        let suffix = &suffixes[rank as usize];
-        let got = block_on(reads.next()).ok_or_else(|| {
-            Error::InvalidArgument(format!("no read for the partial index of rank {rank}"))
-        })?;
-        let got = got.map_err(|e| Error::Io {
-            path: rp.url_of(suffix),
-            op: "read partial index",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let (bytes, _) = got.map_err(|e| match e {
-            Error::NotFound { path, .. } => {
-                // the failure path only: one more request, to say which option to pass
-                let other = rp.key_of(&partial_suffix_in(rank, world_size, !hashed));
-                let what = match rp.store.head(&other) {
-                    Ok(Some(_)) => other_form_hint(hashed),
-                    _ => "read partial index (did every writer commit?)",
-                };
-                Error::NotFound {
-                    path,
-                    what: what.into(),
+    // (the index is handed to the store, so no buffer is kept for it here)
+    let m = merge_partials(
+        world_size,
+        token,
+        &at.to_string_lossy(),
+        Vec::new(),
+        |rank| {
+            let suffix = &suffixes[rank as usize];
+            let got = block_on(reads.next()).ok_or_else(|| {
+                Error::InvalidArgument(format!("no read for the partial index of rank {rank}"))
+            })?;
+            let got = got.map_err(|e| Error::Io {
+                path: rp.url_of(suffix),
+                op: "read partial index",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            let (bytes, _) = got.map_err(|e| match e {
+                Error::NotFound { path, .. } => {
+                    // the failure path only: one more request, to say which option to pass
+                    let other = rp.key_of(&partial_suffix_in(rank, world_size, !hashed));
+                    let what = match rp.store.head(&other) {
+                        Ok(Some(_)) => other_form_hint(hashed),
+                        _ => "read partial index (did every writer commit?)",
+                    };
+                    Error::NotFound {
+                        path,
+                        what: what.into(),
+                    }
                 }
-            }
-            e => e,
-        })?;
-        Ok((rp.url_of(suffix), bytes))
-    })?;
+                e => e,
+            })?;
+            Ok((rp.url_of(suffix), bytes))
+        },
+    )?;
     drop(reads);
     crate::fault::point("merge.read");
     // The consumed partial indexes go in the same bulk delete as the replaced shards.
@@ -265,7 +291,8 @@ struct Merged {
 }
 
 /// Validate and merge the partial indexes `load(rank)` returns (path for messages, bytes)
-/// into the index that goes to `at` (the key of its order in the [`order`] cache).
+/// into the index that goes to `at` (the key of its order in the [`order`] cache), built in
+/// `index_buf` (its capacity reused, its contents discarded; [`Merged::index`] is it).
 ///
 /// Each partial is verified whole (header, crcs, every block, its keys strictly sorted), then
 /// the sorted partials are merged k ways: a heap of one cursor per partial ordered by the
@@ -278,15 +305,16 @@ struct Merged {
 /// merge there first tries that order ([`order::merge_in_order`]: the same validation and a
 /// strict order check on every key, so only a correct guess gets through) and falls back to
 /// the heap when the layout changed. Either way the index is the same bytes.
-fn merge_partials(
+fn merge_partials<B: IndexSource>(
     world_size: u32,
     token: Option<&str>,
     at: &str,
-    mut load: impl FnMut(u32) -> Result<(PathBuf, Vec<u8>)>,
+    index_buf: Vec<u8>,
+    mut load: impl FnMut(u32) -> Result<(PathBuf, B)>,
 ) -> Result<Merged> {
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
-    let mut partials: Vec<Partial> = Vec::with_capacity(world_size as usize);
+    let mut partials: Vec<Partial<B>> = Vec::with_capacity(world_size as usize);
     let mut chunk_bytes = None;
     let mut user_meta: Option<String> = None;
     let mut sections = String::new();
@@ -349,14 +377,14 @@ fn merge_partials(
         (n, keys_len, aux_len) = (n + view.len(), keys_len + k, aux_len + a);
         partials.push(Partial { view, shard_base });
     }
-    let builder = || -> Result<SortedIndexBuilder> {
+    let builder = |buf: Vec<u8>| -> Result<SortedIndexBuilder> {
         let (k, a) = (usize::try_from(keys_len), usize::try_from(aux_len));
         let (k, a) = k.ok().zip(a.ok()).ok_or_else(|| {
             Error::InvalidArgument("partial indexes too large to merge in memory".into())
         })?;
-        SortedIndexBuilder::with_shape(shards.len(), n, k, a)
+        SortedIndexBuilder::with_shape_in(buf, shards.len(), n, k, a)
     };
-    let mut out = builder()?;
+    let mut out = builder(index_buf)?;
     let guessed = order::recall(at).map(|o| {
         let fitted = o.fits(&partials) && order::merge_in_order(&partials, &o, &mut out).is_ok();
         order::count(fitted);
@@ -364,7 +392,7 @@ fn merge_partials(
     });
     if guessed != Some(true) {
         if guessed.is_some() {
-            out = builder()?; // the guess failed part way: start again
+            out = builder(out.into_buffer())?; // the guess failed part way: start again
         }
         match merge_sorted(&partials, &mut out, n) {
             Ok(ranks) => {
@@ -413,7 +441,11 @@ fn key_prefix(key: &[u8]) -> u64 {
 
 /// The k-way merge of the verified, sorted `partials` (index = rank, `n` entries in all) into
 /// `out`; returns the rank each merged entry came from, in order.
-fn merge_sorted(partials: &[Partial], out: &mut SortedIndexBuilder, n: usize) -> Result<Vec<u32>> {
+fn merge_sorted<B: IndexSource>(
+    partials: &[Partial<B>],
+    out: &mut SortedIndexBuilder,
+    n: usize,
+) -> Result<Vec<u32>> {
     let mut ranks: Vec<u32> = Vec::with_capacity(n);
     // One cursor per non-empty partial: (its current key's prefix, the key, its rank),
     // smallest key on top; a tie between ranks comes out lower rank first, so equal keys pop

@@ -41,10 +41,25 @@ fn too_large() -> Error {
 }
 
 impl SortedIndexBuilder {
+    /// [`SortedIndexBuilder::with_shape_in`] a new buffer.
+    #[cfg(test)]
+    pub fn with_shape(
+        shard_count: usize,
+        entries: usize,
+        keys_len: usize,
+        aux_len: usize,
+    ) -> Result<Self> {
+        Self::with_shape_in(Vec::new(), shard_count, entries, keys_len, aux_len)
+    }
+
     /// A builder for an index of exactly `entries` entries, `keys_len` key bytes and `aux_len`
     /// aux bytes referring to `shard_count` shards; pushing more, or finishing with fewer, is
-    /// an error.
-    pub fn with_shape(
+    /// an error. It writes into `out` (what it held is discarded, its capacity reused): a
+    /// merge hands in the buffer of the merge before it, whose pages are already mapped
+    /// (merge/kept.rs). Every byte is zeroed here, so nothing of the old contents can reach
+    /// the index (its gaps must be zero, FORMAT.md §3).
+    pub fn with_shape_in(
+        mut out: Vec<u8>,
         shard_count: usize,
         entries: usize,
         keys_len: usize,
@@ -65,9 +80,10 @@ impl SortedIndexBuilder {
             .ok_or_else(too_large)?;
         let aux_off = keys_off.checked_add(keys_len).ok_or_else(too_large)?;
         let meta_off = aux_off.checked_add(aux_len).ok_or_else(too_large)?;
-        let mut out = Vec::new();
+        out.clear();
         out.try_reserve_exact(meta_off).map_err(|_| too_large())?;
-        // zeroed by the allocator (fresh pages): untouched bytes cost nothing until written
+        // a fresh buffer is zeroed by the allocator (untouched pages cost nothing until
+        // written); a reused one is zeroed here, over pages that are already mapped
         out.resize(meta_off, 0);
         Ok(SortedIndexBuilder {
             out,
@@ -86,6 +102,11 @@ impl SortedIndexBuilder {
             block_aux_lo: 0,
             last_key: None,
         })
+    }
+
+    /// The buffer, for a new builder to reuse ([`SortedIndexBuilder::with_shape_in`]).
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.out
     }
 
     /// The last key pushed.
@@ -237,6 +258,9 @@ impl SortedIndexBuilder {
                 &mut out[shards_off + i * SHARD_REC..][..SHARD_REC],
             );
         }
+        // exactly: a doubled 21 MB buffer would be too large to keep for the next merge
+        out.try_reserve_exact(file_len - meta_off)
+            .map_err(|_| too_large())?;
         out.extend_from_slice(meta_json);
         out.resize(file_len, 0);
         let shards_crc = crc(&out[shards_off..blocks_off]);

@@ -12,15 +12,15 @@
 //! So a partial whose keys changed cannot produce a wrong index: it costs the fallback.
 
 use crate::error::{Error, Result};
-use crate::index::IndexView;
 use crate::index::SortedIndexBuilder;
+use crate::index::{IndexSource, IndexView};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One validated partial index, kept until the merge has copied its entries. (Here, not in
 /// `merge`, so that `merge` uses this module and this module uses nothing of `merge`.)
-pub(super) struct Partial {
-    pub(super) view: IndexView<Vec<u8>>,
+pub(super) struct Partial<B: IndexSource> {
+    pub(super) view: IndexView<B>,
     /// Where this partial's shards start in the merged shard table.
     pub(super) shard_base: u32,
 }
@@ -49,7 +49,7 @@ impl MergeOrder {
 
     /// Whether the partials have exactly the entry counts this order was made for (a cheap
     /// first test; the real one is the merge in order).
-    pub(super) fn fits(&self, partials: &[Partial]) -> bool {
+    pub(super) fn fits<B: IndexSource>(&self, partials: &[Partial<B>]) -> bool {
         self.counts.len() == partials.len()
             && self
                 .counts
@@ -92,8 +92,8 @@ pub(super) fn forget(at: &str) {
 /// Copy the entries of `partials` into `out` in `order`, each validated as the heap merge
 /// validates it. An error means the order does not fit these partials (or an entry is bad):
 /// the caller then merges with the heap, from a fresh builder, which reports what is wrong.
-pub(super) fn merge_in_order(
-    partials: &[Partial],
+pub(super) fn merge_in_order<B: IndexSource>(
+    partials: &[Partial<B>],
     order: &MergeOrder,
     out: &mut SortedIndexBuilder,
 ) -> Result<()> {

@@ -80,7 +80,7 @@ fn run(parts: &[Vec<u8>]) -> Result<Merged> {
 
 /// The merge of `parts` into the index at `at` (where its order is remembered).
 fn run_at(parts: &[Vec<u8>], at: &str) -> Result<Merged> {
-    merge_partials(parts.len() as u32, Some(WORLD_TOKEN), at, |r| {
+    merge_partials(parts.len() as u32, Some(WORLD_TOKEN), at, Vec::new(), |r| {
         Ok((name(r), parts[r as usize].clone()))
     })
 }
@@ -285,4 +285,5 @@ fn sections_and_user_metadata_survive_the_metadata_json() {
     assert_eq!(plain.user.map(|u| u.get()), Some("{}"));
 }
 
+mod kept;
 mod order;
