@@ -150,8 +150,53 @@ const SAMPLE_RUNS: usize = 64;
 /// margin for the sample's bias).
 pub const INCOMPRESSIBLE_BITS: f64 = 7.5;
 
+/// One pass over a block of 16-bit words: both plane bytes, the rotation and the store per
+/// element, over equal-length slices, which the compiler vectorises (a byte interleave plus
+/// shifts). It replaced three plane-major passes (set, or, rotate): 1.7x the bytes per
+/// CPU-second on a 1 MiB bf16 chunk.
+#[inline(always)]
+fn interleave2<const ROT: bool>(src: &[&[u8]; 2], words: &mut [u16]) {
+    let n = words.len();
+    let (a, b) = (&src[0][..n], &src[1][..n]);
+    for ((o, &x), &y) in words.iter_mut().zip(a).zip(b) {
+        let v = (x as u16) << 8 | y as u16;
+        *o = if ROT { v.rotate_right(1) } else { v }.to_le();
+    }
+}
+
+/// [`interleave2`] for 32-bit words (four planes, one pass).
+#[inline(always)]
+fn interleave4<const ROT: bool>(src: &[&[u8]; 4], words: &mut [u32]) {
+    let n = words.len();
+    let (a, b, c, d) = (&src[0][..n], &src[1][..n], &src[2][..n], &src[3][..n]);
+    for ((((o, &x), &y), &z), &u) in words.iter_mut().zip(a).zip(b).zip(c).zip(d) {
+        let v = (x as u32) << 24 | (y as u32) << 16 | (z as u32) << 8 | u as u32;
+        *o = if ROT { v.rotate_right(1) } else { v }.to_le();
+    }
+}
+
+/// Plane-major interleave of 64-bit words: the first plane sets each word, the others are
+/// or-ed in, one vectorised pass over the (L1-resident) block each; then the rotation (eight
+/// zipped planes in one pass did not vectorise).
+#[inline(always)]
+fn interleave8<const ROT: bool>(src: &[&[u8]; 8], words: &mut [u64]) {
+    for (o, &b) in words.iter_mut().zip(src[0]) {
+        *o = (b as u64) << 56;
+    }
+    for (p, plane) in src.iter().enumerate().skip(1) {
+        let shift = 8 * (7 - p) as u32;
+        for (o, &b) in words.iter_mut().zip(*plane) {
+            *o |= (b as u64) << shift;
+        }
+    }
+    for o in words.iter_mut() {
+        let v = if ROT { o.rotate_right(1) } else { *o };
+        *o = v.to_le();
+    }
+}
+
 macro_rules! ungroup_block {
-    ($name:ident, $t:ty, $w:expr) => {
+    ($name:ident, $t:ty, $w:expr, $interleave:ident) => {
         #[inline(always)]
         fn $name<const ROT: bool>(planes: &[&[u8]], at: usize, dst: &mut [u8]) {
             let n = dst.len() / $w;
@@ -173,22 +218,7 @@ macro_rules! ungroup_block {
             // SAFETY: every bit pattern is a valid integer; align_to_mut only yields aligned words.
             let (head, words, _) = unsafe { dst.align_to_mut::<$t>() };
             if head.is_empty() && words.len() == n {
-                // Plane-major: the first plane sets each word, the others are or-ed in, one
-                // vectorised pass over the (L1-resident) block each; then the rotation.
-                let words = &mut words[..n];
-                for (o, &b) in words.iter_mut().zip(src[0]) {
-                    *o = (b as $t) << (8 * ($w - 1));
-                }
-                for (p, plane) in src.iter().enumerate().skip(1) {
-                    let shift = 8 * ($w - 1 - p) as u32;
-                    for (o, &b) in words.iter_mut().zip(*plane) {
-                        *o |= (b as $t) << shift;
-                    }
-                }
-                for o in words.iter_mut() {
-                    let v = if ROT { o.rotate_right(1) } else { *o };
-                    *o = v.to_le();
-                }
+                $interleave::<ROT>(&src, &mut words[..n]);
             } else {
                 for (i, o) in dst.chunks_exact_mut($w).enumerate() {
                     o.copy_from_slice(&word(i).to_le_bytes());
@@ -198,9 +228,9 @@ macro_rules! ungroup_block {
     };
 }
 
-ungroup_block!(ungroup_block2, u16, 2);
-ungroup_block!(ungroup_block4, u32, 4);
-ungroup_block!(ungroup_block8, u64, 8);
+ungroup_block!(ungroup_block2, u16, 2, interleave2);
+ungroup_block!(ungroup_block4, u32, 4, interleave4);
+ungroup_block!(ungroup_block8, u64, 8, interleave8);
 
 multiversion! {
 /// Interleave `planes` (each `dst.len() / w` bytes, most significant first) into `dst`, block by
