@@ -99,3 +99,45 @@ fn hostile_segments_error_without_panicking() {
     b[3] = 0x11;
     assert!(decode(&b, &mut out).is_err());
 }
+
+/// The fast loop's extremes: runs of 11-bit codes (five lookups use 55 of a lane's 56 bits,
+/// the sentinel just above them) and runs of 1-bit codes (four symbols per lookup, the 8-byte
+/// store's overshoot at its largest), inside a plane long enough that most symbols go through
+/// the fast loop; also cut to lengths near the stream pieces' ends.
+#[test]
+fn fast_loop_extremes_round_trip() {
+    // Geometric symbols (symbol k with probability 2^-(k+1)): 0 gets a 1-bit code, the rare
+    // ones (k >= 11) the longest. Runs of each extreme are spread over the streams.
+    let mut plane = Vec::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for block in 0..40 {
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            plane.push(x.trailing_zeros().min(40) as u8);
+        }
+        match block % 4 {
+            0 => plane.extend((0..60).map(|i| 12 + (i % 6) as u8)), // longest codes
+            2 => plane.extend(std::iter::repeat_n(0u8, 2000)),      // shortest code
+            _ => {}
+        }
+    }
+    let lens = code_lengths(&histogram(&plane)).unwrap();
+    assert_eq!(lens[0], 1);
+    // The runs stay rare (about 1 in 4000 symbols) so they keep the longest length.
+    assert!(
+        (12..18).all(|s| lens[s] as u32 == MAX_LEN),
+        "{:?}",
+        &lens[..24]
+    );
+    for cut in [
+        plane.len(),
+        plane.len() - 1,
+        plane.len() - 29,
+        40_001,
+        8 * 28 + 3,
+    ] {
+        round_trip(&plane[plane.len() - cut..]);
+    }
+}
