@@ -7,6 +7,7 @@
 mod buffers;
 mod checksum;
 mod delta;
+mod file_ranges;
 mod outs;
 mod pools;
 mod read;
@@ -212,8 +213,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta::xor_into, m)?)?;
     m.add_function(wrap_pyfunction!(delta::encoded_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(read::read_file_ranges, m)?)?;
-    m.add_function(wrap_pyfunction!(read::read_file_ranges_direct, m)?)?;
+    m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges, m)?)?;
+    m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges_direct, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::wait_for_cleanups, m)?)?;
     m.add_function(wrap_pyfunction!(write::pending_cleanups, m)?)?;
