@@ -40,6 +40,7 @@ __all__ = [
     "merge_order_stats",
     "forget_merge_orders",
     "merge",
+    "merge_in_memory",
     "pending_cleanups",
     "wait_for_cleanups",
     "object_delete",
@@ -215,6 +216,7 @@ class Writer:
         xor_base: _Buffer | None = None,
     ) -> None: ...
     def commit(self) -> None: ...
+    def commit_partial(self) -> bytes | None: ...
     def cancel(self) -> None: ...
     def abort(self) -> None: ...
 
@@ -240,6 +242,16 @@ def is_single_file(path: str | PathLike[str]) -> bool: ...
 def merge(
     prefix: str,
     world_size: int,
+    *,
+    durable: bool = True,
+    token: str | None = None,
+    storage_options: dict[str, str] | None = None,
+    wait_cleanup: bool = True,
+    hashed_prefixes: bool = False,
+) -> None: ...
+def merge_in_memory(
+    prefix: str,
+    partials: Sequence[bytes],
     *,
     durable: bool = True,
     token: str | None = None,

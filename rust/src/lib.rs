@@ -65,8 +65,8 @@ pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
 pub use merge::{
-    forget_merge_orders, merge, merge_at, merge_at_in, merge_at_with, merge_local, merge_local_in,
-    merge_order_stats,
+    forget_merge_orders, merge, merge_at, merge_at_in, merge_at_with, merge_in_memory, merge_local,
+    merge_local_in, merge_order_stats,
 };
 pub use reader::Reader;
 pub use shard::Item;

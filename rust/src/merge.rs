@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod kept;
+mod memory;
 mod order;
+pub use memory::merge_in_memory;
 use order::Partial;
 pub use order::{forget_all as forget_merge_orders, stats as merge_order_stats};
 
@@ -160,7 +162,19 @@ pub fn merge_local_in(
     });
     let needed = reader.needed();
     arena.give_back(needed);
-    let m = merged?;
+    commit_merged(prefix, merged?, durable, lock, background_cleanup)
+}
+
+/// Commit the merged index `m` at local `prefix` (under `lock`), then remove what it made
+/// unreferenced (the consumed partials, the replaced shards) now or, with
+/// `background_cleanup`, on a thread that owns the lock until it is done.
+fn commit_merged(
+    prefix: &Path,
+    m: Merged,
+    durable: bool,
+    lock: PrefixLock,
+    background_cleanup: bool,
+) -> Result<()> {
     crate::fault::point("merge.read");
     let committed = commit_without_cleanup(prefix, &m.shards, Ok(&m.index), durable, &lock);
     kept::keep_index(m.index);

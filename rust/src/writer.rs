@@ -345,6 +345,13 @@ impl CheckpointWriter {
     /// are fsynced first, then published, committed and cleaned up under the prefix's commit
     /// lock (FORMAT.md §8). On error nothing of this save is left behind.
     pub fn commit(&self) -> Result<()> {
+        self.commit_partial().map(|_| ())
+    }
+
+    /// [`Writer::commit`], returning the bytes of the partial index it published (several
+    /// writers; `None` for one): a coordinator handed them can merge from memory
+    /// ([`crate::merge::merge_in_memory`]) instead of reading every rank's partial back.
+    pub fn commit_partial(&self) -> Result<Option<Vec<u8>>> {
         if let Err(e) = crate::cancel::check() {
             self.abort();
             return Err(e);
@@ -376,6 +383,7 @@ impl CheckpointWriter {
                 self.opts.durable,
                 &lock,
             )
+            .map(|()| None)
         } else {
             let meta = self.partial_meta(&manifest);
             let res = build_index(&recs, entries, self.opts.chunk_bytes, meta.as_bytes()).and_then(
@@ -388,7 +396,8 @@ impl CheckpointWriter {
                         // cleanup removes it between here and the rename
                         crate::commit::ensure_parent_dir(&dest, o.durable)?;
                     }
-                    write_atomic(&dest, &bytes, o.durable)
+                    write_atomic(&dest, &bytes, o.durable)?;
+                    Ok(Some(bytes))
                 },
             );
             if res.is_err() {
@@ -441,7 +450,7 @@ impl CheckpointWriter {
         rp: &RemotePrefix,
         mode: remote_commit::Observed,
         sealed: Vec<ShardWriter>,
-    ) -> Result<()> {
+    ) -> Result<Option<Vec<u8>>> {
         let digests = shard_digests(&sealed);
         let done: Vec<Result<(ShardRec, Vec<EntryMeta>)>> = std::thread::scope(|sc| {
             let hs: Vec<_> = sealed
@@ -492,7 +501,8 @@ impl CheckpointWriter {
                     self.opts.chunk_bytes,
                     meta.as_bytes(),
                     &[],
-                );
+                )
+                .map(|()| None);
             }
             None => build_index(
                 &recs,
@@ -503,9 +513,14 @@ impl CheckpointWriter {
             .and_then(|bytes| {
                 let o = &self.opts;
                 let suffix = partial_suffix_in(o.rank, o.world_size, o.hashed_prefixes);
+                // (a copy of ~5 KB per rank: the store takes its own)
                 rp.store
-                    .put(&rp.key_of(&suffix), bytes, object_store::PutMode::Overwrite)
-                    .map(|_| ())
+                    .put(
+                        &rp.key_of(&suffix),
+                        bytes.clone(),
+                        object_store::PutMode::Overwrite,
+                    )
+                    .map(|_| Some(bytes))
             }),
         };
         if res.is_err() {

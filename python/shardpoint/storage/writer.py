@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import atexit
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _core
@@ -106,6 +106,17 @@ class Writer:
         finally:
             self._w = None
 
+    def commit_partial(self) -> bytes | None:
+        """:meth:`commit`, returning the bytes of the partial index this writer published
+        (``world_size > 1``; ``None`` for a single writer). Handed to the coordinator, they let
+        :func:`merge` (``partials=``) merge from memory instead of reading every partial back;
+        the partial is published all the same."""
+        w = self._writer()
+        try:
+            return w.commit_partial()
+        finally:
+            self._w = None
+
     def abort(self) -> None:
         """Discard everything written; the previous checkpoint at the prefix is untouched.
         ``add`` calls running on other threads stop at their next chunk."""
@@ -133,6 +144,7 @@ def merge(
     storage_options: StorageOptions = None,
     wait_cleanup: bool = True,
     hashed_prefixes: bool = False,
+    partials: Sequence[bytes] | None = None,
 ) -> None:
     """Commit a multi-writer save: merge the ``world_size`` partial indexes into ``prefix.index``
     (no data is copied). ``hashed_prefixes``: the writers' option (``Writer(...,
@@ -156,7 +168,28 @@ def merge(
     The process remembers the entry order of its last merge at each prefix (a few prefixes):
     when the next save there writes the same keys, its entries are copied in that order, each
     key checked to be above the one before it, instead of merged through a heap; any change of
-    layout fails that check and the heap merges. The index is the same bytes either way."""
+    layout fails that check and the heap merges. The index is the same bytes either way.
+
+    ``partials``: every writer's partial index bytes, rank by rank, as
+    :meth:`Writer.commit_partial` returned them (``len(partials) == world_size``): merged from
+    memory instead of read back (for thousands of ranks, reading the files is most of the
+    merge), with the same checks (crcs, key order, shard bounds, ``token``); an error names
+    the partial as ``<its path> (in memory)``. The published partials are removed as usual."""
+    if partials is not None:
+        if len(partials) != int(world_size):
+            raise InvalidArgumentError(
+                f"{prefix}: merge of {world_size} writers was given {len(partials)} partial indexes"
+            )
+        _core.merge_in_memory(
+            _prefix(prefix),
+            [bytes(p) for p in partials],
+            durable=bool(durable),
+            token=token,
+            storage_options=_storage(storage_options),
+            wait_cleanup=bool(wait_cleanup),
+            hashed_prefixes=bool(hashed_prefixes),
+        )
+        return
     _core.merge(
         _prefix(prefix),
         int(world_size),

@@ -216,6 +216,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges, m)?)?;
     m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges_direct, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
+    m.add_function(wrap_pyfunction!(write::merge_in_memory, m)?)?;
     m.add_function(wrap_pyfunction!(write::wait_for_cleanups, m)?)?;
     m.add_function(wrap_pyfunction!(write::pending_cleanups, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge_order_stats, m)?)?;

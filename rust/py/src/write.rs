@@ -7,6 +7,7 @@ use crate::remote::{location, Opts};
 use crate::{invalid, nogil, nogil_cancellable, parse_codec, parse_digest, to_py};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use shardpoint_core::format::{DType, Kind};
 use shardpoint_core::{CheckpointWriter, Item, WriterOptions};
 
@@ -143,6 +144,37 @@ pub(crate) fn merge(
     })
 }
 
+/// [`merge`] from the partial indexes' bytes (`partials[r]`: rank `r`'s, as its writer's
+/// `commit_partial` returned them; `world_size = len(partials)`) instead of reading them back:
+/// the same validation, commit and cleanup. The bytes objects are read in place (no copy).
+#[pyfunction]
+#[pyo3(signature = (prefix, partials, *, durable=true, token=None, storage_options=None, wait_cleanup=true, hashed_prefixes=false))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn merge_in_memory(
+    py: Python<'_>,
+    prefix: &str,
+    partials: Vec<Bound<'_, PyBytes>>,
+    durable: bool,
+    token: Option<String>,
+    storage_options: Opts,
+    wait_cleanup: bool,
+    hashed_prefixes: bool,
+) -> PyResult<()> {
+    let loc = location(py, prefix, &storage_options)?;
+    // borrowed from the (immutable) bytes objects, which `partials` keeps alive
+    let parts: Vec<&[u8]> = partials.iter().map(|b| b.as_bytes()).collect();
+    nogil_cancellable(py, || {
+        shardpoint_core::merge_in_memory(
+            &loc,
+            &parts,
+            durable,
+            token.as_deref(),
+            !wait_cleanup,
+            hashed_prefixes,
+        )
+    })
+}
+
 /// Wait for every background cleanup this process started (`merge(wait_cleanup=False)`).
 #[pyfunction]
 pub(crate) fn wait_for_cleanups(py: Python<'_>) {
@@ -249,6 +281,13 @@ impl Writer {
     /// Finish: commit `P.index` (one writer) or publish the partial index (several).
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
         nogil_cancellable(py, || self.inner.commit())
+    }
+
+    /// [`commit`](Self::commit), returning the bytes of the partial index it published
+    /// (several writers; `None` for one), for a merge from memory (`merge_in_memory`).
+    fn commit_partial<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let got = nogil_cancellable(py, || self.inner.commit_partial())?;
+        Ok(got.map(|b| PyBytes::new(py, &b)))
     }
 
     /// Stop `add`s running on other threads at their next chunk (no lock taken); `abort`

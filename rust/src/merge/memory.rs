@@ -1,0 +1,74 @@
+//! The merge from partial indexes already in memory (FORMAT.md §8, "in-memory merge"): a
+//! coordinator that was handed every writer's partial index bytes (DCP gathers each rank's
+//! write results on it anyway) merges them without reading the `N` partial files back, which
+//! for thousands of ranks was most of an unchanged save's merge (an open, fstat, read and
+//! close each). The bytes get the same validation as read ones (header, crcs, blocks, key
+//! order, shard bounds, merge token): they crossed a network and are as hostile as a file.
+//! The ranks still publish their partials, so a merge from the files, `gc` and the cleanup
+//! of the consumed partials behave as before.
+
+use super::{commit_merged, kept, merge_partials};
+use crate::commit::PrefixLock;
+use crate::error::{Error, Result};
+use crate::naming::{partial_suffix_in, with_suffix};
+use crate::store::{remote_commit, Location};
+use std::path::{Path, PathBuf};
+
+/// Merge the partial indexes `partials` (index = rank, `world_size = partials.len()`) of the
+/// save at `loc` and commit `P.index`, as [`super::merge_at_in`] does with the ones it would
+/// read (`hashed`: the writers' `hashed_prefixes`, which names the consumed partials and the
+/// errors). An error names the partial as `<its path> (in memory)`.
+pub fn merge_in_memory(
+    loc: &Location,
+    partials: &[&[u8]],
+    durable: bool,
+    token: Option<&str>,
+    background_cleanup: bool,
+    hashed: bool,
+) -> Result<()> {
+    let world_size = u32::try_from(partials.len())
+        .ok()
+        .filter(|&w| w >= 1)
+        .ok_or_else(|| Error::InvalidArgument("merge needs 1 to 2^32-1 partial indexes".into()))?;
+    match loc {
+        Location::Local(prefix) => {
+            let lock = PrefixLock::acquire(prefix)?;
+            let at = prefix.to_string_lossy();
+            let name = |rank| {
+                in_memory(&with_suffix(
+                    prefix,
+                    &partial_suffix_in(rank, world_size, hashed),
+                ))
+            };
+            let merged = merge_partials(world_size, token, &at, kept::take_index(), |rank| {
+                Ok((name(rank), partials[rank as usize]))
+            });
+            commit_merged(prefix, merged?, durable, lock, background_cleanup)
+        }
+        Location::Remote(rp) => {
+            let seen = remote_commit::observe(rp)?;
+            let suffixes: Vec<String> = (0..world_size)
+                .map(|rank| partial_suffix_in(rank, world_size, hashed))
+                .collect();
+            let name = |rank: u32| in_memory(&rp.url_of(&suffixes[rank as usize]));
+            let at = rp.url_of("");
+            let m = merge_partials(
+                world_size,
+                token,
+                &at.to_string_lossy(),
+                Vec::new(),
+                |rank| Ok((name(rank), partials[rank as usize])),
+            )?;
+            crate::fault::point("merge.read");
+            // the ranks' published partials go in the same bulk delete as the replaced shards
+            remote_commit::commit_index_bytes(rp, seen, &m.shards, m.index, &suffixes)
+        }
+    }
+}
+
+/// `path` as named in the errors of an in-memory merge.
+fn in_memory(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(" (in memory)");
+    PathBuf::from(s)
+}
