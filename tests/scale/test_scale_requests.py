@@ -80,14 +80,18 @@ def test_save_file_makes_no_list_or_head(moto: Moto, proxy: Proxy) -> None:
 
 def test_dcp_save_through_our_storage_writer(moto: Moto, proxy: Proxy) -> None:
     """DCP's planner's plans for N row-sharded ranks, our StorageWriter: each rank two PUTs;
-    the checkpoint holds every shard and DCP's metadata."""
+    the merge reads no partial (FORMAT.md §8.4); the checkpoint holds every shard and DCP's
+    metadata."""
     pytest.importorskip("torch")
     url = f"s3://{moto.bucket()}/dcp/ckpt"
     opts = opts_for(proxy)
     run = h.dcp_save(url, N, tensors=TENSORS, proxy=proxy, moto=moto, options=opts)
     assert run.rank_requests == {"PUT": 2.0}, run.rank_requests
-    assert run.commit_requests.get("LIST", 0) == run.commit_requests.get("HEAD", 0) == 0
+    # finish: the metadata writer's shard and partial, the index it replaces (one GET), the
+    # index and one bulk delete; the ranks' partials came with their results, never read back
+    assert run.commit_requests == {"GET": 1, "PUT": 3, "BULK_DELETE": 1}, run.commit_requests
     assert run.bytes_to_coordinator > 0 and run.bytes_from_coordinator > 0
+    assert run.objects_per_rank == 1.0 + 2 / N  # the consumed partials were deleted
     with sp.open(url, storage_options=opts) as r:
         assert len(r) == N * TENSORS + 2  # the shards, DCP's metadata and its chunk table
         np.testing.assert_array_equal(r[f"t000@{N - 1},0"], np.full((1, 4), N - 1, np.float32))

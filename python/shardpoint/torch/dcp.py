@@ -9,7 +9,8 @@ Save (``dcp.save(state_dict, storage_writer=StorageWriter(prefix))``):
 3. ``finish`` on the coordinator, after DCP has gathered every rank's results (so every partial
    index exists): DCP's ``Metadata`` is written as a JSON entry by one extra writer (rank ``W``),
    and ``sp.merge(prefix, W + 1)`` merges the partial indexes without copying data and commits
-   ``prefix.index`` atomically. A rank that dies before that leaves the previous checkpoint at
+   ``prefix.index`` atomically. Each rank's results carry the bytes of its partial index, so the
+   merge takes them from memory rather than reading ``W`` files back (``partials=``). A rank that dies before that leaves the previous checkpoint at
    ``prefix`` untouched.
 
 Keys: a tensor saved whole is stored under its DCP fully-qualified name (``model.l1.weight``),
@@ -100,6 +101,36 @@ class _RankSlot:
     rank: int
     world_size: int
     merge_token: str = ""
+
+
+@dataclass(frozen=True)
+class _RankPartial:
+    """``storage_data`` of the extra, last ``WriteResult`` of a rank: the bytes of the partial
+    index it published, so the coordinator's ``finish`` merges from memory instead of reading
+    every rank's partial file back (FORMAT.md §8.4). Never stored in the metadata."""
+
+    rank: int
+    data: bytes
+
+
+#: the ``MetadataIndex`` fqn of a rank's :class:`_RankPartial` result (never a state_dict key:
+#: DCP's planners only use ``WriteItem`` indexes, and this one is not in any plan)
+_PARTIAL_FQN = "\x00shardpoint.partial_index"
+
+
+def _gathered_partials(results: list[list[_storage.WriteResult]], world: int) -> list[bytes] | None:
+    """Every rank's partial index bytes in rank order, from the last result of each rank
+    (one look per rank, not a walk over every result), or ``None`` when any rank sent none
+    (results of an older writer: then the merge reads the partial files)."""
+    if len(results) != world:
+        return None
+    parts: list[bytes | None] = [None] * world
+    for rank_results in results:
+        last = rank_results[-1].storage_data if rank_results else None
+        if not isinstance(last, _RankPartial) or not 0 <= last.rank < world:
+            return None
+        parts[last.rank] = last.data
+    return None if any(p is None for p in parts) else [p for p in parts if p is not None]
 
 
 def _storage_key(item: WriteItem) -> str:
@@ -239,10 +270,15 @@ class StorageWriter(_storage.StorageWriter):
         try:
             with ThreadPoolExecutor(self.threads) as pool:
                 results = list(pool.map(write_one, items))
-            writer.commit()
+            partial = writer.commit_partial()
         except BaseException:
             writer.abort()
             raise
+        if partial is not None:
+            # the partial index rides to the coordinator with the results DCP gathers anyway
+            # (its ~5 KB per rank), last so finish finds it without walking the others
+            index = _md.MetadataIndex(_PARTIAL_FQN)
+            results.append(_storage.WriteResult(index, 0, _RankPartial(slot.rank, partial)))
         fut: Future[list[_storage.WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -272,7 +308,10 @@ class StorageWriter(_storage.StorageWriter):
                 writer.add(METADATA_CHUNKS_ENTRY, encoded[1])
             else:
                 metadata.storage_data = {
-                    wr.index: wr.storage_data for rank in results for wr in rank
+                    wr.index: wr.storage_data
+                    for rank in results
+                    for wr in rank
+                    if not isinstance(wr.storage_data, _RankPartial)
                 }
                 logger.warning(
                     "DCP metadata of %s holds objects JSON cannot describe (custom planner "
@@ -282,10 +321,12 @@ class StorageWriter(_storage.StorageWriter):
                     PICKLED_METADATA_ENTRY,
                 )
                 writer.add(PICKLED_METADATA_ENTRY, pickle.dumps(metadata))
-            writer.commit()
+            own = writer.commit_partial()
         except BaseException:
             writer.abort()
             raise
+        # merged from the partials the ranks sent when all did (no N file reads), else read
+        ranks = _gathered_partials(results, world)
         storage.merge(
             self.prefix,
             world + 1,
@@ -294,6 +335,7 @@ class StorageWriter(_storage.StorageWriter):
             storage_options=self.storage_options,
             wait_cleanup=not self.background_cleanup,
             hashed_prefixes=self.hashed_prefixes,
+            partials=None if ranks is None or own is None else [*ranks, own],
         )
 
     @classmethod
