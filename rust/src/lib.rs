@@ -48,6 +48,7 @@ pub mod incremental;
 pub mod index;
 pub mod load;
 pub mod merge;
+pub mod merge_memory;
 pub mod naming;
 pub mod reader;
 pub mod runs;
@@ -65,9 +66,10 @@ pub use error::{Error, Result};
 pub use format::{Codec, DType, Kind};
 pub use incremental::{save_incremental, IncrementalReport};
 pub use merge::{
-    forget_merge_orders, merge, merge_at, merge_at_in, merge_at_with, merge_in_memory, merge_local,
-    merge_local_in, merge_order_stats,
+    forget_merge_orders, merge, merge_at, merge_at_in, merge_at_with, merge_local, merge_local_in,
+    merge_order_stats,
 };
+pub use merge_memory::merge_in_memory;
 pub use reader::Reader;
 pub use shard::Item;
 pub use single::{encode_single, save_single};

@@ -21,10 +21,8 @@ use std::collections::binary_heap::{BinaryHeap, PeekMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-mod kept;
-mod memory;
+pub(crate) mod kept;
 mod order;
-pub use memory::merge_in_memory;
 use order::Partial;
 pub use order::{forget_all as forget_merge_orders, stats as merge_order_stats};
 
@@ -168,7 +166,7 @@ pub fn merge_local_in(
 /// Commit the merged index `m` at local `prefix` (under `lock`), then remove what it made
 /// unreferenced (the consumed partials, the replaced shards) now or, with
 /// `background_cleanup`, on a thread that owns the lock until it is done.
-fn commit_merged(
+pub(crate) fn commit_merged(
     prefix: &Path,
     m: Merged,
     durable: bool,
@@ -295,9 +293,9 @@ fn other_form_hint(hashed: bool) -> &'static str {
 /// The merged content of a multi-writer save, ready to commit: the shard table and the
 /// serialized `P.index`.
 #[derive(Debug)]
-struct Merged {
-    shards: Vec<ShardRec>,
-    index: Vec<u8>,
+pub(crate) struct Merged {
+    pub(crate) shards: Vec<ShardRec>,
+    pub(crate) index: Vec<u8>,
     /// Whether the entries were copied in the order remembered from the last merge at the
     /// same place (else the heap merged them).
     #[cfg_attr(not(test), allow(dead_code))] // what the tests read
@@ -319,7 +317,7 @@ struct Merged {
 /// merge there first tries that order ([`order::merge_in_order`]: the same validation and a
 /// strict order check on every key, so only a correct guess gets through) and falls back to
 /// the heap when the layout changed. Either way the index is the same bytes.
-fn merge_partials<B: IndexSource>(
+pub(crate) fn merge_partials<B: IndexSource>(
     world_size: u32,
     token: Option<&str>,
     at: &str,

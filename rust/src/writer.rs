@@ -1,6 +1,5 @@
 //! Checkpoint writers: a streaming writer over several shards (threads write different shards
-//! in parallel), a one-call parallel save, and partial indexes for multi-process writers (the
-//! merge that commits them is in `merge`).
+//! in parallel), a one-call parallel save, partial indexes of multi-process writers (`merge`).
 
 use crate::commit::{commit_index, random_token, unlink_shards, write_atomic, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest};
@@ -341,16 +340,15 @@ impl CheckpointWriter {
     }
 
     /// Finish and make the result visible: with one writer, commit `P.index`; with several,
-    /// publish this writer's partial index (the checkpoint appears after [`merge`]). Shards
-    /// are fsynced first, then published, committed and cleaned up under the prefix's commit
-    /// lock (FORMAT.md §8). On error nothing of this save is left behind.
+    /// publish this writer's partial index (the checkpoint appears after [`merge`]). Shards are
+    /// fsynced, published, committed and cleaned up under the prefix's commit lock (FORMAT.md
+    /// §8). On error nothing of this save is left behind.
     pub fn commit(&self) -> Result<()> {
         self.commit_partial().map(|_| ())
     }
 
-    /// [`Writer::commit`], returning the bytes of the partial index it published (several
-    /// writers; `None` for one): a coordinator handed them can merge from memory
-    /// ([`crate::merge::merge_in_memory`]) instead of reading every rank's partial back.
+    /// [`Writer::commit`], returning the partial index it published (`None` for one writer),
+    /// which a coordinator can merge from memory ([`crate::merge_memory::merge_in_memory`]).
     pub fn commit_partial(&self) -> Result<Option<Vec<u8>>> {
         if let Err(e) = crate::cancel::check() {
             self.abort();
@@ -514,13 +512,11 @@ impl CheckpointWriter {
                 let o = &self.opts;
                 let suffix = partial_suffix_in(o.rank, o.world_size, o.hashed_prefixes);
                 // (a copy of ~5 KB per rank: the store takes its own)
-                rp.store
-                    .put(
-                        &rp.key_of(&suffix),
-                        bytes.clone(),
-                        object_store::PutMode::Overwrite,
-                    )
-                    .map(|_| Some(bytes))
+                let key = rp.key_of(&suffix);
+                let put = rp
+                    .store
+                    .put(&key, bytes.clone(), object_store::PutMode::Overwrite);
+                put.map(|_| Some(bytes))
             }),
         };
         if res.is_err() {

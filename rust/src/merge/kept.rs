@@ -48,7 +48,7 @@ fn kept() -> std::sync::MutexGuard<'static, Kept> {
 }
 
 /// The kept index buffer (empty if none): its capacity is what is reused.
-pub(super) fn take_index() -> Vec<u8> {
+pub(crate) fn take_index() -> Vec<u8> {
     std::mem::take(&mut kept().index)
 }
 

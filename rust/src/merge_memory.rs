@@ -7,15 +7,15 @@
 //! The ranks still publish their partials, so a merge from the files, `gc` and the cleanup
 //! of the consumed partials behave as before.
 
-use super::{commit_merged, kept, merge_partials};
 use crate::commit::PrefixLock;
 use crate::error::{Error, Result};
+use crate::merge::{commit_merged, kept, merge_partials};
 use crate::naming::{partial_suffix_in, with_suffix};
 use crate::store::{remote_commit, Location};
 use std::path::{Path, PathBuf};
 
 /// Merge the partial indexes `partials` (index = rank, `world_size = partials.len()`) of the
-/// save at `loc` and commit `P.index`, as [`super::merge_at_in`] does with the ones it would
+/// save at `loc` and commit `P.index`, as [`crate::merge::merge_at_in`] does with the ones it would
 /// read (`hashed`: the writers' `hashed_prefixes`, which names the consumed partials and the
 /// errors). An error names the partial as `<its path> (in memory)`.
 pub fn merge_in_memory(
