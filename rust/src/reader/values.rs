@@ -170,15 +170,6 @@ impl Reader {
         let before = piece_crc(0, lo)?;
         let mid = crate::crc_combine::combine(before, crate::checksum::crc(out), hi - lo);
         let actual = crate::crc_combine::combine(mid, piece_crc(hi, e.raw_len)?, e.raw_len - hi);
-        if actual != e.crc {
-            return Err(Error::Checksum {
-                path: self.shards[e.shard as usize].path.clone(),
-                offset: e.offset,
-                what: format!("key {:?}", e.key),
-                expected: e.crc,
-                actual,
-            });
-        }
-        Ok(())
+        self.expect_crc(e, actual)
     }
 }

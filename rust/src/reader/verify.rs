@@ -12,7 +12,12 @@ use std::path::{Path, PathBuf};
 
 impl Reader {
     fn check_raw_crc(&self, e: &Entry<'_>, bytes: &[u8]) -> Result<()> {
-        let actual = crate::checksum::par_crc(bytes);
+        self.expect_crc(e, crate::checksum::par_crc(bytes))
+    }
+
+    /// `Ok` when `actual` is the entry's stored crc, else the checksum error naming its shard,
+    /// offset and key.
+    pub(super) fn expect_crc(&self, e: &Entry<'_>, actual: u32) -> Result<()> {
         if actual != e.crc {
             return Err(Error::Checksum {
                 path: self.shards[e.shard as usize].path.clone(),
