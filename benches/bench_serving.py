@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
-                "sp_hf_direct", "sp_none", "sp_default"]  # fmt: skip
+                "sp_hf_mt", "sp_hf_direct", "sp_none", "sp_default"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
@@ -242,7 +242,7 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         return get
     import shardpoint.torch as spt
 
-    sub = {"sp_hf": "hf", "sp_hf_direct": "hf", "sp_none": "sp_none",
+    sub = {"sp_hf": "hf", "sp_hf_mt": "hf", "sp_hf_direct": "hf", "sp_none": "sp_none",
            "sp_default": "sp_default"}[name]  # fmt: skip
     path = root.rstrip("/") + "/" + sub
     opts = None
@@ -250,7 +250,10 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         opts = {"endpoint": s3["endpoint"], "aws_access_key_id": "testing",
                 "aws_secret_access_key": "testing", "region": "us-east-1", "allow_http": "true"}  # fmt: skip
     # the cold-read engine (O_DIRECT), docs/SERVING.md; absent from older trees (bisecting)
-    kw = {"direct": True} if name == "sp_hf_direct" else {}
+    kw: dict[str, Any] = {"direct": True} if name == "sp_hf_direct" else {}
+    if name == "sp_hf_mt":
+        # the consumer's copy_ on torch's whole OpenMP team, as before consumer_threads
+        kw["consumer_threads"] = None
     return lambda: spt.weights_iterator(path, io="pread", storage_options=opts, **kw)
 
 
@@ -466,6 +469,9 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-warm", "sp_none", ["st_lazy"])
     ratio("local-cold", "sp_hf", ["fastsafetensors"])
     ratio("local-cold", "sp_hf", ["runai"])
+    ratio("local-cold", "sp_hf_mt", ["fastsafetensors"])
+    ratio("local-cold", "sp_hf", ["sp_hf_mt"])
+    ratio("local-warm", "sp_hf", ["sp_hf_mt"])
     ratio("local-cold", "sp_hf_direct", ["fastsafetensors"])
     ratio("local-warm", "sp_hf", ["fastsafetensors"])
 

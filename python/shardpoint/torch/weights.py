@@ -38,7 +38,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -46,10 +46,12 @@ import numpy as np
 import torch
 
 from .. import storage
-from ..errors import InvalidArgumentError, MissingKeyError
+from ..errors import InvalidArgumentError
 from ..storage.io_mode import check_io, resolve_io
+from .consumer_threads import ConsumerThreads
 from .host_pool import POOL_MIN, HostPool
-from .tensors import tensor_to_numpy, torch_dtype, torch_section
+from .tensors import tensor_to_numpy, torch_dtype
+from .weights_plan import Names, Plan
 
 __all__ = [
     "WeightsIterator",
@@ -91,77 +93,6 @@ _PAGE = 4096
 #: Mappings this large ask for transparent huge pages.
 _HUGE = 2 << 20
 
-Names = Collection[str] | Callable[[str], bool] | None
-
-
-class _Plan:
-    """What to read: the stored keys in file order, their infos, and the names tied to them."""
-
-    def __init__(self, reader: storage.Reader, names: Names) -> None:
-        meta = torch_section(reader) if isinstance(reader, storage.Reader) else None
-        aliases: Mapping[str, Any] = (meta or {}).get("aliases", {}) if meta else {}
-        stored = reader.keys()
-        stored_set = set(stored)
-        self.followers: dict[str, list[str]] = {}
-        for alias, rec in aliases.items():
-            src = rec.get("of") if isinstance(rec, Mapping) else None
-            if isinstance(src, str) and src in stored_set and alias not in stored_set:
-                self.followers.setdefault(src, []).append(alias)
-        if names is None:
-            wanted: set[str] | None = None
-        elif callable(names):
-            pred = names
-            wanted = {k for k in stored if pred(k)}
-            wanted |= {a for fs in self.followers.values() for a in fs if pred(a)}
-        else:
-            if isinstance(names, str):
-                raise InvalidArgumentError("names must be a collection of names, not one str")
-            wanted = set(names)
-            known = stored_set | {a for fs in self.followers.values() for a in fs}
-            missing = sorted(wanted - known)
-            if missing:
-                raise MissingKeyError(
-                    f"{reader.path}: not in the checkpoint: {', '.join(map(repr, missing[:10]))}"
-                    + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-                )
-        infos: list[storage.EntryInfo] = []
-        for k in stored:
-            tied = self.followers.get(k, [])
-            if wanted is not None and k not in wanted and not (set(tied) & wanted):
-                continue
-            info = reader.info(k)
-            if info.kind != "tensor":
-                if wanted is not None and k in wanted:
-                    raise InvalidArgumentError(f"key {k!r}: stored value is a {info.kind}")
-                continue
-            infos.append(info)
-        # file order: the order the bytes lie on disk, which is what the read-ahead follows
-        infos.sort(key=lambda i: (i.shard, i.offset))
-        self.infos = infos
-        self.wanted = wanted
-
-    def names_of(self, key: str) -> list[str]:
-        """The names a stored key is handed out under: itself and the names tied to it."""
-        out = [key, *self.followers.get(key, [])]
-        return out if self.wanted is None else [n for n in out if n in self.wanted]
-
-    def batches(self, limit: int, first: int | None = None) -> Iterator[list[storage.EntryInfo]]:
-        """Consecutive runs of at most ``limit`` raw bytes (a larger value alone); with
-        ``first``, the first run at most that, each next one twice the last, up to ``limit``
-        (the consumer starts on the first values sooner: nothing overlaps the first read)."""
-        cur: list[storage.EntryInfo] = []
-        acc = 0
-        cap = limit if first is None else min(first, limit)
-        for info in self.infos:
-            if cur and acc + info.raw_bytes > cap:
-                yield cur
-                cur, acc = [], 0
-                cap = min(limit, cap * 2)
-            cur.append(info)
-            acc += info.raw_bytes
-        if cur:
-            yield cur
-
 
 def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
     """A new tensor for ``info``'s value: its own allocation (through bytes, so float4 and
@@ -192,60 +123,33 @@ def _placed(info: storage.EntryInfo) -> torch.Tensor:
     return raw.view(torch_dtype(info.dtype)).view(info.shape)
 
 
-class WeightsIterator:
-    """Iterator of ``(name, tensor)`` over a checkpoint; see :func:`weights_iterator`.
-
-    Also a context manager; :meth:`close` stops the read-ahead (values already handed out stay
-    valid). After the end, :attr:`bytes_read` (stored bytes read), :attr:`raw_bytes` (bytes
-    handed out) and :attr:`seconds` (open to last value) say what the load cost."""
+class _Producer:
+    """The read-ahead: one thread reading batches in file order, within the window, handed to
+    the consumer through ``_ready``. It holds what that thread touches and nothing of the
+    :class:`WeightsIterator`, so that the iterator's lifetime is its consumer's."""
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | storage.Reader,
-        *,
-        names: Names = None,
-        device: str | torch.device = "cpu",
-        threads: int | None = None,
-        io: str = "auto",
-        verify: bool = True,
-        window: int = DEFAULT_WINDOW,
-        storage_options: Mapping[str, Any] | None = None,
-        direct: bool = False,
+        reader: storage.Reader,
+        plan: Plan,
+        io: str,
+        direct: bool,
+        threads: int | None,
+        verify: bool,
+        window: int,
+        pin: bool,
     ) -> None:
-        check_io(io)
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise InvalidArgumentError(f"threads must be a positive int or None, got {threads!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise InvalidArgumentError(f"window must be a positive number of bytes, not {window!r}")
-        self._t0 = time.perf_counter()
-        self.device = torch.device(device)
-        self._owned = not isinstance(path, storage.Reader)
-        if isinstance(path, storage.Reader):
-            self._reader = path
-        else:
-            self._reader = storage.open(path, io=io, storage_options=storage_options)
-        try:
-            self._plan = _Plan(self._reader, names)
-        except BaseException:
-            self.close()
-            raise
-        self._io = self._resolve(io)
-        # the cold-read engine: on request, for Hugging Face files (pinned host memory, for
-        # CUDA, is read through its bounce buffer)
-        self._direct = bool(direct) and hasattr(self._reader, "_read_direct") and io != "mmap"
+        self._reader = reader
+        self._plan = plan
+        self._io = io
+        self._direct = direct
         self._threads = threads
         self._verify = bool(verify)
         self._window = window
-        # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
-        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self._pin = pin
         # large values in recycled mappings (host_pool.py: first touch of new memory is what
         # capped this route); pinned memory is the CUDA allocator's own
-        self._pool = None if self._pin else HostPool(self._pool_room)
-        self.bytes_read = 0
-        self.raw_bytes = 0
-        self.seconds = 0.0
+        self._pool = None if pin else HostPool(self._pool_room)
         self._cond = threading.Condition()
         self._ready: deque[tuple[list[storage.EntryInfo], list[torch.Tensor]] | BaseException] = (
             deque()
@@ -253,30 +157,12 @@ class WeightsIterator:
         self._inflight = 0  # bytes read (or being read) and not yet handed out
         self._stop = False
         self._done = False
-        self._pending: deque[tuple[str, torch.Tensor, int]] = deque()
-        self._thread = threading.Thread(
-            target=self._produce, name="shardpoint-weights", daemon=True
-        )
-        self._thread.start()
 
     def _pool_room(self) -> int:
         """Bytes the pool may keep free: the window less what is read ahead (a benign race:
         one int read without the lock)."""
         return max(0, self._window - self._inflight)
 
-    def _resolve(self, io: str) -> str:
-        """``io`` for this checkpoint: what ``sp.open`` resolved for it (a Hugging Face reader
-        records its choice), or the same rule for a shardpoint checkpoint."""
-        hf = getattr(self._reader, "_pread", None)
-        if hf is not None:
-            return "pread" if hf else "mmap"
-        if storage.is_url(self._reader.path):
-            return "pread"
-        if io != "auto":
-            return io
-        return resolve_io(io, self._reader.path)
-
-    # --- the producer: one thread reading batches ahead, within the window ---------------------
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
         pool = self._pool
         out = [
@@ -307,7 +193,7 @@ class WeightsIterator:
             self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
         return out
 
-    def _produce(self) -> None:
+    def run(self) -> None:
         # an object store: reads overlap (see _REMOTE_DEPTH); a file: one read at a time (its
         # engine reads ahead by itself)
         remote = storage.is_url(self._reader.path)
@@ -363,25 +249,123 @@ class WeightsIterator:
                 self._done = True
                 self._cond.notify_all()
 
+
+class WeightsIterator:
+    """Iterator of ``(name, tensor)`` over a checkpoint; see :func:`weights_iterator`.
+
+    Also a context manager; :meth:`close` stops the read-ahead (values already handed out stay
+    valid). After the end, :attr:`bytes_read` (stored bytes read), :attr:`raw_bytes` (bytes
+    handed out) and :attr:`seconds` (open to last value) say what the load cost."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | storage.Reader,
+        *,
+        names: Names = None,
+        device: str | torch.device = "cpu",
+        threads: int | None = None,
+        io: str = "auto",
+        verify: bool = True,
+        window: int = DEFAULT_WINDOW,
+        storage_options: Mapping[str, Any] | None = None,
+        direct: bool = False,
+        consumer_threads: int | None = 1,
+    ) -> None:
+        check_io(io)
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise InvalidArgumentError(f"threads must be a positive int or None, got {threads!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise InvalidArgumentError(f"window must be a positive number of bytes, not {window!r}")
+        if consumer_threads is not None and (
+            isinstance(consumer_threads, bool)
+            or not isinstance(consumer_threads, int)
+            or consumer_threads < 1
+        ):
+            raise InvalidArgumentError(
+                f"consumer_threads must be a positive int or None, got {consumer_threads!r}"
+            )
+        self._consumer_threads = consumer_threads
+        self._threads_limit = ConsumerThreads()
+        self._t0 = time.perf_counter()
+        self.device = torch.device(device)
+        self._owned = not isinstance(path, storage.Reader)
+        if isinstance(path, storage.Reader):
+            self._reader = path
+        else:
+            self._reader = storage.open(path, io=io, storage_options=storage_options)
+        try:
+            self._plan = Plan(self._reader, names)
+        except BaseException:
+            self.close()
+            raise
+        # the cold-read engine: on request, for Hugging Face files (pinned host memory, for
+        # CUDA, is read through its bounce buffer)
+        direct = bool(direct) and hasattr(self._reader, "_read_direct") and io != "mmap"
+        # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
+        self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self._p = _Producer(
+            self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
+        )
+        self.bytes_read = 0
+        self.raw_bytes = 0
+        self.seconds = 0.0
+        self._pending: deque[tuple[str, torch.Tensor, int]] = deque()
+        # the thread holds the producer, never this iterator: an iterator its consumer drops
+        # (a `break` out of its loop) is freed, and so closed, in the consumer's thread
+        self._thread = threading.Thread(target=self._p.run, name="shardpoint-weights", daemon=True)
+        self._thread.start()
+
+    @property
+    def _pool(self) -> HostPool | None:
+        """The producer's recycled host memory (None for pinned memory)."""
+        return self._p._pool
+
+    @property
+    def _inflight(self) -> int:
+        """Bytes read (or being read) and not yet handed out."""
+        return self._p._inflight
+
+    def _resolve(self, io: str) -> str:
+        """``io`` for this checkpoint: what ``sp.open`` resolved for it (a Hugging Face reader
+        records its choice), or the same rule for a shardpoint checkpoint."""
+        hf = getattr(self._reader, "_pread", None)
+        if hf is not None:
+            return "pread" if hf else "mmap"
+        if storage.is_url(self._reader.path):
+            return "pread"
+        if io != "auto":
+            return io
+        return resolve_io(io, self._reader.path)
+
     # --- the consumer ------------------------------------------------------------------------
     def __iter__(self) -> WeightsIterator:
         return self
 
     def __next__(self) -> tuple[str, torch.Tensor]:
-        while not self._pending:
-            self._next_batch()
+        if self._consumer_threads is not None and not self._p._stop:
+            # the consumer's intra-op threads, lowered for as long as it takes values (the first
+            # call in the thread that iterates; restored at the end, on close() and on any error)
+            self._threads_limit.lower(self._consumer_threads)
+        try:
+            while not self._pending:
+                self._next_batch()
+        except BaseException:
+            self._threads_limit.restore()
+            raise
         name, t, nbytes = self._pending.popleft()
         if nbytes:
-            with self._cond:
-                self._inflight -= nbytes
-                self._cond.notify_all()
+            with self._p._cond:
+                self._p._inflight -= nbytes
+                self._p._cond.notify_all()
         return name, t
 
     def _next_batch(self) -> None:
-        with self._cond:
-            while not self._ready and not self._done and not self._stop:
-                self._cond.wait()
-            item = self._ready.popleft() if self._ready else None
+        with self._p._cond:
+            while not self._p._ready and not self._p._done and not self._p._stop:
+                self._p._cond.wait()
+            item = self._p._ready.popleft() if self._p._ready else None
         if item is None:
             self._finish()
             raise StopIteration
@@ -405,19 +389,24 @@ class WeightsIterator:
         self.close()
 
     def close(self) -> None:
-        """Stop reading ahead and release the checkpoint (values handed out stay valid)."""
-        cond = getattr(self, "_cond", None)
-        if cond is not None:
-            with cond:
-                self._stop = True
-                cond.notify_all()
+        """Stop reading ahead and release the checkpoint (values handed out stay valid), and
+        give the consuming thread its intra-op thread count back (called from another thread,
+        that happens at the consumer's next ``next()``, which ends the iteration)."""
+        limit = getattr(self, "_threads_limit", None)
+        if limit is not None:
+            limit.restore()
+        prod = getattr(self, "_p", None)
+        if prod is not None:
+            with prod._cond:
+                prod._stop = True
+                prod._cond.notify_all()
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join()
-            self._ready.clear()
+            self._p._ready.clear()
             self._pending.clear()
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.close()
+        prod = getattr(self, "_p", None)
+        if prod is not None and prod._pool is not None:
+            prod._pool.close()
         if self._owned and getattr(self, "_reader", None) is not None:
             self._reader.close()
 
@@ -451,6 +440,7 @@ def weights_iterator(
     window: int = DEFAULT_WINDOW,
     storage_options: Mapping[str, Any] | None = None,
     direct: bool = False,
+    consumer_threads: int | None = 1,
 ) -> WeightsIterator:
     """``(name, tensor)`` for every tensor of a checkpoint, in file order.
 
@@ -472,6 +462,12 @@ def weights_iterator(
             default: on this project's machine (a virtio disk the host caches, two busy CPUs)
             buffered reads with the kernel's read-ahead were faster, cold and warm
             (docs/SERVING.md, "Cold reads"); turn it on where ``fio --direct=1`` beats ``dd``.
+        consumer_threads: torch's intra-op threads in the thread that takes the values, from
+            its first ``next()`` until the iterator ends, is closed or raises (then the
+            thread's own count comes back exactly). Default 1: the consumer's per-tensor
+            ``copy_`` then stays on its own thread, and torch's OpenMP workers sleep instead of
+            spinning on the cores the reads need (docs/SERVING.md, "Issue 41, fifth round").
+            ``None`` leaves torch's setting alone.
 
     Each tensor owns its memory and stays valid after the iterator is closed. Names tied to a
     stored tensor by ``sptorch.save`` are handed out too, as the same tensor. A damaged value
@@ -487,6 +483,7 @@ def weights_iterator(
         window=window,
         storage_options=storage_options,
         direct=direct,
+        consumer_threads=consumer_threads,
     )
 
 
@@ -498,6 +495,8 @@ LOADER_OPTIONS: dict[str, str] = {
     "window": "a positive int: bytes read ahead of the engine at most",
     "verify": "true/false: check the crc32c of uncompressed values too (default true)",
     "direct": "true/false: O_DIRECT cold reads of Hugging Face files (default false)",
+    "consumer_threads": "a positive int or null: the engine thread's torch intra-op threads "
+    "while it loads (default 1; null leaves them alone)",
 }
 
 
@@ -525,6 +524,13 @@ def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any
         elif key == "window":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{where}: window must be a positive int (bytes), got {value!r}")
+        elif key == "consumer_threads":
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"{where}: consumer_threads must be a positive int or null, got {value!r}"
+                )
         elif key in ("verify", "direct") and not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         out[key] = value

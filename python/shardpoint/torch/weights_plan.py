@@ -1,0 +1,84 @@
+"""What ``weights_iterator`` reads: the stored keys a ``names`` selection asks for, in file
+order, the names tied to each, and the batches the read-ahead takes them in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+from .. import storage
+from ..errors import InvalidArgumentError, MissingKeyError
+from .tensors import torch_section
+
+__all__ = ["Names", "Plan"]
+
+Names = Collection[str] | Callable[[str], bool] | None
+
+
+class Plan:
+    """What to read: the stored keys in file order, their infos, and the names tied to them."""
+
+    def __init__(self, reader: storage.Reader, names: Names) -> None:
+        meta = torch_section(reader) if isinstance(reader, storage.Reader) else None
+        aliases: Mapping[str, Any] = (meta or {}).get("aliases", {}) if meta else {}
+        stored = reader.keys()
+        stored_set = set(stored)
+        self.followers: dict[str, list[str]] = {}
+        for alias, rec in aliases.items():
+            src = rec.get("of") if isinstance(rec, Mapping) else None
+            if isinstance(src, str) and src in stored_set and alias not in stored_set:
+                self.followers.setdefault(src, []).append(alias)
+        if names is None:
+            wanted: set[str] | None = None
+        elif callable(names):
+            pred = names
+            wanted = {k for k in stored if pred(k)}
+            wanted |= {a for fs in self.followers.values() for a in fs if pred(a)}
+        else:
+            if isinstance(names, str):
+                raise InvalidArgumentError("names must be a collection of names, not one str")
+            wanted = set(names)
+            known = stored_set | {a for fs in self.followers.values() for a in fs}
+            missing = sorted(wanted - known)
+            if missing:
+                raise MissingKeyError(
+                    f"{reader.path}: not in the checkpoint: {', '.join(map(repr, missing[:10]))}"
+                    + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+                )
+        infos: list[storage.EntryInfo] = []
+        for k in stored:
+            tied = self.followers.get(k, [])
+            if wanted is not None and k not in wanted and not (set(tied) & wanted):
+                continue
+            info = reader.info(k)
+            if info.kind != "tensor":
+                if wanted is not None and k in wanted:
+                    raise InvalidArgumentError(f"key {k!r}: stored value is a {info.kind}")
+                continue
+            infos.append(info)
+        # file order: the order the bytes lie on disk, which is what the read-ahead follows
+        infos.sort(key=lambda i: (i.shard, i.offset))
+        self.infos = infos
+        self.wanted = wanted
+
+    def names_of(self, key: str) -> list[str]:
+        """The names a stored key is handed out under: itself and the names tied to it."""
+        out = [key, *self.followers.get(key, [])]
+        return out if self.wanted is None else [n for n in out if n in self.wanted]
+
+    def batches(self, limit: int, first: int | None = None) -> Iterator[list[storage.EntryInfo]]:
+        """Consecutive runs of at most ``limit`` raw bytes (a larger value alone); with
+        ``first``, the first run at most that, each next one twice the last, up to ``limit``
+        (the consumer starts on the first values sooner: nothing overlaps the first read)."""
+        cur: list[storage.EntryInfo] = []
+        acc = 0
+        cap = limit if first is None else min(first, limit)
+        for info in self.infos:
+            if cur and acc + info.raw_bytes > cap:
+                yield cur
+                cur, acc = [], 0
+                cap = min(limit, cap * 2)
+            cur.append(info)
+            acc += info.raw_bytes
+        if cur:
+            yield cur
