@@ -91,7 +91,7 @@ def main() -> None:
         return
     from bench_load import device_limit, evict, setup
 
-    path = setup(args.out, 1.0)["safetensors"][0]
+    path = setup(args.out, 1.0)["safetensors_copy"][0]
     ways = args.ways.split(",") + (["buffered@before"] if args.before else [])
     print(f"cold engine probe; cpus={os.cpu_count()} load average={os.getloadavg()}; {path}")
     got: dict[str, list[float]] = {}

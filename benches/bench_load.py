@@ -141,7 +141,7 @@ def setup(work: Path, scale: float) -> dict[str, list[str]]:
             return [str(p) + ".index"] + [str(f) for f, _ in r._core.shard_files()]
 
     return {
-        "safetensors": [str(st)],
+        "safetensors_copy": [str(st)],
         "torch_mmap": [str(work / "model.pt")],
         "runai": [str(st)],
         "fastsafetensors": [str(st)],
@@ -265,7 +265,7 @@ def loader(name: str, files: list[str], work: Path) -> Callable[[Any], None]:
     import torch
 
     st = str(work / "hf" / "model.safetensors")
-    if name == "safetensors":
+    if name == "safetensors_copy":
         from safetensors.torch import load_file
 
         return lambda m: copy_into(m.state_dict(), load_file(st).items())
@@ -366,7 +366,7 @@ def first_touch_rate() -> float:
 
 
 LABELS = {
-    "safetensors": "safetensors load_file + copy_",
+    "safetensors_copy": "safetensors load_file + copy_",
     "torch_mmap": "torch.load(mmap=True) + copy_",
     "runai": "Run:ai Model Streamer (CPU) + copy_",
     "fastsafetensors": "fastsafetensors (CPU, nogds) + copy_",
@@ -376,6 +376,21 @@ LABELS = {
     "sp_none_into": 'shardpoint compression="none", load_into (crc)',
     "sp_default_into": "shardpoint default codec, load_into (crc)",
 }
+
+
+def selected(only: str) -> list[str]:
+    """The loaders ``--only`` names (all when empty); an unknown name is an error listing the
+    valid ones (before, a misspelt row ran nothing and said nothing)."""
+    if not only:
+        return list(LABELS)
+    want = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in want if n not in LABELS]
+    if unknown or not want:
+        raise SystemExit(
+            f"--only: unknown loader(s) {', '.join(map(repr, unknown)) or repr(only)}; "
+            f"valid: {', '.join(LABELS)}"
+        )
+    return want
 
 
 def main() -> None:
@@ -396,19 +411,20 @@ def main() -> None:
     if args.child:
         child(args.child, args.out, args.scale, [])
         return
+    chosen = selected(args.only)  # before the setup: a misspelt name costs nothing
     files = setup(args.out, args.scale)
     if args.before:
         for n in ("sp_hf_copy", "sp_hf_into", "sp_none_into", "sp_default_into"):
             LABELS[n + "@before"] = LABELS[n] + " [before]"
             files[n + "@before"] = files[n]
-    names = [n for n in LABELS if not args.only or n.split("@")[0] in args.only.split(",")]
+    names = [n for n in LABELS if n.split("@")[0] in chosen]
     modes = args.modes.split(",")
-    total = sum(os.path.getsize(f) for f in files["safetensors"])
+    total = sum(os.path.getsize(f) for f in files["safetensors_copy"])
     print(
         f"shardpoint load benchmark; cpus={os.cpu_count()} load average={os.getloadavg()} "
         f"state dict={len(shapes(args.scale))} tensors, {total / GB:.2f} GB bf16; work={args.out}"
     )
-    limit = device_limit(files["safetensors"][0])
+    limit = device_limit(files["safetensors_copy"][0])
     touch = first_touch_rate()
     print(
         "device read limit: "
@@ -453,15 +469,15 @@ def main() -> None:
     def med(n: str, m: str) -> float:
         return statistics.median(results.get((n, m), [0.0]))
 
-    streamers = ["runai", "fastsafetensors", "tensorizer", "safetensors", "torch_mmap"]
+    streamers = ["runai", "fastsafetensors", "tensorizer", "safetensors_copy", "torch_mmap"]
     print("\nratios (best of rounds; medians in brackets):")
     if "warm" in modes:
-        s = best("safetensors", "warm")
+        s = best("safetensors_copy", "warm")
         for n in ("sp_none_into", "sp_hf_into", "sp_default_into"):
             if s and best(n, "warm"):
                 print(
-                    f"  warm {n} / safetensors: {best(n, 'warm') / s:.2f} "
-                    f"({med(n, 'warm') / med('safetensors', 'warm'):.2f}) (target >= 0.9)"
+                    f"  warm {n} / safetensors_copy: {best(n, 'warm') / s:.2f} "
+                    f"({med(n, 'warm') / med('safetensors_copy', 'warm'):.2f}) (target >= 0.9)"
                 )
     if "cold" in modes:
         fast = max(streamers, key=lambda n: best(n, "cold"))

@@ -497,6 +497,14 @@ def main() -> None:
     if args.child:
         child(args.child, args.root, args.scale, json.loads(args.s3) if args.s3 else None)
         return
+    if args.only:  # before any setup: a misspelt name is an error, not a run of nothing
+        known = dict.fromkeys(FILE_LOADERS + S3_LOADERS)
+        unknown = [n for n in args.only.split(",") if n not in known]
+        if unknown:
+            raise SystemExit(
+                f"--only: unknown loader(s) {', '.join(map(repr, unknown))}; valid: "
+                + ", ".join(known)
+            )
     args.out = args.out.resolve()
     bench(args)
 
