@@ -398,8 +398,15 @@ def bench(args: argparse.Namespace) -> None:
         print(f"  {case:11s} {name:17s} {r.get('error') or extra}", flush=True)
 
     cases = args.cases.split(",")
+    limits: list[float] = []  # each round's device limit: max(fio O_DIRECT, buffered dd)
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}", flush=True)
+        if "local-cold" in cases:
+            from bench_load import device_limit
+
+            lim = device_limit(str(work / "hf" / "model.safetensors"))
+            limits.append(max(lim.values()))
+            print("  device: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in lim.items()))
         for case in cases:
             names = S3_LOADERS if case == "link-s3" else FILE_LOADERS
             names = [n for n in names if only is None or n in only]
@@ -427,6 +434,23 @@ def bench(args: argparse.Namespace) -> None:
                 if mount is not None:
                     mount.close()
     report(results, args)
+    device_share(results.get("local-cold", {}), limits)
+
+
+def device_share(cold: dict[str, list[dict]], limits: list[float]) -> None:
+    """Each loader's cold rate over the device limit measured in the same round (rounds
+    whose load failed are left out): best and median of the per-round shares."""
+    if not limits:
+        return
+    print("\nlocal-cold over the device limit of the same round (best (median))")
+    for name, rs in cold.items():
+        shares = [
+            r["bytes"] / r["seconds"] / GB / lim
+            for r, lim in zip(rs, limits, strict=False)
+            if "error" not in r
+        ]
+        if shares:
+            print(f"  {name:17s} {max(shares):.2f} ({statistics.median(shares):.2f})")
 
 
 def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) -> None:
