@@ -171,3 +171,15 @@ def test_bad_values_refused(tmp_path: pathlib.Path) -> None:
     assert loader_options({"consumer_threads": 2}, "x") == {"consumer_threads": 2}
     with pytest.raises(ValueError, match="consumer_threads"):
         loader_options({"consumer_threads": 0}, "x")
+
+
+def test_setter_is_the_openmp_runtime_or_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardpoint.torch import consumer_threads as ct
+
+    if "OpenMP" in torch.__config__.parallel_info():
+        # torch's own runtime is found and checked (per-thread, not the process-wide default)
+        assert ct._omp_runtime() is not None
+        assert ct._omp_setter() is not None
+    monkeypatch.setattr(ct, "_setter", [])
+    monkeypatch.setattr(ct, "_omp_runtime", lambda: None)
+    assert ct.thread_setter() is torch.set_num_threads  # no runtime found: torch's own call
