@@ -26,9 +26,12 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
   key) and eager (``load(open().read())``), Run:ai Model Streamer, fastsafetensors (CPU,
   ``nogds``), instanttensor when it imports, and ``sptorch.weights_iterator`` on the Hugging
   Face directory (``io="pread"``; ``sp_hf_direct``: with ``direct=True``, the ``O_DIRECT``
-  cold-read engine) and on both shardpoint checkpoints.
+  cold-read engine; ``sp_hf_mt``: with ``consumer_threads=None``, the consumer's ``copy_`` on
+  torch's whole OpenMP team, as before that option) and on both shardpoint checkpoints.
 ``local-cold`` / ``local-warm``: the same file loaders on the local disk, page cache evicted
-(``posix_fadvise(DONTNEED)``) or warmed first.
+(``posix_fadvise(DONTNEED)``) or warmed first. With ``local-cold``, every round starts by
+measuring the device limit (bench_load's ``fio --direct=1`` and buffered read), and each cold
+loader's share of its round's limit is printed at the end.
 
 Every run is a fresh process: it builds the model (pre-faulted), then times open + read + copy
 of every tensor into its parameter. The loader's peak host memory (the resident high-water
