@@ -93,6 +93,7 @@ SERIAL_GROUPS = {
         "test_rank_death.py",
         "test_shared_listings.py",
         "test_gc_uploads.py",
+        "test_merge_race.py",
     ),
     "timing": ("test_gil.py",),
 }

@@ -6,11 +6,18 @@
 //! order, shard bounds, merge token): they crossed a network and are as hostile as a file.
 //! The ranks still publish their partials, so a merge from the files, `gc` and the cleanup
 //! of the consumed partials behave as before.
+//!
+//! What the bytes cannot say is whether the save they describe is still alive at `P`: a commit
+//! at `P` ends every multi-writer save in progress there and removes its published partials
+//! and shards (FORMAT.md §8). A merge from the files notices (a partial is gone); one from
+//! memory must look, so before committing it checks, under the commit lock, that each rank's
+//! published partial is still the one it was handed ([`still_published`]).
 
 use crate::commit::PrefixLock;
 use crate::error::{Error, Result};
+use crate::format::INDEX_HEADER_LEN;
 use crate::merge::{commit_merged, kept, merge_partials};
-use crate::naming::{partial_suffix_in, with_suffix};
+use crate::naming::{index_path, partial_suffix_in, with_suffix};
 use crate::store::{remote_commit, Location};
 use std::path::{Path, PathBuf};
 
@@ -42,8 +49,9 @@ pub fn merge_in_memory(
             };
             let merged = merge_partials(world_size, token, &at, kept::take_index(), |rank| {
                 Ok((name(rank), partials[rank as usize]))
-            });
-            commit_merged(prefix, merged?, durable, lock, background_cleanup)
+            })?;
+            still_published(prefix, partials, hashed)?;
+            commit_merged(prefix, merged, durable, lock, background_cleanup)
         }
         Location::Remote(rp) => {
             let seen = remote_commit::observe(rp)?;
@@ -64,6 +72,44 @@ pub fn merge_in_memory(
             remote_commit::commit_index_bytes(rp, seen, &m.shards, m.index, &suffixes)
         }
     }
+}
+
+/// Whether every rank's partial index is still published at local `prefix` as the bytes
+/// `partials` (call with the commit lock held). Each partial's 128-byte header is compared:
+/// it holds the crcs of the partial's shard table (the writer's random save tokens) and of its
+/// metadata (its random writer token), so a partial of another save in its place differs.
+/// One open and one 128-byte read per rank, instead of the whole file a merge from the files
+/// reads. Another commit at `P` since the ranks published (a second coordinator of the same
+/// save, or of another save at the same prefix) removed them, and with them this save's
+/// shards: committing would name files that are gone and remove the checkpoint that commit
+/// made, so this is an error naming the prefix, and nothing is committed or removed.
+fn still_published(prefix: &Path, partials: &[&[u8]], hashed: bool) -> Result<()> {
+    use std::io::Read;
+    let world = partials.len() as u32; // checked to fit by the caller
+    for (rank, want) in (0..world).zip(partials) {
+        let path = with_suffix(prefix, &partial_suffix_in(rank, world, hashed));
+        let mut head = [0u8; INDEX_HEADER_LEN];
+        let same = std::fs::File::open(&path)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .is_ok_and(|()| want.get(..INDEX_HEADER_LEN) == Some(&head[..]));
+        if !same {
+            return Err(Error::Io {
+                path: index_path(prefix),
+                op: "commit",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!(
+                        "another commit at this prefix ended this multi-writer save (its \
+                         partial index {} is gone or belongs to another save: a second \
+                         coordinator merged it, or another save committed here); nothing \
+                         was committed and the checkpoint at the prefix is unchanged",
+                        path.display()
+                    ),
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `path` as named in the errors of an in-memory merge.

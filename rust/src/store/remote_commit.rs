@@ -86,7 +86,7 @@ pub fn commit_index_bytes(
     if let Err(e) = prefix.store.put(&key, bytes, seen.mode) {
         if let Error::Io { source, .. } = &e {
             if source.kind() == std::io::ErrorKind::AlreadyExists {
-                let ours: Vec<String> = shards.iter().map(|s| prefix.key_of(&s.name)).collect();
+                let ours = not_committed(prefix, shards);
                 let _ = prefix.store.delete_many(&ours);
                 return Err(Error::Io {
                     path: prefix.url_of(".index"),
@@ -115,6 +115,27 @@ pub fn commit_index_bytes(
         .collect();
     let _ = prefix.store.delete_many(&garbage);
     Ok(())
+}
+
+/// The keys of this save's `shards` that the commit that won the race does not name, for the
+/// loser to delete (one GET of the winner's index; nothing when it cannot be read: `gc` finds
+/// them). The winner can name them: two coordinators merging the same save's partials commit
+/// the same shards (FORMAT.md §8.4), and the loser must not delete the winner's checkpoint.
+fn not_committed(prefix: &RemotePrefix, shards: &[ShardRec]) -> Vec<String> {
+    let url = prefix.url_of(".index");
+    let Ok(winner) = prefix
+        .store
+        .get(&prefix.key_of(".index"))
+        .and_then(|(bytes, _)| IndexView::open(bytes, &url))
+    else {
+        return Vec::new();
+    };
+    let named: HashSet<&str> = winner.shards().iter().map(|s| s.name.as_str()).collect();
+    shards
+        .iter()
+        .filter(|s| !named.contains(s.name.as_str()))
+        .map(|s| prefix.key_of(&s.name))
+        .collect()
 }
 
 /// Objects of `P` with their suffixes, and `P.index`'s metadata.
