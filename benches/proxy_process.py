@@ -42,6 +42,12 @@ def _serve(conn: Connection, backend_port: int, rate: float | None) -> None:
             conn.send(proxy.requests(arg))
         elif op == "got":
             conn.send(list(proxy.got))
+        elif op == "per_prefix_rate":
+            proxy.per_prefix_rate(*arg)
+            conn.send(None)
+        elif op == "slowdowns":
+            with proxy.lock:
+                conn.send((dict(proxy.slowdowns), dict(proxy.prefix_requests)))
         else:
             conn.send(ValueError(f"unknown proxy operation {op!r}"))
 
@@ -96,6 +102,15 @@ class ProxyProcess:
         """(path, body bytes) of every GET answered since the last reset, as the in-process
         proxy keeps them (the load harness sums the bytes per loading rank)."""
         return list(self._call("got"))
+
+    def per_prefix_rate(self, rate: float | None, burst: float = 1.0) -> None:
+        """Throttle per key prefix (tests/s3_server.Proxy.per_prefix_rate)."""
+        self._call("per_prefix_rate", (rate, burst))
+
+    def slowdowns(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The 503s answered and the requests seen since ``per_prefix_rate``, by prefix."""
+        got = self._call("slowdowns")
+        return dict(got[0]), dict(got[1])
 
     def close(self) -> None:
         if self._proc.is_alive():

@@ -94,7 +94,9 @@ class Proxy:
     `clock_skew` (seconds): the store's clock runs that far from this machine's: every time
     the store answers with (the `Date` and `Last-Modified` headers, `LastModified` and
     `Initiated` in listings) is shifted by it; `send_date = False`: answers carry no `Date`
-    (as from a store whose responses do not say its time)."""
+    (as from a store whose responses do not say its time); `per_prefix_rate(rate, burst)`:
+    S3's partitioning, requests per second per key prefix above a rate answered
+    `503 SlowDown` (`slowdowns` counts them by prefix)."""
 
     def __init__(self, backend_port: int, rate_bytes_per_s: float | None = None) -> None:
         self.backend_port = backend_port
@@ -123,6 +125,12 @@ class Proxy:
         self.max_inflight = 0
         self.clock_skew = 0.0
         self.send_date = True
+        # per-prefix throttling (per_prefix_rate): rate, burst, and per prefix the tokens left
+        # and when they were counted; 503s answered and requests seen, by prefix
+        self.prefix_limit: tuple[float, float] | None = None
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self.slowdowns: dict[str, int] = {}
+        self.prefix_requests: dict[str, int] = {}
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,6 +155,8 @@ class Proxy:
                 with proxy.lock:
                     proxy.log.append((self.command, self.path, self.headers.get("Range")))
                     mode = proxy.fail.pop(0) if proxy.fail else proxy._random_mode()
+                    if mode is None:
+                        mode = proxy._throttled(self.path)
                     if mode is not None and mode != "pass":
                         proxy.faults.append((mode, self.command, self.path))
                     latency = proxy.latency
@@ -295,6 +305,36 @@ class Proxy:
                 self.injected[mode] = self.injected.get(mode, 0) + 1
                 return mode
             x -= p
+        return None
+
+    def per_prefix_rate(self, rate: float | None, burst: float = 1.0) -> None:
+        """Throttle as S3 does by key prefix (a partition serves a few thousand requests a
+        second): each prefix (a request's path up to its last ``/``: ``/bucket/ckpts/`` for
+        ``ckpts/run.data-…``, ``/bucket/ckpts/run/3f/`` for a hashed shard) gets a bucket of
+        ``burst`` requests refilled at ``rate`` per second; a request finding it empty is
+        answered ``503 SlowDown`` (a retry is a new request). None stops. A prefix whose
+        requests number ``burst`` or fewer is never throttled, whatever the timing."""
+        with self.lock:
+            self.prefix_limit = None if rate is None else (float(rate), float(burst))
+            self._buckets = {}
+            self.slowdowns = {}
+            self.prefix_requests = {}
+
+    def _throttled(self, path: str) -> str | None:
+        """(Under the lock.) "503" when the request's key prefix is over its rate."""
+        if self.prefix_limit is None:
+            return None
+        rate, burst = self.prefix_limit
+        prefix = path.partition("?")[0].rpartition("/")[0] + "/"
+        self.prefix_requests[prefix] = self.prefix_requests.get(prefix, 0) + 1
+        now = time.monotonic()
+        tokens, then = self._buckets.get(prefix, (burst, now))
+        tokens = min(burst, tokens + (now - then) * rate)
+        if tokens < 1.0:
+            self._buckets[prefix] = (tokens, now)
+            self.slowdowns[prefix] = self.slowdowns.get(prefix, 0) + 1
+            return "503"
+        self._buckets[prefix] = (tokens - 1.0, now)
         return None
 
     def fail_after(self, n: int, mode: str) -> None:
