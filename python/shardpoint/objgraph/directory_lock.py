@@ -64,9 +64,10 @@ class DirectoryLease:
                 os.close(fd)
 
 
-def acquire(directory: str) -> DirectoryLease:
+def acquire(directory: str, user: str = "a CheckpointManager") -> DirectoryLease:
     """Lock ``directory`` (created if missing) for this process, or raise DirectoryInUseError
-    if a manager in another process holds it."""
+    if a manager in another process holds it (``user``: what the message calls that manager;
+    a CheckpointManager and a TieredCheckpointManager share the lock)."""
     os.makedirs(directory or ".", exist_ok=True)
     st = os.stat(directory or ".")
     key = (st.st_dev, st.st_ino)
@@ -81,7 +82,7 @@ def acquire(directory: str) -> DirectoryLease:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise DirectoryInUseError(
-                    f"{directory}: another process has a CheckpointManager on this directory "
+                    f"{directory}: another process has {user} on this directory "
                     "(it holds the directory's lock); two jobs saving into one directory would "
                     "delete each other's checkpoints. Stop the other job or give this one its "
                     "own directory"

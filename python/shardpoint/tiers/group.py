@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import datetime
+import sys
 from typing import Any
 
 __all__ = ["Collective", "SingleProcess", "TorchGroup", "job_groups", "Message"]
@@ -129,6 +130,9 @@ def job_groups(
     initialized default group, else single-process ones. ``process_group=False`` forces the
     single-process form even inside a job (every rank then works alone)."""
     if process_group is False:
+        return SingleProcess(), SingleProcess()
+    if process_group is None and "torch.distributed" not in sys.modules:
+        # nobody initialized a group (that imports it): no 2 s import of torch to learn so
         return SingleProcess(), SingleProcess()
     try:
         import torch.distributed as dist

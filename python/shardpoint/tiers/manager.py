@@ -30,12 +30,14 @@ import os
 import secrets
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
 from .. import storage
 from ..errors import InvalidArgumentError, TierError
+from ..objgraph.errors import DirectoryInUseError
 from ..storage.async_save import SaveFuture
 from .faults import fault_point
 from .group import Message, job_groups
@@ -51,6 +53,7 @@ from .layout import (
     replica_dir,
     write_record,
 )
+from .lease import TierLeases
 from .parts import (
     Part,
     PartSpec,
@@ -142,10 +145,19 @@ class TieredCheckpointManager:
         self._init_fn = init_fn
         self._group, self._pgroup = job_groups(process_group, timeout)
         self.rank, self.world_size = self._group.rank, self._group.world_size
-        # nodes: ranks sharing one local directory on one host (one all-gather)
-        where = self._group.all_gather([socket.gethostname(), os.path.realpath(self._local)])
-        names = list(dict.fromkeys(tuple(w) for w in where))
-        self._node_of = [names.index(tuple(w)) for w in where]
+        # one job per directory (lease.py): every rank learns whether any rank was refused
+        self._leases = TierLeases(self._local, self.rank, self._directory)
+        weakref.finalize(self, self._leases.release)
+        # nodes: ranks sharing one local directory on one host (the same all-gather)
+        where = self._group.all_gather(
+            [socket.gethostname(), os.path.realpath(self._local), self._leases.refused]
+        )
+        refused = [w[2] for w in where if w[2]]
+        if refused:
+            self._leases.release()
+            raise DirectoryInUseError(refused[0])
+        names = list(dict.fromkeys((w[0], w[1]) for w in where))
+        self._node_of = [names.index((w[0], w[1])) for w in where]
         self._targets = self._replica_targets(replicas, replication_jump)
         self._sources = [r for r in range(self.world_size) if self.rank in self._targets[r]]
         # one token per manager (agreed), one counter per save: "<run>.<n>" names a save
@@ -326,12 +338,14 @@ class TieredCheckpointManager:
         self._persistent_worker.wait(timeout)
 
     def close(self) -> None:
-        """Wait for the saves in flight, then stop the background threads."""
+        """Wait for the saves in flight, then stop the background threads and let go of the
+        directory locks (another job may then use the directories)."""
         try:
             self.wait()
         finally:
             self._local_worker.close()
             self._persistent_worker.close()
+            self._leases.release()
 
     # -- restoring -------------------------------------------------------------------------------
     def restore_or_initialize(self) -> int | None:
