@@ -322,7 +322,7 @@ pub fn publish_shard(
 }
 
 /// The file names in `prefix`'s directory that belong to prefix `P` (shards, temps, partials).
-fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
+pub(crate) fn owned_names(prefix: &Path) -> Result<Vec<(String, PathBuf)>> {
     let dir = parent_dir(prefix);
     let base = prefix
         .file_name()

@@ -11,14 +11,15 @@
 //! at `P` ends every multi-writer save in progress there and removes its published partials
 //! and shards (FORMAT.md §8). A merge from the files notices (a partial is gone); one from
 //! memory must look, so before committing it checks, under the commit lock, that each rank's
-//! published partial is still the one it was handed ([`still_published`]).
+//! published partial and shard is still there ([`still_alive`]).
 
-use crate::commit::PrefixLock;
+use crate::commit::{owned_names, PrefixLock};
 use crate::error::{Error, Result};
-use crate::format::INDEX_HEADER_LEN;
+use crate::index::ShardRec;
 use crate::merge::{commit_merged, kept, merge_partials};
 use crate::naming::{index_path, partial_suffix_in, with_suffix};
 use crate::store::{remote_commit, Location};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Merge the partial indexes `partials` (index = rank, `world_size = partials.len()`) of the
@@ -50,7 +51,7 @@ pub fn merge_in_memory(
             let merged = merge_partials(world_size, token, &at, kept::take_index(), |rank| {
                 Ok((name(rank), partials[rank as usize]))
             })?;
-            still_published(prefix, partials, hashed)?;
+            still_alive(prefix, world_size, hashed, &merged.shards)?;
             commit_merged(prefix, merged, durable, lock, background_cleanup)
         }
         Location::Remote(rp) => {
@@ -74,42 +75,39 @@ pub fn merge_in_memory(
     }
 }
 
-/// Whether every rank's partial index is still published at local `prefix` as the bytes
-/// `partials` (call with the commit lock held). Each partial's 128-byte header is compared:
-/// it holds the crcs of the partial's shard table (the writer's random save tokens) and of its
-/// metadata (its random writer token), so a partial of another save in its place differs.
-/// One open and one 128-byte read per rank, instead of the whole file a merge from the files
-/// reads. Another commit at `P` since the ranks published (a second coordinator of the same
-/// save, or of another save at the same prefix) removed them, and with them this save's
-/// shards: committing would name files that are gone and remove the checkpoint that commit
-/// made, so this is an error naming the prefix, and nothing is committed or removed.
-fn still_published(prefix: &Path, partials: &[&[u8]], hashed: bool) -> Result<()> {
-    use std::io::Read;
-    let world = partials.len() as u32; // checked to fit by the caller
-    for (rank, want) in (0..world).zip(partials) {
-        let path = with_suffix(prefix, &partial_suffix_in(rank, world, hashed));
-        let mut head = [0u8; INDEX_HEADER_LEN];
-        let same = std::fs::File::open(&path)
-            .and_then(|mut f| f.read_exact(&mut head))
-            .is_ok_and(|()| want.get(..INDEX_HEADER_LEN) == Some(&head[..]));
-        if !same {
-            return Err(Error::Io {
-                path: index_path(prefix),
-                op: "commit",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    format!(
-                        "another commit at this prefix ended this multi-writer save (its \
-                         partial index {} is gone or belongs to another save: a second \
-                         coordinator merged it, or another save committed here); nothing \
-                         was committed and the checkpoint at the prefix is unchanged",
-                        path.display()
-                    ),
+/// Whether the save of the merged `shards` is still alive at local `prefix` (call with the
+/// commit lock held): every rank's partial index and every shard the merged index names are
+/// still there. A commit at `P` since the ranks published (a second coordinator of the same
+/// save, or another save's) removed them all: committing would name files that are gone and
+/// remove the checkpoint that commit made, so this is an error naming the prefix, and
+/// nothing is committed or removed. One listing of `P`'s directory (and of `P/HH/` for hashed
+/// names), the one a cleanup makes: comparing each partial's bytes with the file cost an open
+/// and a read per rank, more than the merge itself at thousands of ranks. What a listing cannot
+/// tell: a third save's ranks republishing, after that commit, every name of this save; the
+/// shards it would then name carry another save token, which opening the checkpoint detects
+/// (FORMAT.md §3.2, shard records), so that race gives an error, never wrong values.
+fn still_alive(prefix: &Path, world: u32, hashed: bool, shards: &[ShardRec]) -> Result<()> {
+    let present: HashSet<String> = owned_names(prefix)?.into_iter().map(|(s, _)| s).collect();
+    let partials = (0..world).map(|rank| partial_suffix_in(rank, world, hashed));
+    let gone = partials
+        .chain(shards.iter().map(|s| s.name.clone()))
+        .find(|name| !present.contains(name));
+    match gone {
+        None => Ok(()),
+        Some(name) => Err(Error::Io {
+            path: index_path(prefix),
+            op: "commit",
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "another commit at this prefix ended this multi-writer save ({} is gone: a \
+                     second coordinator merged it, or another save committed here); nothing \
+                     was committed and the checkpoint at the prefix is unchanged",
+                    with_suffix(prefix, &name).display()
                 ),
-            });
-        }
+            ),
+        }),
     }
-    Ok(())
 }
 
 /// `path` as named in the errors of an in-memory merge.
