@@ -128,17 +128,18 @@ def test_local_coordinators_race(tmp_path: Path, hashed: bool, jobs: str) -> Non
     assert len(files) == 1 + WORLD and files.count("run.index") == 1, files
 
 
+@pytest.mark.parametrize("hashed", [False, True], ids=["flat", "hashed"])
 @pytest.mark.parametrize("jobs", ["one save", "two saves"])
-def test_s3_coordinators_race(tmp_path: Path, jobs: str) -> None:
+def test_s3_coordinators_race(tmp_path: Path, hashed: bool, jobs: str) -> None:
     with moto_environment() as moto:
         bucket = moto.bucket()
         prefix = f"s3://{bucket}/ckpts/run"
         sp.save_file({"previous": np.arange(4.0)}, prefix)
-        a = _save_partials(prefix, "a" * 32, 1.0, False)
+        a = _save_partials(prefix, "a" * 32, 1.0, hashed)
         race = [("a" * 32, a), ("a" * 32, a)]
         if jobs == "two saves":
-            race[1] = ("b" * 32, _save_partials(prefix, "b" * 32, 10.0, False))
-        answers = _race(tmp_path, prefix, race, False)
+            race[1] = ("b" * 32, _save_partials(prefix, "b" * 32, 10.0, hashed))
+        answers = _race(tmp_path, prefix, race, hashed)
         # one save: a second coordinator after the first commits the same index again
         # (conditionally on the first's); two saves: the later commit stands, or one refused
         _check_answers(answers, f"{prefix}.index", both_may_commit=True)
