@@ -8,10 +8,17 @@ use rayon::prelude::*;
 /// Payloads larger than this get their crc computed in parallel pieces.
 const PAR_CRC_MIN: usize = 8 << 20;
 
-/// crc32c of a byte slice.
+/// crc32c of a byte slice (folding with carry-less multiplies where the CPU has them:
+/// [`crate::crc_fold`]).
 #[inline]
 pub fn crc(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crate::crc_fold::crc_append(0, bytes)
+}
+
+/// crc32c of the bytes whose crc is `prev` followed by `bytes`.
+#[inline]
+pub fn crc_append(prev: u32, bytes: &[u8]) -> u32 {
+    crate::crc_fold::crc_append(prev, bytes)
 }
 
 /// crc32c of a concatenation, from the crcs and lengths of its consecutive pieces.

@@ -96,8 +96,8 @@ pub fn xor_stats_many(pairs: Vec<XorPair<'_>>) -> Result<Vec<XorStats>> {
                 for (x, y) in a.chunks(BLOCK).zip(b.chunks(BLOCK)) {
                     let o = outs.next().unwrap_or_default();
                     counts.add(&xor_count(w, x, y, o));
-                    cn = crc32c::crc32c_append(cn, x);
-                    cb = crc32c::crc32c_append(cb, y);
+                    cn = crate::checksum::crc_append(cn, x);
+                    cb = crate::checksum::crc_append(cb, y);
                 }
                 Ok((i, counts, cn, cb, a.len()))
             })

@@ -37,6 +37,7 @@ pub mod checksum;
 pub mod codec;
 pub mod commit;
 pub mod crc_combine;
+pub mod crc_fold;
 pub mod delta;
 pub mod digest;
 pub mod direct;

@@ -158,7 +158,7 @@ pub fn read_run(
             })?;
             if crc {
                 for &(k, from, n) in &parts {
-                    crcs[k] = crc32c::crc32c_append(crcs[k], &segs[k].dst[from..from + n]);
+                    crcs[k] = crate::checksum::crc_append(crcs[k], &segs[k].dst[from..from + n]);
                 }
             }
             (si, so, at) = (ti, to, pos);

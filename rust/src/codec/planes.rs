@@ -56,7 +56,7 @@ macro_rules! group_block {
             }
             for (d, c) in dst.iter().zip(crcs.iter_mut()) {
                 if let Some(c) = c.as_mut() {
-                    *c = crc32c::crc32c_append(*c, d);
+                    *c = crate::checksum::crc_append(*c, d);
                 }
             }
         }
@@ -87,7 +87,7 @@ pub fn group_crc(w: usize, rot: bool, src: &[u8], planes: &mut [PlaneOut<'_>]) -
             (8, false) => group_block8::<false>(block, b, c, at),
             _ => unreachable!("group widths are 2, 4 or 8"),
         }
-        crc = crc32c::crc32c_append(crc, block);
+        crc = crate::checksum::crc_append(crc, block);
     }
     drop(bytes);
     for (p, c) in planes.iter_mut().zip(crcs) {
@@ -250,7 +250,7 @@ pub fn ungroup_crc(
         let len = block.len() / w;
         for (c, p) in in_crcs.iter_mut().zip(planes) {
             if let Some(c) = c.as_mut() {
-                *c = crc32c::crc32c_append(*c, &p[at..at + len]);
+                *c = crate::checksum::crc_append(*c, &p[at..at + len]);
             }
         }
         match (w, rot) {
@@ -262,7 +262,7 @@ pub fn ungroup_crc(
             (8, false) => ungroup_block8::<false>(planes, at, block),
             _ => unreachable!("group widths are 2, 4 or 8"),
         }
-        crc = crc32c::crc32c_append(crc, block);
+        crc = crate::checksum::crc_append(crc, block);
     }
     crc
 }
