@@ -66,50 +66,13 @@ pub fn ungroup(dtype: DType, src: &[u8], dst: &mut [u8]) {
 
 /// Interleave `planes` (plane 0 = most significant bytes) back into elements, rotating float
 /// sign bits back. Planes may live anywhere (a raw plane is read straight from the mmap).
+/// Cache-blocked one-pass interleaves ([`planes::ungroup`]), the same loops codec 3 uses.
 pub fn ungroup_planes(dtype: DType, planes: &[&[u8]], dst: &mut [u8]) {
-    let rot = dtype.rotates_sign();
-    match (planes, rot) {
-        ([a, b], true) => ungroup2::<true>(a, b, dst),
-        ([a, b], false) => ungroup2::<false>(a, b, dst),
-        ([a, b, c, d], true) => ungroup4::<true>([a, b, c, d], dst),
-        ([a, b, c, d], false) => ungroup4::<false>([a, b, c, d], dst),
-        (p, r) if p.len() == 8 => ungroup8(p, dst, r),
-        _ => unreachable!("group widths are 2, 4 or 8"),
-    }
-}
-
-// One pass over the output, zipping the plane streams: no intermediate buffer.
-fn ungroup2<const ROT: bool>(a: &[u8], b: &[u8], dst: &mut [u8]) {
-    for ((o, &x), &y) in dst.chunks_exact_mut(2).zip(a).zip(b) {
-        let v = u16::from_be_bytes([x, y]);
-        let v = if ROT { v.rotate_right(1) } else { v };
-        o.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-fn ungroup4<const ROT: bool>(p: [&[u8]; 4], dst: &mut [u8]) {
-    for ((((o, &a), &b), &c), &d) in dst
-        .chunks_exact_mut(4)
-        .zip(p[0])
-        .zip(p[1])
-        .zip(p[2])
-        .zip(p[3])
-    {
-        let v = u32::from_be_bytes([a, b, c, d]);
-        let v = if ROT { v.rotate_right(1) } else { v };
-        o.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-fn ungroup8(p: &[&[u8]], dst: &mut [u8], rot: bool) {
-    for (i, o) in dst.chunks_exact_mut(8).enumerate() {
-        let b = [
-            p[0][i], p[1][i], p[2][i], p[3][i], p[4][i], p[5][i], p[6][i], p[7][i],
-        ];
-        let v = u64::from_be_bytes(b);
-        let v = if rot { v.rotate_right(1) } else { v };
-        o.copy_from_slice(&v.to_le_bytes());
-    }
+    let w = planes.len();
+    assert!(matches!(w, 2 | 4 | 8), "group widths are 2, 4 or 8");
+    let n = dst.len() / w;
+    assert!(n * w == dst.len() && planes.iter().all(|p| p.len() >= n));
+    planes::ungroup(w, dtype.rotates_sign(), planes, dst);
 }
 
 // Plane-major loops over native integers: each pass streams one output plane, which the
