@@ -50,8 +50,10 @@ test: test-rust test-python lint test-wheel
 
 test-rust:
 	cargo test --release -p shardpoint-core
-	# The codec's hot loops also have a baseline (SSE2) copy: test it too (codec/simd.rs).
-	SHARDPOINT_NO_SIMD=1 cargo test --release -p shardpoint-core --lib codec
+	# The codec's hot loops and the folding crc also have a baseline copy: test it too
+	# (codec/simd.rs, crc_fold.rs), and the hostile chunks through it.
+	SHARDPOINT_NO_SIMD=1 cargo test --release -p shardpoint-core --lib -- codec crc_fold
+	SHARDPOINT_NO_SIMD=1 cargo test --release -p shardpoint-core --test hostile_chunks --test corruption
 	@if command -v cargo-fuzz >/dev/null && rustup toolchain list 2>/dev/null | grep -q nightly; then \
 		$(MAKE) fuzz-smoke; \
 	else \
