@@ -13,7 +13,7 @@
 const POLY: u32 = 0x82F6_3B78;
 
 /// `a · b mod P` in the reflected representation.
-pub(crate) const fn mul(a: u32, mut b: u32) -> u32 {
+const fn mul(a: u32, mut b: u32) -> u32 {
     let mut p = 0u32;
     let mut m = 1u32 << 31; // the x^0 coefficient of `a`, then x^1, ...
     while m != 0 {
