@@ -313,17 +313,26 @@ pub(crate) struct Merged {
 /// allocated per entry and nothing is sorted; a key that two ranks wrote comes out of the
 /// heap twice in a row and is refused naming both ranks.
 ///
-/// The heap's output order (which rank each entry came from) is remembered for `at`; the next
-/// merge there first tries that order ([`order::merge_in_order`]: the same validation and a
-/// strict order check on every key, so only a correct guess gets through) and falls back to
-/// the heap when the layout changed. Either way the index is the same bytes.
+/// The heap's output order (which rank each entry came from, its key and aux lengths) is
+/// remembered for `at`; the next merge there places each partial's entries where that order
+/// puts them as soon as the partial is read ([`order::Placing`]: the same validation, then
+/// a strict order check on every key and a check that every place was written once, so
+/// only a correct guess gets through) and falls back to the heap when the layout changed.
+/// Either way the index is the same bytes.
 pub(crate) fn merge_partials<B: IndexSource>(
     world_size: u32,
     token: Option<&str>,
     at: &str,
-    index_buf: Vec<u8>,
+    mut index_buf: Vec<u8>,
     mut load: impl FnMut(u32) -> Result<(PathBuf, B)>,
 ) -> Result<Merged> {
+    // A remembered order places each partial's entries right after its read (order.rs);
+    // `guessed`: whether a remembered order was tried, and whether it fitted.
+    let remembered = order::recall(at);
+    let mut guessed = remembered.as_ref().map(|_| false);
+    let mut placing = remembered.and_then(|o| {
+        order::Placing::start(o, world_size as usize, std::mem::take(&mut index_buf))
+    });
     let mut first_token: Option<String> = None;
     let mut shards: Vec<ShardRec> = Vec::new();
     let mut partials: Vec<Partial<B>> = Vec::with_capacity(world_size as usize);
@@ -388,6 +397,13 @@ pub(crate) fn merge_partials<B: IndexSource>(
         let (k, a) = view.blob_lens();
         (n, keys_len, aux_len) = (n + view.len(), keys_len + k, aux_len + a);
         partials.push(Partial { view, shard_base });
+        if let Some(pl) = placing.as_mut() {
+            if pl.place(&partials[rank as usize]).is_err() {
+                index_buf = placing
+                    .take()
+                    .map_or_else(Vec::new, order::Placing::into_buffer);
+            }
+        }
     }
     let builder = |buf: Vec<u8>| -> Result<SortedIndexBuilder> {
         let (k, a) = (usize::try_from(keys_len), usize::try_from(aux_len));
@@ -396,25 +412,38 @@ pub(crate) fn merge_partials<B: IndexSource>(
         })?;
         SortedIndexBuilder::with_shape_in(buf, shards.len(), n, k, a)
     };
-    let mut out = builder(index_buf)?;
-    let guessed = order::recall(at).map(|o| {
-        let fitted = o.fits(&partials) && order::merge_in_order(&partials, &o, &mut out).is_ok();
-        order::count(fitted);
-        fitted
+    let placed = placing.and_then(|pl| match pl.seal(shards.len(), (n, keys_len, aux_len)) {
+        Ok(out) => Some(out),
+        Err(buf) => {
+            index_buf = buf;
+            None
+        }
     });
-    if guessed != Some(true) {
-        if guessed.is_some() {
-            out = builder(out.into_buffer())?; // the guess failed part way: start again
+    let out = match placed {
+        Some(out) => {
+            guessed = Some(true);
+            out
         }
-        match merge_sorted(&partials, &mut out, n) {
-            Ok(ranks) => {
-                order::remember(at, Arc::new(order::MergeOrder::new(ranks, partials.len())))
+        None => {
+            let mut out = builder(index_buf)?;
+            match merge_sorted(&partials, &mut out, n) {
+                Ok((ranks, key_lens, aux_lens)) => {
+                    let w = partials.len();
+                    match order::MergeOrder::new(&ranks, &key_lens, &aux_lens, w, shards.len()) {
+                        Some(o) => order::remember(at, Arc::new(o)),
+                        None => order::forget(at),
+                    }
+                }
+                Err(e) => {
+                    order::forget(at);
+                    return Err(e);
+                }
             }
-            Err(e) => {
-                order::forget(at);
-                return Err(e);
-            }
+            out
         }
+    };
+    if let Some(fitted) = guessed {
+        order::count(fitted);
     }
     let user = user_meta.unwrap_or_else(|| "{}".to_string());
     let manifest = match digests.map(|(a, f)| (DigestAlgo::from_name(&a), f)) {
@@ -452,13 +481,15 @@ fn key_prefix(key: &[u8]) -> u64 {
 }
 
 /// The k-way merge of the verified, sorted `partials` (index = rank, `n` entries in all) into
-/// `out`; returns the rank each merged entry came from, in order.
+/// `out`; returns, for each merged entry in order, the rank it came from and its key and aux
+/// lengths (what the next merge places by: order.rs).
 fn merge_sorted<B: IndexSource>(
     partials: &[Partial<B>],
     out: &mut SortedIndexBuilder,
     n: usize,
-) -> Result<Vec<u32>> {
+) -> Result<(Vec<u32>, Vec<u32>, Vec<u32>)> {
     let mut ranks: Vec<u32> = Vec::with_capacity(n);
+    let (mut key_lens, mut aux_lens) = (Vec::with_capacity(n), Vec::with_capacity(n));
     // One cursor per non-empty partial: (its current key's prefix, the key, its rank),
     // smallest key on top; a tie between ranks comes out lower rank first, so equal keys pop
     // one after the other.
@@ -487,6 +518,8 @@ fn merge_sorted<B: IndexSource>(
         rec.shard += p.shard_base;
         out.push(rec, key, e.aux)?;
         ranks.push(r as u32);
+        key_lens.push(key.len() as u32);
+        aux_lens.push(e.aux.len() as u32);
         prev = Some((key, r));
         pos[r] += 1;
         if pos[r] < p.view.len() {
@@ -496,7 +529,7 @@ fn merge_sorted<B: IndexSource>(
             PeekMut::pop(top);
         }
     }
-    Ok(ranks)
+    Ok((ranks, key_lens, aux_lens))
 }
 
 #[cfg(test)]

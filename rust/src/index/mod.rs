@@ -8,7 +8,7 @@ mod source;
 mod view;
 
 pub use build::{build_index, check_key, ChunkRec, EntryMeta, ShardRec};
-pub(crate) use sorted::SortedIndexBuilder;
+pub(crate) use sorted::{Slots, SortedIndexBuilder};
 pub use source::{IndexSource, LazyIndex};
 pub use view::lookup::Entry;
 pub use view::IndexView;

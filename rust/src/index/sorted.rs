@@ -11,6 +11,19 @@ use super::layout::{BlockRecord, EntryRecord, Footer, IndexHeader, ShardRecord};
 use crate::error::{Error, Result};
 use crate::format::*;
 
+// (`SortedIndexBuilder::place` and `seal_placed`: the entries of an unchanged layout's merge
+// written at positions known in advance)
+mod placed;
+
+/// Where the entries of a merged index go: entry `i`'s key bytes start at `key_at[i]` in the
+/// key blob and its aux bytes at `aux_at[i]` in the aux blob; the last element of each is
+/// the blob's length (so each has one element more than there are entries).
+#[derive(Clone, Copy)]
+pub(crate) struct Slots<'a> {
+    pub key_at: &'a [u32],
+    pub aux_at: &'a [u32],
+}
+
 /// An index being written in key order; [`SortedIndexBuilder::finish`] returns its bytes.
 pub(crate) struct SortedIndexBuilder {
     /// The file's bytes up to its metadata, zeroed where not yet written.
@@ -34,6 +47,8 @@ pub(crate) struct SortedIndexBuilder {
     block_aux_lo: usize,
     /// The last key pushed, as (start in the key blob, length), for the order check.
     last_key: Option<(usize, usize)>,
+    /// Entries written by `place` (placed.rs) rather than pushed.
+    placed: usize,
 }
 
 fn too_large() -> Error {
@@ -101,6 +116,7 @@ impl SortedIndexBuilder {
             block_key_lo: 0,
             block_aux_lo: 0,
             last_key: None,
+            placed: 0,
         })
     }
 

@@ -2,18 +2,18 @@
 //! of its last merge at each prefix (which rank each merged entry came from), so a save whose
 //! layout did not change (every rank writes the same keys again) skips the k-way heap.
 //!
-//! Nothing here is trusted. A cached order is only a guess at the order; [`merge_in_order`]
-//! copies the entries in that order through the same validation as the heap merge
-//! (`entry_raw`) and the builder's check that every key is strictly above the one before it,
-//! and the order must consume every entry of every partial exactly once. A strictly increasing
+//! Nothing here is trusted. A cached order is only a guess at the order; [`Placing`] writes
+//! each partial's entries, as soon as the partial is read, to the places the order gives
+//! them, each through the same validation as the heap merge (`entry_raw`), and then checks
+//! in key order that every key is strictly above the one before it and that every place
+//! was written exactly once (index/sorted/placed.rs). A strictly increasing
 //! sequence holding every entry once is the one sorted merge there is, so the index it builds
 //! is byte for byte the heap's; any mismatch (a rank's keys added, removed or renamed, a
 //! duplicate, a different world size) fails the guess and the caller merges with the heap.
 //! So a partial whose keys changed cannot produce a wrong index: it costs the fallback.
 
 use crate::error::{Error, Result};
-use crate::index::SortedIndexBuilder;
-use crate::index::{IndexSource, IndexView};
+use crate::index::{IndexSource, IndexView, Slots, SortedIndexBuilder};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -29,33 +29,171 @@ pub(super) struct Partial<B: IndexSource> {
 /// (1.6 MB at 4,096 ranks x 100 tensors); a coordinator saves to one or a few prefixes.
 const REMEMBERED: usize = 4;
 
-/// The output order of one merge: per rank, its entry count, and for each merged entry, the
-/// rank it came from.
+/// The output order of one merge, in the form the next merge places entries with: per rank,
+/// its entry count; for each entry, rank by rank, its position in the merged index; where
+/// each merged entry's key and aux bytes start in the index's blobs; the shard count.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct MergeOrder {
     counts: Vec<u64>,
-    ranks: Vec<u32>,
+    /// `dest[base(r) + j]`: the merged position of rank `r`'s entry `j` (`base(r)`: the
+    /// counts of the ranks before `r`).
+    dest: Vec<u32>,
+    /// In key order, where each entry's key (aux) bytes start, and the blob's length last.
+    key_at: Vec<u32>,
+    aux_at: Vec<u32>,
+    shards: usize,
 }
 
 impl MergeOrder {
-    /// The order recorded while merging: `ranks[i]` is the rank of merged entry `i`.
-    pub(super) fn new(ranks: Vec<u32>, world_size: usize) -> Self {
-        let mut counts = vec![0u64; world_size];
-        for &r in &ranks {
-            counts[r as usize] += 1;
+    /// The order of a merge of `world_size` partials into `shards` shards: merged entry `i`
+    /// came from rank `ranks[i]` and has a key of `key_lens[i]` and `aux_lens[i]` aux bytes.
+    /// `None` when it cannot be placed from (a rank out of range, lengths that disagree, or
+    /// blobs of 4 GiB or more): then nothing is remembered and the next merge uses the heap.
+    pub(super) fn new(
+        ranks: &[u32],
+        key_lens: &[u32],
+        aux_lens: &[u32],
+        world_size: usize,
+        shards: usize,
+    ) -> Option<Self> {
+        let n = ranks.len();
+        if key_lens.len() != n || aux_lens.len() != n || u32::try_from(n).is_err() {
+            return None;
         }
-        MergeOrder { counts, ranks }
+        let mut counts = vec![0u64; world_size];
+        for &r in ranks {
+            *counts.get_mut(r as usize)? += 1;
+        }
+        let mut next: Vec<usize> = counts
+            .iter()
+            .scan(0usize, |at, &c| {
+                let start = *at;
+                *at += c as usize;
+                Some(start)
+            })
+            .collect();
+        let mut dest = vec![0u32; n];
+        for (i, &r) in ranks.iter().enumerate() {
+            dest[next[r as usize]] = i as u32;
+            next[r as usize] += 1;
+        }
+        let starts = |lens: &[u32]| -> Option<Vec<u32>> {
+            let mut v = Vec::with_capacity(n + 1);
+            let mut at = 0u32;
+            v.push(0);
+            for &l in lens {
+                at = at.checked_add(l)?;
+                v.push(at);
+            }
+            Some(v)
+        };
+        Some(MergeOrder {
+            counts,
+            dest,
+            key_at: starts(key_lens)?,
+            aux_at: starts(aux_lens)?,
+            shards,
+        })
     }
 
-    /// Whether the partials have exactly the entry counts this order was made for (a cheap
-    /// first test; the real one is the merge in order).
-    pub(super) fn fits<B: IndexSource>(&self, partials: &[Partial<B>]) -> bool {
-        self.counts.len() == partials.len()
-            && self
-                .counts
-                .iter()
-                .zip(partials)
-                .all(|(&c, p)| c == p.view.len() as u64)
+    fn slots(&self) -> Slots<'_> {
+        Slots {
+            key_at: &self.key_at,
+            aux_at: &self.aux_at,
+        }
+    }
+}
+
+/// A merge in a remembered order under way: each partial's entries are validated and
+/// written to their places in the index as soon as the partial is read and verified, front
+/// to back while its bytes are in cache (index/sorted/placed.rs). Any misfit ends it and
+/// the caller merges with the heap, from a fresh builder, which reports what is wrong.
+pub(super) struct Placing {
+    order: Arc<MergeOrder>,
+    out: SortedIndexBuilder,
+    /// The next rank to place, and where its entries start in `order.dest`.
+    rank: usize,
+    next: usize,
+}
+
+fn stale() -> Error {
+    Error::InvalidArgument("the cached merge order does not fit".into())
+}
+
+impl Placing {
+    /// Start placing a merge of `world_size` partials in `order`, building in `buf`.
+    /// `None` when the order was made for another world size.
+    pub(super) fn start(order: Arc<MergeOrder>, world_size: usize, buf: Vec<u8>) -> Option<Self> {
+        if order.counts.len() != world_size {
+            return None;
+        }
+        let n = order.dest.len();
+        let (k, a) = (order.key_at[n] as usize, order.aux_at[n] as usize);
+        let out = SortedIndexBuilder::with_shape_in(buf, order.shards, n, k, a).ok()?;
+        out.check_slots(order.slots()).ok()?;
+        Some(Placing {
+            order,
+            out,
+            rank: 0,
+            next: 0,
+        })
+    }
+
+    /// Validate the entries of the next rank's partial `p` as the heap merge does
+    /// (`entry_raw`) and write each to its place. An error means the order does not fit.
+    pub(super) fn place<B: IndexSource>(&mut self, p: &Partial<B>) -> Result<()> {
+        let Placing {
+            order,
+            out,
+            rank,
+            next,
+        } = self;
+        let len = p.view.len();
+        if order.counts.get(*rank) != Some(&(len as u64)) {
+            return Err(stale());
+        }
+        let dest = &order.dest[*next..*next + len];
+        let slots = order.slots();
+        for (j, &d) in dest.iter().enumerate() {
+            let e = p.view.entry_raw(j)?;
+            let mut rec = e.rec;
+            // In range: entry_raw checked the shard against this partial's table.
+            rec.shard += p.shard_base;
+            out.place(d as usize, rec, e.key.as_bytes(), e.aux, slots)?;
+        }
+        *rank += 1;
+        *next += len;
+        Ok(())
+    }
+
+    /// After the last partial: the builder, every entry placed and checked in key order
+    /// (`seal_placed`), when the merge's shape (`shards`, entries, key and aux bytes) is the
+    /// order's; else the buffer back, for the heap.
+    pub(super) fn seal(
+        self,
+        shards: usize,
+        shape: (usize, u64, u64),
+    ) -> std::result::Result<SortedIndexBuilder, Vec<u8>> {
+        let Placing {
+            order,
+            mut out,
+            rank,
+            ..
+        } = self;
+        let n = order.dest.len();
+        let fits = rank == order.counts.len()
+            && shards == order.shards
+            && shape == (n, order.key_at[n] as u64, order.aux_at[n] as u64);
+        if fits && out.seal_placed(order.slots()).is_ok() {
+            Ok(out)
+        } else {
+            Err(out.into_buffer())
+        }
+    }
+
+    /// The builder's buffer, for the heap merge that replaces a failed placing.
+    pub(super) fn into_buffer(self) -> Vec<u8> {
+        self.out.into_buffer()
     }
 }
 
@@ -87,37 +225,6 @@ pub(super) fn remember(at: &str, order: Arc<MergeOrder>) {
 /// Forget the order remembered for `at` (a merge there failed).
 pub(super) fn forget(at: &str) {
     cache().retain(|(k, _)| k != at);
-}
-
-/// Copy the entries of `partials` into `out` in `order`, each validated as the heap merge
-/// validates it. An error means the order does not fit these partials (or an entry is bad):
-/// the caller then merges with the heap, from a fresh builder, which reports what is wrong.
-pub(super) fn merge_in_order<B: IndexSource>(
-    partials: &[Partial<B>],
-    order: &MergeOrder,
-    out: &mut SortedIndexBuilder,
-) -> Result<()> {
-    let stale = || Error::InvalidArgument("the cached merge order does not fit".into());
-    if !order.fits(partials) {
-        return Err(stale());
-    }
-    let mut pos = vec![0usize; partials.len()];
-    for &r in &order.ranks {
-        let r = r as usize;
-        let p = partials.get(r).ok_or_else(stale)?;
-        // out of range (the order names this rank too often) is an error here
-        let e = p.view.entry_raw(pos[r])?;
-        let mut rec = e.rec;
-        rec.shard += p.shard_base;
-        // checks that this key is strictly above the one before it
-        out.push(rec, e.key.as_bytes(), e.aux)?;
-        pos[r] += 1;
-    }
-    // every entry of every partial, once: the counts fit and no rank was taken too often
-    if pos.iter().zip(partials).any(|(&i, p)| i != p.view.len()) {
-        return Err(stale());
-    }
-    Ok(())
 }
 
 /// Merges that took a remembered order, and remembered orders that did not fit (then the

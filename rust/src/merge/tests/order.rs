@@ -171,11 +171,78 @@ fn a_bogus_remembered_order_is_only_a_failed_guess() {
     let reversed: Vec<u32> = (0..n).map(|i| (i % world as usize) as u32).rev().collect();
     let mut skewed: Vec<u32> = (0..n).map(|i| (i % world as usize) as u32).collect();
     skewed[0] = 1; // rank 1 six times, rank 0 four: the counts no longer fit
+                   // the lengths of the true order's entries: the bogus orders fit the index's shape
+    let view = IndexView::open(good.clone(), Path::new("good")).unwrap();
+    let entries: Vec<_> = (0..n).map(|i| view.entry_raw(i).unwrap()).collect();
+    let key_lens: Vec<u32> = entries.iter().map(|e| e.key.len() as u32).collect();
+    let aux_lens: Vec<u32> = entries.iter().map(|e| e.aux.len() as u32).collect();
     for (what, ranks) in [("reversed", reversed), ("skewed", skewed)] {
         let at = place(what);
-        remember(&at, Arc::new(MergeOrder::new(ranks, world as usize)));
+        let o = MergeOrder::new(&ranks, &key_lens, &aux_lens, world as usize, world as usize);
+        remember(&at, Arc::new(o.unwrap()));
         let m = run_at(&parts, &at).unwrap();
         assert!(!m.in_order, "{what}");
         assert_eq!(m.index, good, "{what}");
     }
+}
+
+#[test]
+fn hostile_partials_are_refused_when_the_remembered_order_fits() {
+    // Every partial keeps its entry count and key and aux lengths, so the remembered order
+    // places them (no cheap test says "changed"): each is still refused naming its file.
+    let world = 8;
+    let at = place("hostile");
+    let name_of = |r: u32| name(r).display().to_string();
+    // an entry pointing past its partial's only shard, every crc recomputed
+    let mut bad_shard = dcp_save(world, 1);
+    let entries_off = le_u64(&bad_shard[3], 56) as usize;
+    bad_shard[3][entries_off + 12..entries_off + 16].copy_from_slice(&1u32.to_le_bytes());
+    reseal(&mut bad_shard[3]);
+    // one flipped bit in a key
+    let mut flipped = dcp_save(world, 1);
+    let keys_off = le_u64(&flipped[5], 64) as usize;
+    flipped[5][keys_off + 2] ^= 1;
+    // two keys swapped inside rank 6's partial, crcs recomputed (same lengths: t000/t001)
+    let mut swapped = dcp_save(world, 1);
+    let keys_off = le_u64(&swapped[6], 64) as usize;
+    let k = b"t000@6,0".len();
+    let first = swapped[6][keys_off..keys_off + k].to_vec();
+    swapped[6].copy_within(keys_off + k..keys_off + 2 * k, keys_off);
+    swapped[6][keys_off + k..keys_off + 2 * k].copy_from_slice(&first);
+    reseal(&mut swapped[6]);
+    // a partial of another save (another merge token), same keys
+    let mut foreign = dcp_save(world, 1);
+    let meta = meta_blob(
+        r#"{"step":9}"#,
+        &partial_marker(2, world, 42, "step-10"),
+        "",
+    );
+    let entries = (0..5).map(|j| entry(&format!("t{j:03}@2,0"), j)).collect();
+    foreign[2] = build_index(
+        &[shard(2, world)],
+        entries,
+        DEFAULT_CHUNK_BYTES,
+        meta.as_bytes(),
+    )
+    .unwrap();
+    let cases = [
+        ("shard out of range", bad_shard, 3, "shard 1 out of range"),
+        ("flipped bit", flipped, 5, "checksum"),
+        ("keys swapped", swapped, 6, "not strictly sorted"),
+        ("foreign partial", foreign, 2, "merge token"),
+    ];
+    for (what, parts, rank, says) in cases {
+        run_at(&dcp_save(world, 0), &at).unwrap();
+        let placed = run_at(&dcp_save(world, 2), &at).unwrap();
+        assert!(
+            placed.in_order,
+            "{what}: the layout before it is remembered and placed"
+        );
+        let err = run_at(&parts, &at).unwrap_err().to_string();
+        assert!(err.contains(&name_of(rank)), "{what}: {err}");
+        assert!(err.to_lowercase().contains(says), "{what}: {err}");
+    }
+    // and a good save after all that merges to the right bytes
+    let parts = dcp_save(world, 3);
+    assert_eq!(run_at(&parts, &at).unwrap().index, expected(&parts));
 }
