@@ -8,9 +8,11 @@ The harness itself is tests/scale_harness.py (the tests run it at N = 64).
     python benches/bench_scale.py --store s3 --paths dcp --ns 16 --load 4 --tensors 4 \
         --cols 65536 --no-dcp-default      # the same with ~1 MiB per loading rank and tensor
 
-Reports per N: coordinator CPU (merge; DCP: global plan + our prepare_global_plan + finish;
-our planner: a first save ``ours``, an unchanged one ``ours2`` merged in the remembered order,
-and the same unchanged save with that order forgotten ``ours2h``, the heap merge),
+Reports per N: coordinator CPU (merge, and against a local directory the same writer save
+again at its prefix, layout unchanged, ``writer2``; DCP: global plan + our
+prepare_global_plan + finish; our planner: a first save ``ours``, an unchanged one ``ours2``
+merged in the remembered order, and the same unchanged save with that order forgotten
+``ours2h``, the heap merge),
 the commit's wall time, bytes per rank to/from the coordinator (DCP's gathered/scattered plans
 and results, pickled as DCP sends them), requests per rank and per commit by S3 operation
 (``--store s3``: an S3 server in its own process, benches/s3server.py: ours, which adds the
@@ -175,6 +177,17 @@ def main() -> None:
                     if path == "writer":
                         hashed = bool(args.hashed_prefixes)
                         print(_prefix_spread(prefix, moto, n, hashed), flush=True)
+                        if args.store == "local":
+                            # the same save again at the same prefix, layout unchanged: the
+                            # merge places the entries in the remembered order (writer2)
+                            again = fn(prefix, n, tensors=args.tensors, options=opts, **kw)
+                            again.path = "writer2"
+                            print(
+                                _row(again),
+                                f"merge_order(in order, misfits)={_core.merge_order_stats()}",
+                                flush=True,
+                            )
+                            runs.append(again)
                 if path == "dcp":
                     # our planner beside DCP's, same run: a first save, then one whose
                     # layout did not change (every rank's plan cached)

@@ -166,9 +166,11 @@ def merge(
     returning.
 
     The process remembers the entry order of its last merge at each prefix (a few prefixes):
-    when the next save there writes the same keys, its entries are copied in that order, each
-    key checked to be above the one before it, instead of merged through a heap; any change of
-    layout fails that check and the heap merges. The index is the same bytes either way.
+    when the next save there writes the same keys, each partial's entries are written to the
+    places that order gives them right after the partial is read (validated as always), then
+    every key is checked to be above the one before it, instead of merged through a heap; any
+    change of layout fails that check and the heap merges. The index is the same bytes either
+    way.
 
     ``partials``: every writer's partial index bytes, rank by rank, as
     :meth:`Writer.commit_partial` returned them (``len(partials) == world_size``): merged from
