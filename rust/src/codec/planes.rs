@@ -232,6 +232,21 @@ ungroup_block!(ungroup_block2, u16, 2, interleave2);
 ungroup_block!(ungroup_block4, u32, 4, interleave4);
 ungroup_block!(ungroup_block8, u64, 8, interleave8);
 
+/// One block of `ungroup`/`ungroup_crc`, by width and rotation (inlined into each of their
+/// `multiversion!` copies, so every copy keeps its own vectorised loops).
+#[inline(always)]
+fn ungroup_block(w: usize, rot: bool, planes: &[&[u8]], at: usize, block: &mut [u8]) {
+    match (w, rot) {
+        (2, true) => ungroup_block2::<true>(planes, at, block),
+        (2, false) => ungroup_block2::<false>(planes, at, block),
+        (4, true) => ungroup_block4::<true>(planes, at, block),
+        (4, false) => ungroup_block4::<false>(planes, at, block),
+        (8, true) => ungroup_block8::<true>(planes, at, block),
+        (8, false) => ungroup_block8::<false>(planes, at, block),
+        _ => unreachable!("group widths are 2, 4 or 8"),
+    }
+}
+
 multiversion! {
 /// Interleave `planes` (each `dst.len() / w` bytes, most significant first) into `dst`, block by
 /// block, the inverse of grouping without a crc: the zstd-bytegroup codec's decode, which was
@@ -240,15 +255,7 @@ pub fn ungroup(w: usize, rot: bool, planes: &[&[u8]], dst: &mut [u8]) -> () {
     debug_assert_eq!(planes.len(), w);
     for (b, block) in dst.chunks_mut(BLOCK * w).enumerate() {
         let at = b * BLOCK;
-        match (w, rot) {
-            (2, true) => ungroup_block2::<true>(planes, at, block),
-            (2, false) => ungroup_block2::<false>(planes, at, block),
-            (4, true) => ungroup_block4::<true>(planes, at, block),
-            (4, false) => ungroup_block4::<false>(planes, at, block),
-            (8, true) => ungroup_block8::<true>(planes, at, block),
-            (8, false) => ungroup_block8::<false>(planes, at, block),
-            _ => unreachable!("group widths are 2, 4 or 8"),
-        }
+        ungroup_block(w, rot, planes, at, block);
     }
 }
 }
@@ -274,15 +281,7 @@ pub fn ungroup_crc(
                 *c = crate::checksum::crc_append(*c, &p[at..at + len]);
             }
         }
-        match (w, rot) {
-            (2, true) => ungroup_block2::<true>(planes, at, block),
-            (2, false) => ungroup_block2::<false>(planes, at, block),
-            (4, true) => ungroup_block4::<true>(planes, at, block),
-            (4, false) => ungroup_block4::<false>(planes, at, block),
-            (8, true) => ungroup_block8::<true>(planes, at, block),
-            (8, false) => ungroup_block8::<false>(planes, at, block),
-            _ => unreachable!("group widths are 2, 4 or 8"),
-        }
+        ungroup_block(w, rot, planes, at, block);
         crc = crate::checksum::crc_append(crc, block);
     }
     crc
