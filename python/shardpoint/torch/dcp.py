@@ -292,7 +292,9 @@ class StorageWriter(_storage.StorageWriter):
         metadata.storage_meta = self.storage_meta()
         writer = storage.Writer(
             self.prefix,
-            compression="none",
+            # the chunk table is regular int64s: byte-grouped zstd stores 4,096 ranks x 100
+            # tensors' 13 MB in ~13 KB (decoded in ~5 ms), and every loading rank reads it
+            compression="zstd",
             durable=self.durable,
             rank=world,
             world_size=world + 1,
@@ -380,7 +382,7 @@ class StorageReader(_storage.StorageReader):
         self.verify = verify
         self.allow_pickle = bool(allow_pickle)
         self.load_id = uuid.uuid4().hex
-        self.storage_data: dict[Any, str] = {}
+        self.storage_data: Mapping[Any, str] = {}
         self._reader: storage.Reader | None = None
 
     @property
@@ -413,9 +415,10 @@ class StorageReader(_storage.StorageReader):
                 keys.append(METADATA_CHUNKS_ENTRY)
             got = reader.load(keys, verify=True, progress=False)
             table = got.get(METADATA_CHUNKS_ENTRY)
-            if table is not None:
-                # a copy: a view would keep the shard mapped while the decoded rows live
-                # (dcp_metadata keeps them for the load planner)
+            if table is not None and reader.info(METADATA_CHUNKS_ENTRY).codec == "none":
+                # a copy of an uncompressed table (checkpoints before it was compressed): a
+                # view would keep the shard mapped while the decoded rows live (the lazy
+                # chunks are built from them); a compressed one was decoded into new memory
                 table = np.array(table, copy=True)
             metadata = decode_metadata(got[METADATA_ENTRY], table)
         elif PICKLED_METADATA_ENTRY in reader:

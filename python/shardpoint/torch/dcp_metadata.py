@@ -16,6 +16,7 @@ import math
 import operator
 import os
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint import metadata as _md
 
 from .._core import int_attr_rows
 from ..errors import CorruptCheckpointError
+from .dcp_lazy import DerivedStorageData, LazyChunks
 
 __all__ = [
     "METADATA_ENTRY",
@@ -180,22 +182,15 @@ def remember_rows(rows: dict[int, tuple[list[Any], np.ndarray]]) -> None:
     _ROWS.update(rows)
 
 
-#: chunk rows of the last decoded metadata (``decode_metadata``), by chunk list, for the load
-#: planner (dcp_load_planner): its lookups then never walk the chunk objects. Replaced by
-#: every decode.
-_DECODED: dict[int, tuple[list[Any], np.ndarray]] = {}
-
-
-def rows_of(chunks: list[Any], dims: int) -> np.ndarray | None:
-    """:func:`chunk_rows` of ``chunks``, taken from the last decoded metadata or the last
-    global plan when they are of this very list and still match it (same length, same last
-    chunk): no walk over the chunk objects then."""
-    hit = _DECODED.get(id(chunks))
-    if hit is not None and hit[0] is chunks and len(hit[1]) == len(chunks) and chunks:
-        last = chunks[-1]
-        if tuple(hit[1][-1].tolist()) == (*last.offsets, *last.sizes):
-            return hit[1]
-    return _rows_of(chunks, dims)
+def rows_of(chunks: Sequence[Any], dims: int) -> np.ndarray | None:
+    """:func:`chunk_rows` of ``chunks``: the rows a decoded metadata's chunks are built from
+    (:class:`.dcp_lazy.LazyChunks`, no chunk object built or walked), else those of the last
+    global plan when they are of this very list and still match it."""
+    if isinstance(chunks, LazyChunks):
+        rows = chunks.rows
+        if rows is not None and rows.shape[1] == 2 * dims:
+            return rows
+    return _rows_of(list(chunks) if type(chunks) is not list else chunks, dims)
 
 
 def _rows_of(chunks: list[Any], dims: int) -> np.ndarray | None:
@@ -281,7 +276,12 @@ def encode_metadata(metadata: _md.Metadata) -> tuple[dict[str, Any], np.ndarray]
 
 def decode_metadata(document: Any, table: np.ndarray | None = None) -> _md.Metadata:
     """Inverse of :func:`encode_metadata` (``table``: the chunk table of a version 2
-    document); reads version 1 documents (storage data stored whole) too."""
+    document); reads version 1 documents (storage data stored whole) too.
+
+    A version 2 document decodes in O(tensors): each tensor's ``chunks`` is a
+    :class:`.dcp_lazy.LazyChunks` over its rows of the table and ``storage_data`` a
+    :class:`.dcp_lazy.DerivedStorageData`, both built only where they are read (a loading
+    rank's planner touches about two chunks per tensor; docs/SCALE.md)."""
     if not isinstance(document, dict) or document.get("format") != _MARKER:
         raise CorruptCheckpointError(f"{METADATA_ENTRY} is not shardpoint DCP metadata")
     version = int(document.get("version", 0))
@@ -292,75 +292,92 @@ def decode_metadata(document: Any, table: np.ndarray | None = None) -> _md.Metad
         raise CorruptCheckpointError(f"{METADATA_ENTRY} does not hold a DCP Metadata")
     if version == 2:
         _add_tensors(metadata, document.get("tensors"), table)
-        metadata.storage_data = _derived_storage_data(metadata)
+        metadata.storage_data = DerivedStorageData(metadata.state_dict_metadata)
     return metadata
 
 
-def _derived_storage_data(metadata: _md.Metadata) -> dict[_md.MetadataIndex, str]:
-    """The ``storage_data`` a version 2 document does not store: the entry key of every
-    stored item, by the rule the writer used (``dcp._storage_key``): a tensor saved whole under
-    its name, a shard under ``fqn@o0,o1,...``, a non-tensor item under its name."""
-    out: dict[_md.MetadataIndex, str] = {}
-    for fqn, value in metadata.state_dict_metadata.items():
-        if not isinstance(value, _md.TensorStorageMetadata):
-            out[_md.MetadataIndex(fqn)] = fqn
-            continue
-        chunks = value.chunks
-        for c in chunks:
-            whole = len(chunks) == 1 and not any(c.offsets) and c.sizes == value.size
-            key = fqn if whole else f"{fqn}@{','.join(str(o) for o in c.offsets)}"
-            out[_md.MetadataIndex(fqn, c.offsets)] = key
-    return out
-
-
 def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None) -> None:
-    """Rebuild the tensor metadata of a version 2 document from its chunk table (hostile
-    input: every count is checked against the table's length before it is used)."""
+    """Rebuild the tensor metadata of a version 2 document over its chunk table (hostile
+    input: every count is checked against the table's length before it is used, and every
+    chunk against its tensor's bounds, vectorized per tensor, so that no chunk is built)."""
     if not isinstance(tensors, list) or table is None:
         raise CorruptCheckpointError(f"{METADATA_ENTRY}: version 2 without its chunk table")
     flat = np.asarray(table).reshape(-1)
     if flat.dtype != np.int64:
         raise CorruptCheckpointError(f"{METADATA_CHUNKS_ENTRY}: expected int64, got {flat.dtype}")
-    values = flat.tolist()
+    if flat.flags.writeable:
+        flat = flat.view()
+        flat.flags.writeable = False  # the lazy chunks are built from it later
     at = 0
-    _DECODED.clear()
+    props_seen: dict[str, Any] = {}
+    runs: list[tuple[int, int, list[tuple[str, int, list[int]]]]] = []
     for row in tensors:
         if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)):
             raise CorruptCheckpointError(f"{METADATA_ENTRY}: malformed tensor row")
-        fqn, props, size, n = row[0], _decode(row[1]), row[2], row[3]
+        fqn, size, n = row[0], row[2], row[3]
+        # tensors share few distinct properties: decode each distinct one once
+        props_key = repr(row[1])
+        props = props_seen.get(props_key)
+        if props is None:
+            props = props_seen[props_key] = _decode(row[1])
         if not (
             isinstance(props, _md.TensorProperties)
             and isinstance(size, list)
-            and all(type(x) is int and x >= 0 for x in size)
+            and all(type(x) is int and 0 <= x < 2**63 for x in size)
             and type(n) is int
             and n >= 0
         ):
             raise CorruptCheckpointError(f"{METADATA_ENTRY}: malformed tensor row for {fqn!r}")
         d = len(size)
         end = at + 2 * d * n
-        if end > len(values):
+        if end > len(flat):
             raise CorruptCheckpointError(
                 f"{METADATA_CHUNKS_ENTRY}: {fqn!r} needs chunks past the table's end "
-                f"({end} > {len(values)} values)"
+                f"({end} > {len(flat)} values)"
             )
-        chunks = (
-            [
-                _md.ChunkStorageMetadata(
-                    offsets=torch.Size(values[i : i + d]),
-                    sizes=torch.Size(values[i + d : i + 2 * d]),
-                )
-                for i in range(at, end, 2 * d)
-            ]
-            if d
-            else [_md.ChunkStorageMetadata(torch.Size(), torch.Size()) for _ in range(n)]
-        )
-        if d:
-            _DECODED[id(chunks)] = (chunks, flat[at:end].reshape(n, 2 * d))
+        rows = flat[at:end].reshape(n, 2 * d) if d else np.zeros((n, 0), np.int64)
+        if not runs or runs[-1][1] != d:
+            runs.append((at, d, []))
+        runs[-1][2].append((fqn, n, size))
         at = end
         metadata.state_dict_metadata[fqn] = _md.TensorStorageMetadata(
-            properties=props, size=torch.Size(size), chunks=chunks
+            properties=props, size=torch.Size(size), chunks=LazyChunks(rows, d)
         )
-    if at != len(values):
+    if at != len(flat):
         raise CorruptCheckpointError(
-            f"{METADATA_CHUNKS_ENTRY}: {len(values) - at} values after the last tensor's chunks"
+            f"{METADATA_CHUNKS_ENTRY}: {len(flat) - at} values after the last tensor's chunks"
         )
+    _check_bounds(flat, runs)
+
+
+def _check_bounds(
+    flat: np.ndarray, runs: list[tuple[int, int, list[tuple[str, int, list[int]]]]]
+) -> None:
+    """Refuse a chunk outside its tensor (a negative offset or size, or past the end along a
+    dimension), naming the tensor, the chunk and its place in the table. ``runs``: consecutive
+    tensors of one rank ``d`` as ``(start, d, [(fqn, chunks, size), ...])``, each checked in
+    one vectorized pass (per tensor, numpy's per-call cost would dominate)."""
+    for start, d, tensors in runs:
+        count = sum(n for _, n, _ in tensors)
+        if not d or not count:
+            continue
+        rows = flat[start : start + 2 * d * count].reshape(count, 2 * d)
+        limits = np.repeat(
+            np.array([size for _, _, size in tensors], np.int64).reshape(-1, d),
+            [n for _, n, _ in tensors],
+            axis=0,
+        )
+        offsets, sizes = rows[:, :d], rows[:, d:]
+        bad = (offsets < 0) | (sizes < 0) | (offsets > limits - sizes)
+        if not bad.any():
+            continue
+        i = int(np.flatnonzero(bad.any(axis=1))[0])
+        for fqn, n, size in tensors:
+            if i < n:
+                raise CorruptCheckpointError(
+                    f"{METADATA_CHUNKS_ENTRY}: chunk {i} of {fqn!r} (table value "
+                    f"{start + 2 * d * i}) is outside the tensor: offsets "
+                    f"{rows[i, :d].tolist()}, sizes {rows[i, d:].tolist()}, tensor size {size}"
+                )
+            i -= n
+            start += 2 * d * n
