@@ -178,9 +178,15 @@ def test_a_chunk_outside_its_tensor_is_refused(saved: str) -> None:
     with sp.open(saved) as r:
         document, table = r[".dcp_metadata"], np.array(r[TABLE])
     base = 2 * 2 * N  # t001's rows follow t000's N chunks of 4 values
-    for at, value in ((base + 4 * 5 + 2, N * ROWS), (base + 4 * 5 + 1, -1)):
+    chunk5 = base + 4 * 5  # its offsets, then its sizes
+    for changes in (
+        {chunk5 + 2: N * ROWS},  # rows past the tensor's end
+        {chunk5 + 1: -1},  # a negative offset
+        {chunk5: 2**62, chunk5 + 2: 2**62},  # an end that overflows int64
+    ):
         bad = table.copy()
-        bad[at] = value
+        for at, value in changes.items():
+            bad[at] = value
         with pytest.raises(
             sp.CorruptCheckpointError,
             match=rf"chunk 5 of 't001' \(table value {base + 20}\) is outside the tensor",

@@ -355,29 +355,49 @@ def _check_bounds(
 ) -> None:
     """Refuse a chunk outside its tensor (a negative offset or size, or past the end along a
     dimension), naming the tensor, the chunk and its place in the table. ``runs``: consecutive
-    tensors of one rank ``d`` as ``(start, d, [(fqn, chunks, size), ...])``, each checked in
-    one vectorized pass (per tensor, numpy's per-call cost would dominate)."""
+    tensors of one rank ``d`` as ``(start, d, [(fqn, chunks, size), ...])``. A run is checked
+    in a few reductions over its rows (its minimum, the chunks' ends, their maximum per tensor
+    by ``reduceat``): per tensor, numpy's per-call cost would dominate, and a full elementwise
+    comparison makes temporaries as large as the table. Only a failed run is searched for the
+    chunk to name."""
     for start, d, tensors in runs:
         count = sum(n for _, n, _ in tensors)
         if not d or not count:
             continue
         rows = flat[start : start + 2 * d * count].reshape(count, 2 * d)
-        limits = np.repeat(
-            np.array([size for _, _, size in tensors], np.int64).reshape(-1, d),
-            [n for _, n, _ in tensors],
-            axis=0,
-        )
-        offsets, sizes = rows[:, :d], rows[:, d:]
-        bad = (offsets < 0) | (sizes < 0) | (offsets > limits - sizes)
-        if not bad.any():
-            continue
-        i = int(np.flatnonzero(bad.any(axis=1))[0])
-        for fqn, n, size in tensors:
-            if i < n:
-                raise CorruptCheckpointError(
-                    f"{METADATA_CHUNKS_ENTRY}: chunk {i} of {fqn!r} (table value "
-                    f"{start + 2 * d * i}) is outside the tensor: offsets "
-                    f"{rows[i, :d].tolist()}, sizes {rows[i, d:].tolist()}, tensor size {size}"
-                )
-            i -= n
-            start += 2 * d * n
+        # offsets and sizes are each below 2**63, so a negative end is an overflow
+        ends = rows[:, :d] + rows[:, d:] if int(rows.min()) >= 0 else None
+        if ends is not None and int(ends.min()) >= 0:
+            firsts = np.cumsum([0] + [n for _, n, _ in tensors[:-1]])
+            live = [k for k, (_, n, _) in enumerate(tensors) if n]
+            peaks = np.maximum.reduceat(ends, firsts[live], axis=0)
+            limits = np.array([tensors[k][2] for k in live], np.int64).reshape(-1, d)
+            if not (peaks > limits).any():
+                continue
+        _name_bad_chunk(rows, start, d, tensors)
+
+
+def _name_bad_chunk(
+    rows: np.ndarray, start: int, d: int, tensors: list[tuple[str, int, list[int]]]
+) -> None:
+    """Raise for the first chunk of ``rows`` outside its tensor (a run that failed
+    :func:`_check_bounds`)."""
+    limits = np.repeat(
+        np.array([size for _, _, size in tensors], np.int64).reshape(-1, d),
+        [n for _, n, _ in tensors],
+        axis=0,
+    )
+    offsets, sizes = rows[:, :d], rows[:, d:]
+    bad = np.flatnonzero(((offsets < 0) | (sizes < 0) | (offsets > limits - sizes)).any(axis=1))
+    if not len(bad):  # cannot happen: the reductions failed only for a chunk found here
+        raise CorruptCheckpointError(f"{METADATA_CHUNKS_ENTRY}: chunks outside their tensors")
+    i = int(bad[0])
+    for fqn, n, size in tensors:
+        if i < n:
+            raise CorruptCheckpointError(
+                f"{METADATA_CHUNKS_ENTRY}: chunk {i} of {fqn!r} (table value "
+                f"{start + 2 * d * i}) is outside the tensor: offsets "
+                f"{rows[i, :d].tolist()}, sizes {rows[i, d:].tolist()}, tensor size {size}"
+            )
+        i -= n
+        start += 2 * d * n
