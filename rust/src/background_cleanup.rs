@@ -77,7 +77,7 @@ fn claim_slot(fd: RawFd) -> Option<usize> {
 /// the thread cannot be started.
 pub fn spawn(prefix: PathBuf, keep: HashSet<String>, orphans: Orphans, lock: PrefixLock) {
     let slot = match (&orphans, lock.raw_fd().and_then(claim_slot)) {
-        (Orphans::Locked, Some(s)) => s,
+        (Orphans::Locked | Orphans::Listed(_), Some(s)) => s,
         (_, claimed) => {
             if let Some(s) = claimed {
                 HELD_FDS[s].store(-1, Ordering::SeqCst);
@@ -93,7 +93,7 @@ pub fn spawn(prefix: PathBuf, keep: HashSet<String>, orphans: Orphans, lock: Pre
     SPAWNED_BY.store(std::process::id(), Ordering::SeqCst);
     let run = move || {
         crate::fault::point("cleanup.background");
-        cleanup(&prefix, &keep, &Orphans::Locked);
+        cleanup(&prefix, &keep, &orphans);
         HELD_FDS[slot].store(-1, Ordering::SeqCst);
         drop(lock);
     };

@@ -404,6 +404,10 @@ pub enum Orphans {
     /// orphaned. Anything else may belong to a concurrent writer and stays (a later locked
     /// commit, or `remove`, removes it).
     Unlocked { previous: Vec<ShardRec> },
+    /// [`Orphans::Locked`] with `P`'s files as listed under this lock before the commit (the
+    /// in-memory merge's liveness check), not listed again: shards and partials are published
+    /// under the lock, so only a live writer's temp file can have appeared since.
+    Listed(Vec<(String, PathBuf)>),
 }
 
 /// The shard records of the index currently at `prefix` (empty if none or unreadable).
@@ -442,18 +446,24 @@ pub fn cleanup(prefix: &Path, keep: &HashSet<String>, orphans: &Orphans) {
                 }
             }
         }
-        Orphans::Locked => {
-            let Ok(names) = owned_names(prefix) else {
-                return;
+        Orphans::Locked | Orphans::Listed(_) => {
+            let fresh;
+            let names = match orphans {
+                Orphans::Listed(names) => names,
+                _ => {
+                    let Ok(n) = owned_names(prefix) else { return };
+                    fresh = n;
+                    &fresh
+                }
             };
             for (suffix, path) in names {
-                if keep.contains(&suffix) {
+                if keep.contains(suffix) {
                     continue;
                 }
-                if is_temp_suffix(&suffix) {
-                    remove_if_abandoned(&path);
+                if is_temp_suffix(suffix) {
+                    remove_if_abandoned(path);
                 } else {
-                    let _ = fs::remove_file(&path);
+                    let _ = fs::remove_file(path);
                 }
             }
             // a writer creating its temp file in a directory removed here retries

@@ -6,7 +6,7 @@
 //! bytes are copied. The metadata blob is JSON we wrote ourselves, parsed here with serde_json
 //! (the user's part is carried through verbatim as raw JSON).
 
-use crate::commit::{cleanup, commit_without_cleanup, PrefixLock};
+use crate::commit::{cleanup, commit_without_cleanup, Orphans, PrefixLock};
 use crate::digest::{manifest_extra, DigestAlgo, FileDigest, Manifest};
 use crate::error::{Error, Result};
 use crate::format::{DEFAULT_CHUNK_BYTES, FORMAT_VERSION};
@@ -160,23 +160,29 @@ pub fn merge_local_in(
     });
     let needed = reader.needed();
     arena.give_back(needed);
-    commit_merged(prefix, merged?, durable, lock, background_cleanup)
+    commit_merged(prefix, merged?, durable, lock, background_cleanup, None)
 }
 
 /// Commit the merged index `m` at local `prefix` (under `lock`), then remove what it made
 /// unreferenced (the consumed partials, the replaced shards) now or, with
-/// `background_cleanup`, on a thread that owns the lock until it is done.
+/// `background_cleanup`, on a thread that owns the lock until it is done. `listed`: `P`'s files
+/// as listed under this lock before the commit (the in-memory merge's liveness check), which
+/// the cleanup then uses instead of listing the directory a second time.
 pub(crate) fn commit_merged(
     prefix: &Path,
     m: Merged,
     durable: bool,
     lock: PrefixLock,
     background_cleanup: bool,
+    listed: Option<Vec<(String, PathBuf)>>,
 ) -> Result<()> {
     crate::fault::point("merge.read");
     let committed = commit_without_cleanup(prefix, &m.shards, Ok(&m.index), durable, &lock);
     kept::keep_index(m.index);
-    let (keep, orphans) = committed?;
+    let (keep, mut orphans) = committed?;
+    if let (Orphans::Locked, Some(names)) = (&orphans, listed) {
+        orphans = Orphans::Listed(names); // listed under this lock: not listed again
+    }
     if background_cleanup {
         // the thread owns the lock until it is done (FORMAT.md §8.3)
         crate::background_cleanup::spawn(prefix.to_path_buf(), keep, orphans, lock);

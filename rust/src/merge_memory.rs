@@ -51,8 +51,16 @@ pub fn merge_in_memory(
             let merged = merge_partials(world_size, token, &at, kept::take_index(), |rank| {
                 Ok((name(rank), partials[rank as usize]))
             })?;
-            still_alive(prefix, world_size, hashed, &merged.shards)?;
-            commit_merged(prefix, merged, durable, lock, background_cleanup)
+            let listed = still_alive(prefix, world_size, hashed, &merged.shards)?;
+            // the cleanup removes from this listing (made under the lock) instead of listing again
+            commit_merged(
+                prefix,
+                merged,
+                durable,
+                lock,
+                background_cleanup,
+                Some(listed),
+            )
         }
         Location::Remote(rp) => {
             let seen = remote_commit::observe(rp)?;
@@ -86,14 +94,21 @@ pub fn merge_in_memory(
 /// tell: a third save's ranks republishing, after that commit, every name of this save; the
 /// shards it would then name carry another save token, which opening the checkpoint detects
 /// (FORMAT.md §3.2, shard records), so that race gives an error, never wrong values.
-fn still_alive(prefix: &Path, world: u32, hashed: bool, shards: &[ShardRec]) -> Result<()> {
-    let present: HashSet<String> = owned_names(prefix)?.into_iter().map(|(s, _)| s).collect();
+/// Returns the listing (`P`'s files: suffix, path), which the commit's cleanup reuses.
+fn still_alive(
+    prefix: &Path,
+    world: u32,
+    hashed: bool,
+    shards: &[ShardRec],
+) -> Result<Vec<(String, PathBuf)>> {
+    let listed = owned_names(prefix)?;
+    let present: HashSet<&str> = listed.iter().map(|(s, _)| s.as_str()).collect();
     let partials = (0..world).map(|rank| partial_suffix_in(rank, world, hashed));
     let gone = partials
         .chain(shards.iter().map(|s| s.name.clone()))
-        .find(|name| !present.contains(name));
+        .find(|name| !present.contains(name.as_str()));
     match gone {
-        None => Ok(()),
+        None => Ok(listed),
         Some(name) => Err(Error::Io {
             path: index_path(prefix),
             op: "commit",
