@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -113,6 +114,13 @@ def main() -> None:
         help="float32 columns of every tensor (--load: rows are 3 per saving rank, 4 per "
         "loading rank, so a loading rank reads 16 x cols bytes of each tensor)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="DCP path: unchanged saves (ours2) per N; with more than one, their median and "
+        "its growth from the smallest N to the largest are printed",
+    )
     ap.add_argument("--json", help="write the runs here as JSON")
     ap.add_argument("--s3-server", default="auto", choices=["auto", "fast", "moto"])
     ap.add_argument(
@@ -123,6 +131,7 @@ def main() -> None:
     args = ap.parse_args()
 
     runs: list[h.SaveRun] = []
+    unchanged: dict[int, float] = {}  # median ours2 coordinator CPU by N
     tmp = tempfile.mkdtemp(prefix="bench_scale-")
     moto = proxy = None
     opts = None
@@ -199,13 +208,19 @@ def main() -> None:
                     first = h.dcp_save(prefix, n, planner="ours", **kw)
                     first.path = "ours"
                     print(_row(first), flush=True)
-                    again = h.dcp_save(prefix, n, planner="ours", previous=first, **kw)
-                    again.path = "ours2"
-                    print(
-                        _row(again),
-                        f"merge_order(in order, misfits)={_core.merge_order_stats()}",
-                        flush=True,
-                    )
+                    cpus = []
+                    for _ in range(max(1, args.rounds)):
+                        again = h.dcp_save(prefix, n, planner="ours", previous=first, **kw)
+                        again.path = "ours2"
+                        cpus.append(again.coordinator_cpu_s)
+                        print(
+                            _row(again),
+                            f"merge_order(in order, misfits)={_core.merge_order_stats()}",
+                            flush=True,
+                        )
+                    unchanged[n] = statistics.median(cpus)
+                    if args.rounds > 1:
+                        print(f"ours2  N={n:5d} median of {len(cpus)}: {unchanged[n]:.4f}s")
                     # the same unchanged save with the merge order forgotten: the heap merge
                     # (what every unchanged save did before the order was remembered)
                     _core.forget_merge_orders()
@@ -224,6 +239,9 @@ def main() -> None:
         if env is not None:
             env.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.rounds > 1 and len(unchanged) > 1:
+        lo, hi = min(unchanged), max(unchanged)
+        print(f"ours2 growth {lo} -> {hi}: {unchanged[hi] / unchanged[lo]:.1f}x (medians)")
     if args.json:
         Path(args.json).write_text(
             json.dumps([{k: v for k, v in r.__dict__.items() if k != "final_plans"} for r in runs])
