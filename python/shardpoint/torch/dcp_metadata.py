@@ -10,6 +10,7 @@ the small rest goes through the tagged encoder and its check.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -320,6 +321,10 @@ def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None)
         props = props_seen.get(props_key)
         if props is None:
             props = props_seen[props_key] = _decode(row[1])
+        elif dataclasses.is_dataclass(props):
+            # each tensor its own (mutable) properties, as an eager decode gives: a planner or
+            # user changing one tensor's must not change every tensor's that shared the text
+            props = copy.copy(props)
         if not (
             isinstance(props, _md.TensorProperties)
             and isinstance(size, list)
