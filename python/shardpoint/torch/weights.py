@@ -8,7 +8,10 @@ one background thread (from an object store, three batches at once: see ``_REMOT
 through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
-decoding overlap the engine's own work. With ``direct=True`` a Hugging Face file goes through
+decoding overlap the engine's own work. A Hugging Face file is read in small batches (8 MiB)
+while a second thread (``read_ahead.py``) keeps the kernel reading 128 MiB ahead of them for
+the whole iteration: the device's queue does not drain between batches, and each value is
+copied by the consumer soon after it was read, still in the CPU's cache. With ``direct=True`` a Hugging Face file goes through
 the cold-read engine instead (``read_ranges_direct``: pieces not in the page cache read with
 ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
 mapping of its own (huge pages asked for) placed so that the tensor's first byte sits at the
@@ -50,6 +53,7 @@ from ..errors import InvalidArgumentError
 from ..storage.io_mode import check_io, resolve_io
 from .consumer_threads import ConsumerThreads
 from .host_pool import POOL_MIN, HostPool
+from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
 from .weights_plan import Names, Plan
 
@@ -67,6 +71,14 @@ DEFAULT_WINDOW = 256 << 20
 #: Raw bytes per batch (one ``read_many_into`` call): large enough that the engine's own
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
+
+#: Raw bytes per batch from a file read ahead across batches (:class:`ReadAhead`): the device's
+#: queue no longer needs large batches, and small ones keep each value's read close to the
+#: consumer's copy of it (still in the CPU's cache) and the fresh memory touched small.
+#: 8 MiB: the serving route ran fastest with it (docs/SERVING.md, "Issue 41, sixth round").
+_AHEAD_BATCH = 8 << 20
+#: File bytes hinted ahead of the batch being read (page cache, not the process's memory).
+_AHEAD = 128 << 20
 
 #: The first batch from a file: the consumer waits for all of it before its first value, and
 #: nothing overlaps that read; the next batches double up to ``_BATCH``. 16 MiB: where the
@@ -157,17 +169,35 @@ class _Producer:
         self._inflight = 0  # bytes read (or being read) and not yet handed out
         self._stop = False
         self._done = False
+        self._ahead: ReadAhead | None = None  # the read-ahead across batches, while reading
 
     def _pool_room(self) -> int:
         """Bytes the pool may keep free: the window less what is read ahead (a benign race:
         one int read without the lock)."""
         return max(0, self._window - self._inflight)
 
+    def _places(self, info: storage.EntryInfo) -> bool:
+        """Whether ``info``'s value gets a placed mapping of its own (``direct``)."""
+        return self._direct and not self._pin and info.raw_bytes >= _PLACE_MIN
+
+    def _start_ahead(self) -> ReadAhead | None:
+        """The read-ahead across batches, for local files whose byte ranges the reader names
+        (Hugging Face files); ``None`` where the engine's per-call read-ahead is all there is."""
+        ranges_of = getattr(self._reader, "_ranges", None)
+        if ranges_of is None or self._direct or storage.is_url(self._reader.path):
+            return None
+        infos = self._plan.infos
+        paths, ranges = ranges_of([i.key for i in infos])
+        spans = [(f, off, i.stored_bytes) for (f, off), i in zip(ranges, infos, strict=True)]
+        return ReadAhead(paths, spans, _AHEAD)
+
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
         pool = self._pool
+        if self._ahead is not None:
+            self._ahead.advance(sum(i.stored_bytes for i in batch))
         out = [
             _placed(i)
-            if self._direct and not self._pin and i.raw_bytes >= _PLACE_MIN
+            if self._places(i)
             else _pooled(i, pool)
             if pool is not None and i.raw_bytes >= POOL_MIN
             else _empty(i, self._pin)
@@ -209,11 +239,14 @@ class _Producer:
                 self._ready.append((batch, tensors))
                 self._cond.notify_all()
 
+        if not remote:
+            self._ahead = self._start_ahead()
         try:
             # two batches fit in the window: one being handed out while the next is read
-            limit = _REMOTE_BATCH if remote else _BATCH
+            limit = _REMOTE_BATCH if remote else _AHEAD_BATCH if self._ahead else _BATCH
             limit = min(limit, max(1, self._window // 2))
-            for batch in self._plan.batches(limit, None if remote else _FIRST_BATCH):
+            first = None if remote else min(limit, _FIRST_BATCH)
+            for batch in self._plan.batches(limit, first):
                 size = sum(i.raw_bytes for i in batch)
                 while True:
                     with self._cond:
@@ -243,6 +276,8 @@ class _Producer:
                 self._ready.append(e)
                 self._cond.notify_all()
         finally:
+            if self._ahead is not None:
+                self._ahead.close()
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             with self._cond:
