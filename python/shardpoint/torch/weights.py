@@ -239,9 +239,9 @@ class _Producer:
                 self._ready.append((batch, tensors))
                 self._cond.notify_all()
 
-        if not remote:
-            self._ahead = self._start_ahead()
         try:
+            if not remote:
+                self._ahead = self._start_ahead()
             # two batches fit in the window: one being handed out while the next is read
             limit = _REMOTE_BATCH if remote else _AHEAD_BATCH if self._ahead else _BATCH
             limit = min(limit, max(1, self._window // 2))
