@@ -133,10 +133,11 @@ def test_close_and_break_stop_the_read_ahead(hf_dir: tuple[str, dict[str, torch.
     assert _wait_for(lambda: not _ahead_threads()) and _fds() == before
 
 
-def test_small_batches_only_where_read_ahead_runs(
+def test_small_batches_where_read_ahead_runs(
     hf_dir: tuple[str, dict[str, torch.Tensor]], tmp_path: pathlib.Path
 ) -> None:
     path, state = hf_dir
+    sptorch.save(state, str(tmp_path / "ck"), compression="zstd")
     sizes: list[int] = []
     orig = weights_mod._Producer._read_batch
 
@@ -144,16 +145,24 @@ def test_small_batches_only_where_read_ahead_runs(
         sizes.append(sum(i.raw_bytes for i in batch))
         return orig(self, batch)
 
+    def run(src: str, **kw: object) -> tuple[list[int], bool]:
+        sizes.clear()
+        it = sptorch.weights_iterator(src, io="pread", **kw)  # type: ignore[arg-type]
+        got = dict(it)
+        assert set(got) == set(state)
+        for k, v in state.items():
+            assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), (src, k)
+        return list(sizes), it._p._ahead is not None
+
     weights_mod._Producer._read_batch = spy  # type: ignore[method-assign]
     try:
-        n = sum(1 for _ in sptorch.weights_iterator(path, io="pread"))
-        hf_sizes, sizes[:] = list(sizes), []
-        sptorch.save(state, str(tmp_path / "ck"), compression="none")
-        it = sptorch.weights_iterator(str(tmp_path / "ck"))
-        m = sum(1 for _ in it)
-        assert it._p._ahead is None  # shardpoint files: the engine's own read-ahead
+        hf_sizes, hf_ahead = run(path)
+        sp_sizes, sp_ahead = run(str(tmp_path / "ck"))  # entries' shards and offsets hinted
+        direct_sizes, direct_ahead = run(path, direct=True)  # its own engine: no hints
     finally:
         weights_mod._Producer._read_batch = orig  # type: ignore[method-assign]
-    assert n == m == len(state)
-    assert max(hf_sizes) <= weights_mod._AHEAD_BATCH and len(hf_sizes) >= 4
-    assert max(sizes) > weights_mod._AHEAD_BATCH  # batches grow to _BATCH there
+    small = weights_mod._AHEAD_BATCH
+    assert hf_ahead and sp_ahead and not direct_ahead
+    assert max(hf_sizes) <= small and len(hf_sizes) >= 4
+    assert max(sp_sizes) <= small and len(sp_sizes) >= 4
+    assert max(direct_sizes) > small  # batches grow to _BATCH there

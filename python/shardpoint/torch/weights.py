@@ -8,9 +8,9 @@ one background thread (from an object store, three batches at once: see ``_REMOT
 through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
-decoding overlap the engine's own work. A Hugging Face file is read in small batches (8 MiB)
-while a second thread (``read_ahead.py``) keeps the kernel reading 128 MiB ahead of them for
-the whole iteration: the device's queue does not drain between batches, and each value is
+decoding overlap the engine's own work. A local file (Hugging Face or shardpoint) is read in
+small batches (8 MiB) while a second thread (``read_ahead.py``) keeps the kernel reading
+128 MiB ahead of them for the whole iteration: the device's queue does not drain between batches, and each value is
 copied by the consumer soon after it was read, still in the CPU's cache. With ``direct=True`` a Hugging Face file goes through
 the cold-read engine instead (``read_ranges_direct``: pieces not in the page cache read with
 ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
@@ -72,7 +72,7 @@ DEFAULT_WINDOW = 256 << 20
 #: read-ahead starts (16 MiB), small enough that several fit in the window.
 _BATCH = 64 << 20
 
-#: Raw bytes per batch from a file read ahead across batches (:class:`ReadAhead`): the device's
+#: Raw bytes per batch from local files read ahead across batches (:class:`ReadAhead`): the device's
 #: queue no longer needs large batches, and small ones keep each value's read close to the
 #: consumer's copy of it (still in the CPU's cache) and the fresh memory touched small.
 #: 8 MiB: the serving route ran fastest with it (docs/SERVING.md, "Issue 41, sixth round").
@@ -181,14 +181,22 @@ class _Producer:
         return self._direct and not self._pin and info.raw_bytes >= _PLACE_MIN
 
     def _start_ahead(self) -> ReadAhead | None:
-        """The read-ahead across batches, for local files whose byte ranges the reader names
-        (Hugging Face files); ``None`` where the engine's per-call read-ahead is all there is."""
-        ranges_of = getattr(self._reader, "_ranges", None)
-        if ranges_of is None or self._direct or storage.is_url(self._reader.path):
+        """The read-ahead across batches, for local files whose byte ranges are known: Hugging
+        Face files (the reader names each value's range) and shardpoint checkpoints (each
+        entry's shard and offset); ``None`` for the rest (the engine's per-call read-ahead)."""
+        reader = self._reader
+        if self._direct or storage.is_url(reader.path):
             return None
         infos = self._plan.infos
-        paths, ranges = ranges_of([i.key for i in infos])
-        spans = [(f, off, i.stored_bytes) for (f, off), i in zip(ranges, infos, strict=True)]
+        ranges_of = getattr(reader, "_ranges", None)
+        if ranges_of is not None:
+            paths, ranges = ranges_of([i.key for i in infos])
+            spans = [(f, off, i.stored_bytes) for (f, off), i in zip(ranges, infos, strict=True)]
+            return ReadAhead(paths, spans, _AHEAD)
+        if type(reader) is not storage.Reader:  # a delta's bytes may lie in its base
+            return None
+        paths = [os.fspath(p) for p, _ in reader._core.shard_files()]
+        spans = [(i.shard, i.offset, i.stored_bytes) for i in infos if 0 <= i.shard < len(paths)]
         return ReadAhead(paths, spans, _AHEAD)
 
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
