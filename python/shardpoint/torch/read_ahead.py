@@ -50,7 +50,9 @@ class ReadAhead:
     be read) to the kernel on a thread of its own, at most ``ahead`` bytes beyond the bytes
     :meth:`advance` has reported."""
 
-    def __init__(self, paths: Sequence[str], spans: Sequence[tuple[int, int, int]], ahead: int):
+    def __init__(
+        self, paths: Sequence[str], spans: Sequence[tuple[int, int, int]], ahead: int
+    ) -> None:
         self._pieces = pieces(spans)
         self._ahead = ahead
         self._pos = 0
