@@ -94,6 +94,7 @@ SERIAL_GROUPS = {
         "test_shared_listings.py",
         "test_gc_uploads.py",
         "test_merge_race.py",
+        "test_dcp_finish_race.py",
         "test_tiers_lock.py",
     ),
     "timing": ("test_gil.py",),
