@@ -52,6 +52,18 @@ def _save_partials(prefix: str, token: str, fill: float, hashed: bool) -> list[b
     return out
 
 
+def _setup(prefix: str, jobs: str, hashed: bool) -> list[tuple[str, list[bytes]]]:
+    """A committed checkpoint at ``prefix``, then the coordinators' jobs: "one save" hands
+    both coordinators the same save's partials; "two saves" gives the second a second job's
+    save at the same prefix (its ranks' partials take the first's names)."""
+    sp.save_file({"previous": np.arange(4.0)}, prefix)
+    a = _save_partials(prefix, "a" * 32, 1.0, hashed)
+    race = [("a" * 32, a), ("a" * 32, a)]
+    if jobs == "two saves":
+        race[1] = ("b" * 32, _save_partials(prefix, "b" * 32, 10.0, hashed))
+    return race
+
+
 def _race(
     tmp_path: Path, prefix: str, jobs: list[tuple[str, list[bytes]]], hashed: bool
 ) -> list[str]:
@@ -109,13 +121,7 @@ def test_local_coordinators_race(tmp_path: Path, hashed: bool, jobs: str) -> Non
     ck = tmp_path / "ckpts"
     ck.mkdir()
     prefix = str(ck / "run")
-    sp.save_file({"previous": np.arange(4.0)}, prefix)
-    a = _save_partials(prefix, "a" * 32, 1.0, hashed)
-    race = [("a" * 32, a), ("a" * 32, a)]
-    if jobs == "two saves":
-        # a second job writes the same prefix: its ranks' partials take the first's names
-        race[1] = ("b" * 32, _save_partials(prefix, "b" * 32, 10.0, hashed))
-    answers = _race(tmp_path, prefix, race, hashed)
+    answers = _race(tmp_path, prefix, _setup(prefix, jobs, hashed), hashed)
     _check_answers(answers, str(ck / "run.index"), both_may_commit=False)
     # the first to take the commit lock wins; the other finds its save ended (one save: its
     # partials consumed; two saves: its shards removed by the winner's cleanup)
@@ -134,12 +140,7 @@ def test_s3_coordinators_race(tmp_path: Path, hashed: bool, jobs: str) -> None:
     with moto_environment() as moto:
         bucket = moto.bucket()
         prefix = f"s3://{bucket}/ckpts/run"
-        sp.save_file({"previous": np.arange(4.0)}, prefix)
-        a = _save_partials(prefix, "a" * 32, 1.0, hashed)
-        race = [("a" * 32, a), ("a" * 32, a)]
-        if jobs == "two saves":
-            race[1] = ("b" * 32, _save_partials(prefix, "b" * 32, 10.0, hashed))
-        answers = _race(tmp_path, prefix, race, hashed)
+        answers = _race(tmp_path, prefix, _setup(prefix, jobs, hashed), hashed)
         # one save: a second coordinator after the first commits the same index again
         # (conditionally on the first's); two saves: the later commit stands, or one refused
         _check_answers(answers, f"{prefix}.index", both_may_commit=True)
