@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import socket
 import time
@@ -121,13 +122,35 @@ def _dump(path: str, out: dict[str, Any]) -> None:
 _PRELOAD = ["numpy", "torch", "torch.distributed", "shardpoint", "tiers_helpers.job"]
 
 
+#: pid of the fork server this module started (with _PRELOAD), once it has
+_OUR_SERVER: list[int | None] = [None]
+
+
 def _context() -> Any:
     """Ranks forked from one server process that imported torch once (a spawned rank spends
     seconds importing it; a forked one starts at once). Fork-safe: the server holds no
-    process group and no shardpoint thread pools (they are built per process, on first use)."""
+    process group and no shardpoint thread pools (they are built per process, on first use).
+
+    A process has one fork server, and its preload list only counts when it starts. When an
+    earlier test in this process started it without ours (a ``DataLoader`` with forkserver
+    workers: tests/storage/test_reader_pickle.py runs before the tiers tests in the serial
+    group), every rank imported torch itself: a job took tens of seconds instead of one. Such
+    a server is stopped here (the next job starts ours); its earlier children are
+    independent processes and keep running. ``_stop`` and ``_forkserver_pid`` are CPython's
+    own (its tests use them); without them the ranks are only slower."""
     ctx = multiprocessing.get_context("forkserver")
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None and pid != _OUR_SERVER[0] and hasattr(server, "_stop"):
+        server._stop()
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+def _remember_server() -> None:
+    _OUR_SERVER[0] = getattr(
+        getattr(multiprocessing.forkserver, "_forkserver", None), "_forkserver_pid", None
+    )
 
 
 def run_job(
@@ -145,6 +168,7 @@ def run_job(
     procs = [ctx.Process(target=_rank_main, args=(r, port, tmp, script, cfg)) for r in range(WORLD)]
     for p in procs:
         p.start()
+    _remember_server()
     deadline = time.monotonic() + timeout
     for p in procs:
         p.join(max(0.1, deadline - time.monotonic()))
