@@ -123,8 +123,11 @@ def test_file_order(formats: dict[str, str]) -> None:
     with sp.open(formats["raw"]) as r:
         where = {k: (r.info(k).shard, r.info(k).offset) for k in r.keys()}
     names = [n for n, _ in sptorch.weights_iterator(formats["raw"])]
-    assert names == sorted(names, key=lambda n: where[n])
-    assert len({where[n][0] for n in names}) == 2  # two shard files, walked one after the other
+    assert names == sorted(names, key=lambda n: where[n])  # shard by shard, in file order
+    # every entry, once: nothing of a shard left out (which shard of the two a value went to is
+    # the writer's choice of a free one at the time, so the count of files used is not fixed)
+    assert sorted(names) == sorted(where)
+    assert {where[n][0] for n in names} == {s for s, _ in where.values()}
 
 
 def test_tensors_own_their_memory_and_outlive_the_iterator(formats: dict[str, str]) -> None:
