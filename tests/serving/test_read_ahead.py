@@ -79,6 +79,26 @@ def test_close_stops_a_waiting_read_ahead(tmp_path: pathlib.Path) -> None:
     assert _fds() == before
 
 
+def test_one_file_open_at_a_time(tmp_path: pathlib.Path) -> None:
+    # a checkpoint may have thousands of shards: the read-ahead holds only the file it hints
+    paths = []
+    for i in range(40):
+        f = tmp_path / f"shard-{i:02d}"
+        with open(f, "wb") as fh:
+            fh.truncate(MiB)
+        paths.append(str(f))
+    before = _fds()
+    ra = ReadAhead(paths, [(i, 0, MiB) for i in range(40)], ahead=2 * MiB)
+    assert _wait_for(lambda: ra.hinted == 3 * MiB)  # waits for the reads, a file open
+    assert len(_fds() - before) == 1
+    ra.advance(40 * MiB)
+    assert _wait_for(lambda: ra.hinted == 40 * MiB)
+    assert _wait_for(lambda: not ra._thread.is_alive())  # done: its last file closed
+    assert _fds() == before
+    ra.close()
+    assert _fds() == before
+
+
 def test_a_file_it_cannot_open_only_loses_the_hints(tmp_path: pathlib.Path) -> None:
     before = _fds()
     ra = ReadAhead([str(tmp_path / "absent")], [(0, 0, MiB)], ahead=MiB)

@@ -11,7 +11,7 @@ the process's memory, and they are dropped under pressure like any cached file p
 
 What must stay true: it only hints (a failed or refused hint loses nothing but speed), it
 never runs more than ``ahead`` bytes beyond :meth:`advance`'s position, and :meth:`close`
-stops it and closes its files before returning.
+stops it and closes its file before returning.
 """
 
 from __future__ import annotations
@@ -48,23 +48,21 @@ def pieces(spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
 class ReadAhead:
     """Hints ``spans`` (``(file index, offset, length)`` of ``paths``, in the order they will
     be read) to the kernel on a thread of its own, at most ``ahead`` bytes beyond the bytes
-    :meth:`advance` has reported."""
+    :meth:`advance` has reported.
+
+    The thread holds one file open at a time (the one it is hinting; the spans walk the files
+    one after another): a checkpoint may have thousands of shard files, and a descriptor for
+    each, beside the reader's own, could exhaust the process's limit."""
 
     def __init__(
         self, paths: Sequence[str], spans: Sequence[tuple[int, int, int]], ahead: int
     ) -> None:
+        self._paths = list(paths)
         self._pieces = pieces(spans)
         self._ahead = ahead
         self._pos = 0
         self._stop = False
         self._cond = threading.Condition()
-        self._fds: list[int] = []
-        try:
-            for p in paths:
-                self._fds.append(os.open(p, os.O_RDONLY | os.O_NONBLOCK))
-        except OSError:  # the iterator's own read names the file; a hint is optional
-            self._close_fds()
-            self._pieces = []
         self.hinted = 0  # bytes hinted so far (for tests and benches)
         self._thread = threading.Thread(target=self._run, name="shardpoint-ahead", daemon=True)
         self._thread.start()
@@ -76,31 +74,36 @@ class ReadAhead:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        fd, open_file = -1, -1  # the descriptor held and the index of its file
         try:
-            for fd in self._fds:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             for f, off, n in self._pieces:
                 with self._cond:
                     while not self._stop and self.hinted > self._pos + self._ahead:
                         self._cond.wait()
                     if self._stop:
                         return
+                if f != open_file:
+                    if fd >= 0:
+                        os.close(fd)
+                        fd = -1
+                    fd = os.open(self._paths[f], os.O_RDONLY | os.O_NONBLOCK)
+                    open_file = f
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 # outside the lock: the kernel allocates the pages and queues the reads
-                os.posix_fadvise(self._fds[f], off, n, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
                 self.hinted += n
-        except OSError:  # a hint the file system refuses: the reads go on without it
+        except OSError:
+            # a file that cannot be opened or a hint the file system refuses: the iterator's
+            # own reads go on without hints (and name the file if it is really unreadable)
             return
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def close(self) -> None:
-        """Stop hinting and close the files (waits for the thread)."""
+        """Stop hinting (waits for the thread, which closes the file it holds)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-        self._close_fds()
-
-    def _close_fds(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            os.close(fd)
