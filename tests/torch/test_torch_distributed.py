@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import traceback
 
 import numpy as np
@@ -72,7 +73,14 @@ def run_ranks(target, *args, timeout: float = 120.0) -> list[int | None]:
 
 
 def guarded(fn, *args) -> None:
-    """Exit code 0 on success, 3 with a traceback on failure (seen in pytest's output)."""
+    """Exit code 0 on success, 3 with a traceback on failure (seen in pytest's output).
+
+    Why ``os._exit(0)`` after the group is destroyed: a DeviceMesh keeps the gloo group alive
+    past ``destroy_process_group`` (torch caches meshes), so its C++ threads were torn down
+    during interpreter finalization, and once in CI (2 busy cores) a rank that had passed
+    every check aborted there ("terminate called without an active exception", exit -6; the
+    teardown race of pytorch/pytorch#179291). Exiting without finalization keeps that race out
+    of a test of our saves; every check has run by then."""
     try:
         fn(*args)
     except BaseException:
@@ -81,6 +89,9 @@ def guarded(fn, *args) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # -- workers (module level: spawned processes import them) -------------------------------------
