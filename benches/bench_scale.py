@@ -251,7 +251,6 @@ def main() -> None:
 def _loads(prefix: str, n: int, args: argparse.Namespace, proxy, opts) -> None:  # type: ignore[no-untyped-def]
     """The checkpoint just saved (ours, rows = 3) loaded into M = 3N/4 ranks, K of them
     measured, by DCP's planner and ours; one line each with the medians per loading rank."""
-    import statistics
 
     m = 3 * n // 4
     ranks = sorted({round(i * (m - 1) / max(1, args.load - 1)) for i in range(args.load)})
