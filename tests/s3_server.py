@@ -21,19 +21,17 @@ import boto3
 from moto.server import ThreadedMotoServer
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Moto:
     """A running moto server and a boto3 client for checking what is in the buckets."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        # Port 0: the server binds whatever port is free and keeps it. A port picked free
+        # here and bound by the server later could be taken in between by another xdist
+        # worker's server or connection, and then moto's server thread dies on the bind
+        # while ``start()`` waits forever for it to be ready.
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
+        self.port = int(self.server.get_host_and_port()[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.s3 = boto3.client(
             "s3",
