@@ -420,7 +420,11 @@ class StorageReader(_storage.StorageReader):
                 # view would keep the shard mapped while the decoded rows live (the lazy
                 # chunks are built from them); a compressed one was decoded into new memory
                 table = np.array(table, copy=True)
-            metadata = decode_metadata(got[METADATA_ENTRY], table)
+            try:
+                metadata = decode_metadata(got[METADATA_ENTRY], table)
+            except CorruptCheckpointError as e:
+                # the document's errors name its entry and field; the checkpoint too here
+                raise type(e)(f"{self.prefix}: {e}") from None
         elif PICKLED_METADATA_ENTRY in reader:
             # DCP's own metadata from a custom planner (see the module docstring): a pickle,
             # so only with the caller's explicit consent

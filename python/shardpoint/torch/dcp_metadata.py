@@ -25,7 +25,8 @@ import torch
 from torch.distributed.checkpoint import metadata as _md
 
 from .._core import int_attr_rows
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from .dcp_checks import MAX_DIMS, check_decoded, check_properties, check_version
 from .dcp_lazy import DerivedStorageData, LazyChunks
 
 __all__ = [
@@ -285,16 +286,36 @@ def decode_metadata(document: Any, table: np.ndarray | None = None) -> _md.Metad
     rank's planner touches about two chunks per tensor; docs/SCALE.md)."""
     if not isinstance(document, dict) or document.get("format") != _MARKER:
         raise CorruptCheckpointError(f"{METADATA_ENTRY} is not shardpoint DCP metadata")
-    version = int(document.get("version", 0))
+    version = check_version(document)
     if version > 2:
-        raise CorruptCheckpointError("DCP metadata was written by a newer shardpoint")
-    metadata = _decode(document["metadata"])
+        raise UnsupportedFormatError(
+            f"{METADATA_ENTRY}: DCP metadata version {version} was written by a newer "
+            "shardpoint (this one reads versions 1 and 2)"
+        )
+    if "metadata" not in document:
+        raise CorruptCheckpointError(f"{METADATA_ENTRY}: no 'metadata' field")
+    metadata = _decode_hostile(document["metadata"], "metadata")
     if not isinstance(metadata, _md.Metadata):
         raise CorruptCheckpointError(f"{METADATA_ENTRY} does not hold a DCP Metadata")
+    check_decoded(metadata, derived=version == 2)
     if version == 2:
         _add_tensors(metadata, document.get("tensors"), table)
         metadata.storage_data = DerivedStorageData(metadata.state_dict_metadata)
     return metadata
+
+
+def _decode_hostile(value: Any, field: str) -> Any:
+    """:func:`_decode` of a document read from a file: whatever its tagged values hold (a
+    wrong arity, a wrong type, nesting deeper than the stack), a CorruptCheckpointError
+    naming the field, never the builtin error of the first step that tripped on it."""
+    try:
+        return _decode(value)
+    except CorruptCheckpointError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
+        raise CorruptCheckpointError(
+            f"{METADATA_ENTRY}: malformed {field} ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None) -> None:
@@ -320,7 +341,9 @@ def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None)
         props_key = repr(row[1])
         props = props_seen.get(props_key)
         if props is None:
-            props = props_seen[props_key] = _decode(row[1])
+            props = _decode_hostile(row[1], f"properties of {fqn!r}")
+            check_properties(fqn, props)
+            props_seen[props_key] = props
         elif dataclasses.is_dataclass(props):
             # each tensor its own (mutable) properties, as an eager decode gives: a planner or
             # user changing one tensor's must not change every tensor's that shared the text
@@ -333,7 +356,16 @@ def _add_tensors(metadata: _md.Metadata, tensors: Any, table: np.ndarray | None)
             and n >= 0
         ):
             raise CorruptCheckpointError(f"{METADATA_ENTRY}: malformed tensor row for {fqn!r}")
+        if fqn in metadata.state_dict_metadata:
+            # a second description would silently replace the first one's chunks
+            raise CorruptCheckpointError(f"{METADATA_ENTRY}: tensor {fqn!r} described twice")
         d = len(size)
+        if d > MAX_DIMS or (d == 0 and n > 1):
+            # a scalar's chunks take no table values: a count from the file would otherwise
+            # size the chunk list built when the metadata is iterated
+            raise CorruptCheckpointError(
+                f"{METADATA_ENTRY}: tensor {fqn!r} of {d} dimensions with {n} chunks"
+            )
         end = at + 2 * d * n
         if end > len(flat):
             raise CorruptCheckpointError(
