@@ -9,6 +9,7 @@ changed, and the entries are saved again (checksums then match: the damage is in
 from __future__ import annotations
 
 import copy
+import traceback
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.checkpoint")
 
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner  # noqa: E402
 
 import shardpoint as sp  # noqa: E402
 import shardpoint.torch as spt  # noqa: E402
@@ -219,3 +222,27 @@ def test_version_1_storage_data_must_name_entries(tmp_path, saved) -> None:
         d["metadata"]["fields"]["storage_data"]["__dict"][0][1] = 5
 
     _refused(_rewrite(tmp_path, saved, change), "storage_data is not a mapping")
+
+
+@pytest.mark.parametrize("size", [[2, 4], [6, 4], [3, 5]])
+@pytest.mark.parametrize("planner", ["ours", "dcp"])
+def test_a_stored_entry_of_another_shape_than_its_chunk(tmp_path, saved, size, planner) -> None:
+    """The metadata says ``w`` is ``size`` in one chunk; its stored entry is 3 x 4. A smaller
+    chunk loaded the entry's first rows as if they were all of ``w`` (silently wrong); now
+    every read checks the entry against its chunk, naming the entry and the chunk."""
+
+    def change(d: dict[str, Any], entries: dict[str, Any]) -> None:
+        _tensor_row(d, "w")[2] = size
+        entries[TABLE] = np.array([0, 0, *size], np.int64)
+
+    prefix = _rewrite(tmp_path, saved, change)
+    back = {"w": torch.zeros(*size), "s": torch.tensor(0.0)}
+    chosen = spt.LoadPlanner() if planner == "ours" else DefaultLoadPlanner()
+    # dcp.load wraps the reader's error in its CheckpointException, whose text carries it
+    with pytest.raises(CheckpointException) as e:
+        dcp.load(back, storage_reader=spt.StorageReader(prefix), planner=chosen, no_dist=True)
+    text = "".join(traceback.format_exception(e.value))
+    assert (
+        f"{prefix}: entry 'w' holds shape (3, 4), the metadata's chunk of 'w' at offsets " in text
+    )
+    assert not back["w"].any()  # nothing was copied in

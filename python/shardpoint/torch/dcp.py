@@ -66,6 +66,7 @@ from torch.futures import Future
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
 from .codec import numpy_to_tensor, tensor_to_numpy
+from .dcp_lazy import chunk_sizes
 from .dcp_metadata import (
     METADATA_CHUNKS_ENTRY,
     METADATA_ENTRY,
@@ -383,6 +384,7 @@ class StorageReader(_storage.StorageReader):
         self.allow_pickle = bool(allow_pickle)
         self.load_id = uuid.uuid4().hex
         self.storage_data: Mapping[Any, str] = {}
+        self._described: Mapping[str, Any] = {}  # the metadata's state_dict_metadata
         self._reader: storage.Reader | None = None
 
     @property
@@ -453,6 +455,7 @@ class StorageReader(_storage.StorageReader):
         if not metadata.storage_data:
             raise CorruptCheckpointError("DCP metadata has no storage_data")
         self.storage_data = metadata.storage_data
+        self._described = metadata.state_dict_metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -504,6 +507,7 @@ class StorageReader(_storage.StorageReader):
                 continue
             key = self.storage_data[req.storage_index]
             shape = list(reader.info(key).shape)
+            self._check_stored_shape(req.storage_index, key, shape)
             entire = not any(req.storage_offsets) and list(req.lengths) == shape
             if not shape or (entire and not remote):
                 whole[key] = None
@@ -513,6 +517,17 @@ class StorageReader(_storage.StorageReader):
         got = reader.load(list(whole), verify=self.verify, progress=False) if whole else {}
         ranges = list(rows)
         return got, dict(zip(ranges, reader.slice_many(ranges), strict=True))
+
+    def _check_stored_shape(self, index: Any, key: str, shape: list[int]) -> None:
+        """Refuse an entry whose shape is not its chunk's in the metadata: a request reads
+        the chunk's part of the entry, so a metadata describing less than was stored would
+        otherwise load that part as the whole, silently."""
+        sizes = chunk_sizes(self._described.get(index.fqn), index)
+        if sizes is not None and list(sizes) != shape:
+            raise CorruptCheckpointError(
+                f"{self.prefix}: entry {key!r} holds shape {tuple(shape)}, the metadata's "
+                f"chunk of {index.fqn!r} at offsets {tuple(index.offset)} has sizes {sizes}"
+            )
 
     def _read_items(self, plan: LoadPlan, planner: LoadPlanner) -> None:
         reader = self._open()

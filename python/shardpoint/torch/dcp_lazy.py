@@ -29,7 +29,7 @@ import torch
 from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata as _Chunk
 
-__all__ = ["LazyChunks", "DerivedStorageData"]
+__all__ = ["LazyChunks", "DerivedStorageData", "chunk_sizes"]
 
 
 class LazyChunks(MutableSequence[_Chunk]):
@@ -152,6 +152,31 @@ def _chunk_position(
             return len(rows) > 0
         return bool((rows[:, :d] == np.asarray(offset, dtype=np.int64)).all(axis=1).any())
     return any(tuple(c.offsets) == offset for c in chunks)
+
+
+def chunk_sizes(md: Any, index: _md.MetadataIndex) -> tuple[int, ...] | None:
+    """The sizes of ``md``'s chunk at ``index.offset`` (``index.index`` probed first), or None
+    when ``md`` is not tensor metadata or has no such chunk: what the entry stored for it must
+    hold (the reader checks it, so that a metadata smaller than the stored value does not
+    load a part of it as if it were the whole)."""
+    if not isinstance(md, _md.TensorStorageMetadata) or index.offset is None:
+        return None
+    chunks = md.chunks
+    offset = tuple(index.offset)
+    hint = index.index
+    if hint is not None and 0 <= hint < len(chunks) and tuple(chunks[hint].offsets) == offset:
+        return tuple(chunks[hint].sizes)
+    rows = chunks.rows if isinstance(chunks, LazyChunks) else None
+    if rows is not None:
+        d = len(offset)
+        if rows.shape[1] != 2 * d:
+            return None
+        hits = np.flatnonzero((rows[:, :d] == np.asarray(offset, dtype=np.int64)).all(axis=1))
+        return tuple(rows[int(hits[0]), d:].tolist()) if len(hits) else None
+    for c in chunks:
+        if tuple(c.offsets) == offset:
+            return tuple(c.sizes)
+    return None
 
 
 def _key_of(fqn: str, md: _md.TensorStorageMetadata, offset: tuple[int, ...]) -> str:
