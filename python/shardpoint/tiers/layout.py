@@ -98,12 +98,32 @@ def read_record(path: str) -> dict[str, Any] | None:
         step, token = record.get("step"), record.get("token")
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(token, str):
             raise ValueError(f"step {step!r} and token {token!r} are not an integer and a string")
+        _check_files(record.get("files"))
         return record
     except (FileNotFoundError, NotFoundError):  # absent: a local file or an object
         return None
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError) as e:
+    # (RecursionError: JSON nested deeper than the decoder's stack)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, CheckpointError) as e:
         logger.warning("%s: ignoring an unreadable tier commit record (%s)", path, e)
         return None
+
+
+def _check_files(files: Any) -> None:
+    """A record's ``files`` (absent, or ``[[suffix, length, crc32c], ...]``): the restore and
+    the peers read crcs and lengths from it, so a record that lists anything else is
+    unreadable (ValueError), never a TypeError later."""
+    if files is None:
+        return
+    ok = isinstance(files, list) and all(
+        isinstance(f, list)
+        and len(f) == 3
+        and isinstance(f[0], str)
+        and all(type(x) is int and 0 <= x < 2**63 for x in f[1:])
+        and f[2] <= 0xFFFFFFFF
+        for f in files
+    )
+    if not ok:
+        raise ValueError("its files are not a list of [suffix, length, crc32c]")
 
 
 def remove_copy(prefix: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -387,19 +388,22 @@ def decode_parts(message: bytes | memoryview, sender: str) -> list[Part]:
         header = json.loads(bytes(view[_HEAD.size : _HEAD.size + n]).decode("utf-8"))
         records = header["parts"]
         assert isinstance(records, list)
-    except (ValueError, KeyError, TypeError, AssertionError) as e:
+    except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as e:
+        # (RecursionError: arrays nested deeper than the decoder's stack)
         raise CorruptCheckpointError(f"{where}: unreadable header ({e})") from None
     pos = _HEAD.size + n
     out: list[Part] = []
     for rec in records:
         try:
-            part = Part(int(rec["owner"]), int(rec["step"]), str(rec["token"]))
+            part = Part(_int(rec["owner"]), _int(rec["step"]), rec["token"])
             files = rec["files"]
+            if not isinstance(part.token, str):
+                raise TypeError(f"token {part.token!r} is not a string")
             if not isinstance(files, list) or len(files) > _MAX_FILES:
                 raise ValueError("bad file list")
             for suffix, length, crc in files:
                 _check_suffix(suffix, where)
-                length, crc = int(length), int(crc)
+                length, crc = _int(length), _int(crc)
                 if length < 0 or length > len(view) - pos:
                     raise CorruptCheckpointError(
                         f"{where}: file {suffix!r} of {length} bytes at offset {pos} runs past "
@@ -409,7 +413,28 @@ def decode_parts(message: bytes | memoryview, sender: str) -> list[Part]:
                 pos += length
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"{where}: bad part record ({e})") from None
+        _check_order(part, where)
         out.append(part)
     if pos != len(view):
         raise CorruptCheckpointError(f"{where}: {len(view) - pos} trailing bytes at offset {pos}")
     return out
+
+
+def _int(value: Any) -> int:
+    """An integer of a message header: a JSON integer, nothing converted (a float would be
+    truncated, an infinity overflow)."""
+    if type(value) is not int:
+        raise TypeError(f"{reprlib.repr(value)} is not an integer")
+    return value
+
+
+def _check_order(part: Part, where: str) -> None:
+    """Each file once, the index last and only there: :func:`write_part` writes the files in
+    order and the index commits the part, so an index before a shard (or a shard sent twice,
+    the second replacing the first) would commit a part that is not the one checked."""
+    suffixes = [f.suffix for f in part.files]
+    if len(set(suffixes)) != len(suffixes) or ".index" in suffixes[:-1]:
+        raise CorruptCheckpointError(
+            f"{where}: part of rank {part.owner} lists its files {suffixes[:8]}: each must "
+            "appear once, the index last"
+        )
