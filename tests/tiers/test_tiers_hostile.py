@@ -107,3 +107,28 @@ def test_a_well_formed_commit_record_reads(tmp_path) -> None:
     path = tmp_path / "ckpt-1.commit"
     path.write_text(json.dumps({"step": 1, "token": "t", "files": [[SHARD, 3, 7]]}))
     assert read_record(str(path)) == {"step": 1, "token": "t", "files": [[SHARD, 3, 7]]}
+
+
+@pytest.mark.parametrize("how", ["read_parts_message", "map_part_pieces"])
+def test_a_replica_truncated_mid_value_is_refused_before_it_is_sent(tmp_path, how: str) -> None:
+    """A local copy whose shard lost its tail (a crash, a full disk) is refused where it is
+    read to be sent, naming the shard, its length and the index's (the index records each
+    shard's length), so no peer receives it."""
+    import numpy as np
+
+    import shardpoint as sp
+    from shardpoint.tiers.parts import file_list, map_part_pieces, read_parts_message
+
+    prefix = str(tmp_path / "ckpt-1")
+    sp.save_file({"w": np.arange(20_000, dtype=np.float32)}, prefix, compression="none")
+    _, (part,) = read_parts_message([(prefix, 0, 1, "t", None)])
+    record = file_list(part)
+    (shard, length, _), _ = record
+    with open(prefix + shard, "r+b") as f:
+        f.truncate(length - 1000)  # inside the tensor's bytes
+    spec = (prefix, 0, 1, "t", record)
+    read = read_parts_message if how == "read_parts_message" else map_part_pieces
+    with pytest.raises(CorruptCheckpointError) as e:
+        read([spec] if how == "read_parts_message" else spec)  # type: ignore[operator]
+    assert f"{prefix}{shard}" in str(e.value)
+    assert f"is {length - 1000} bytes but the index records {length}" in str(e.value)
