@@ -145,3 +145,84 @@ def test_delta_options_are_checked(tmp_path: os.PathLike[str]) -> None:
     with pytest.raises(sp.InvalidArgumentError, match="not a weight-sync delta"):
         spd.apply(os.path.join(tmp_path, "x.sp") if sp.save_file(a, os.path.join(tmp_path, "x.sp"))
                   is None else "", {})  # fmt: skip
+
+
+def test_a_depth_that_is_not_one_more_than_the_bases(tmp_path: os.PathLike[str]) -> None:
+    """Each link of a chain is one deeper than its base: a table recording another depth
+    (which could hide a chain longer than MAX_DEPTH behind depth 1) is refused when the base
+    is opened, naming both depths."""
+    a, b = states()
+    c0, c1, c2 = (os.path.join(tmp_path, f"c{i}") for i in range(3))
+    sp.save_file(a, c0)
+    sp.save_file(b, c1, base=c0, delta=True)
+    b["v"][0] += 1
+    sp.save_file(b, c2, base=c1, delta=True)
+    assert np.array_equal(sp.load_file(c2)["v"], b["v"])  # the chain as written reads
+    for depth in (1, 3):
+        forge(c2, lambda t, d=depth: t.__setitem__("depth", d))
+        with sp.open(c2) as r, pytest.raises(sp.CorruptCheckpointError) as e:
+            r["w"]
+        assert f"{c2}.index: delta table records depth {depth}" in str(e.value)
+        assert f"its base {c1!r} has depth 1" in str(e.value)
+
+
+def _forge_payload(p: str, key: str, payload: np.ndarray) -> None:
+    """Rewrite ``p`` with ``payload`` as the stored XOR payload of ``key`` (so the payload's
+    dtype and shape are no longer those of the base's value)."""
+    from shardpoint.delta.table import payload_key
+
+    with sp.open(p) as r:
+        plain = r._plain
+        values = {k: plain[k] for k in plain.keys()}
+        sections = dict(r.sections)
+    values[payload_key(key)] = payload
+    sections[SECTION]["entries"][key][0] = "xor"
+    sp.save_file(values, p, _sections=sections, _internal_keys=True)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        np.zeros((128, 256), np.float32),  # the same bytes, another shape
+        np.zeros((256, 256), np.float16),  # the same bytes, another dtype
+        np.zeros(64, np.float64),  # fewer rows: slices read the base's rows instead
+    ],
+)
+def test_a_payload_of_another_shape_than_the_bases_value(
+    tmp_path: os.PathLike[str], payload: np.ndarray
+) -> None:
+    """Whole reads rebuilt the base's bytes viewed as the payload's shape (its crc matches);
+    slices XORed the base's rows with the payload's (an error naming neither key nor file,
+    or, for a shorter payload, the base's own rows returned as this value's). Now every read
+    of the key checks the base's dtype and shape first."""
+    base, p, _ = delta_ckpt(tmp_path)
+    _forge_payload(p, "w", payload)
+    want = f"{p}.index: delta key 'w' is {payload.dtype} {payload.shape}, its base {base!r}"
+    reads = [
+        lambda r: r["w"],
+        lambda r: r.load(["w"]),
+        lambda r: r.slice("w", 0, 3),
+        lambda r: r.get_slice("w")[1:3],
+    ]
+    for read in reads:
+        with sp.open(p) as r, pytest.raises(sp.CorruptCheckpointError) as e:
+            read(r)
+        assert want in str(e.value) and "holds it as float32 (256, 128)" in str(e.value)
+
+
+def test_a_delta_key_missing_from_its_base(tmp_path: os.PathLike[str]) -> None:
+    base, p, _ = delta_ckpt(tmp_path)
+    _forge_payload(p, "w", np.zeros((256, 128), np.float32))
+    with sp.open(p) as r:
+        plain = r._plain
+        values = {k: plain[k] for k in plain.keys()}
+        sections = dict(r.sections)
+    table = sections[SECTION]
+    table["entries"]["x"] = table["entries"].pop("w")
+    from shardpoint.delta.table import payload_key
+
+    values[payload_key("x")] = values.pop(payload_key("w"))
+    sp.save_file(values, p, _sections=sections, _internal_keys=True)
+    with sp.open(p) as r, pytest.raises(sp.CorruptCheckpointError) as e:
+        r["x"]
+    assert f"{p}.index: delta key 'x' is not in its base {base!r}" in str(e.value)

@@ -69,6 +69,7 @@ class DeltaReader(Reader):
     def _attach(self, table: DeltaTable) -> None:
         self.delta_table = table
         self._base_reader = None
+        self._base_checked: set[str] = set()
         plain = Reader.__new__(Reader)  # the same checkpoint, read without resolution
         plain.__dict__.update(self.__dict__)
         plain._out = None
@@ -169,8 +170,49 @@ class DeltaReader(Reader):
                     f"{self.path}: base {path!r} changed: its index digest is {found}, the "
                     f"delta was made against {self.delta_table.base_digest}"
                 )
-            self._base_reader = open_checkpoint(path, verify=self._verify, copy=self._copy)
+            opened = open_checkpoint(path, verify=self._verify, copy=self._copy)
+            depth = int(getattr(opened, "delta_depth", 0))
+            if depth != self.delta_table.depth - 1:
+                # each link is one deeper than its base (the writer's rule): a table that says
+                # otherwise could hide a chain longer than any reader follows (MAX_DEPTH)
+                opened.close()
+                raise CorruptCheckpointError(
+                    f"{self.path}.index: delta table records depth {self.delta_table.depth}, "
+                    f"but its base {path!r} has depth {depth} (a delta is one deeper than its "
+                    "base)"
+                )
+            self._base_reader = opened
         return self._base_reader
+
+    def _base_for(self, keys: Iterable[str]) -> Reader:
+        """The base, once it is known to hold each of ``keys`` with the dtype and shape of its
+        payload: a payload is the XOR with (or the sign of sameness with) the base's value of
+        the same key, so a base value of another shape would be read as this one's bytes,
+        and sliced by its own rows (a value of the wrong shape, silently, or an XOR of
+        unequal lengths)."""
+        base = self.base
+        for key in keys:
+            if key in self._base_checked:
+                continue
+            mine = self.info(key)
+            try:
+                theirs = base.info(key)
+            except KeyError:
+                raise CorruptCheckpointError(
+                    f"{self.path}.index: delta key {key!r} is not in its base {self.base_path!r}"
+                ) from None
+            if (theirs.kind, theirs.dtype, tuple(theirs.shape)) != (
+                mine.kind,
+                mine.dtype,
+                tuple(mine.shape),
+            ):
+                raise CorruptCheckpointError(
+                    f"{self.path}.index: delta key {key!r} is {mine.dtype} {tuple(mine.shape)}, "
+                    f"its base {self.base_path!r} holds it as {theirs.dtype} "
+                    f"{tuple(theirs.shape)}"
+                )
+            self._base_checked.add(key)
+        return base
 
     def close(self) -> None:
         if self._base_reader is not None:
@@ -196,7 +238,7 @@ class DeltaReader(Reader):
         """A fresh, writable copy of the base's value of ``key`` as 1-d bytes."""
         info = self.info(key)
         out = np.empty(info.raw_bytes, np.uint8)
-        self.base._read_into([key], [out], True)
+        self._base_for([key])._read_into([key], [out], True)
         return out
 
     def _xor_payloads(self, keys: list[str], outs: list[np.ndarray]) -> list[int]:
@@ -258,7 +300,8 @@ class DeltaReader(Reader):
         delta = [(k, o) for k, o in zip(keys, outs, strict=True) if k in self.delta_table.entries]
         if not delta:
             return
-        self.base._read_into([k for k, _ in delta], [o for _, o in delta], True, threads)
+        keys_d = [k for k, _ in delta]
+        self._base_for(keys_d)._read_into(keys_d, [o for _, o in delta], True, threads)
         xor = [(k, o) for k, o in delta if self.delta_table.entries[k].mode == "xor"]
         xk, xo = [k for k, _ in xor], [o for _, o in xor]
         crcs = dict(zip(xk, self._xor_payloads(xk, xo), strict=True)) if xor else {}
@@ -275,7 +318,7 @@ class DeltaReader(Reader):
     def slice(self, key: str, start: int, stop: int) -> Any:
         if key not in self.delta_table.entries:
             return super().slice(self._plain_key(key), start, stop)
-        got = self.base.slice(key, start, stop)  # a fresh array (bases hand out numpy)
+        got = self._base_for([key]).slice(key, start, stop)  # fresh (bases hand out numpy)
         if self.delta_table.entries[key].mode == "xor":
             xor_into(byte_view(got), byte_view(self._plain.slice(payload_key(key), start, stop)))
         return self._tensor_out(got)
@@ -329,7 +372,8 @@ class _DeltaSlice:
         return self._payload.get_dtype()
 
     def __getitem__(self, index: Any) -> Any:
-        got = np.ascontiguousarray(self._reader.base.get_slice(self.key)[index])
+        base = self._reader._base_for([self.key])
+        got = np.ascontiguousarray(base.get_slice(self.key)[index])
         if self._reader.delta_table.entries[self.key].mode == "xor":
             xor_into(byte_view(got), byte_view(np.ascontiguousarray(self._payload[index])))
         return self._reader._tensor_out(got)
