@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 
 import numpy as np
@@ -182,3 +183,67 @@ def test_unsupported_but_valid_dtype(tmp_path) -> None:
     )
     with sp.open(str(q)) as r:
         assert r["e"].dtype.name == "float8_e8m0fnu" and r["e"].view("u1").tolist() == [1] * 4
+
+
+@pytest.mark.parametrize("n", [2**63, 2**64 - 1])
+def test_header_length_near_the_u64_limit(tmp_path, n: int) -> None:
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", n) + b"{}" + b" " * 6)
+    with pytest.raises(sp.CorruptCheckpointError, match=rf"header length {n} exceeds") as e:
+        sp.open(str(p))
+    assert str(p) in str(e.value)
+
+
+_SHRINK = r"""
+import os, sys, numpy as np, shardpoint as sp
+path, how = sys.argv[1], sys.argv[2]
+if how == "open":
+    r = sp.open(path, io="mmap")
+    first = r["a"].copy()
+    os.truncate(path, os.path.getsize(path) - 8)  # the tail of "b"
+    try:
+        r["b"].copy()  # touching a view past the new end of file: SIGBUS before
+    except sp.CorruptCheckpointError as e:
+        print("refused:", e)
+else:
+    import torch, shardpoint.torch as spt
+    it = iter(spt.weights_iterator(path, io="mmap", window=1 << 20))
+    next(it)  # the iterator reads a window (1 MiB) at a time: the later tensors are not read
+    os.truncate(path, os.path.getsize(path) // 2)
+    try:
+        for _, t in it:
+            t.sum()
+    except sp.CorruptCheckpointError as e:
+        print("refused:", e)
+"""
+
+
+@pytest.mark.parametrize("how", ["open", "weights_iterator"])
+def test_a_file_that_shrinks_while_mapped(tmp_path, how: str) -> None:
+    """A safetensors file truncated after open (a foreign tool, a partial copy): the mapped
+    reader handed out a view of pages past the new end of file, and the process died of SIGBUS
+    when it was read. Each view now checks the file's current size first. In a fresh process,
+    so that a SIGBUS fails the test instead of killing pytest."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    p = tmp_path / "model.safetensors"
+    if how == "open":
+        p.write_bytes(st_bytes(GOOD_HEADER, GOOD_DATA))
+        key = "'b'"
+    else:  # four 1.2 MB tensors: more than one window of the iterator
+        n = 300_000 * 4
+        header = {
+            f"t{i}": {"dtype": "F32", "shape": [300_000], "data_offsets": [i * n, (i + 1) * n]}
+            for i in range(4)
+        }
+        p.write_bytes(st_bytes(header, np.arange(4 * 300_000, dtype=np.float32).tobytes()))
+        key = "'t[123]'"  # the first not yet read when the file shrank (t0 was handed out)
+    got = subprocess.run(
+        [sys.executable, "-c", _SHRINK, str(p), how], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0, (got.returncode, got.stderr[-2000:])
+    refused = rf"refused: {re.escape(str(p))}: key {key}: file is now {p.stat().st_size} bytes"
+    assert re.search(refused, got.stdout), got
+    assert "truncated or rewritten in place after open" in got.stdout

@@ -209,6 +209,16 @@ class HFReader(Reader):
             self.load_into({key: out})
             return out
         assert sh.mm is not None
+        # mm.size() is the mapped file's size now (an fstat of the mapping's own descriptor):
+        # a view of pages past a new end of file would kill the process with SIGBUS when
+        # touched, so a file shortened since open is an error here (as the core's check_len)
+        end, now = sh.header.data_start + rec.end, sh.mm.size()
+        if now < end:
+            raise CorruptCheckpointError(
+                f"{sh.header.path}: key {key!r}: file is now {now} bytes but bytes up to offset "
+                f"{end} are needed ({sh.header.file_size} when opened): the file was truncated "
+                "or rewritten in place after open"
+            )
         n = (rec.end - rec.begin) // dt.itemsize
         arr = np.frombuffer(sh.mm, dtype=dt, count=n, offset=sh.header.data_start + rec.begin)
         return arr.reshape(rec.shape)
