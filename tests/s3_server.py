@@ -111,6 +111,10 @@ class Proxy:
         self.flip: tuple[int, int] | None = None
         self.ranged_gets = 0
         self.flipped: list[tuple[str, str, int]] = []
+        # a store that answers ranged GETs wrongly (range_fault): the mode, and the ranged GETs
+        # it was applied to as (path, Range)
+        self.range_mode: str | None = None
+        self.range_faulted: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         self.latency = 0.0
         # random faults (random_faults): mode -> probability, and how many were injected
@@ -189,10 +193,24 @@ class Proxy:
                     return
                 c = http.client.HTTPConnection("127.0.0.1", proxy.backend_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items()}
+                rng = self.headers.get("Range")
+                with proxy.lock:
+                    range_mode = proxy.range_mode if self.command == "GET" and rng else None
+                    if range_mode is not None:
+                        proxy.range_faulted.append((self.path, rng or ""))
+                if range_mode == "full":  # the Range header ignored: 200 and the whole object
+                    headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+                elif range_mode == "shift" and rng:  # another range, said so in Content-Range
+                    lo, _, hi = rng.split("=", 1)[1].partition("-")
+                    headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+                    headers["Range"] = f"bytes={int(lo) + 1}-{int(hi) + 1 if hi else ''}"
                 c.request(self.command, self.path, body=body, headers=headers)
                 r = c.getresponse()
                 data = r.read()
-                rng = self.headers.get("Range")
+                if range_mode == "short" and r.status == 206:
+                    data = data[:-1]  # a body shorter than its Content-Range says
+                elif range_mode == "long" and r.status == 206:
+                    data = data + b"\0"  # a body longer than its Content-Range says
                 if self.command == "GET" and rng and r.status == 206:
                     with proxy.lock:
                         nth, proxy.ranged_gets = proxy.ranged_gets, proxy.ranged_gets + 1
@@ -218,12 +236,18 @@ class Proxy:
                             t = email.utils.parsedate_to_datetime(v).timestamp() + skew
                             v = email.utils.formatdate(t, usegmt=True)
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD has no body: its Content-Length is the object's, as the store said
+                length = r.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    for i in range(0, len(data), 1 << 16):
-                        proxy.throttle(min(1 << 16, len(data) - i))
-                        self.wfile.write(data[i : i + (1 << 16)])
+                    try:
+                        for i in range(0, len(data), 1 << 16):
+                            proxy.throttle(min(1 << 16, len(data) - i))
+                            self.wfile.write(data[i : i + (1 << 16)])
+                    except (BrokenPipeError, ConnectionResetError):
+                        # a client that stopped reading (it refused a wrong answer): done
+                        self.close_connection = True
                 c.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
@@ -267,6 +291,15 @@ class Proxy:
             self.ranged_gets = 0
             self.flipped.clear()
             self.flip = None if nth is None else (nth, bit)
+
+    def range_fault(self, mode: str | None) -> None:
+        """Answer every ranged GET from now wrongly: ``"full"`` (the Range ignored: 200 with
+        the whole object), ``"shift"`` (206 with the range one byte further on, which its
+        Content-Range says), ``"short"`` / ``"long"`` (206 whose body is one byte shorter /
+        longer than its Content-Range says); None stops. ``range_faulted`` lists them."""
+        with self.lock:
+            self.range_mode = mode
+            self.range_faulted.clear()
 
     def requests(self, method: str | None = None) -> list[tuple[str, str, str | None]]:
         with self.lock:

@@ -392,14 +392,36 @@ impl Store {
                 range: Some(GetRange::Bounded(lo..hi)),
                 ..Default::default()
             };
-            let res = async {
+            let got = async {
                 let r = inner.get_opts(&p, opts).await?;
                 let size = r.meta.size;
                 let b = r.bytes().await?;
                 Ok::<_, object_store::Error>((b, size))
             }
-            .await
-            .map_err(|e| me.err(&key, "ranged read", e))?;
+            .await;
+            let res = match got {
+                Ok(res) => res,
+                Err(e) => {
+                    // A range past the end of a shortened object is refused by the store
+                    // (416): say so as for any object of another length than the index
+                    // records, naming its length (one HEAD, only on a failed read).
+                    if !matches!(e, object_store::Error::NotFound { .. }) {
+                        if let Ok(meta) = inner.head(&p).await {
+                            if meta.size < hi {
+                                return Err(Error::corrupt(
+                                    &me.url_path(&key),
+                                    meta.size,
+                                    format!(
+                                        "object is {} bytes but bytes up to offset {hi} are needed (truncated or replaced)",
+                                        meta.size
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    return Err(me.err(&key, "ranged read", e));
+                }
+            };
             if res.0.len() as u64 != hi - lo {
                 return Err(Error::corrupt(
                     &me.url_path(&key),
