@@ -186,3 +186,46 @@ def test_small_batches_where_read_ahead_runs(
     assert max(hf_sizes) <= small and len(hf_sizes) >= 4
     assert max(sp_sizes) <= small and len(sp_sizes) >= 4
     assert max(direct_sizes) > small  # batches grow to _BATCH there
+
+
+def test_a_file_that_shrinks_under_the_read_ahead(tmp_path: pathlib.Path) -> None:
+    """Hints past a file's new end are no error (they only hint): the thread walks on to the
+    end of its spans, and closes its file."""
+    f = tmp_path / "f"
+    with open(f, "wb") as fh:
+        fh.truncate(64 * MiB)
+    before = _fds()
+    ra = ReadAhead([str(f)], [(0, 0, 64 * MiB)], ahead=8 * MiB)
+    assert _wait_for(lambda: ra.hinted == 16 * MiB)
+    os.truncate(f, MiB)
+    ra.advance(64 * MiB)
+    assert _wait_for(lambda: ra.hinted == 64 * MiB)
+    assert _wait_for(lambda: not ra._thread.is_alive())
+    ra.close()
+    assert _fds() == before
+
+
+def test_iterating_a_file_that_shrinks_is_an_error_naming_it(
+    hf_dir: tuple[str, dict[str, torch.Tensor]], tmp_path: pathlib.Path
+) -> None:
+    """The iterator's own reads find the shortened file (the read-ahead only hinted): a
+    CorruptCheckpointError naming the file, and the read-ahead thread and its file are gone
+    after, as after any iteration."""
+    import shutil
+
+    import shardpoint as sp
+
+    path, _ = hf_dir
+    d = tmp_path / "copy"
+    shutil.copytree(path, d)
+    f = d / "model.safetensors"
+    before = _fds()
+    it = sptorch.weights_iterator(str(d), io="pread", window=4 * MiB)
+    next(it)
+    os.truncate(f, os.path.getsize(f) // 2)
+    with pytest.raises(sp.CorruptCheckpointError, match="lies past the end of the") as e:
+        for _ in it:
+            pass
+    assert str(f) in str(e.value)
+    it.close()
+    assert _wait_for(lambda: not _ahead_threads()) and _fds() == before
