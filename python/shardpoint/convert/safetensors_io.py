@@ -85,10 +85,18 @@ class SafetensorsSource(Source):
             ) from e
 
         try:
-            self._f: Any = safe_open(path, framework="numpy")
+            # held open beside safe_open's mapping: its size is checked before every read
+            # (:meth:`_check_size`), on the file opened, whatever the path names later
+            self._fh: Any = open(path, "rb")  # noqa: SIM115 - closed by close()
         except FileNotFoundError as e:
             raise NotFoundError(f"{path}: not found") from e
+        self._size = os.fstat(self._fh.fileno()).st_size
+        try:
+            self._f: Any = safe_open(path, framework="numpy")
         except Exception as e:  # SafetensorError is not exported under a stable name
+            self._fh.close()
+            if isinstance(e, FileNotFoundError):
+                raise NotFoundError(f"{path}: not found") from e
             raise CorruptCheckpointError(f"{path}: not a valid safetensors file: {e}") from e
         self.metadata = dict(self._f.metadata() or {})
         self._specs: list[Spec] = []
@@ -113,8 +121,19 @@ class SafetensorsSource(Source):
     def specs(self) -> list[Spec]:
         return list(self._specs)
 
+    def _check_size(self, key: str) -> None:
+        """Refuse to read from a file shortened since open: safetensors reads from a mapping,
+        and a page past the new end of file kills the process with SIGBUS when touched."""
+        now = os.fstat(self._fh.fileno()).st_size
+        if now < self._size:
+            raise CorruptCheckpointError(
+                f"{self.path}: key {key!r}: file is now {now} bytes, {self._size} when opened: "
+                "it was truncated or rewritten in place while being read"
+            )
+
     def read(self, key: str) -> Any:
         spec = self._by_key[key]
+        self._check_size(key)
         if spec.dtype in _RAW_READ:
             return self._read_raw(spec)
         return self._f.get_tensor(key)
@@ -128,10 +147,16 @@ class SafetensorsSource(Source):
             begin, end = self._offsets[spec.key]["data_offsets"]
             f.seek(8 + n + begin)
             raw = f.read(end - begin)
+        if len(raw) != end - begin:
+            raise CorruptCheckpointError(
+                f"{self.path}: key {spec.key!r}: {len(raw)} bytes at offset {8 + n + begin}, "
+                f"{end - begin} expected: the file was shortened while being read"
+            )
         return np.frombuffer(raw, dtype=numpy_dtype(spec.dtype)).reshape(spec.shape)
 
     def close(self) -> None:
         self._f = None
+        self._fh.close()
 
 
 def _st_metadata(metadata: dict[str, Any]) -> dict[str, str] | None:
