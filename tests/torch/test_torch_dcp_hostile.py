@@ -172,11 +172,31 @@ def test_a_chunk_count_past_the_table(tmp_path, saved) -> None:
     _refused(_rewrite(tmp_path, saved, change), r"'w' needs chunks past the table's end")
 
 
-def test_a_table_that_is_not_int64(tmp_path, saved) -> None:
-    def change(d: dict[str, Any], entries: dict[str, Any]) -> None:
-        entries[TABLE] = entries[TABLE].astype(np.float64)
+@pytest.mark.parametrize("table", [np.zeros(8, np.float64), np.zeros((2, 4), np.int64)])
+def test_a_table_that_is_not_1d_int64(tmp_path, saved, table: np.ndarray) -> None:
+    """Refused from the table's index record, before it is read."""
 
-    _refused(_rewrite(tmp_path, saved, change), r"\.dcp_metadata\.chunks: expected int64")
+    def change(d: dict[str, Any], entries: dict[str, Any]) -> None:
+        entries[TABLE] = table
+
+    _refused(_rewrite(tmp_path, saved, change), r"the chunk table is a 1-d int64 tensor")
+
+
+def test_a_table_larger_than_the_checkpoint_can_describe(tmp_path, saved) -> None:
+    """A compressed table may declare far more values than its bytes on disk (zeros compress
+    a thousandfold): it is refused from its index record, before anything is decompressed,
+    when it holds more than 2 x 64 values per entry of the checkpoint (each chunk is an entry
+    and holds its offsets and sizes)."""
+    entries = len(saved[0])
+    cap = 2 * 64 * entries
+
+    def change(d: dict[str, Any], e: dict[str, Any]) -> None:
+        e[TABLE] = np.zeros(cap + 1, np.int64)
+
+    prefix = _rewrite(tmp_path, saved, change)
+    with sp.open(prefix) as r:
+        assert r.info(TABLE).codec != "none" and r.info(TABLE).stored_bytes < cap
+    _refused(prefix, rf"at most {cap} values in a checkpoint of {entries} entries")
 
 
 def _version_1(d: dict[str, Any], chunk_offsets: list[int], chunk_sizes: list[int]) -> None:

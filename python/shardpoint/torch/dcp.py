@@ -66,6 +66,7 @@ from torch.futures import Future
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
 from .codec import numpy_to_tensor, tensor_to_numpy
+from .dcp_checks import check_table_entry
 from .dcp_lazy import chunk_sizes
 from .dcp_metadata import (
     METADATA_CHUNKS_ENTRY,
@@ -414,6 +415,7 @@ class StorageReader(_storage.StorageReader):
             # an object store answers them with one ranged GET (open: index + metadata)
             keys = [METADATA_ENTRY]
             if METADATA_CHUNKS_ENTRY in reader:
+                check_table_entry(self.prefix, reader.info(METADATA_CHUNKS_ENTRY), len(reader))
                 keys.append(METADATA_CHUNKS_ENTRY)
             got = reader.load(keys, verify=True, progress=False)
             table = got.get(METADATA_CHUNKS_ENTRY)

@@ -19,12 +19,30 @@ from torch.distributed.checkpoint import metadata as _md
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["check_version", "check_properties", "check_decoded"]
+__all__ = ["check_version", "check_properties", "check_decoded", "check_table_entry"]
 
 _ENTRY = ".dcp_metadata"
 #: a DCP tensor has at most this many dimensions here (torch's own limit is 64); a larger
 #: count in a file is damage, refused before anything is sized by it
 MAX_DIMS = 64
+
+
+def check_table_entry(prefix: str, info: Any, entries: int) -> None:
+    """Refuse the chunk table's index record before the table is read: a 1-d int64 tensor of
+    at most ``2 * MAX_DIMS`` values per entry of the checkpoint (each chunk is stored as an
+    entry of its own, and holds its offsets and sizes). The record's shape comes from the
+    file: without this cap a compressed table (zeros compress a thousandfold) could declare
+    gigabytes and be decompressed whole before the document says how many values it needs."""
+    n = 1
+    for d in info.shape:
+        n *= d
+    cap = 2 * MAX_DIMS * entries
+    if info.kind != "tensor" or info.dtype != "int64" or len(info.shape) != 1 or n > cap:
+        raise CorruptCheckpointError(
+            f"{prefix}: {info.key}: {info.kind} {info.dtype}{list(info.shape)}; the chunk "
+            f"table is a 1-d int64 tensor of at most {cap} values in a checkpoint of "
+            f"{entries} entries"
+        )
 
 
 def check_version(document: dict[str, Any]) -> int:
