@@ -266,3 +266,24 @@ def test_a_stored_entry_of_another_shape_than_its_chunk(tmp_path, saved, size, p
         f"{prefix}: entry 'w' holds shape (3, 4), the metadata's chunk of 'w' at offsets " in text
     )
     assert not back["w"].any()  # nothing was copied in
+
+
+def test_the_checks_keep_what_a_custom_planner_writes() -> None:
+    """Tensor metadata off the table's fast path (a tuple size, list offsets: a custom
+    planner's) travels in the tagged JSON: the checks accept it as written."""
+    from torch.distributed.checkpoint import metadata as md
+
+    from shardpoint.torch.dcp_metadata import decode_metadata, encode_metadata
+
+    props = md.TensorProperties(dtype=torch.float32)
+    chunks = [md.ChunkStorageMetadata(offsets=[0, 0], sizes=[3, 4])]  # type: ignore[arg-type]
+    w = md.TensorStorageMetadata(properties=props, size=(3, 4), chunks=chunks)  # type: ignore[arg-type]
+    encoded = encode_metadata(md.Metadata(state_dict_metadata={"w": w}))
+    assert encoded is not None
+    document, table = encoded
+    assert "w" not in [t[0] for t in document["tensors"]]  # in the JSON, not the table
+    assert decode_metadata(document, table).state_dict_metadata["w"] == w
+    chunks[0].sizes[1] = 5  # type: ignore[index]  # past the tensor: refused as any other
+    document, table = encode_metadata(md.Metadata(state_dict_metadata={"w": w}))  # type: ignore[misc]
+    with pytest.raises(sp.CorruptCheckpointError, match=r"chunk 0 of 'w' is outside the tensor"):
+        decode_metadata(document, table)

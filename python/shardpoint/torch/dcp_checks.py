@@ -12,6 +12,7 @@ all of a version 1 document, the non-tensor rest of a version 2 one.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import torch
@@ -71,13 +72,16 @@ def check_properties(fqn: str, props: Any) -> None:
 
 
 def _check_size(fqn: str, what: str, size: Any) -> tuple[int, ...]:
+    # (a list too: a custom planner's sizes that are not torch.Size travel as JSON lists)
     if not (
-        isinstance(size, tuple)
+        isinstance(size, tuple | list)
         and len(size) <= MAX_DIMS
         and all(type(x) is int and 0 <= x < 2**63 for x in size)
     ):
-        raise CorruptCheckpointError(f"{_ENTRY}: tensor {fqn!r}: {what} {size!r} is malformed")
-    return size
+        raise CorruptCheckpointError(
+            f"{_ENTRY}: tensor {fqn!r}: {what} {reprlib.repr(size)} is malformed"
+        )
+    return tuple(size)
 
 
 def _check_tensor(fqn: str, md: _md.TensorStorageMetadata) -> None:
