@@ -53,36 +53,53 @@ pub struct DirectStats {
     pub buffered: u64,
 }
 
-/// A zeroed, [`DIRECT_ALIGN`]-aligned buffer (what `O_DIRECT` reads into).
+/// A zeroed, page-aligned buffer (what `O_DIRECT` reads into): an anonymous mapping of its own,
+/// so only the pages a read touches are ever faulted in. Not `alloc_zeroed`: after glibc's
+/// dynamic mmap threshold rises, an 8 MiB `calloc` comes from a thread's heap and is cleared
+/// whole on every call, although in-place reads touch only a head and a tail block of it: one
+/// 8 MiB clearing per worker per call cost a 1 GB load 260k page faults (docs/SERVING.md,
+/// "Issue 41 (seventh round)").
 struct Aligned {
     ptr: *mut u8,
-    layout: std::alloc::Layout,
+    len: usize,
 }
 
 impl Aligned {
     fn new(len: usize) -> Result<Aligned> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN as usize)
-            .map_err(|e| Error::InvalidArgument(format!("bounce buffer of {len} bytes: {e}")))?;
-        // SAFETY: a non-zero size; the pointer is checked before use.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let len = len.max(1);
+        // SAFETY: a private anonymous mapping (no fd, no address hint); checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
             return Err(Error::InvalidArgument(format!(
-                "cannot allocate a {len}-byte bounce buffer"
+                "cannot map a {len}-byte bounce buffer: {}",
+                std::io::Error::last_os_error()
             )));
         }
-        Ok(Aligned { ptr, layout })
+        Ok(Aligned {
+            ptr: ptr.cast(),
+            len,
+        })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `layout.size()` bytes owned by self, initialized (zeroed) at allocation.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+        // SAFETY: `len` bytes mapped by self, initialized (zero pages) by the kernel.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for Aligned {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: mapped in `new` with this length, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -160,7 +177,7 @@ impl Worker<'_> {
     /// `dst` <- bytes [off, off + dst.len()) through the bounce buffer (aligned direct reads,
     /// then a copy). `Ok(false)`: the kernel refused `O_DIRECT`.
     fn bounced(&mut self, fi: usize, direct: &File, off: u64, dst: &mut [u8]) -> Result<bool> {
-        let cap = self.bounce.layout.size() as u64;
+        let cap = self.bounce.len as u64;
         let end = off + dst.len() as u64;
         let mut at = off;
         while at < end {
