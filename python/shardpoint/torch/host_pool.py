@@ -65,10 +65,13 @@ class HostPool:
         """Bytes of mappings kept free for later tensors."""
         return self._free_bytes
 
-    def tensor(self, nbytes: int) -> torch.Tensor:
+    def tensor(self, nbytes: int, lead: int = 0) -> torch.Tensor:
         """A new ``uint8`` tensor of ``nbytes`` in a mapping of its own (recycled when one of
-        its size class is free)."""
-        size = size_class(nbytes)
+        its size class is free), starting ``lead`` bytes into it (``0 <= lead < 4096``: the
+        direct engine reads in place into a tensor placed at its file offset's page offset)."""
+        if not 0 <= lead < _PAGE:
+            raise ValueError(f"lead must be in [0, {_PAGE}), got {lead}")
+        size = size_class(nbytes + lead)
         m = None
         with self._lock:
             free = self._free.get(size)
@@ -78,7 +81,7 @@ class HostPool:
                 self.reused += 1
         if m is None:
             m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        arr = np.frombuffer(m, dtype=np.uint8, count=nbytes)
+        arr = np.frombuffer(m, dtype=np.uint8, count=nbytes, offset=lead)
         # torch's storage holds `arr` until the last tensor or view on it is freed; then the
         # finalizer hands the mapping back (it holds `m` itself, so the mapping outlives `arr`)
         done = weakref.finalize(arr, self._give_back, m, size)

@@ -14,8 +14,9 @@ small batches (8 MiB) while a second thread (``read_ahead.py``) keeps the kernel
 copied by the consumer soon after it was read, still in the CPU's cache. With ``direct=True`` a Hugging Face file goes through
 the cold-read engine instead (``read_ranges_direct``: pieces not in the page cache read with
 ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
-mapping of its own (huge pages asked for) placed so that the tensor's first byte sits at the
-same offset in a 4 KiB page as in its file: the device writes the bytes straight into it.
+mapping of its own out of the pool (recycled, as without ``direct``) placed so that the
+tensor's first byte sits at the same offset in a 4 KiB page as in its file: the device writes
+the bytes straight into it.
 Off by default: docs/SERVING.md, "Cold reads", has the figures.
 
 What must stay true:
@@ -36,7 +37,6 @@ What must stay true:
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -96,14 +96,12 @@ _REMOTE_DEPTH = 3
 #: a time 0.16, two of 64 MiB 0.11-0.18, two of 32 MiB 0.17-0.20, three of 16 MiB 0.18-0.20.
 _REMOTE_BATCH = 16 << 20
 
-#: With ``direct``, values at least this large get a mapping of their own (huge pages; placed
-#: for in-place reads); smaller ones ``torch.empty``: a mapping per bias or norm would cost
-#: more than it saves.
-_PLACE_MIN = 1 << 20
+#: With ``direct``, values at least this large get a pooled mapping placed for in-place reads
+#: (the pool's own threshold); smaller ones ``torch.empty``: a mapping per bias or norm would
+#: cost more than it saves.
+_PLACE_MIN = POOL_MIN
 #: The file-offset alignment the direct engine reads in place at.
 _PAGE = 4096
-#: Mappings this large ask for transparent huge pages.
-_HUGE = 2 << 20
 
 
 def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
@@ -114,24 +112,11 @@ def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
     return raw.view(dtype).view(info.shape)
 
 
-def _pooled(info: storage.EntryInfo, pool: HostPool) -> torch.Tensor:
+def _pooled(info: storage.EntryInfo, pool: HostPool, lead: int = 0) -> torch.Tensor:
     """A new tensor for ``info``'s value in a mapping of its own out of ``pool`` (recycled
-    from a tensor the consumer has dropped, when one of its size is free)."""
-    raw = pool.tensor(info.raw_bytes)
-    return raw.view(torch_dtype(info.dtype)).view(info.shape)
-
-
-def _placed(info: storage.EntryInfo) -> torch.Tensor:
-    """A new tensor for ``info``'s value in a mapping of its own (private, anonymous, huge
-    pages asked for; nothing else ever lives in it, and it is unmapped when the last tensor on
-    it is freed), its first byte at the same offset in a 4 KiB page as the value's in its file
-    (``info.offset``), so the direct engine reads its aligned interior in place."""
-    lead = info.offset % _PAGE
-    size = lead + info.raw_bytes
-    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if size >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(m, dtype=torch.uint8, count=info.raw_bytes, offset=lead)
+    from a tensor the consumer has dropped, when one of its size is free), ``lead`` bytes into
+    it (placed for the direct engine's in-place reads)."""
+    raw = pool.tensor(info.raw_bytes, lead)
     return raw.view(torch_dtype(info.dtype)).view(info.shape)
 
 
@@ -203,9 +188,12 @@ class _Producer:
         pool = self._pool
         if self._ahead is not None:
             self._ahead.advance(sum(i.stored_bytes for i in batch))
+        # with `direct`, large values sit at their file offset's page offset in a pooled
+        # mapping (the device writes them in place; a fresh mapping per value cost a page
+        # fault per 4 KiB: docs/SERVING.md, "Issue 41 (seventh round)")
         out = [
-            _placed(i)
-            if self._places(i)
+            _pooled(i, pool, i.offset % _PAGE)
+            if pool is not None and self._places(i)
             else _pooled(i, pool)
             if pool is not None and i.raw_bytes >= POOL_MIN
             else _empty(i, self._pin)

@@ -1,0 +1,145 @@
+"""The cold-read engine's memory (``direct=True``; docs/SERVING.md, "Issue 41 (seventh round)").
+
+Two costs that made a direct load pay a page fault per 4 KiB of the model, and so more CPU
+than the buffered route: the engine's bounce buffers (``calloc``ed per worker per call, and
+cleared whole once glibc served them from a heap) and the iterator's values (a fresh mapping
+each, never recycled). What must hold now: the engine touches only the bounce pages it reads
+into, the iterator places values in the pool's recycled mappings at their file offset's page
+offset (so the device still writes in place), and every value is bit for bit what was saved.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import shardpoint.torch as sptorch  # noqa: E402
+from shardpoint.torch.host_pool import HostPool, size_class  # noqa: E402
+
+
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are not dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _takes_o_direct(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False  # tmpfs before Linux 6.6, some FUSE mounts: the engine reads with pread
+    return True
+
+
+def test_pool_places_a_tensor_at_its_lead() -> None:
+    pool = HostPool(lambda: 1 << 30)
+    a = pool.tensor(3_000_000, lead=1234)
+    assert a.data_ptr() % 4096 == 1234 and a.numel() == 3_000_000
+    a.fill_(5)
+    del a
+    gc.collect()
+    # the freed mapping serves a value of the same class at another lead, whole and writable
+    assert size_class(3_000_000 + 1234) == size_class(3_000_000 - 4000 + 4000)
+    b = pool.tensor(3_000_000 - 4000, lead=4000)
+    assert pool.reused == 1 and b.data_ptr() % 4096 == 4000
+    b.fill_(9)
+    assert int(b.sum()) == 9 * b.numel()
+    with pytest.raises(ValueError, match="lead"):
+        pool.tensor(1 << 20, lead=4096)
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
+    """A safetensors file of 24 values of 1.2 MB, the first shifted off any page alignment."""
+    g = torch.Generator().manual_seed(417)
+    state = {"a.bias": torch.randn(5, generator=g)}
+    state.update({f"l.{i:02d}.weight": torch.randn(600, 500, generator=g) for i in range(24)})
+    path = tmp_path_factory.mktemp("direct_mem") / "model.safetensors"
+    safetensors_torch.save_file(state, str(path))
+    return str(path), state
+
+
+def test_direct_values_recycle_the_pool_in_place(
+    model: tuple[str, dict[str, torch.Tensor]],
+) -> None:
+    """Cold, a window of a few values, a consumer that drops each value: the values come out
+    of recycled mappings, each placed at its file offset's page offset, bit for bit."""
+    path, state = model
+    _evict(path)
+    window = 5 * 600 * 500 * 4
+    it = sptorch.weights_iterator(path, io="pread", direct=True, window=window)
+    offsets = {i.key: i.offset for i in it._plan.infos}
+    seen = 0
+    for name, t in it:
+        assert torch.equal(t, state[name]), name
+        if t.numel() * t.element_size() >= 1 << 20:
+            assert t.data_ptr() % 4096 == offsets[name] % 4096, name
+        seen += 1
+        del t
+    assert seen == len(state)
+    pool = it._pool
+    assert pool is not None and pool.reused >= 8
+    in_place, bounced, cached = it._reader.read_kinds
+    assert in_place + bounced + cached == sum(v.numel() * 4 for v in state.values())
+    if _takes_o_direct(path):
+        assert in_place > 16 * 600 * 500 * 4, (in_place, bounced, cached)
+
+
+_FAULTS = textwrap.dedent(
+    """
+    import mmap, os, resource, sys
+    import numpy as np
+    from shardpoint.storage import read_ranges_direct
+    path = sys.argv[1]
+    n = 4 << 20
+    outs = []
+    for k in range(4):  # placed congruent to the file offsets, pre-faulted
+        m = mmap.mmap(-1, n + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        a = np.frombuffer(m, dtype=np.uint8, count=n, offset=(100 + k * n) % 4096)
+        a[:] = 1
+        outs.append(a)
+    def cold():
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    cold()
+    read_ranges_direct([path], [(0, 100 + k * n) for k in range(4)], outs)  # warms glibc up
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(6):
+        cold()
+        read_ranges_direct([path], [(0, 100 + k * n) for k in range(4)], outs)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+def test_direct_engine_touches_only_the_bounce_pages_it_uses(tmp_path: pathlib.Path) -> None:
+    """Six cold calls reading 16 MiB in place into pre-faulted memory: a few hundred page
+    faults (threads' stacks, the head and tail blocks bounced), not a cleared bounce buffer of
+    8 MiB per worker per call (2,048 faults each: 12k+ over these calls before the fix)."""
+    f = tmp_path / "blob"
+    data = np.random.default_rng(7).integers(0, 255, (16 << 20) + 8192, dtype=np.uint8)
+    f.write_bytes(data.tobytes())
+    if not _takes_o_direct(str(f)):
+        pytest.skip("this file system refuses O_DIRECT: the engine reads with pread")
+    _evict(str(f))
+    r = subprocess.run(
+        [sys.executable, "-c", _FAULTS, str(f)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    faults = int(r.stdout.split()[-1])
+    assert faults < 3000, faults
