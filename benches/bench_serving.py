@@ -35,7 +35,9 @@ loader's share of its round's limit is printed at the end.
 
 Every run is a fresh process: it builds the model (pre-faulted), then times open + read + copy
 of every tensor into its parameter. The loader's peak host memory (the resident high-water
-mark during the load over the resident set before it, the model included) is reported. Rounds interleave the loaders; a row shows the best round and the median.
+mark during the load over the resident set before it, the model included) is reported, and its
+CPU seconds per GB (user and system, every thread: ``getrusage``) and minor faults. Rounds
+interleave the loaders; a row shows the best round and the median.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -291,6 +294,9 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
     # import's transient peak could hide the load's and give negative figures; Linux resets the
     # high-water mark (VmHWM) on writing 5 to clear_refs.
     base = _reset_peak_rss()
+    # CPU of the whole load, every thread of the process (the producer, the consumer's copies,
+    # the kernel's page-cache work): steadier than GB/s on a shared machine (issue 41)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     n = 0
     with torch.no_grad():
@@ -298,10 +304,13 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
             params[k].copy_(v)
             n += 1
     dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     peak = _status_bytes("VmHWM") - base
     ok = n == len(params) and not bool(torch.all(next(iter(params.values())) == 1))
     print(json.dumps({"seconds": dt, "bytes": nbytes, "ok": ok, "extra_rss": peak,
-                      "largest": largest}))  # fmt: skip
+                      "largest": largest, "user": r1.ru_utime - r0.ru_utime,
+                      "sys": r1.ru_stime - r0.ru_stime,
+                      "faults": r1.ru_minflt - r0.ru_minflt}))  # fmt: skip
 
 
 def run_child(name: str, root: str, args: argparse.Namespace, s3: dict[str, str] | None) -> dict:
@@ -478,6 +487,13 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
             big = rs[0]["largest"] / 1e6
             print(f"  {name:17s} {got[0]:6.2f} ({got[1]:.2f})  peak RSS over the model "
                   f"{mem:7.0f} MB (largest tensor {big:.0f} MB)")  # fmt: skip
+            ok = [r for r in rs if "error" not in r and "user" in r]
+            if ok:  # CPU-s per GB of tensors, medians over the rounds
+                u = statistics.median(r["user"] / r["bytes"] * GB for r in ok)
+                y = statistics.median(r["sys"] / r["bytes"] * GB for r in ok)
+                f = statistics.median(r["faults"] for r in ok)
+                print(f"  {'':17s} CPU-s/GB user {u:.3f} + sys {y:.3f} = {u + y:.3f}, "
+                      f"{f:.0f} minor faults (medians)")  # fmt: skip
 
     def ratio(case: str, ours: str, anchors: list[str]) -> None:
         a = rate(case, ours)
