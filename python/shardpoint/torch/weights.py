@@ -489,10 +489,11 @@ def weights_iterator(
         window: bytes read ahead of the consumer at most.
         storage_options: credentials/endpoint for object-store URLs.
         direct: read Hugging Face safetensors files with the cold-read engine (``O_DIRECT``
-            for pages not cached, eight reads in flight, straight into each tensor). Off by
-            default: on this project's machine (a virtio disk the host caches, two busy CPUs)
-            buffered reads with the kernel's read-ahead were faster, cold and warm
-            (docs/SERVING.md, "Cold reads"); turn it on where ``fio --direct=1`` beats ``dd``.
+            for pages not cached, eight reads in flight, straight into each tensor). A cold
+            load then costs about half the CPU per GB (no page-cache fill, no kernel copy),
+            which on busy cores made it the faster route (docs/SERVING.md, "Issue 41 (seventh
+            round)"). Off by default: on an idle machine, buffered reads of a disk its host
+            caches ran faster than ``fio --direct=1`` (docs/SERVING.md, "Cold reads").
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor
