@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
-                "sp_hf_mt", "sp_hf_direct", "sp_none", "sp_default"]  # fmt: skip
+                "sp_hf_mt", "sp_hf_direct", "sp_none", "sp_none_direct", "sp_default"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
@@ -249,14 +249,14 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
     import shardpoint.torch as spt
 
     sub = {"sp_hf": "hf", "sp_hf_mt": "hf", "sp_hf_direct": "hf", "sp_none": "sp_none",
-           "sp_default": "sp_default"}[name]  # fmt: skip
+           "sp_none_direct": "sp_none", "sp_default": "sp_default"}[name]  # fmt: skip
     path = root.rstrip("/") + "/" + sub
     opts = None
     if s3 is not None:
         opts = {"endpoint": s3["endpoint"], "aws_access_key_id": "testing",
                 "aws_secret_access_key": "testing", "region": "us-east-1", "allow_http": "true"}  # fmt: skip
     # the cold-read engine (O_DIRECT), docs/SERVING.md; absent from older trees (bisecting)
-    kw: dict[str, Any] = {"direct": True} if name == "sp_hf_direct" else {}
+    kw: dict[str, Any] = {"direct": True} if name.endswith("_direct") else {}
     if name == "sp_hf_mt":
         # the consumer's copy_ on torch's whole OpenMP team, as before consumer_threads
         kw["consumer_threads"] = None
@@ -516,6 +516,7 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-cold", "sp_hf", ["sp_hf_mt"])
     ratio("local-warm", "sp_hf", ["sp_hf_mt"])
     ratio("local-cold", "sp_hf_direct", ["fastsafetensors"])
+    ratio("local-cold", "sp_none_direct", ["fastsafetensors"])
     ratio("local-warm", "sp_hf", ["fastsafetensors"])
 
 

@@ -1,13 +1,18 @@
 """The cold-read engine's Python face (docs/SERVING.md "Cold reads"): ranges of plain files
-read with ``O_DIRECT`` where their pages are not cached."""
+read with ``O_DIRECT`` where their pages are not cached, and a local checkpoint's values read
+that way (uncompressed ones checked against their crc32c after they land)."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from .. import _core
+from ..errors import CorruptCheckpointError
+from .entry_stats import EntryInfo
 
-__all__ = ["read_ranges_direct"]
+__all__ = ["read_ranges_direct", "read_entries_direct"]
 
 
 def read_ranges_direct(
@@ -23,3 +28,36 @@ def read_ranges_direct(
     cache."""
     in_place, bounced, cached = _core.read_file_ranges_direct(paths, ranges, outs, depth)
     return int(in_place), int(bounced), int(cached)
+
+
+def read_entries_direct(
+    core: _core.CheckpointReader,
+    infos: list[EntryInfo],
+    outs: list[np.ndarray],
+    verify: bool,
+    threads: int | None = None,
+) -> tuple[int, int, int]:
+    """The values ``infos`` of a local checkpoint (``core``) into ``outs`` (each the value's raw
+    bytes): uncompressed ones with :func:`read_ranges_direct` straight from their shard files
+    and then, with ``verify``, checked against their crc32c over the bytes landed (a damaged
+    byte raises ``ChecksumMismatchError`` naming the shard and key); compressed ones through
+    the bulk-load engine (``read_many_into``, always checked). A direct read skips the page
+    cache's fill and the kernel's copy: about half the CPU of a cold buffered load
+    (docs/SERVING.md, "Issue 41 (seventh round)"). Returns the direct bytes read in place,
+    bounced and from the page cache."""
+    paths = [os.fspath(p) for p, _ in core.shard_files()]
+    raw = [(i, o) for i, o in zip(infos, outs, strict=True) if i.codec == "none" and o.nbytes]
+    rest = [(i, o) for i, o in zip(infos, outs, strict=True) if i.codec != "none" and o.nbytes]
+    if rest:
+        core.read_many_into([i.key for i, _ in rest], [o for _, o in rest], True, threads)
+    if not raw:
+        return 0, 0, 0
+    for i, _ in raw:
+        if not 0 <= i.shard < len(paths):
+            raise CorruptCheckpointError(
+                f"key {i.key!r}: shard {i.shard} of a checkpoint with {len(paths)} shards"
+            )
+    got = read_ranges_direct(paths, [(i.shard, i.offset) for i, _ in raw], [o for _, o in raw])
+    if verify:
+        core.verify_views([i.key for i, _ in raw], [o for _, o in raw])
+    return got

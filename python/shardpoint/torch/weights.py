@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import storage
+from .. import _core, storage
 from ..errors import InvalidArgumentError
+from ..storage.direct_reads import read_entries_direct
 from ..storage.io_mode import check_io, resolve_io
 from .consumer_threads import ConsumerThreads
 from .host_pool import POOL_MIN, HostPool
@@ -202,6 +203,7 @@ class _Producer:
         if pool is not None:
             pool.trim()  # this batch is now counted in the window: keep the pool within it
         keys: list[str] = []
+        infos: list[storage.EntryInfo] = []
         bufs: list[np.ndarray] = []
         for info, t in zip(batch, out, strict=True):
             if not info.raw_bytes:
@@ -212,9 +214,14 @@ class _Producer:
                 np.copyto(tensor_to_numpy(t).reshape(-1).view(np.uint8), _bytes(view))
                 continue
             keys.append(info.key)
+            infos.append(info)
             bufs.append(tensor_to_numpy(t).reshape(-1).view(np.uint8))
-        if keys and self._direct:
-            self._reader._read_direct(keys, bufs)  # type: ignore[attr-defined]
+        if keys and self._direct and hasattr(self._reader, "_read_direct"):
+            self._reader._read_direct(keys, bufs)
+        elif keys and self._direct:  # a local shardpoint checkpoint (_reads_direct)
+            core = self._reader._core
+            assert isinstance(core, _core.CheckpointReader)
+            read_entries_direct(core, infos, bufs, self._verify, self._threads)
         elif keys:
             self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
         return out
@@ -333,7 +340,9 @@ class WeightsIterator:
             raise
         # the cold-read engine: on request, for Hugging Face files (pinned host memory, for
         # CUDA, is read through its bounce buffer)
-        direct = bool(direct) and hasattr(self._reader, "_read_direct") and io != "mmap"
+        # and for a local shardpoint checkpoint of its own shards (not a delta's, whose bytes
+        # may lie in its base; not a single file)
+        direct = bool(direct) and io != "mmap" and _reads_direct(self._reader)
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
         self._p = _Producer(
@@ -454,6 +463,15 @@ class WeightsIterator:
             pass
 
 
+def _reads_direct(reader: storage.Reader) -> bool:
+    """Whether the cold-read engine can read ``reader``'s values: Hugging Face files, or a
+    local shardpoint checkpoint's own shards."""
+    if hasattr(reader, "_read_direct"):
+        return True
+    core = reader._core if type(reader) is storage.Reader else None
+    return isinstance(core, _core.CheckpointReader) and not core.is_single_file()
+
+
 def _bytes(view: Any) -> np.ndarray:
     """The bytes of a value as handed out by a reader (numpy array or torch tensor)."""
     arr = tensor_to_numpy(view) if isinstance(view, torch.Tensor) else np.asarray(view)
@@ -488,8 +506,10 @@ def weights_iterator(
         verify: check the crc32c of uncompressed values too (compressed ones always are).
         window: bytes read ahead of the consumer at most.
         storage_options: credentials/endpoint for object-store URLs.
-        direct: read Hugging Face safetensors files with the cold-read engine (``O_DIRECT``
-            for pages not cached, eight reads in flight, straight into each tensor). A cold
+        direct: read Hugging Face safetensors files, and the uncompressed values of a local
+            shardpoint checkpoint (crc32c checked over the bytes landed, with ``verify``),
+            with the cold-read engine (``O_DIRECT`` for pages not cached, eight reads in
+            flight, straight into each tensor). A cold
             load then costs about half the CPU per GB (no page-cache fill, no kernel copy),
             which on busy cores made it the faster route (docs/SERVING.md, "Issue 41 (seventh
             round)"). Off by default: on an idle machine, buffered reads of a disk its host

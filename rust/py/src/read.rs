@@ -374,6 +374,42 @@ impl CheckpointReader {
         })
     }
 
+    /// Check that `outs[i]` holds exactly the uncompressed payload of `keys[i]` (its stored
+    /// crc32c), in parallel with the GIL released: bytes another engine read into caller memory
+    /// (the weights iterator's `O_DIRECT` reads). A compressed entry or a buffer of another
+    /// length is refused; a mismatch raises the checksum error naming the shard and key.
+    fn verify_views(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        outs: Vec<PyBuffer<u8>>,
+    ) -> PyResult<()> {
+        use rayon::prelude::*;
+        if keys.len() != outs.len() {
+            return Err(crate::invalid(
+                py,
+                format!("{} keys but {} buffers", keys.len(), outs.len()),
+            ));
+        }
+        let entries: Vec<Entry<'_>> = keys
+            .iter()
+            .map(|k| self.entry(py, k))
+            .collect::<PyResult<_>>()?;
+        let views: Vec<&[u8]> = outs
+            .iter()
+            .map(|b| crate::buffers::bytes_of(py, b))
+            .collect::<PyResult<_>>()?;
+        let reader = &self.inner;
+        nogil_cancellable(py, || {
+            shardpoint_core::threads::install(|| {
+                entries
+                    .par_iter()
+                    .zip(views.par_iter())
+                    .try_for_each(|(e, v)| reader.verify_view(e, v))
+            })
+        })
+    }
+
     /// Raw bytes [lo, hi) of an entry into a writable buffer, decoding only needed chunks.
     /// `verify`: check uncompressed bytes too (only the crc blocks holding the range, when
     /// the value has them; else the whole value); compressed chunks are always checked.
