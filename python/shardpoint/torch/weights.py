@@ -546,7 +546,8 @@ LOADER_OPTIONS: dict[str, str] = {
     "io": "'auto', 'mmap' or 'pread', as for sp.open",
     "window": "a positive int: bytes read ahead of the engine at most",
     "verify": "true/false: check the crc32c of uncompressed values too (default true)",
-    "direct": "true/false: O_DIRECT cold reads of Hugging Face files (default false)",
+    "direct": "true/false: O_DIRECT cold reads of Hugging Face files and local shardpoint "
+    "checkpoints (default false)",
     "consumer_threads": "a positive int or null: the engine thread's torch intra-op threads "
     "while it loads (default 1; null leaves them alone)",
 }
