@@ -15,6 +15,15 @@ from .entry_stats import EntryInfo
 __all__ = ["read_ranges_direct", "read_entries_direct"]
 
 
+def local_shards_core(core: object) -> _core.CheckpointReader | None:
+    """``core`` when it is a local checkpoint of shard files (the cold-read engine reads
+    those), else None. Here so that the adapters need not import the compiled module (which
+    the import contracts see as the package root)."""
+    if isinstance(core, _core.CheckpointReader) and not core.is_single_file():
+        return core
+    return None
+
+
 def read_ranges_direct(
     paths: list[str],
     ranges: list[tuple[int, int]],

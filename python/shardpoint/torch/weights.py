@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _core, storage
+from .. import storage
 from ..errors import InvalidArgumentError
-from ..storage.direct_reads import read_entries_direct
+from ..storage.direct_reads import local_shards_core, read_entries_direct
 from ..storage.io_mode import check_io, resolve_io
 from .consumer_threads import ConsumerThreads
 from .host_pool import POOL_MIN, HostPool
@@ -219,8 +219,8 @@ class _Producer:
         if keys and self._direct and hasattr(self._reader, "_read_direct"):
             self._reader._read_direct(keys, bufs)
         elif keys and self._direct:  # a local shardpoint checkpoint (_reads_direct)
-            core = self._reader._core
-            assert isinstance(core, _core.CheckpointReader)
+            core = local_shards_core(self._reader._core)
+            assert core is not None
             read_entries_direct(core, infos, bufs, self._verify, self._threads)
         elif keys:
             self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
@@ -469,7 +469,7 @@ def _reads_direct(reader: storage.Reader) -> bool:
     if hasattr(reader, "_read_direct"):
         return True
     core = reader._core if type(reader) is storage.Reader else None
-    return isinstance(core, _core.CheckpointReader) and not core.is_single_file()
+    return local_shards_core(core) is not None
 
 
 def _bytes(view: Any) -> np.ndarray:
