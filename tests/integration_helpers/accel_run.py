@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from integration_helpers.common import arm_kill_hook, digest, hexes
+from integration_helpers.common import arm_kill_hook, digest, exit_rank, hexes
 
 
 class Progress:
@@ -128,3 +128,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_rank()  # DDP keeps the gloo group alive into finalization (exit_rank)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 #: file suffixes of pickles (torch.save's .pt/.pth/.bin, pickle's .pkl): none may be written
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth")
@@ -144,6 +144,30 @@ def run_ranks(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank of a gloo job (its checks all done) without interpreter finalization.
+
+    Why: DDP (Lightning, accelerate, the HF Trainer, a DCP user's model) and DeepSpeed keep
+    the gloo group alive past ``destroy_process_group`` (after it and ``gc.collect()`` a
+    rank with a DDP model still runs gloo's ``pt_gloo_runloop`` threads), so those threads
+    are torn down during interpreter finalization, where under load a rank that had printed
+    its results aborted ("terminate called without an active exception", exit -6; the
+    teardown race of pytorch/pytorch#179291, CI's failure fixed in test_torch_distributed).
+    The exit handlers still run first, with the interpreter whole (shardpoint's wait for
+    queued async saves among them); then the group is destroyed and the process leaves."""
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def arm_kill_hook() -> None:

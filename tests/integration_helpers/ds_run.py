@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from integration_helpers.common import arm_kill_hook, digest, hexes
+from integration_helpers.common import arm_kill_hook, digest, exit_rank, hexes
 
 SAVE_EVERY = 3
 
@@ -144,14 +144,11 @@ def main(argv: list[str]) -> None:
         results.append(job(current))
         current = []
     print(json.dumps(results), flush=True)
-    # Tear the group down before the interpreter does: left to exit, gloo's threads were
-    # destroyed still joinable under load ("terminate called without an active exception",
-    # SIGABRT after the results were printed).
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    # Not left to the interpreter's exit: gloo's threads were destroyed there still joinable
+    # under load ("terminate called without an active exception", SIGABRT after the results
+    # were printed), and destroying the group first is not enough (the engine keeps it).
+    exit_rank()

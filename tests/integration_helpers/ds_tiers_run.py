@@ -131,7 +131,9 @@ def main(rank: int, port: int, root: str, action: str, cases: list[str]) -> None
     import torch.distributed as dist
 
     dist.barrier()
-    dist.destroy_process_group()
+    from integration_helpers.common import exit_rank
+
+    exit_rank()  # the engine keeps the gloo group alive into finalization (exit_rank)
 
 
 if __name__ == "__main__":

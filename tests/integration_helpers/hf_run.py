@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from integration_helpers.common import arm_kill_hook, digest, hexes
+from integration_helpers.common import arm_kill_hook, digest, exit_rank, hexes
 
 SAVE_STEPS = 3
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -170,14 +170,11 @@ def main(argv: list[str]) -> None:
         results.append(train(job[0], job[1], int(job[2]), True if resume == "true" else resume))
         job = []
     print(json.dumps(results), flush=True)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        # gloo's threads must be joined before the interpreter exits: under load a rank
-        # aborted at exit after printing its results ("terminate called without an active
-        # exception", exit -6), as in ds_run
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    # gloo's threads must not meet the interpreter's exit: under load a rank aborted there
+    # after printing its results ("terminate called without an active exception", exit -6),
+    # as in ds_run; the Trainer's DDP model keeps the group past destroy_process_group
+    exit_rank()

@@ -59,10 +59,22 @@ def main(argv: list[str]) -> None:
     resume = argv[3] if len(argv) > 3 else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = lightning_run.train("shardpoint", root, epochs, resume, strategy=strategy, devices=2)
+        out = lightning_run.train(
+            "shardpoint",
+            root,
+            epochs,
+            resume,
+            strategy=lightning_run.SpawnStrategy() if strategy == "ddp_spawn" else strategy,
+            devices=2,
+        )
     if out["rank"] == 0:
         print(json.dumps({"digest": out["digest"], "global_step": out["global_step"]}), flush=True)
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    # every rank (rank 1 of ``ddp`` runs this command too); ddp_spawn's workers end in
+    # lightning_run.ExitingLauncher: the DDP model keeps the gloo group alive (exit_rank)
+    from integration_helpers.common import exit_rank
+
+    exit_rank()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from integration_helpers.common import arm_kill_hook, digest, hexes
+from integration_helpers.common import arm_kill_hook, digest, exit_rank, hexes
 
 STEPS_PER_EPOCH = 4
 
@@ -101,7 +101,7 @@ def train(
     epochs: int,
     resume: str | None = None,
     save_top_k: int = -1,
-    strategy: str = "auto",
+    strategy: Any = "auto",
     devices: int = 1,
 ) -> dict[str, Any]:
     """Fit to ``epochs`` epochs (resuming from ``resume``); losses and final digest, and
@@ -139,6 +139,34 @@ def train(
         "global_step": trainer.global_step,
         "rank": trainer.global_rank,
     }
+
+
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.strategies.launchers.multiprocessing import (  # noqa: E402
+    _MultiProcessingLauncher,
+)
+
+
+class ExitingLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn launcher whose workers end through ``exit_rank`` once their work is
+    handed back (module level: the workers unpickle it by name). Lightning never destroys a
+    gloo group, and the DDP model keeps the group's threads running into the worker's
+    interpreter finalization, where under load they abort it (exit_rank says how). A worker
+    that fails still exits through torch's own error path, with its error."""
+
+    def _wrapping_function(self, *args: Any, **kwargs: Any) -> None:
+        super()._wrapping_function(*args, **kwargs)
+        exit_rank()
+
+
+class SpawnStrategy(DDPStrategy):
+    """``strategy="ddp_spawn"`` (the same strategy) launched by ``ExitingLauncher``."""
+
+    def __init__(self) -> None:
+        super().__init__(start_method="spawn")
+
+    def _configure_launcher(self) -> None:
+        self._launcher = ExitingLauncher(self, start_method="spawn")
 
 
 def main(argv: list[str]) -> None:

@@ -66,3 +66,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    from integration_helpers.common import exit_rank
+
+    exit_rank()  # both ranks: the DDP model keeps the gloo group alive (exit_rank)

@@ -113,7 +113,9 @@ def main(rank: int, port: int, root: str, action: str, cases: list[str]) -> None
     with open(os.path.join(root, f"out-{rank}.json"), "w") as f:
         json.dump(runs, f)
     dist.barrier()
-    dist.destroy_process_group()
+    from integration_helpers.common import exit_rank
+
+    exit_rank()  # the DDP model keeps the gloo group alive into finalization (exit_rank)
 
 
 if __name__ == "__main__":
