@@ -90,15 +90,26 @@ def run_ranks(
     timeout: float = 900,
 ) -> list[Any]:
     """Run ``python -m integration_helpers.<module> args...`` as ``world`` ranks of one job
-    (``RANK``/``WORLD_SIZE``/``MASTER_PORT`` set, gloo); each rank's last stdout line is JSON.
+    (``RANK``/``WORLD_SIZE`` set, gloo, the rendezvous served by this process: rank_rendezvous);
+    each rank's last stdout line is JSON.
     With ``kill_rank0_at_save=n`` rank 0 SIGKILLs itself during its n-th save (the mid-save
     kill hook); the other ranks, left waiting in a collective, are then SIGKILLed too, and the
     ranks' return codes are returned instead."""
-    import socket
+    from rank_rendezvous import rendezvous_env
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with rendezvous_env() as rendezvous:
+        return _run_ranks(module, args, world, env, kill_rank0_at_save, timeout, rendezvous)
+
+
+def _run_ranks(
+    module: str,
+    args: tuple[str, ...],
+    world: int,
+    env: dict[str, str] | None,
+    kill_rank0_at_save: int,
+    timeout: float,
+    rendezvous: dict[str, str],
+) -> list[Any]:
     procs = []
     for rank in range(world):
         full_env = dict(os.environ)
@@ -106,13 +117,8 @@ def run_ranks(
             [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         full_env.update(env or {})
-        full_env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            MASTER_PORT=str(port),
-            MASTER_ADDR="127.0.0.1",
-        )
+        full_env.update(rendezvous)
+        full_env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
         if kill_rank0_at_save and rank == 0:
             full_env["SP_TEST_KILL_AT_SAVE"] = str(kill_rank0_at_save)
         procs.append(

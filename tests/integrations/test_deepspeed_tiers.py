@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("torch")
 
-from tiers_helpers.job import free_port  # noqa: E402
+from rank_rendezvous import rendezvous_env  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -31,13 +31,17 @@ def _job(root: Path, *args: str) -> list[list[dict[str, Any]]]:
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
     # DeepSpeed's CPU communication op is built with the environment's ninja
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    port = str(free_port())
-    cmd = [sys.executable, "-m", "integration_helpers.ds_tiers_run"]
-    procs = [
-        subprocess.Popen([*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE)
-        for r in range(2)
-    ]
-    errors = [p.communicate(timeout=600)[1].decode(errors="replace")[-3000:] for p in procs]
+    with rendezvous_env() as rendezvous:  # the ranks' store, served here
+        env.update(rendezvous)
+        port = rendezvous["MASTER_PORT"]
+        cmd = [sys.executable, "-m", "integration_helpers.ds_tiers_run"]
+        procs = [
+            subprocess.Popen(
+                [*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE
+            )
+            for r in range(2)
+        ]
+        errors = [p.communicate(timeout=600)[1].decode(errors="replace")[-3000:] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     return [json.loads((root / f"out-{r}.json").read_text()) for r in range(2)]
 

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 
 import shardpoint as sp  # noqa: E402
 from integration_helpers.common import TESTS  # noqa: E402
+from rank_rendezvous import rendezvous_env  # noqa: E402
 from shardpoint.integrations.lightning import load_checkpoint  # noqa: E402
 
 
@@ -27,22 +28,26 @@ def run(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
     env["SP_TEST_KILL_AT_SAVE"] = str(kill_at_save)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "integration_helpers.lightning_ddp",
-            strategy,
-            str(root),
-            "2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        start_new_session=True,  # the kill takes the whole process group, as a preemption does
-    )
+    # Lightning's ranks (ddp: rank 0 and the rank 1 it starts; ddp_spawn: its workers) meet
+    # at a store served here (rank_rendezvous), not at a port Lightning picks free
+    with rendezvous_env() as rendezvous:
+        env.update(rendezvous)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "integration_helpers.lightning_ddp",
+                strategy,
+                str(root),
+                "2",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            start_new_session=True,  # the kill takes the whole process group, as a preemption does
+        )
 
 
 def result(proc: subprocess.CompletedProcess) -> dict[str, object]:

@@ -17,16 +17,19 @@ pytest.importorskip("lightning")
 pytest.importorskip("torch")
 
 from integration_helpers.common import TESTS  # noqa: E402
+from rank_rendezvous import rendezvous_env  # noqa: E402
 
 
 def run(root: Path, epochs: int, *extra: str) -> dict[str, object]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run(
-        [sys.executable, "-m", "integration_helpers.lightning_tiers_ddp", str(root),
-         str(epochs), *extra],
-        capture_output=True, text=True, env=env, timeout=600, start_new_session=True,
-    )  # fmt: skip
+    with rendezvous_env() as rendezvous:  # Lightning's ranks meet at a store served here
+        proc = subprocess.run(
+            [sys.executable, "-m", "integration_helpers.lightning_tiers_ddp", str(root),
+             str(epochs), *extra],
+            capture_output=True, text=True, env={**env, **rendezvous}, timeout=600,
+            start_new_session=True,
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

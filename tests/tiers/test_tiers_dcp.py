@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tiers_helpers.job import free_port  # noqa: E402
+from rank_rendezvous import rendezvous_env  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -26,13 +26,17 @@ TESTS = Path(__file__).resolve().parents[1]
 def _job(root: Path, *args: str) -> list[list[dict[str, Any]]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
-    port = str(free_port())
-    cmd = [sys.executable, "-m", "tiers_helpers.dcp_job"]
-    procs = [
-        subprocess.Popen([*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE)
-        for r in range(2)
-    ]
-    errors = [p.communicate(timeout=240)[1].decode(errors="replace")[-3000:] for p in procs]
+    with rendezvous_env() as rendezvous:  # the ranks' store, served here
+        env.update(rendezvous)
+        port = rendezvous["MASTER_PORT"]
+        cmd = [sys.executable, "-m", "tiers_helpers.dcp_job"]
+        procs = [
+            subprocess.Popen(
+                [*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE
+            )
+            for r in range(2)
+        ]
+        errors = [p.communicate(timeout=240)[1].decode(errors="replace")[-3000:] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     return [json.loads((root / f"out-{r}.json").read_text()) for r in range(2)]
 

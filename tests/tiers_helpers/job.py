@@ -16,19 +16,14 @@ import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import socket
 import time
 import traceback
 from typing import Any
 
+from rank_rendezvous import rendezvous_env
+
 WORLD = 4
 PER_NODE = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def state_of(rank: int, step: int, n: int, noise: bool = False) -> Any:
@@ -52,8 +47,10 @@ def _rank_main(rank: int, port: int, tmp: str, script: list[Any], cfg: dict[str,
 
         import shardpoint as sp
 
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
+        # a client of the store this job's parent serves (rank_rendezvous)
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True"
+        )
         dist.init_process_group(
             "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60)
         )
@@ -164,14 +161,17 @@ def run_job(
         except FileNotFoundError:
             pass
     ctx = _context()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, tmp, script, cfg)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    _remember_server()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
+    with rendezvous_env() as rendezvous:
+        port = int(rendezvous["MASTER_PORT"])
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, port, tmp, script, cfg)) for r in range(WORLD)
+        ]
+        for p in procs:
+            p.start()
+        _remember_server()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
     codes: list[int | None] = []
     for p in procs:
         if p.is_alive():

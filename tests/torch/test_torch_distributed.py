@@ -10,7 +10,6 @@ import datetime
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import traceback
 
@@ -26,6 +25,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 
 import shardpoint as sp  # noqa: E402
 import shardpoint.torch as spt  # noqa: E402
+from rank_rendezvous import rendezvous_env  # noqa: E402
 
 WORLD = 2
 
@@ -38,15 +38,11 @@ def full_half() -> torch.Tensor:
     return (torch.arange(4 * 10, dtype=torch.float32).reshape(4, 10) - 3).to(torch.bfloat16)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init(rank: int, port: int) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    # a client of the store run_ranks serves (rank_rendezvous)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True"
+    )
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=30)
     )
@@ -55,12 +51,13 @@ def init(rank: int, port: int) -> None:
 def run_ranks(target, *args, timeout: float = 120.0) -> list[int | None]:
     """Start WORLD spawned ranks of ``target(rank, port, *args)``; exit codes (None: killed here)."""
     ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, port, *args)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
+    with rendezvous_env() as rendezvous:
+        port = int(rendezvous["MASTER_PORT"])
+        procs = [ctx.Process(target=target, args=(r, port, *args)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
     codes = []
     for p in procs:
         if p.is_alive():
