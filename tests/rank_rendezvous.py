@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -37,3 +43,29 @@ def rendezvous_env() -> Iterator[dict[str, str]]:
         }
     finally:
         del store
+
+
+def run_rank_modules(
+    module: str, root: Path, args: Sequence[str], *, timeout: float, world: int = 2
+) -> list[Any]:
+    """Run ``python -m module RANK PORT ROOT *args`` for every rank (the ``tests`` folder on
+    their path, this process serving their store) and return each rank's ``out-RANK.json``
+    from ``root``; a rank that fails fails the test with the tail of every rank's stderr."""
+    tests = Path(__file__).resolve().parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), *filter(None, [env.get("PYTHONPATH")])])
+    # DeepSpeed's CPU communication op is built with the environment's ninja
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    with rendezvous_env() as rendezvous:  # the ranks' store, served here
+        env.update(rendezvous)
+        cmd = [sys.executable, "-m", module]
+        port = rendezvous["MASTER_PORT"]
+        procs = [
+            subprocess.Popen(
+                [*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE
+            )
+            for r in range(world)
+        ]
+        errors = [p.communicate(timeout=timeout)[1].decode(errors="replace")[-3000:] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, errors
+    return [json.loads((root / f"out-{r}.json").read_text()) for r in range(world)]

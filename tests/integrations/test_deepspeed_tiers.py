@@ -8,11 +8,8 @@ model-states file only rank 0 wrote: it is fetched from rank 0 each time
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +18,11 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("torch")
 
-from rank_rendezvous import rendezvous_env  # noqa: E402
-
-TESTS = Path(__file__).resolve().parents[1]
+from rank_rendezvous import run_rank_modules  # noqa: E402
 
 
 def _job(root: Path, *args: str) -> list[list[dict[str, Any]]]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
-    # DeepSpeed's CPU communication op is built with the environment's ninja
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
-    with rendezvous_env() as rendezvous:  # the ranks' store, served here
-        env.update(rendezvous)
-        port = rendezvous["MASTER_PORT"]
-        cmd = [sys.executable, "-m", "integration_helpers.ds_tiers_run"]
-        procs = [
-            subprocess.Popen(
-                [*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE
-            )
-            for r in range(2)
-        ]
-        errors = [p.communicate(timeout=600)[1].decode(errors="replace")[-3000:] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
-    return [json.loads((root / f"out-{r}.json").read_text()) for r in range(2)]
+    return run_rank_modules("integration_helpers.ds_tiers_run", root, args, timeout=600)
 
 
 def test_deepspeed_resumes_exactly_from_each_tier(tmp_path: Path) -> None:

@@ -6,11 +6,7 @@ both did (tiers_helpers.dcp_job)."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +14,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rank_rendezvous import rendezvous_env  # noqa: E402
-
-TESTS = Path(__file__).resolve().parents[1]
+from rank_rendezvous import run_rank_modules  # noqa: E402
 
 
 def _job(root: Path, *args: str) -> list[list[dict[str, Any]]]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])
-    with rendezvous_env() as rendezvous:  # the ranks' store, served here
-        env.update(rendezvous)
-        port = rendezvous["MASTER_PORT"]
-        cmd = [sys.executable, "-m", "tiers_helpers.dcp_job"]
-        procs = [
-            subprocess.Popen(
-                [*cmd, str(r), port, str(root), *args], env=env, stderr=subprocess.PIPE
-            )
-            for r in range(2)
-        ]
-        errors = [p.communicate(timeout=240)[1].decode(errors="replace")[-3000:] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
-    return [json.loads((root / f"out-{r}.json").read_text()) for r in range(2)]
+    return run_rank_modules("tiers_helpers.dcp_job", root, args, timeout=240)
 
 
 def test_dcp_state_dict_resumes_exactly_from_each_tier(tmp_path: Path) -> None:
