@@ -29,16 +29,8 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import shardpoint.torch as sptorch  # noqa: E402
+from page_cache import evict  # noqa: E402
 from shardpoint.torch.host_pool import HostPool, size_class  # noqa: E402
-
-
-def _evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages are not dropped
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _takes_o_direct(path: str) -> bool:
@@ -84,7 +76,7 @@ def test_direct_values_recycle_the_pool_in_place(
     """Cold, a window of a few values, a consumer that drops each value: the values come out
     of recycled mappings, each placed at its file offset's page offset, bit for bit."""
     path, state = model
-    _evict(path)
+    evict(path)
     window = 5 * 600 * 500 * 4
     it = sptorch.weights_iterator(path, io="pread", direct=True, window=window)
     offsets = {i.key: i.offset for i in it._plan.infos}
@@ -141,7 +133,7 @@ def test_direct_engine_touches_only_the_bounce_pages_it_uses(tmp_path: pathlib.P
     f.write_bytes(data.tobytes())
     if not _takes_o_direct(str(f)):
         pytest.skip("this file system refuses O_DIRECT: the engine reads with pread")
-    _evict(str(f))
+    evict(str(f))
     r = subprocess.run(
         [sys.executable, "-c", _FAULTS, str(f)], capture_output=True, text=True, timeout=120
     )
@@ -179,7 +171,7 @@ def test_checkpoint_values_read_direct_bit_exact(checkpoints: dict[str, str], co
     with sp.open(prefix) as r:
         state = {k: np.ascontiguousarray(r[k]).tobytes() for k in r.keys()}
     for f in _shards(prefix):
-        _evict(f)
+        evict(f)
     it = sptorch.weights_iterator(prefix, direct=True, window=3 << 20)
     assert it._p._direct
     offsets = {i.key: i.offset for i in it._plan.infos}
@@ -192,7 +184,7 @@ def test_checkpoint_values_read_direct_bit_exact(checkpoints: dict[str, str], co
     assert n == len(state)
     # the engine's own account: uncompressed bytes went through O_DIRECT
     for f in _shards(prefix):
-        _evict(f)
+        evict(f)
     with sp.open(prefix) as r:
         infos = [r.info(k) for k in r.keys()]
         outs = [np.empty(i.raw_bytes, dtype=np.uint8) for i in infos]
@@ -220,7 +212,7 @@ def test_checkpoint_damage_is_caught_after_a_direct_read(
     data = bytearray(pathlib.Path(shard).read_bytes())
     data[info.offset + 1000] ^= 0x10
     pathlib.Path(shard).write_bytes(bytes(data))
-    _evict(shard)
+    evict(shard)
     with pytest.raises(sp.ChecksumMismatchError, match="l.03.weight"):
         for _ in sptorch.weights_iterator(prefix, direct=True):
             pass

@@ -25,6 +25,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 hub = pytest.importorskip("huggingface_hub")
 
 import shardpoint.torch as sptorch  # noqa: E402
+from page_cache import evict  # noqa: E402
 from shardpoint.convert import convert  # noqa: E402
 
 
@@ -260,16 +261,6 @@ def test_io_pread_never_maps(formats: dict[str, str], fmt: str) -> None:
         del views
 
 
-def _evict(paths: list[str]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages are not dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 @pytest.fixture(scope="module")
 def big_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
     """A safetensors file whose large values start at offsets no page boundary would give."""
@@ -293,7 +284,7 @@ def test_large_values_own_a_mapping_and_read_cold(
     more in a mapping of their own, placed for in-place ``O_DIRECT`` reads): bit for bit what
     was saved, and alive after the iterator is gone."""
     path, state = big_hf
-    _evict([path])
+    evict(path)
     it = sptorch.weights_iterator(path, io="pread", direct=direct)
     got = dict(it)
     kinds = it._reader.read_kinds
@@ -326,7 +317,7 @@ def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
     data = np.random.default_rng(41).integers(0, 255, 20 << 20, dtype=np.uint8)
     f = tmp_path / "blob"
     f.write_bytes(data.tobytes())
-    _evict([str(f)])
+    evict(f)
     off, n = 12345, 9 << 20
     m = mmap.mmap(-1, n + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     placed = np.frombuffer(m, dtype=np.uint8, count=n, offset=off % 4096)

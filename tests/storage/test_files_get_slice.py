@@ -19,6 +19,8 @@ from shardpoint.errors import ChecksumMismatchError, InvalidArgumentError, Inval
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 from safetensors import safe_open  # noqa: E402
 
+from page_cache import evict  # noqa: E402
+
 
 def random_index(rng: random.Random, shape: tuple[int, ...]) -> tuple:
     """ints (negative too), slices with any non-zero step and in-range bounds, an Ellipsis."""
@@ -215,14 +217,6 @@ def _resident_pages(path: str) -> int:
     return sum(v & 1 for v in vec)
 
 
-def _evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_uncompressed_get_slice_reads_only_the_pages_it_selects(tmp_path):
     """The shard is evicted from the page cache, then a few rows and columns are read: only
     pages near them come back into the cache (the kernel's readahead window included, 8 MiB on
@@ -235,7 +229,7 @@ def test_uncompressed_get_slice_reads_only_the_pages_it_selects(tmp_path):
     with sp.open(p, verify=False) as r:
         shard = r.format_info["shards"][0][0]
         total = _resident_pages(shard)
-        _evict(shard)
+        evict(shard)
         if _resident_pages(shard) > total // 8:
             pytest.skip("this filesystem keeps the file cached after POSIX_FADV_DONTNEED (tmpfs?)")
         got = r.get_slice("w")[4000:4003, 100:300:2]
