@@ -13,7 +13,9 @@ shapes and perturbed, written as safetensors (one file; also seen as a Hugging F
 Every run is a fresh process (``--child``): it imports the loader, builds the model on the meta
 device, materialises it and writes every page (pre-faulted), then times open + read + copy into
 the parameters until every byte is there. Rounds interleave the loaders (round 1 runs every
-loader, then round 2, ...); a row shows the best of the rounds and the median in brackets.
+loader, then round 2, ..., each round starting one loader later); a row shows the best of the
+rounds and the median in brackets, and the cold ratios also each round's ratio (ours over the
+round's fastest anchor: side by side) with their best and median.
 "cold" evicts the loader's files from the page cache just before the process starts
 (``posix_fadvise(DONTNEED)`` after a sync); "warm" reads them into the cache just before.
 The device's own limit is measured in the same run with ``fio`` (O_DIRECT, deep queue) when it
@@ -433,9 +435,14 @@ def main() -> None:
     )
     results: dict[tuple[str, str], list[float]] = {}
     errors: dict[tuple[str, str], str] = {}
+    per_round: list[dict[tuple[str, str], float]] = []  # side-by-side ratios per round
     for rnd in range(args.rounds):
+        per_round.append({})
+        # each round starts one loader later: none always runs first after the eviction of
+        # the previous loader's files, nor always right after the same neighbour
+        order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for mode in modes:
-            for n in names:
+            for n in order:
                 if mode == "cold":
                     evict(files[n])
                     if files[n] and cached_fraction(files[n][:1]) > 0.01:
@@ -448,6 +455,7 @@ def main() -> None:
                     continue
                 rate = res["bytes"] / GB / res["seconds"]
                 results.setdefault((n, mode), []).append(rate)
+                per_round[-1][(n, mode)] = rate
                 print(f"  {mode} {n}: {rate:.2f} GB/s", flush=True)
         print(f"round {rnd + 1}/{args.rounds} done; load average={os.getloadavg()}", flush=True)
     dev = max(limit.values())
@@ -468,6 +476,22 @@ def main() -> None:
 
     def med(n: str, m: str) -> float:
         return statistics.median(results.get((n, m), [0.0]))
+
+    def paired(ours: str, anchors: list[str]) -> None:
+        """``ours`` over the fastest of ``anchors`` in the same round, cold: each round's
+        ratio, then their best and median (the side-by-side figure; the machine's state moves
+        between rounds more than the loaders differ within one)."""
+        ratios = []
+        for rr in per_round:
+            got = [rr[(a, "cold")] for a in anchors if (a, "cold") in rr]
+            if (ours, "cold") in rr and got:
+                ratios.append(rr[(ours, "cold")] / max(got))
+        if ratios:
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            print(
+                f"  cold {ours} / the round's fastest of {'/'.join(anchors)} per round: {each}; "
+                f"best {max(ratios):.2f}, median {statistics.median(ratios):.2f}"
+            )
 
     streamers = ["runai", "fastsafetensors", "tensorizer", "safetensors_copy", "torch_mmap"]
     print("\nratios (best of rounds; medians in brackets):")
@@ -493,6 +517,9 @@ def main() -> None:
                 f"  cold sp_default_into / fastest uncompressed ({unc}): "
                 f"{best('sp_default_into', 'cold') / best(unc, 'cold'):.2f} (target >= 1.3)"
             )
+        paired("sp_none_into", streamers)
+        paired("sp_hf_into", streamers)
+        paired("sp_default_into", streamers + ["sp_none_into", "sp_hf_into"])
         for n in names:
             if best(n, "cold"):
                 print(f"  cold {n}: {best(n, 'cold') / dev:.2f} of the device limit")

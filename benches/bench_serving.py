@@ -26,8 +26,10 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
   key) and eager (``load(open().read())``), Run:ai Model Streamer, fastsafetensors (CPU,
   ``nogds``), instanttensor when it imports, and ``sptorch.weights_iterator`` on the Hugging
   Face directory (``io="pread"``; ``sp_hf_direct``: with ``direct=True``, the ``O_DIRECT``
-  cold-read engine; ``sp_hf_mt``: with ``consumer_threads=None``, the consumer's ``copy_`` on
-  torch's whole OpenMP team, as before that option) and on both shardpoint checkpoints.
+  cold-read engine; ``sp_hf_auto``: with ``direct="auto"``, both routes timed on the first
+  values; ``sp_hf_mt``: with ``consumer_threads=None``, the consumer's ``copy_`` on torch's
+  whole OpenMP team, as before that option) and on both shardpoint checkpoints (the same
+  suffixes on ``sp_none``).
 ``local-cold`` / ``local-warm``: the same file loaders on the local disk, page cache evicted
 (``posix_fadvise(DONTNEED)``) or warmed first. With ``local-cold``, every round starts by
 measuring the device limit (bench_load's ``fio --direct=1`` and buffered read), and each cold
@@ -37,7 +39,9 @@ Every run is a fresh process: it builds the model (pre-faulted), then times open
 of every tensor into its parameter. The loader's peak host memory (the resident high-water
 mark during the load over the resident set before it, the model included) is reported, and its
 CPU seconds per GB (user and system, every thread: ``getrusage``) and minor faults. Rounds
-interleave the loaders; a row shows the best round and the median.
+interleave the loaders, each round starting one loader later; a row shows the best round and
+the median, and each ratio also its per-round values (ours over the anchor in the same round)
+and their median. shardpoint's rows also list the route each round read by.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
-                "sp_hf_mt", "sp_hf_direct", "sp_none", "sp_none_direct", "sp_default"]  # fmt: skip
+                "sp_hf_mt", "sp_hf_direct", "sp_hf_auto", "sp_none", "sp_none_direct",
+                "sp_none_auto", "sp_default"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
@@ -248,15 +253,21 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         return get
     import shardpoint.torch as spt
 
-    sub = {"sp_hf": "hf", "sp_hf_mt": "hf", "sp_hf_direct": "hf", "sp_none": "sp_none",
-           "sp_none_direct": "sp_none", "sp_default": "sp_default"}[name]  # fmt: skip
+    sub = {"sp_hf": "hf", "sp_hf_mt": "hf", "sp_hf_direct": "hf", "sp_hf_auto": "hf",
+           "sp_none": "sp_none", "sp_none_direct": "sp_none", "sp_none_auto": "sp_none",
+           "sp_default": "sp_default"}[name]  # fmt: skip
     path = root.rstrip("/") + "/" + sub
     opts = None
     if s3 is not None:
         opts = {"endpoint": s3["endpoint"], "aws_access_key_id": "testing",
                 "aws_secret_access_key": "testing", "region": "us-east-1", "allow_http": "true"}  # fmt: skip
-    # the cold-read engine (O_DIRECT), docs/SERVING.md; absent from older trees (bisecting)
-    kw: dict[str, Any] = {"direct": True} if name.endswith("_direct") else {}
+    # the cold-read engine (O_DIRECT), or direct="auto" (both routes timed on the first
+    # values, direct kept where it clearly wins), docs/SERVING.md; plain rows: the default
+    kw: dict[str, Any] = {}
+    if name.endswith("_direct"):
+        kw["direct"] = True
+    elif name.endswith("_auto"):
+        kw["direct"] = "auto"
     if name == "sp_hf_mt":
         # the consumer's copy_ on torch's whole OpenMP team, as before consumer_threads
         kw["consumer_threads"] = None
@@ -299,10 +310,12 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     n = 0
+    it = get()
     with torch.no_grad():
-        for k, v in get():
+        for k, v in it:
             params[k].copy_(v)
             n += 1
+    route = getattr(it, "route", None)  # shardpoint's iterator: the route it read by
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     peak = _status_bytes("VmHWM") - base
@@ -310,7 +323,7 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
     print(json.dumps({"seconds": dt, "bytes": nbytes, "ok": ok, "extra_rss": peak,
                       "largest": largest, "user": r1.ru_utime - r0.ru_utime,
                       "sys": r1.ru_stime - r0.ru_stime,
-                      "faults": r1.ru_minflt - r0.ru_minflt}))  # fmt: skip
+                      "faults": r1.ru_minflt - r0.ru_minflt, "route": route}))  # fmt: skip
 
 
 def run_child(name: str, root: str, args: argparse.Namespace, s3: dict[str, str] | None) -> dict:
@@ -422,6 +435,9 @@ def bench(args: argparse.Namespace) -> None:
         for case in cases:
             names = S3_LOADERS if case == "link-s3" else FILE_LOADERS
             names = [n for n in names if only is None or n in only]
+            # each round starts one loader later: none always runs right after the device
+            # probe, nor always after the same neighbour
+            names = names[rnd % len(names) :] + names[: rnd % len(names)] if names else names
             if case == "link-s3":
                 s3 = S3(work, rate, args.s3_server)
                 try:
@@ -494,6 +510,9 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
                 f = statistics.median(r["faults"] for r in ok)
                 print(f"  {'':17s} CPU-s/GB user {u:.3f} + sys {y:.3f} = {u + y:.3f}, "
                       f"{f:.0f} minor faults (medians)")  # fmt: skip
+                routes = [r["route"] for r in ok if r.get("route")]
+                if routes:  # shardpoint's rows: the route each round read by
+                    print(f"  {'':17s} routes: " + ", ".join(routes))
 
     def ratio(case: str, ours: str, anchors: list[str]) -> None:
         a = rate(case, ours)
@@ -503,6 +522,22 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
             return
         n, b = max(others, key=lambda x: x[1][0])
         print(f"  {case}: {ours} / {n} = {a[0] / b[0]:.2f}x (medians {a[1] / b[1]:.2f}x)")
+        # side by side: each round's ratio (every loader records one result per round, errors
+        # included, so the lists line up); the machine's state moves between rounds more than
+        # the loaders differ within one
+        rows = results.get(case, {})
+        per = []
+        for i, r in enumerate(rows.get(ours, [])):
+            got = [
+                o[i]["bytes"] / o[i]["seconds"]
+                for o in (rows.get(m, []) for m in anchors)
+                if i < len(o) and "error" not in o[i]
+            ]
+            if "error" not in r and got:
+                per.append(r["bytes"] / r["seconds"] / max(got))
+        if per:
+            each = ", ".join(f"{x:.2f}" for x in per)
+            print(f"  {'':{len(case)}s}  per round {each}: median {statistics.median(per):.2f}x")
 
     print("\nratios (best rounds)")
     unc = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf", "sp_none"]
@@ -516,6 +551,8 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-cold", "sp_hf", ["sp_hf_mt"])
     ratio("local-warm", "sp_hf", ["sp_hf_mt"])
     ratio("local-cold", "sp_hf_direct", ["fastsafetensors"])
+    ratio("local-cold", "sp_hf_auto", ["sp_hf", "sp_hf_direct"])
+    ratio("local-cold", "sp_none_auto", ["sp_none", "sp_none_direct"])
     ratio("local-cold", "sp_none_direct", ["fastsafetensors"])
     ratio("local-warm", "sp_hf", ["fastsafetensors"])
 

@@ -16,7 +16,8 @@ the cold-read engine instead (``read_ranges_direct``: pieces not in the page cac
 ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
 mapping of its own out of the pool (recycled, as without ``direct``) placed so that the
 tensor's first byte sits at the same offset in a 4 KiB page as in its file: the device writes
-the bytes straight into it.
+the bytes straight into it. ``direct="auto"`` times both routes on the first values of a
+large cold local read and keeps direct only where it clearly wins (``weights_route.py``).
 Off by default: docs/SERVING.md, "Cold reads", has the figures.
 
 What must stay true:
@@ -56,7 +57,9 @@ from .consumer_threads import ConsumerThreads
 from .host_pool import POOL_MIN, HostPool
 from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
+from .weights_options import LOADER_OPTIONS, check_direct, loader_options
 from .weights_plan import Names, Plan
+from .weights_route import AUTO_MIN, RouteProbe, local_spans, mostly_cached
 
 __all__ = [
     "WeightsIterator",
@@ -131,7 +134,7 @@ class _Producer:
         reader: storage.Reader,
         plan: Plan,
         io: str,
-        direct: bool,
+        direct: bool | str,
         threads: int | None,
         verify: bool,
         window: int,
@@ -140,7 +143,11 @@ class _Producer:
         self._reader = reader
         self._plan = plan
         self._io = io
-        self._direct = direct
+        # direct="auto": the route is timed on the first values (weights_route.py); until
+        # then, and after, `_direct` is the route of the batch being read
+        self._probe = RouteProbe() if direct == "auto" else None
+        self._direct = direct is True or (self._probe is not None and self._probe.route == "direct")
+        self._started = 0  # values whose reads have started (where a late read-ahead begins)
         self._threads = threads
         self._verify = bool(verify)
         self._window = window
@@ -166,24 +173,42 @@ class _Producer:
         """Whether ``info``'s value gets a placed mapping of its own (``direct``)."""
         return self._direct and not self._pin and info.raw_bytes >= _PLACE_MIN
 
-    def _start_ahead(self) -> ReadAhead | None:
-        """The read-ahead across batches, for local files whose byte ranges are known: Hugging
-        Face files (the reader names each value's range) and shardpoint checkpoints (each
-        entry's shard and offset); ``None`` for the rest (the engine's per-call read-ahead)."""
-        reader = self._reader
-        if self._direct or storage.is_url(reader.path):
+    def _start_ahead(self, skip: int = 0) -> ReadAhead | None:
+        """The read-ahead across batches, for local files whose byte ranges are known
+        (:func:`local_spans`); ``None`` for the rest (the engine's per-call read-ahead). It
+        starts at the ``skip``-th value (those before were read already)."""
+        if self._direct:
             return None
-        infos = self._plan.infos
-        ranges_of = getattr(reader, "_ranges", None)
-        if ranges_of is not None:
-            paths, ranges = ranges_of([i.key for i in infos])
-            spans = [(f, off, i.stored_bytes) for (f, off), i in zip(ranges, infos, strict=True)]
-            return ReadAhead(paths, spans, _AHEAD)
-        if type(reader) is not storage.Reader:  # a delta's bytes may lie in its base
-            return None
-        paths = [os.fspath(p) for p, _ in reader._core.shard_files()]
-        spans = [(i.shard, i.offset, i.stored_bytes) for i in infos if 0 <= i.shard < len(paths)]
-        return ReadAhead(paths, spans, _AHEAD)
+        where = local_spans(self._reader, self._plan.infos[skip:])
+        return None if where is None else ReadAhead(*where, _AHEAD)
+
+    def _limit(self, remote: bool) -> int:
+        """Raw bytes of the next batch, for the route it takes (two fit in the window: one
+        being handed out while the next is read)."""
+        limit = _REMOTE_BATCH if remote else _AHEAD_BATCH if self._ahead else _BATCH
+        return min(limit, max(1, self._window // 2))
+
+    def _read_timed(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
+        """:meth:`_read_batch`, timed for the route probe (``direct="auto"``), which may
+        switch the route of the next batches: to buffered (the read-ahead starts at the next
+        value) once the direct route was timed, then to the route chosen."""
+        probe = self._probe
+        if probe is None or probe.chosen is not None:
+            return self._read_batch(batch)
+        route = "direct" if self._direct else "buffered"
+        t0 = time.perf_counter()
+        out = self._read_batch(batch)
+        nbytes = sum(i.stored_bytes for i in batch)
+        switch = probe.record(route, nbytes, time.perf_counter() - t0)
+        if switch == "buffered" and self._direct:
+            self._direct = False
+            self._ahead = self._start_ahead(self._started)
+        elif switch == "direct":
+            self._direct = True
+            if self._ahead is not None:  # what it hinted is read from the page cache
+                self._ahead.close()
+                self._ahead = None
+        return out
 
     def _read_batch(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:
         pool = self._pool
@@ -245,11 +270,8 @@ class _Producer:
         try:
             if not remote:
                 self._ahead = self._start_ahead()
-            # two batches fit in the window: one being handed out while the next is read
-            limit = _REMOTE_BATCH if remote else _AHEAD_BATCH if self._ahead else _BATCH
-            limit = min(limit, max(1, self._window // 2))
-            first = None if remote else min(limit, _FIRST_BATCH)
-            for batch in self._plan.batches(limit, first):
+            first = None if remote else min(self._limit(remote), _FIRST_BATCH)
+            for batch in self._plan.batches(lambda: self._limit(remote), first):
                 size = sum(i.raw_bytes for i in batch)
                 while True:
                     with self._cond:
@@ -262,8 +284,9 @@ class _Producer:
                             self._cond.wait()  # the consumer frees window as it takes values
                             continue
                     hand_over_oldest()  # outside the lock: may wait for its read
+                self._started += len(batch)
                 if pool is None:
-                    tensors = self._read_batch(batch)
+                    tensors = self._read_timed(batch)
                     with self._cond:
                         self._ready.append((batch, tensors))
                         self._cond.notify_all()
@@ -306,10 +329,11 @@ class WeightsIterator:
         verify: bool = True,
         window: int = DEFAULT_WINDOW,
         storage_options: Mapping[str, Any] | None = None,
-        direct: bool = False,
+        direct: bool | str = False,
         consumer_threads: int | None = 1,
     ) -> None:
         check_io(io)
+        direct = check_direct(direct)
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
@@ -338,13 +362,20 @@ class WeightsIterator:
         except BaseException:
             self.close()
             raise
-        # the cold-read engine: on request, for Hugging Face files (pinned host memory, for
-        # CUDA, is read through its bounce buffer)
-        # and for a local shardpoint checkpoint of its own shards (not a delta's, whose bytes
-        # may lie in its base; not a single file)
-        direct = bool(direct) and io != "mmap" and _reads_direct(self._reader)
+        # the cold-read engine: for Hugging Face files (pinned host memory, for CUDA, is read
+        # through its bounce buffer) and for a local shardpoint checkpoint of its own shards
+        # (not a delta's, whose bytes may lie in its base; not a single file); "auto" only for
+        # large local reads into pageable memory (weights_route.py)
+        if direct and (io == "mmap" or not _reads_direct(self._reader)):
+            direct = False
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        if direct == "auto" and (
+            self._pin
+            or sum(i.stored_bytes for i in self._plan.infos) < AUTO_MIN
+            or mostly_cached(local_spans(self._reader, self._plan.infos))
+        ):
+            direct = False
         self._p = _Producer(
             self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
         )
@@ -361,6 +392,21 @@ class WeightsIterator:
     def _pool(self) -> HostPool | None:
         """The producer's recycled host memory (None for pinned memory)."""
         return self._p._pool
+
+    @property
+    def route(self) -> str:
+        """How the file is being read: ``"direct"`` (the cold-read engine), ``"buffered"``, or
+        with ``direct="auto"`` the route of the batch being read until the probe chose
+        (``"probing: direct"``, ``"probing: buffered"``)."""
+        p = self._p
+        now = "direct" if p._direct else "buffered"
+        return now if p._probe is None or p._probe.chosen is not None else f"probing: {now}"
+
+    @property
+    def probe_rates(self) -> dict[str, float]:
+        """With ``direct="auto"``: bytes per second of each route's timed reads (empty until
+        timed; both once the route was chosen)."""
+        return {} if self._p._probe is None else dict(self._p._probe.rates)
 
     @property
     def _inflight(self) -> int:
@@ -488,7 +534,7 @@ def weights_iterator(
     verify: bool = True,
     window: int = DEFAULT_WINDOW,
     storage_options: Mapping[str, Any] | None = None,
-    direct: bool = False,
+    direct: bool | str = False,
     consumer_threads: int | None = 1,
 ) -> WeightsIterator:
     """``(name, tensor)`` for every tensor of a checkpoint, in file order.
@@ -509,11 +555,15 @@ def weights_iterator(
         direct: read Hugging Face safetensors files, and the uncompressed values of a local
             shardpoint checkpoint (crc32c checked over the bytes landed, with ``verify``),
             with the cold-read engine (``O_DIRECT`` for pages not cached, eight reads in
-            flight, straight into each tensor). A cold
-            load then costs about half the CPU per GB (no page-cache fill, no kernel copy),
-            which on busy cores made it the faster route (docs/SERVING.md, "Issue 41 (seventh
-            round)"). Off by default: on an idle machine, buffered reads of a disk its host
-            caches ran faster than ``fio --direct=1`` (docs/SERVING.md, "Cold reads").
+            flight, straight into each tensor): a cold load then costs about half the CPU per
+            GB (no page-cache fill, no kernel copy). Off by default: on this project's VM,
+            once its memory has been touched, buffered reads ran 1.1-1.35x faster; in its
+            first minutes after boot, direct ones ran 2.15x faster (docs/SERVING.md, "Issue
+            41, eighth round"). ``"auto"``: for a cold local read of 512 MiB or more into
+            pageable memory, both routes are timed on the first values (96 MiB each) and
+            direct is kept only if it read at least 1.25x faster
+            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); it costs
+            about a tenth of a load where buffered wins, for fleets whose nodes may be either.
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor
@@ -537,54 +587,3 @@ def weights_iterator(
         direct=direct,
         consumer_threads=consumer_threads,
     )
-
-
-#: The options an engine loader built on this iterator takes (vLLM's
-#: ``--model-loader-extra-config``, SGLang's ``model_loader_extra_config``), with their types.
-LOADER_OPTIONS: dict[str, str] = {
-    "threads": "a positive int: decoding threads (default: one per CPU)",
-    "io": "'auto', 'mmap' or 'pread', as for sp.open",
-    "window": "a positive int: bytes read ahead of the engine at most",
-    "verify": "true/false: check the crc32c of uncompressed values too (default true)",
-    "direct": "true/false: O_DIRECT cold reads of Hugging Face files and local shardpoint "
-    "checkpoints (default false)",
-    "consumer_threads": "a positive int or null: the engine thread's torch intra-op threads "
-    "while it loads (default 1; null leaves them alone)",
-}
-
-
-def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """The :func:`weights_iterator` keywords of an engine's extra loader config; unknown keys
-    and bad values raise ``ValueError`` naming ``where`` and what is accepted."""
-    out: dict[str, Any] = {}
-    if not extra:
-        return out
-    if not isinstance(extra, Mapping):
-        raise ValueError(f"{where}: expected a JSON object, got {type(extra).__name__}")
-    unknown = sorted(set(extra) - set(LOADER_OPTIONS))
-    if unknown:
-        allowed = "; ".join(f"{k}: {v}" for k, v in LOADER_OPTIONS.items())
-        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} ({allowed})")
-    for key, value in extra.items():
-        if key == "threads":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{where}: threads must be a positive int, got {value!r}")
-        elif key == "io":
-            try:
-                check_io(value)
-            except InvalidArgumentError as e:
-                raise ValueError(f"{where}: {e}") from None
-        elif key == "window":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{where}: window must be a positive int (bytes), got {value!r}")
-        elif key == "consumer_threads":
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(
-                    f"{where}: consumer_threads must be a positive int or null, got {value!r}"
-                )
-        elif key in ("verify", "direct") and not isinstance(value, bool):
-            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
-        out[key] = value
-    return out

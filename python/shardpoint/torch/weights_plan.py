@@ -66,18 +66,23 @@ class Plan:
         out = [key, *self.followers.get(key, [])]
         return out if self.wanted is None else [n for n in out if n in self.wanted]
 
-    def batches(self, limit: int, first: int | None = None) -> Iterator[list[storage.EntryInfo]]:
+    def batches(
+        self, limit: int | Callable[[], int], first: int | None = None
+    ) -> Iterator[list[storage.EntryInfo]]:
         """Consecutive runs of at most ``limit`` raw bytes (a larger value alone); with
         ``first``, the first run at most that, each next one twice the last, up to ``limit``
-        (the consumer starts on the first values sooner: nothing overlaps the first read)."""
+        (the consumer starts on the first values sooner: nothing overlaps the first read).
+        ``limit`` may be a function, asked as each run starts (the route of the reads, and
+        so the batch size it wants, may change during an iteration)."""
+        limit_of = limit if callable(limit) else (lambda: limit)
         cur: list[storage.EntryInfo] = []
         acc = 0
-        cap = limit if first is None else min(first, limit)
+        cap = limit_of() if first is None else min(first, limit_of())
         for info in self.infos:
             if cur and acc + info.raw_bytes > cap:
                 yield cur
                 cur, acc = [], 0
-                cap = min(limit, cap * 2)
+                cap = min(limit_of(), cap * 2)
             cur.append(info)
             acc += info.raw_bytes
         if cur:

@@ -1,0 +1,143 @@
+"""``weights_iterator(direct="auto")``: how a large local file that is not cached is read,
+through the page cache (buffered reads, the read-ahead thread keeping the device busy) or with
+the cold-read engine (``O_DIRECT`` straight into the iterator's recycled memory), chosen per
+iteration by timing both on the first values.
+
+Why measure instead of picking one: neither route wins everywhere, and what decides is the
+machine's state, not the file. On the reference VM (docs/SERVING.md, "Issue 41, eighth
+round"), in its first minutes after boot, a buffered cold load paid for every page-cache page
+it filled with memory the host had not backed yet (1.74 system CPU-s per GB, 0.80 GB/s) and
+the direct engine, which fills no page cache, ran 2.15x faster (1.72 GB/s); once the
+machine's memory had been touched, buffered reads ran at 1.8-2.1 GB/s and direct ones at
+1.35-1.65. A node that just started is the first case, a long-lived one the second; a fleet
+running one configuration meets both. Not the default: the probe costs about a tenth of a
+load where buffered wins (the direct batches touch memory of their own, and the read-ahead
+starts late).
+
+How: the first batch goes direct, untimed (it carries the open and the ramp-up); the next
+direct batches are timed until :data:`PROBE` bytes were read; then the read-ahead starts at
+the next value and buffered batches are timed the same way (the first one untimed, for its
+ramp-up); direct reads the rest only if its rate was at least :data:`DIRECT_MARGIN` times
+the buffered one (within that, the rates of two probes of one route swung as much on this
+machine), else buffered. A read call's time is what the consumer waits for when the producer
+is the bottleneck, the only case where the choice matters.
+
+What must stay true: the bytes handed out never depend on the route (both read the same
+ranges, crc checked the same way); a read under :data:`AUTO_MIN` bytes, one mostly in the
+page cache already (:func:`mostly_cached`: both routes would copy from memory, and the
+buffered one does it faster), an object store, ``io="mmap"``, pinned memory or a reader the
+direct engine cannot read is never probed (buffered).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .. import storage
+
+__all__ = ["AUTO_MIN", "DIRECT_MARGIN", "PROBE", "RouteProbe", "local_spans", "mostly_cached"]
+
+#: Checkpoints with fewer bytes to read than this are read buffered without a probe: the
+#: probe would be most of the load, and a small file's cost is its open, not its rate.
+AUTO_MIN = 512 << 20
+#: Timed bytes per route: several direct batches (the engine's eight reads in flight) and a
+#: dozen buffered ones, so that one slow read does not decide.
+PROBE = 96 << 20
+#: How much faster the direct route must have read to be kept.
+DIRECT_MARGIN = 1.25
+
+
+class RouteProbe:
+    """The state of one iteration's choice: which route the next batch takes, and once both
+    were timed, the one kept (:attr:`chosen`) and the rates measured (:attr:`rates`, bytes
+    per second of timed read calls)."""
+
+    def __init__(self, probe: int | None = None) -> None:
+        probe = PROBE if probe is None else probe
+        if probe < 1:
+            raise ValueError(f"probe must be positive, got {probe}")
+        self.probe = probe
+        self.route = "direct"  # the route of the next batch
+        self.chosen: str | None = None
+        self.rates: dict[str, float] = {}
+        self._bytes = {"direct": 0, "buffered": 0}
+        self._secs = {"direct": 0.0, "buffered": 0.0}
+        self._warmed = {"direct": False, "buffered": False}
+
+    def record(self, route: str, nbytes: int, seconds: float) -> str | None:
+        """A batch of ``nbytes`` was read by ``route`` in ``seconds``. Returns the route of the
+        next batches when that changes (``"buffered"`` once the direct probe is done, then
+        the route chosen), else ``None``."""
+        if self.chosen is not None or route != self.route:
+            return None
+        if not self._warmed[route]:  # the first batch of a route: ramp-up, not its rate
+            self._warmed[route] = True
+            return None
+        self._bytes[route] += nbytes
+        self._secs[route] += max(seconds, 0.0)
+        if self._bytes[route] < self.probe:
+            return None
+        self.rates[route] = self._bytes[route] / max(self._secs[route], 1e-9)
+        if route == "direct":
+            self.route = "buffered"
+            return self.route
+        self.chosen = self._choose()
+        self.route = self.chosen
+        return self.chosen
+
+    def _choose(self) -> str:
+        """The route kept once both were timed: direct if it read at least
+        :data:`DIRECT_MARGIN` times faster, else buffered."""
+        clearly = self.rates["direct"] >= DIRECT_MARGIN * self.rates["buffered"]
+        return "direct" if clearly else "buffered"
+
+
+def local_spans(
+    reader: storage.Reader, infos: Sequence[storage.EntryInfo]
+) -> tuple[list[str], list[tuple[int, int, int]]] | None:
+    """The files ``infos``' values lie in and each value's ``(file index, offset, stored
+    length)``, for local files whose byte ranges are known: Hugging Face files (the reader
+    names each value's range) and a shardpoint checkpoint's own shards; ``None`` for the rest
+    (object stores, a delta, whose bytes may lie in its base)."""
+    if storage.is_url(reader.path):
+        return None
+    ranges_of = getattr(reader, "_ranges", None)
+    if ranges_of is not None:
+        paths, ranges = ranges_of([i.key for i in infos])
+        return paths, [(f, off, i.stored_bytes) for (f, off), i in zip(ranges, infos, strict=True)]
+    if type(reader) is not storage.Reader:
+        return None
+    files = [os.fspath(p) for p, _ in reader._core.shard_files()]
+    return files, [(i.shard, i.offset, i.stored_bytes) for i in infos if 0 <= i.shard < len(files)]
+
+
+def mostly_cached(
+    where: tuple[list[str], list[tuple[int, int, int]]] | None, samples: int = 16
+) -> bool:
+    """Whether at least half of ``samples`` values spread over ``where`` (:func:`local_spans`)
+    have their middle page in the page cache (a one-byte ``preadv2(RWF_NOWAIT)``, which fails
+    rather than wait for the device): a warm file needs no probe. ``False`` when unknown."""
+    if where is None or not where[1] or not hasattr(os, "RWF_NOWAIT"):
+        return False
+    paths, spans = where
+    picks = [spans[k * len(spans) // samples] for k in range(min(samples, len(spans)))]
+    hits = 0
+    fds: dict[int, int] = {}
+    buf = bytearray(1)
+    try:
+        for f, off, n in picks:
+            if n <= 0:
+                continue
+            if f not in fds:
+                fds[f] = os.open(paths[f], os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                hits += os.preadv(fds[f], [buf], off + n // 2, os.RWF_NOWAIT) == 1
+            except BlockingIOError:
+                pass
+    except OSError:
+        return False  # the load itself will say what is wrong with the file
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return 2 * hits >= len(picks)

@@ -1,0 +1,209 @@
+"""``weights_iterator(direct="auto")``: the route of a large local read (buffered with the
+read-ahead, or the ``O_DIRECT`` cold-read engine) timed on the first values, the faster kept
+(python/shardpoint/torch/weights_route.py).
+
+The thresholds are lowered for these tests (``AUTO_MIN``, ``PROBE``: module constants the
+iterator reads when it starts) so that a 40 MiB file is probed; the files are real, evicted
+from the page cache first, and every value is compared with what was saved."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import shardpoint as sp
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import shardpoint.torch as sptorch  # noqa: E402
+import shardpoint.torch.weights as weights  # noqa: E402
+import shardpoint.torch.weights_route as weights_route  # noqa: E402
+from page_cache import evict  # noqa: E402
+from shardpoint.torch.weights_options import loader_options  # noqa: E402
+from shardpoint.torch.weights_route import RouteProbe  # noqa: E402
+
+MIB = 1 << 20
+
+
+def _state(n: int = 40) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    # 1 MiB each (bf16 256 x 2048), plus small ones between them
+    out: dict[str, torch.Tensor] = {}
+    for i in range(n):
+        out[f"layer.{i:03d}.weight"] = torch.randn(256, 2048, generator=g).to(torch.bfloat16)
+        out[f"layer.{i:03d}.bias"] = torch.randn(2048, generator=g)
+    return out
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "AUTO_MIN", 16 * MIB)
+    monkeypatch.setattr(weights_route, "PROBE", 4 * MIB)
+
+
+@pytest.fixture(params=["hf", "shardpoint"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> tuple[str, dict]:
+    state = _state()
+    if request.param == "hf":
+        d = tmp_path / "model"
+        d.mkdir()
+        safetensors_torch.save_file(state, str(d / "model.safetensors"))
+        path, files = str(d), [d / "model.safetensors"]
+    else:
+        path = str(tmp_path / "ck")
+        sptorch.save(state, path, compression="none")
+        files = [p for p in tmp_path.iterdir() if p.name.startswith("ck.")]
+    evict(*files)
+    return path, state
+
+
+def _read_all(it: sptorch.WeightsIterator) -> dict[str, torch.Tensor]:
+    with it:
+        return dict(it)
+
+
+def _same(got: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(state)
+    for k, v in state.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+
+
+@pytest.mark.usefixtures("small_thresholds")
+def test_auto_times_both_routes_and_keeps_the_faster(checkpoint: tuple[str, dict]) -> None:
+    path, state = checkpoint
+    # an 8 MiB window makes 4 MiB batches (a few per route)
+    it = sptorch.weights_iterator(path, window=8 * MIB, direct="auto")
+    assert it.route == "probing: direct"
+    got = _read_all(it)
+    _same(got, state)
+    rates = it.probe_rates
+    assert set(rates) == {"direct", "buffered"} and min(rates.values()) > 0, rates
+    clearly = rates["direct"] >= weights_route.DIRECT_MARGIN * rates["buffered"]
+    assert it.route == ("direct" if clearly else "buffered")
+
+
+@pytest.mark.usefixtures("small_thresholds")
+@pytest.mark.parametrize("kept", ["direct", "buffered"])
+def test_each_choice_reads_the_rest_by_its_route(
+    checkpoint: tuple[str, dict], kept: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever route is kept, every value arrives exact; after a direct choice the
+    read-ahead thread is stopped, after a buffered one it keeps reading ahead."""
+    path, state = checkpoint
+    monkeypatch.setattr(RouteProbe, "_choose", lambda self: kept)
+    it = sptorch.weights_iterator(path, window=8 * MIB, direct="auto")
+    _same(_read_all(it), state)
+    assert it.route == kept
+    # a direct choice dropped the read-ahead; a buffered one kept it to the end
+    assert (it._p._ahead is None) == (kept == "direct")
+
+
+@pytest.mark.usefixtures("small_thresholds")
+def test_the_window_bounds_memory_while_probing(checkpoint: tuple[str, dict]) -> None:
+    path, state = checkpoint
+    window = 6 * MIB
+    it = sptorch.weights_iterator(path, window=window, direct="auto")
+    peak = 0
+    with it:
+        for _name, _t in it:
+            peak = max(peak, it._inflight)
+    assert 0 < peak <= window
+    assert set(it.probe_rates) == {"direct", "buffered"}
+
+
+def test_small_warm_and_mmap_reads_are_not_probed(
+    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under AUTO_MIN (512 MiB; these files are 40 MiB), with io="mmap", and for a file in
+    the page cache nothing is timed: the buffered route; by default, no probe either."""
+    path, state = checkpoint
+    for kw in ({"direct": "auto"}, {"direct": "auto", "io": "mmap"}, {}):
+        it = sptorch.weights_iterator(path, **kw)  # type: ignore[arg-type]
+        _same(_read_all(it), state)
+        assert it.route == "buffered" and it.probe_rates == {}
+    monkeypatch.setattr(weights, "AUTO_MIN", 16 * MIB)
+    it = sptorch.weights_iterator(path, direct="auto")  # warm now: read just above
+    _same(_read_all(it), state)
+    assert it.route == "buffered" and it.probe_rates == {}
+
+
+def test_mostly_cached_samples_the_page_cache(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "blob"
+    f.write_bytes(np.random.default_rng(1).bytes(16 * MIB))
+    spans = [(0, k * MIB, MIB) for k in range(16)]
+    evict(f)
+    assert not weights_route.mostly_cached(([str(f)], spans))
+    with open(f, "rb") as fh:
+        fh.read(9 * MIB)  # the first 9 of the 16 sampled values
+    assert weights_route.mostly_cached(([str(f)], spans))
+    assert not weights_route.mostly_cached(None)
+
+
+def test_forced_routes_and_bad_values(checkpoint: tuple[str, dict]) -> None:
+    path, state = checkpoint
+    for direct, route in ((True, "direct"), (False, "buffered")):
+        it = sptorch.weights_iterator(path, direct=direct)
+        _same(_read_all(it), state)
+        assert it.route == route and it.probe_rates == {}
+    for bad in ("yes", 1, None):
+        with pytest.raises(sp.InvalidArgumentError, match="direct must be True, False or 'auto'"):
+            sptorch.weights_iterator(path, direct=bad)  # type: ignore[arg-type]
+
+
+def test_loader_option_accepts_auto() -> None:
+    assert loader_options({"direct": "auto"}, "x") == {"direct": "auto"}
+    with pytest.raises(ValueError, match='x: direct must be true, false or "auto"'):
+        loader_options({"direct": "fast"}, "x")
+
+
+def test_probe_phases() -> None:
+    """The first batch of each route is not timed; direct is timed first, then buffered;
+    direct is kept only at the margin, and later records change nothing."""
+    p = RouteProbe(10)
+    assert p.record("direct", 8, 1.0) is None  # ramp-up: untimed
+    assert p.record("buffered", 8, 1.0) is None  # not the route being timed: ignored
+    assert p.record("direct", 6, 1.0) is None
+    assert p.record("direct", 6, 1.0) == "buffered"  # 12 bytes in 2 s
+    assert p.route == "buffered" and p.rates == {"direct": 6.0}
+    assert p.record("buffered", 100, 0.001) is None  # ramp-up of the buffered route
+    assert p.record("buffered", 10, 1.0) == "buffered"  # 10 B/s: direct not 1.25x faster
+    assert p.chosen == "buffered" and p.rates["buffered"] == 10.0
+    assert p.record("buffered", 1, 100.0) is None and p.chosen == "buffered"
+
+    # direct 10 B/s; buffered 4 B/s (2.5x), 8 B/s (1.25x: the margin), 16 B/s (slower)
+    for buffered_secs, kept in ((1.0, "direct"), (0.5, "direct"), (0.25, "buffered")):
+        q = RouteProbe(4)
+        q.record("direct", 1, 0.0)
+        assert q.record("direct", 5, 0.5) == "buffered"
+        q.record("buffered", 1, 0.0)
+        assert q.record("buffered", 4, buffered_secs) == kept
+    with pytest.raises(ValueError, match="probe must be positive"):
+        RouteProbe(0)
+
+
+def test_bytes_do_not_depend_on_the_route(tmp_path: pathlib.Path) -> None:
+    """A value that straddles the switch from direct to buffered (odd sizes, offsets not
+    page aligned) arrives exact: the batches before and after the switch read disjoint
+    ranges."""
+    rng = np.random.default_rng(3)
+    state = {
+        f"t{i:02d}": torch.from_numpy(rng.integers(0, 255, (3 * MIB + 77 * i,), dtype=np.uint8))
+        for i in range(12)
+    }
+    d = tmp_path / "m"
+    d.mkdir()
+    safetensors_torch.save_file(state, str(d / "model.safetensors"))
+    evict(d / "model.safetensors")
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(weights, "AUTO_MIN", MIB)
+        mp.setattr(weights_route, "PROBE", 5 * MIB)
+        it = sptorch.weights_iterator(str(d), window=12 * MIB, direct="auto")
+        _same(_read_all(it), state)
+        assert set(it.probe_rates) == {"direct", "buffered"}
+    finally:
+        mp.undo()
