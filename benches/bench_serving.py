@@ -316,6 +316,9 @@ def child(name: str, root: str, scale: float, s3: dict[str, str] | None) -> None
             params[k].copy_(v)
             n += 1
     route = getattr(it, "route", None)  # shardpoint's iterator: the route it read by
+    probe = getattr(it, "probe_rates", None)  # direct="auto": what each route read at, GB/s
+    if route and probe:
+        route += " (" + "/".join(f"{k[0]} {v / GB:.2f}" for k, v in sorted(probe.items())) + ")"
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     peak = _status_bytes("VmHWM") - base
@@ -544,6 +547,7 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("link-fuse", "sp_default", unc)
     ratio("link-s3", "sp_default", ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none"])
     ratio("local-warm", "sp_default", ["st_lazy"])
+    ratio("local-cold", "sp_default", unc)
     ratio("local-warm", "sp_none", ["st_lazy"])
     ratio("local-cold", "sp_hf", ["fastsafetensors"])
     ratio("local-cold", "sp_hf", ["runai"])

@@ -170,15 +170,16 @@ def test_probe_phases() -> None:
     assert p.record("direct", 6, 1.0) == "buffered"  # 12 bytes in 2 s
     assert p.route == "buffered" and p.rates == {"direct": 6.0}
     assert p.record("buffered", 100, 0.001) is None  # ramp-up of the buffered route
-    assert p.record("buffered", 10, 1.0) == "buffered"  # 10 B/s: direct not 1.25x faster
+    assert p.record("buffered", 10, 1.0) == "buffered"  # 10 B/s: direct not 1.5x faster
     assert p.chosen == "buffered" and p.rates["buffered"] == 10.0
     assert p.record("buffered", 1, 100.0) is None and p.chosen == "buffered"
 
-    # direct 10 B/s; buffered 4 B/s (2.5x), 8 B/s (1.25x: the margin), 16 B/s (slower)
-    for buffered_secs, kept in ((1.0, "direct"), (0.5, "direct"), (0.25, "buffered")):
+    # direct 12 B/s; buffered 4 B/s (3x), 8 B/s (1.5x: the margin), 10 B/s (1.2x)
+    assert weights_route.DIRECT_MARGIN == 1.5
+    for buffered_secs, kept in ((1.0, "direct"), (0.5, "direct"), (0.4, "buffered")):
         q = RouteProbe(4)
         q.record("direct", 1, 0.0)
-        assert q.record("direct", 5, 0.5) == "buffered"
+        assert q.record("direct", 6, 0.5) == "buffered"
         q.record("buffered", 1, 0.0)
         assert q.record("buffered", 4, buffered_secs) == kept
     with pytest.raises(ValueError, match="probe must be positive"):

@@ -561,7 +561,7 @@ def weights_iterator(
             first minutes after boot, direct ones ran 2.15x faster (docs/SERVING.md, "Issue
             41, eighth round"). ``"auto"``: for a cold local read of 512 MiB or more into
             pageable memory, both routes are timed on the first values (96 MiB each) and
-            direct is kept only if it read at least 1.25x faster
+            direct is kept only if it read at least 1.5x faster
             (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); it costs
             about a tenth of a load where buffered wins, for fleets whose nodes may be either.
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
