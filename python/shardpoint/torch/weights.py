@@ -59,7 +59,7 @@ from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
 from .weights_plan import Names, Plan
-from .weights_route import AUTO_MIN, RouteProbe, local_spans, mostly_cached
+from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, local_spans, mostly_cached
 
 __all__ = [
     "WeightsIterator",
@@ -186,6 +186,8 @@ class _Producer:
         """Raw bytes of the next batch, for the route it takes (two fit in the window: one
         being handed out while the next is read)."""
         limit = _REMOTE_BATCH if remote else _AHEAD_BATCH if self._ahead else _BATCH
+        if self._probe is not None and self._probe.chosen is None:
+            limit = min(limit, PROBE_BATCH)  # probing: direct batches small (weights_route.py)
         return min(limit, max(1, self._window // 2))
 
     def _read_timed(self, batch: list[storage.EntryInfo]) -> list[torch.Tensor]:

@@ -10,18 +10,19 @@ it filled with memory the host had not backed yet (1.74 system CPU-s per GB, 0.8
 the direct engine, which fills no page cache, ran 2.15x faster (1.72 GB/s); once the
 machine's memory had been touched, buffered reads ran at 1.8-2.1 GB/s and direct ones at
 1.35-1.65. A node that just started is the first case, a long-lived one the second; a fleet
-running one configuration meets both. Not the default: the probe costs about a tenth of a
-load where buffered wins (the direct batches touch memory of their own, and the read-ahead
-starts late).
+running one configuration meets both. Not the default: the probe costs 5-10% of a load
+where buffered wins (the direct stretch is slower, its values touch memory of their own, and
+the read-ahead starts late).
 
-How: the first batch goes direct, untimed (it carries the open and the ramp-up); the next
-direct batches are timed until :data:`PROBE` bytes were read; then the read-ahead starts at
-the next value and buffered batches are timed the same way (the first one untimed, for its
-ramp-up); direct reads the rest only if its rate was at least :data:`DIRECT_MARGIN` times
-the buffered one, else buffered: one 96 MiB stretch is a noisy measure (with a margin of
-1.25, one of five loads on the reference VM kept direct and ran at half speed), and where
-direct wins it wins by about 2x. A read call's time is what the consumer waits for when the producer
-is the bottleneck, the only case where the choice matters.
+How: batches of at most :data:`PROBE_BATCH` while probing. The first batch goes direct,
+untimed (it carries the open and the ramp-up); the next direct batches are timed until
+:data:`PROBE` bytes were read; then the read-ahead starts at the next value and buffered
+batches are timed the same way (the first one untimed, for its ramp-up). Direct reads the rest
+only if its rate was at least :data:`DIRECT_MARGIN` times the buffered one, else buffered:
+one 96 MiB stretch is a noisy measure (with a margin of 1.25, one of five loads on the
+reference VM kept direct and ran at half speed), and where direct wins it wins by about 2x. A
+read call's time is what the consumer waits for when the producer is the bottleneck, the only
+case where the choice matters.
 
 What must stay true: the bytes handed out never depend on the route (both read the same
 ranges, crc checked the same way); a read under :data:`AUTO_MIN` bytes, one mostly in the
@@ -37,7 +38,15 @@ from collections.abc import Sequence
 
 from .. import storage
 
-__all__ = ["AUTO_MIN", "DIRECT_MARGIN", "PROBE", "RouteProbe", "local_spans", "mostly_cached"]
+__all__ = [
+    "AUTO_MIN",
+    "DIRECT_MARGIN",
+    "PROBE",
+    "PROBE_BATCH",
+    "RouteProbe",
+    "local_spans",
+    "mostly_cached",
+]
 
 #: Checkpoints with fewer bytes to read than this are read buffered without a probe: the
 #: probe would be most of the load, and a small file's cost is its open, not its rate.
@@ -47,6 +56,12 @@ AUTO_MIN = 512 << 20
 PROBE = 96 << 20
 #: How much faster the direct route must have read to be kept.
 DIRECT_MARGIN = 1.5
+#: Raw bytes per batch while probing (the direct engine's usual batch is 64 MiB): each direct
+#: value gets a placed mapping of its own, and with 64 MiB batches the probe touched ~70 MB
+#: more fresh memory than a buffered load (52.6k page faults against 34.8k on the 1 GB
+#: bench model, the load 14% slower in the median); with 16 MiB, 37k and 5-10%, and the
+#: direct rates measured the same (0.98-1.40 GB/s against 0.90-1.31).
+PROBE_BATCH = 16 << 20
 
 
 class RouteProbe:
