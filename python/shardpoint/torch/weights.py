@@ -561,11 +561,11 @@ def weights_iterator(
             GB (no page-cache fill, no kernel copy). Off by default: on this project's VM,
             once its memory has been touched, buffered reads ran 1.1-1.35x faster; in its
             first minutes after boot, direct ones ran 2.15x faster (docs/SERVING.md, "Issue
-            41, eighth round"). ``"auto"``: for a cold local read of 512 MiB or more into
+            41 (eighth round)"). ``"auto"``: for a cold local read of 512 MiB or more into
             pageable memory, both routes are timed on the first values (96 MiB each) and
             direct is kept only if it read at least 1.5x faster
             (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); it costs
-            about a tenth of a load where buffered wins, for fleets whose nodes may be either.
+            5-10% of a load where buffered wins; for fleets whose nodes may be either.
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor

@@ -4,8 +4,8 @@ the cold-read engine (``O_DIRECT`` straight into the iterator's recycled memory)
 iteration by timing both on the first values.
 
 Why measure instead of picking one: neither route wins everywhere, and what decides is the
-machine's state, not the file. On the reference VM (docs/SERVING.md, "Issue 41, eighth
-round"), in its first minutes after boot, a buffered cold load paid for every page-cache page
+machine's state, not the file. On the reference VM (docs/SERVING.md, "Issue 41 (eighth
+round)"), in its first minutes after boot, a buffered cold load paid for every page-cache page
 it filled with memory the host had not backed yet (1.74 system CPU-s per GB, 0.80 GB/s) and
 the direct engine, which fills no page cache, ran 2.15x faster (1.72 GB/s); once the
 machine's memory had been touched, buffered reads ran at 1.8-2.1 GB/s and direct ones at
