@@ -37,7 +37,17 @@ MANIFEST = HERE / "s3server" / "Cargo.toml"
 KEY = SECRET = "testing"  # the tests' and benches' credentials (both servers accept them)
 
 sys.path.insert(0, str(HERE.parent / "tests"))
-from s3_server import aws_environment, free_port  # noqa: E402  (the tests' helpers, one copy)
+from s3_server import aws_environment  # noqa: E402  (the tests' helpers, one copy)
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1, for a server started on it next (moto's
+    command line; s3s-fs in bench_s3server.py). Fine for benches, which run one at a time;
+    the tests let their servers bind port 0 instead (tests/s3_server.py: under xdist another
+    worker can take a port between this probe and the server's bind)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def target_dir() -> Path:
