@@ -36,6 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# the tests' page-cache helper (one copy): tests/page_cache.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import page_cache  # noqa: E402
+
 GB = 1e9
 HIDDEN = 1312
 LAYERS = 22
@@ -157,14 +161,8 @@ def setup(work: Path, scale: float) -> dict[str, list[str]]:
 
 # --- page cache -------------------------------------------------------------------------------
 def evict(files: list[str]) -> None:
-    """Drop ``files`` from the page cache (their pages are clean: written and synced)."""
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Drop ``files`` from the page cache (synced first): the tests' helper."""
+    page_cache.evict(*files)
 
 
 def warm(files: list[str]) -> None:

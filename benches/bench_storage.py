@@ -28,6 +28,10 @@ import numpy as np
 
 import shardpoint as sp
 
+# the tests' page-cache helper (one copy): tests/page_cache.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import page_cache  # noqa: E402
+
 GB = 1e9
 
 
@@ -50,14 +54,8 @@ def files_of(path: str) -> list[str]:
 
 
 def evict(path: str) -> None:
-    """Drop the files' pages from the page cache (fsync first so they are clean)."""
-    for f in files_of(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Drop the checkpoint's files from the page cache (synced first): the tests' helper."""
+    page_cache.evict(*files_of(path))
 
 
 def size_of(path: str) -> int:

@@ -1,4 +1,4 @@
-"""Dropping files from the page cache, for tests of cold reads."""
+"""Dropping files from the page cache, for tests (and benches) of cold reads."""
 
 from __future__ import annotations
 
@@ -15,3 +15,13 @@ def evict(*paths: str | os.PathLike[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def takes_o_direct(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path``'s file system opens it with ``O_DIRECT`` (tmpfs before Linux 6.6 and
+    some FUSE mounts refuse it; the cold-read engine then reads with ``pread``)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    return True

@@ -14,7 +14,6 @@ naming the key or the file.
 from __future__ import annotations
 
 import gc
-import os
 import pathlib
 import subprocess
 import sys
@@ -29,16 +28,8 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import shardpoint.torch as sptorch  # noqa: E402
-from page_cache import evict  # noqa: E402
+from page_cache import evict, takes_o_direct  # noqa: E402
 from shardpoint.torch.host_pool import HostPool, size_class  # noqa: E402
-
-
-def _takes_o_direct(path: str) -> bool:
-    try:
-        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False  # tmpfs before Linux 6.6, some FUSE mounts: the engine reads with pread
-    return True
 
 
 def test_pool_places_a_tensor_at_its_lead() -> None:
@@ -92,7 +83,7 @@ def test_direct_values_recycle_the_pool_in_place(
     assert pool is not None and pool.reused >= 8
     in_place, bounced, cached = it._reader.read_kinds
     assert in_place + bounced + cached == sum(v.numel() * 4 for v in state.values())
-    if _takes_o_direct(path):
+    if takes_o_direct(path):
         assert in_place > 16 * 600 * 500 * 4, (in_place, bounced, cached)
 
 
@@ -131,7 +122,7 @@ def test_direct_engine_touches_only_the_bounce_pages_it_uses(tmp_path: pathlib.P
     f = tmp_path / "blob"
     data = np.random.default_rng(7).integers(0, 255, (16 << 20) + 8192, dtype=np.uint8)
     f.write_bytes(data.tobytes())
-    if not _takes_o_direct(str(f)):
+    if not takes_o_direct(str(f)):
         pytest.skip("this file system refuses O_DIRECT: the engine reads with pread")
     evict(str(f))
     r = subprocess.run(
@@ -193,7 +184,7 @@ def test_checkpoint_values_read_direct_bit_exact(checkpoints: dict[str, str], co
             assert o.tobytes() == state[i.key], i.key
     raw = sum(i.raw_bytes for i in infos if i.codec == "none")
     assert in_place + bounced + cached == raw
-    if codec == "none" and _takes_o_direct(_shards(prefix)[0]):
+    if codec == "none" and takes_o_direct(_shards(prefix)[0]):
         assert in_place + bounced > raw // 2, (in_place, bounced, cached)
 
 

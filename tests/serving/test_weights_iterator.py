@@ -25,7 +25,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 hub = pytest.importorskip("huggingface_hub")
 
 import shardpoint.torch as sptorch  # noqa: E402
-from page_cache import evict  # noqa: E402
+from page_cache import evict, takes_o_direct  # noqa: E402
 from shardpoint.convert import convert  # noqa: E402
 
 
@@ -298,17 +298,9 @@ def test_large_values_own_a_mapping_and_read_cold(
         assert kinds == (0, 0, 0)
         return
     assert sum(kinds) == total
-    if _takes_o_direct(path):
+    if takes_o_direct(path):
         # the interiors of the two large values were read where they lie
         assert kinds[0] >= 5_000_000, kinds
-
-
-def _takes_o_direct(path: str) -> bool:
-    try:
-        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False  # tmpfs before Linux 6.6, some FUSE mounts: the engine reads with pread
-    return True
 
 
 def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
@@ -328,7 +320,7 @@ def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
     assert np.array_equal(placed, data[off : off + n])
     assert np.array_equal(other, data[15 << 20 : 18 << 20])
     assert in_place + bounced + cached == n + (3 << 20)
-    if not _takes_o_direct(str(f)):
+    if not takes_o_direct(str(f)):
         return  # every piece was read with pread (checked above)
     assert in_place > 8 << 20 and bounced >= 3 << 20, (in_place, bounced, cached)
     del placed

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from page_cache import evict
 from shardpoint.storage.io_mode import (
     CACHED_ENOUGH,
     MOUNTINFO,
@@ -141,12 +142,7 @@ def test_evicted_files_on_a_network_mount_are_read(tmp_path):
     root = os.path.realpath(tmp_path)
     data = tmp_path / "ck.data"
     data.write_bytes(os.urandom(1 << 20))
-    fd = os.open(data, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(data)
     table = _sshfs_table(tmp_path, root)
     assert cached_fraction(data) < CACHED_ENOUGH
     assert resolve_io("auto", tmp_path / "ck", files=[data], mountinfo=table) == "pread"

@@ -37,6 +37,7 @@ import os
 from collections.abc import Sequence
 
 from .. import storage
+from ..storage.io_mode import cached_fraction
 
 __all__ = [
     "AUTO_MIN",
@@ -128,32 +129,17 @@ def local_spans(
     return files, [(i.shard, i.offset, i.stored_bytes) for i in infos if 0 <= i.shard < len(files)]
 
 
-def mostly_cached(
-    where: tuple[list[str], list[tuple[int, int, int]]] | None, samples: int = 16
-) -> bool:
-    """Whether at least half of ``samples`` values spread over ``where`` (:func:`local_spans`)
-    have their middle page in the page cache (a one-byte ``preadv2(RWF_NOWAIT)``, which fails
-    rather than wait for the device): a warm file needs no probe. ``False`` when unknown."""
-    if where is None or not where[1] or not hasattr(os, "RWF_NOWAIT"):
+def mostly_cached(where: tuple[list[str], list[tuple[int, int, int]]] | None) -> bool:
+    """Whether at least half of the bytes ``where`` (:func:`local_spans`) reads lie in files
+    whose pages are in the page cache (each file's cached fraction, :func:`cached_fraction`'s
+    ``mincore`` sampling, weighted by the bytes read from it): a warm file needs no probe.
+    ``False`` when unknown."""
+    if where is None or not where[1]:
         return False
     paths, spans = where
-    picks = [spans[k * len(spans) // samples] for k in range(min(samples, len(spans)))]
-    hits = 0
-    fds: dict[int, int] = {}
-    buf = bytearray(1)
-    try:
-        for f, off, n in picks:
-            if n <= 0:
-                continue
-            if f not in fds:
-                fds[f] = os.open(paths[f], os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                hits += os.preadv(fds[f], [buf], off + n // 2, os.RWF_NOWAIT) == 1
-            except BlockingIOError:
-                pass
-    except OSError:
-        return False  # the load itself will say what is wrong with the file
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return 2 * hits >= len(picks)
+    need: dict[int, int] = {}
+    for f, _off, n in spans:
+        need[f] = need.get(f, 0) + max(n, 0)
+    total = sum(need.values())
+    hit = sum(cached_fraction(paths[f]) * n for f, n in need.items())
+    return total > 0 and 2 * hit >= total
