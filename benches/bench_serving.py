@@ -29,7 +29,7 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
   cold-read engine; ``sp_hf_auto``: with ``direct="auto"``, both routes timed on the first
   values; ``sp_hf_mt``: with ``consumer_threads=None``, the consumer's ``copy_`` on torch's
   whole OpenMP team, as before that option) and on both shardpoint checkpoints (the same
-  suffixes on ``sp_none``).
+  suffixes on ``sp_none`` and ``sp_default``).
 ``local-cold`` / ``local-warm``: the same file loaders on the local disk, page cache evicted
 (``posix_fadvise(DONTNEED)``) or warmed first. With ``local-cold``, every round starts by
 measuring the device limit (bench_load's ``fio --direct=1`` and buffered read), and each cold
@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
                 "sp_hf_mt", "sp_hf_direct", "sp_hf_auto", "sp_none", "sp_none_direct",
-                "sp_none_auto", "sp_default"]  # fmt: skip
+                "sp_none_auto", "sp_default", "sp_default_direct", "sp_default_auto"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
@@ -253,9 +253,7 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         return get
     import shardpoint.torch as spt
 
-    sub = {"sp_hf": "hf", "sp_hf_mt": "hf", "sp_hf_direct": "hf", "sp_hf_auto": "hf",
-           "sp_none": "sp_none", "sp_none_direct": "sp_none", "sp_none_auto": "sp_none",
-           "sp_default": "sp_default"}[name]  # fmt: skip
+    sub = "hf" if name.startswith("sp_hf") else name.removesuffix("_direct").removesuffix("_auto")
     path = root.rstrip("/") + "/" + sub
     opts = None
     if s3 is not None:
@@ -558,6 +556,8 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-cold", "sp_hf_auto", ["sp_hf", "sp_hf_direct"])
     ratio("local-cold", "sp_none_auto", ["sp_none", "sp_none_direct"])
     ratio("local-cold", "sp_none_direct", ["fastsafetensors"])
+    ratio("local-cold", "sp_default_direct", unc)
+    ratio("local-cold", "sp_default_auto", ["sp_default", "sp_default_direct"])
     ratio("local-warm", "sp_hf", ["fastsafetensors"])
 
 

@@ -124,7 +124,8 @@ class CheckpointReader:
         outs: Sequence[_Buffer],
         verify: bool = True,
         threads: int | None = None,
-    ) -> None: ...
+        direct: int | None = None,
+    ) -> tuple[int, int, int] | None: ...
     def first_mismatch(
         self, keys: list[str], dtypes: list[str], shapes: Sequence[Sequence[int]]
     ) -> int | None: ...

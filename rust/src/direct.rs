@@ -59,13 +59,19 @@ pub struct DirectStats {
 /// whole on every call, although in-place reads touch only a head and a tail block of it: one
 /// 8 MiB clearing per worker per call cost a 1 GB load 260k page faults (docs/SERVING.md,
 /// "Issue 41 (seventh round)").
-struct Aligned {
+pub(crate) struct Aligned {
     ptr: *mut u8,
     len: usize,
 }
 
+// SAFETY: the mapping is owned by the value (unmapped once, in `drop`); shared references only
+// read it (`as_slice`), writes need `&mut`.
+unsafe impl Send for Aligned {}
+// SAFETY: as above.
+unsafe impl Sync for Aligned {}
+
 impl Aligned {
-    fn new(len: usize) -> Result<Aligned> {
+    pub(crate) fn new(len: usize) -> Result<Aligned> {
         let len = len.max(1);
         // SAFETY: a private anonymous mapping (no fd, no address hint); checked below.
         let ptr = unsafe {
@@ -90,9 +96,14 @@ impl Aligned {
         })
     }
 
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: `len` bytes mapped by self, initialized (zero pages) by the kernel.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: as `bytes`; no `&mut` can coexist with this borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
@@ -109,7 +120,7 @@ struct DirectFile {
     direct: Option<File>,
 }
 
-fn open_direct(path: &std::path::Path) -> Option<File> {
+pub(crate) fn open_direct(path: &std::path::Path) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
@@ -119,7 +130,7 @@ fn open_direct(path: &std::path::Path) -> Option<File> {
 }
 
 /// Why a direct read did not fill its buffer.
-enum DirectErr {
+pub(crate) enum DirectErr {
     /// The kernel refused `O_DIRECT` for this request (alignment, file system): use `pread`.
     Refused,
     Io(std::io::Error),
@@ -127,7 +138,11 @@ enum DirectErr {
 
 /// `O_DIRECT` read of `buf` (aligned address and length) from aligned `off`, until it is full
 /// or the file ends; returns the bytes read.
-fn direct_read(file: &File, off: u64, buf: &mut [u8]) -> std::result::Result<usize, DirectErr> {
+pub(crate) fn direct_read(
+    file: &File,
+    off: u64,
+    buf: &mut [u8],
+) -> std::result::Result<usize, DirectErr> {
     let mut got = 0usize;
     while got < buf.len() {
         match file.read_at(&mut buf[got..], off + got as u64) {
@@ -146,11 +161,11 @@ fn direct_read(file: &File, off: u64, buf: &mut [u8]) -> std::result::Result<usi
     Ok(got)
 }
 
-const fn align_down(x: u64) -> u64 {
+pub(crate) const fn align_down(x: u64) -> u64 {
     x / DIRECT_ALIGN * DIRECT_ALIGN
 }
 
-const fn align_up(x: u64) -> u64 {
+pub(crate) const fn align_up(x: u64) -> u64 {
     x.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN
 }
 

@@ -315,7 +315,10 @@ impl CheckpointReader {
     /// (no page faults, no kernel page clearing) and no second copy. Every value is checked
     /// (`verify` also checks uncompressed ones, as in `get_many`). Buffers must not overlap.
     /// `threads`: decode on a pool of that many threads (default: one per CPU).
-    #[pyo3(signature = (keys, outs, verify=true, threads=None))]
+    /// `direct`: read compressed values' chunks with the cold-read engine, that many reads in
+    /// flight (`O_DIRECT` where not cached; `shardpoint_core` `reader/direct_chunks.rs`), and
+    /// return the stored bytes read by `O_DIRECT`, bounced (always 0) and with `pread`.
+    #[pyo3(signature = (keys, outs, verify=true, threads=None, direct=None))]
     fn read_many_into(
         &self,
         py: Python<'_>,
@@ -323,7 +326,8 @@ impl CheckpointReader {
         mut outs: Vec<PyBuffer<u8>>,
         verify: bool,
         threads: Option<usize>,
-    ) -> PyResult<()> {
+        direct: Option<usize>,
+    ) -> PyResult<Option<(u64, u64, u64)>> {
         if keys.len() != outs.len() {
             return Err(crate::invalid(
                 py,
@@ -340,8 +344,11 @@ impl CheckpointReader {
         }
         refuse_overlaps(py, &keys, &dsts)?;
         let reader = &self.inner;
-        let work = crate::pools::on_threads(py, threads, || {
-            reader.read_many_into(&entries, dsts, verify)
+        let work = crate::pools::on_threads(py, threads, || match direct {
+            None => reader.read_many_into(&entries, dsts, verify).map(|()| None),
+            Some(d) => reader
+                .read_many_into_direct(&entries, dsts, verify, d)
+                .map(|s| Some((s.in_place, s.bounced, s.buffered))),
         })?;
         nogil_cancellable(py, work)
     }

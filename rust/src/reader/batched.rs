@@ -199,6 +199,24 @@ impl Reader {
                 Ok(())
             })
         })?;
+        let crcs: Vec<(u32, usize)> = crcs
+            .into_iter()
+            .map(|c| c.into_inner().expect("all items ran"))
+            .collect();
+        self.check_whole(entries, &of_entry, &crcs, verify)
+    }
+
+    /// Check each entry's raw crc32c against the crcs of its items (`of_entry[i]`: the items
+    /// of entry `i` in payload order, `crcs[k]`: item `k`'s crc and length); a compressed
+    /// entry whose decoded bytes differ is verified chunk by chunk first, to name the damaged
+    /// chunk. Uncompressed entries are checked only when `verify`.
+    pub(super) fn check_whole(
+        &self,
+        entries: &[Entry<'_>],
+        of_entry: &[Vec<usize>],
+        crcs: &[(u32, usize)],
+        verify: bool,
+    ) -> Result<()> {
         for (i, e) in entries.iter().enumerate() {
             if e.codec == Codec::None && !verify {
                 continue;
@@ -206,11 +224,7 @@ impl Reader {
             let whole = if of_entry[i].is_empty() {
                 crc(&[])
             } else {
-                combine_crcs(
-                    of_entry[i]
-                        .iter()
-                        .map(|&k| *crcs[k].get().expect("all items ran")),
-                )
+                combine_crcs(of_entry[i].iter().map(|&k| crcs[k]))
             };
             if whole == e.crc {
                 continue;

@@ -51,7 +51,11 @@ impl Reader {
     }
 
     /// File offset, stored length, raw range and crc of chunk `ci`, validated.
-    fn chunk_loc(&self, e: &Entry<'_>, ci: usize) -> Result<(u64, usize, u64, u64, u32)> {
+    pub(super) fn chunk_loc(
+        &self,
+        e: &Entry<'_>,
+        ci: usize,
+    ) -> Result<(u64, usize, u64, u64, u32)> {
         let c = e.chunk(ci);
         let cb = self.index.chunk_bytes() as u64;
         let raw_lo = ci as u64 * cb;
@@ -153,26 +157,40 @@ impl Reader {
         ci: usize,
         o: &mut [u8],
     ) -> Result<u32> {
-        let path = &self.shards[e.shard as usize].path;
         self.read_chunk(e, ci, |stored, off, ccrc| {
-            if e.codec == Codec::HuffByteGroup && stored.len() != o.len() {
-                // Every bit of a codec-3 chunk either shapes the output or is checked by the
-                // decoder (lengths, tables, stream ends, zero padding), so the end-to-end check
-                // covers its stored bytes.
-                return decode_chunk_raw_crc(e.codec, e.dtype, stored, o, path, off);
-            }
-            // zstd frames have bits that do not shape the output: check the stored crc.
-            let (r, s) = decode_chunk_crc(e.codec, e.dtype, stored, o, path, off)?;
-            if s != ccrc {
-                return Err(Error::Checksum {
-                    path: path.clone(),
-                    offset: off,
-                    what: format!("key {:?} chunk {ci}", e.key),
-                    expected: ccrc,
-                    actual: s,
-                });
-            }
-            Ok(r)
+            self.decode_stored_checked(e, ci, stored, off, ccrc, o)
         })
+    }
+
+    /// [`Reader::decode_chunk_checked`] on stored bytes already read (from file offset `off`,
+    /// recorded crc `ccrc`): the direct engine reads them into its own buffers.
+    pub(super) fn decode_stored_checked(
+        &self,
+        e: &Entry<'_>,
+        ci: usize,
+        stored: &[u8],
+        off: u64,
+        ccrc: u32,
+        o: &mut [u8],
+    ) -> Result<u32> {
+        let path = &self.shards[e.shard as usize].path;
+        if e.codec == Codec::HuffByteGroup && stored.len() != o.len() {
+            // Every bit of a codec-3 chunk either shapes the output or is checked by the
+            // decoder (lengths, tables, stream ends, zero padding), so the end-to-end check
+            // covers its stored bytes.
+            return decode_chunk_raw_crc(e.codec, e.dtype, stored, o, path, off);
+        }
+        // zstd frames have bits that do not shape the output: check the stored crc.
+        let (r, s) = decode_chunk_crc(e.codec, e.dtype, stored, o, path, off)?;
+        if s != ccrc {
+            return Err(Error::Checksum {
+                path: path.clone(),
+                offset: off,
+                what: format!("key {:?} chunk {ci}", e.key),
+                expected: ccrc,
+                actual: s,
+            });
+        }
+        Ok(r)
     }
 }

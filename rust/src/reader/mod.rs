@@ -8,11 +8,13 @@
 //! - `chunks`: locating, reading and checking one chunk of a compressed value;
 //! - `values`: one value's stored bytes and a raw range of it;
 //! - `batched`: whole values into caller buffers (the bulk-load path) and streamed pieces;
+//! - `direct_chunks`: compressed values read by the cold-read engine (`O_DIRECT`);
 //! - `verify`: crc checks of values and of the whole checkpoint, and what strong (digest)
 //!   verification reads.
 
 mod batched;
 mod chunks;
+mod direct_chunks;
 mod files;
 mod values;
 mod verify;

@@ -1,0 +1,399 @@
+//! Compressed values read with `O_DIRECT`: the cold-read engine ([`crate::direct`]) for the
+//! chunks of compressed values, decoded straight from the engine's buffers.
+//!
+//! Why: a cold buffered load of a compressed value pays the page cache's fill (allocating and
+//! zeroing pages the kernel then copies from) and a `pread` copy into the worker's scratch
+//! buffer before the decoder runs; on a 2-core machine that is about 40 % of the load's CPU
+//! (docs/SERVING.md, "Issue 41 (ninth round)"), and the decode is what bounds the load there.
+//! Here the stored bytes arrive by DMA in a buffer the decoder reads in place.
+//!
+//! How: the chunks, in file order, are cut into blocks of whole chunks (up to [`BLOCK`] bytes
+//! each, a lone larger chunk alone). `depth` reader threads read blocks in order, each into a
+//! buffer out of a pool of `depth + 2` (so host memory stays bounded), with one `O_DIRECT` read
+//! of the block's aligned extent, or a `pread` when the block is already cached (a warm load
+//! keeps its speed) or the file system refuses `O_DIRECT`. The decoding workers take chunks in
+//! file order, wait for their block, decode, and the last chunk of a block returns its buffer
+//! to the pool. A reader takes a buffer and the next block index together, under one lock, so
+//! the lowest block not yet read always gets the next free buffer: no deadlock however the
+//! threads interleave.
+
+use super::Reader;
+use crate::direct::{
+    align_down, align_up, direct_read, open_direct, Aligned, DirectErr, DirectStats,
+};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::index::Entry;
+use crate::load::cached;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+/// Stored bytes per block (one direct read): large enough for the device to stream, small
+/// enough that `depth + 2` buffers stay a few tens of MiB.
+pub const BLOCK: u64 = 4 << 20;
+/// Reads in flight by default.
+pub const DEPTH: usize = 8;
+/// Values further apart than this (other values lie between) start a new block: the gap
+/// would be read for nothing.
+const MAX_GAP: u64 = 64 << 10;
+/// A chunk longer than this (a hostile or unusual chunk size) sends the call to the buffered
+/// engine instead of sizing buffers to it.
+const MAX_BUFFER: u64 = 256 << 20;
+
+/// One block: stored bytes `[lo, hi)` of one shard (shard offsets), its chunk items.
+struct Block {
+    shard: u32,
+    lo: u64,
+    hi: u64,
+    items: std::ops::Range<usize>,
+    /// Stored bytes of its chunks (the extent less any gaps between values).
+    bytes: u64,
+    /// Chunks of the block not yet decoded; the last one frees the buffer.
+    left: AtomicUsize,
+}
+
+/// Buffers of [`buffer_cap`] bytes kept between calls: a weights iterator reads a model in
+/// many batches, and fresh buffers would cost first-touch page faults on every one (the
+/// kernel pins a direct read's pages, so each new page is faulted before the DMA).
+static KEPT: Mutex<Vec<Aligned>> = Mutex::new(Vec::new());
+
+/// Bytes of a block buffer: a block's aligned extent (at most `max(BLOCK, chunk)` stored bytes
+/// plus a partial page at each end).
+fn buffer_cap(cb: u64) -> u64 {
+    align_up(BLOCK.max(cb)) + 2 * crate::direct::DIRECT_ALIGN
+}
+
+/// A buffer of `cap` bytes: a kept one when the size is the usual one, else a new mapping.
+fn take_buffer(cap: u64) -> Result<Aligned> {
+    if cap == buffer_cap(0) {
+        if let Some(b) = KEPT.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(b);
+        }
+    }
+    Aligned::new(cap as usize)
+}
+
+/// Keep up to `DEPTH + 2` buffers of the usual size for the next call; unmap the rest.
+fn give_back(bufs: Vec<Aligned>, cap: u64) {
+    if cap != buffer_cap(0) {
+        return;
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    for b in bufs {
+        if kept.len() < DEPTH + 2 {
+            kept.push(b);
+        }
+    }
+}
+
+/// Shared state of the readers and the workers, under one lock.
+struct State {
+    free: Vec<Aligned>,
+    /// Buffers not yet made (made on first need, so a small load maps little).
+    unmade: usize,
+    /// The next block a reader takes.
+    next: usize,
+    /// Per block: its buffer once read (taken back when the block is done).
+    ready: Vec<Option<Aligned>>,
+    failed: bool,
+    stats: DirectStats,
+}
+
+impl Reader {
+    /// [`Reader::read_many_into`] with compressed values' chunks read by the cold-read engine
+    /// (see the module doc); uncompressed values go through the bulk-load engine as before.
+    /// Every compressed value is checked end to end as there. Returns where the compressed
+    /// stored bytes came from (`in_place`: by `O_DIRECT`; `buffered`: by `pread`).
+    pub fn read_many_into_direct(
+        &self,
+        entries: &[Entry<'_>],
+        dsts: Vec<&mut [u8]>,
+        verify: bool,
+        depth: usize,
+    ) -> Result<DirectStats> {
+        if entries.len() != dsts.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} entries but {} output buffers",
+                entries.len(),
+                dsts.len()
+            )));
+        }
+        let (mut raw_e, mut raw_d, mut comp_e, mut comp_d) = (vec![], vec![], vec![], vec![]);
+        for (e, d) in entries.iter().zip(dsts) {
+            if d.len() as u64 != e.raw_len {
+                return Err(Error::InvalidArgument(format!(
+                    "key {:?}: output buffer has {} bytes, need {}",
+                    e.key,
+                    d.len(),
+                    e.raw_len
+                )));
+            }
+            if e.codec == Codec::None {
+                raw_e.push(e.clone());
+                raw_d.push(d);
+            } else {
+                self.check_chunk_table(e)?;
+                comp_e.push(e.clone());
+                comp_d.push(d);
+            }
+        }
+        if !raw_e.is_empty() {
+            self.read_many_into(&raw_e, raw_d, verify)?;
+        }
+        let cb = self.index.chunk_bytes() as u64;
+        if comp_e.is_empty() {
+            return Ok(DirectStats::default());
+        }
+        if buffer_cap(cb) > MAX_BUFFER {
+            self.read_many_into(&comp_e, comp_d, true)?;
+            return Ok(DirectStats::default());
+        }
+        self.direct_chunks(&comp_e, comp_d, depth.clamp(1, 64), cb)
+    }
+
+    fn direct_chunks(
+        &self,
+        entries: &[Entry<'_>],
+        dsts: Vec<&mut [u8]>,
+        depth: usize,
+        cb: u64,
+    ) -> Result<DirectStats> {
+        type Item<'d> = (usize, usize, (u32, u64), Mutex<Option<&'d mut [u8]>>);
+        // (entry, chunk, (shard, stored offset), destination)
+        let mut items: Vec<Item<'_>> = Vec::new();
+        let mut of_entry: Vec<Vec<usize>> = Vec::with_capacity(entries.len());
+        for (i, (e, out)) in entries.iter().zip(dsts).enumerate() {
+            let mut mine = Vec::new();
+            for (ci, o) in out.chunks_mut(cb as usize).enumerate() {
+                let (off, _, _, _, _) = self.chunk_loc(e, ci)?;
+                mine.push(items.len());
+                items.push((i, ci, (e.shard, off), Mutex::new(Some(o))));
+            }
+            of_entry.push(mine);
+        }
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_unstable_by_key(|&k| items[k].2);
+        let stored = |k: usize| entries[items[k].0].chunk(items[k].1).stored_len as u64;
+        let mut blocks: Vec<Block> = Vec::new();
+        let mut block_of = vec![0usize; order.len()];
+        for (pos, &k) in order.iter().enumerate() {
+            let (shard, off) = items[k].2;
+            let end = off + stored(k);
+            match blocks.last_mut() {
+                Some(b)
+                    if b.shard == shard
+                        && off >= b.hi
+                        && off - b.hi <= MAX_GAP
+                        && end - b.lo <= BLOCK =>
+                {
+                    b.hi = end;
+                    b.items.end = pos + 1;
+                    b.bytes += end - off;
+                }
+                _ => blocks.push(Block {
+                    shard,
+                    lo: off,
+                    hi: end,
+                    items: pos..pos + 1,
+                    bytes: end - off,
+                    left: AtomicUsize::new(0),
+                }),
+            }
+            block_of[pos] = blocks.len() - 1;
+        }
+        for b in &blocks {
+            b.left.store(b.items.len(), Ordering::Relaxed);
+        }
+        let files: Vec<Option<std::fs::File>> =
+            self.shards.iter().map(|s| open_direct(&s.path)).collect();
+        let cap = buffer_cap(cb);
+        let pool = depth + 2;
+        let state = Mutex::new(State {
+            free: Vec::new(),
+            unmade: pool,
+            next: 0,
+            ready: (0..blocks.len()).map(|_| None).collect(),
+            failed: false,
+            stats: DirectStats::default(),
+        });
+        let changed = Condvar::new();
+        let lock = || state.lock().unwrap_or_else(|p| p.into_inner());
+        let fail = || {
+            lock().failed = true;
+            changed.notify_all();
+        };
+        let cancel = crate::cancel::current();
+        // The first error of a reader or a worker (the others stop on `failed` without one).
+        let cause: Mutex<Option<Error>> = Mutex::new(None);
+        let record = |e: Error| -> Error {
+            let mut c = cause.lock().unwrap_or_else(|p| p.into_inner());
+            if c.is_none() && !(matches!(e, Error::Cancelled) && lock().failed) {
+                *c = Some(e);
+            }
+            drop(c);
+            fail();
+            Error::Cancelled
+        };
+        // A reader: a buffer and the next block (taken together), read, published.
+        let reader = || -> Result<()> {
+            loop {
+                let (bi, mut buf) = {
+                    let mut st = lock();
+                    loop {
+                        if st.failed || st.next >= blocks.len() {
+                            return Ok(());
+                        }
+                        let got = match st.free.pop() {
+                            Some(b) => b,
+                            None if st.unmade > 0 => {
+                                st.unmade -= 1;
+                                take_buffer(cap)?
+                            }
+                            None => {
+                                st = changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                                continue;
+                            }
+                        };
+                        st.next += 1;
+                        break (st.next - 1, got);
+                    }
+                };
+                cancel.check()?;
+                let b = &blocks[bi];
+                let how = self.read_block(b, files[b.shard as usize].as_ref(), &mut buf)?;
+                let mut st = lock();
+                match how {
+                    true => st.stats.in_place += b.bytes,
+                    false => st.stats.buffered += b.bytes,
+                }
+                st.ready[bi] = Some(buf);
+                drop(st);
+                changed.notify_all();
+            }
+        };
+        let crcs: Vec<Mutex<(u32, usize)>> = (0..items.len()).map(|_| Mutex::new((0, 0))).collect();
+        let worker = |pos: usize| -> Result<()> {
+            cancel.check()?;
+            let k = order[pos];
+            let bi = block_of[pos];
+            let b = &blocks[bi];
+            let (ei, ci, (_, off), slot) = &items[k];
+            let e = &entries[*ei];
+            let (_, n, _, _, ccrc) = self.chunk_loc(e, *ci)?;
+            let dst = slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .expect("each chunk is taken once");
+            // Wait for the block; the decode runs outside the lock, on a shared borrow of the
+            // buffer, which stays in `ready` until this block's last chunk is done.
+            let base: *const u8 = {
+                let mut st = lock();
+                loop {
+                    if let Some(buf) = &st.ready[bi] {
+                        break buf.as_slice().as_ptr();
+                    }
+                    if st.failed {
+                        return Err(Error::Cancelled);
+                    }
+                    st = changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let base_off = self.shards[b.shard as usize].base;
+            let from = (off + base_off - align_down(b.lo + base_off)) as usize;
+            // SAFETY: the buffer holds the block's aligned extent (read_block checked its
+            // length), `from + n` lies inside it, and it is neither written nor freed until
+            // `left` reaches zero below, after this borrow ends.
+            let stored = unsafe { std::slice::from_raw_parts(base.add(from), n) };
+            let got = match self.decode_stored_checked(e, *ci, stored, *off, ccrc, dst) {
+                Ok(c) => c,
+                Err(err @ Error::Corrupt { .. }) => {
+                    self.verify_entry(e)?;
+                    return Err(err);
+                }
+                Err(err) => return Err(err),
+            };
+            *crcs[k].lock().unwrap_or_else(|p| p.into_inner()) = (got, dst.len());
+            if b.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let mut st = lock();
+                if let Some(buf) = st.ready[bi].take() {
+                    st.free.push(buf);
+                }
+                drop(st);
+                changed.notify_all();
+            }
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            let readers: Vec<_> = (0..depth.min(blocks.len()))
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("shardpoint-direct".into())
+                        .spawn_scoped(s, || {
+                            if let Err(e) = reader() {
+                                record(e);
+                            }
+                        })
+                        .ok()
+                })
+                .collect();
+            if readers.is_empty() {
+                record(Error::InvalidArgument(
+                    "cannot start a direct-read thread".into(),
+                ));
+            } else {
+                let _ =
+                    crate::load::for_each_ordered(order.len(), |pos| worker(pos).map_err(&record));
+            }
+            fail(); // readers waiting for a buffer after an error stop
+            for h in readers {
+                let _ = h.join();
+            }
+        });
+        let mut st = state.into_inner().unwrap_or_else(|p| p.into_inner());
+        give_back(std::mem::take(&mut st.free), cap);
+        if let Some(e) = cause.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let crcs: Vec<(u32, usize)> = crcs
+            .into_iter()
+            .map(|c| c.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        self.check_whole(entries, &of_entry, &crcs, true)?;
+        Ok(st.stats)
+    }
+
+    /// Read block `b`'s aligned extent into `buf`: with `O_DIRECT` when its ends are not in
+    /// the page cache and the file system takes it (`Ok(true)`), else with `pread`.
+    fn read_block(
+        &self,
+        b: &Block,
+        direct: Option<&std::fs::File>,
+        buf: &mut Aligned,
+    ) -> Result<bool> {
+        let shard = &self.shards[b.shard as usize];
+        let (lo, hi) = (b.lo + shard.base, b.hi + shard.base);
+        let start = align_down(lo);
+        let want = (hi - start) as usize;
+        let whole = align_up(hi) - start;
+        let out = &mut buf.bytes()[..whole as usize];
+        if let Some(d) = direct {
+            if !(cached(&shard.file, lo) && cached(&shard.file, hi - 1)) {
+                match direct_read(d, start, out) {
+                    Ok(got) if got >= want => return Ok(true),
+                    Ok(_) => return Err(shard.truncated(b.hi)),
+                    Err(DirectErr::Refused) => {}
+                    Err(DirectErr::Io(e)) => {
+                        return Err(Error::Io {
+                            path: shard.path.clone(),
+                            op: "read shard",
+                            source: e,
+                        })
+                    }
+                }
+            }
+        }
+        shard.read_at(b.lo, &mut out[(lo - start) as usize..want])?;
+        Ok(false)
+    }
+}
