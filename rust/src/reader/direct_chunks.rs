@@ -1,11 +1,13 @@
 //! Compressed values read with `O_DIRECT`: the cold-read engine ([`crate::direct`]) for the
 //! chunks of compressed values, decoded straight from the engine's buffers.
 //!
-//! Why: a cold buffered load of a compressed value pays the page cache's fill (allocating and
-//! zeroing pages the kernel then copies from) and a `pread` copy into the worker's scratch
-//! buffer before the decoder runs; on a 2-core machine that is about 40 % of the load's CPU
-//! (docs/SERVING.md, "Issue 41 (ninth round)"), and the decode is what bounds the load there.
-//! Here the stored bytes arrive by DMA in a buffer the decoder reads in place.
+//! Why: a cold buffered load of a compressed value pays the page cache's fill (allocating
+//! pages, the kernel's copy out of them) and a `pread` copy into the worker's scratch buffer
+//! before the decoder runs: 30-40 % of the load's CPU on this project's 2-core VM. Here the
+//! stored bytes arrive by DMA in a buffer the decoder reads in place: a cold default-codec load
+//! cost 0.42-0.44 CPU-s/GB against 0.59-0.61 buffered (docs/SERVING.md, "Issue 41 (ninth
+//! round)"). Whether it is faster depends on the device's `O_DIRECT` rate against its buffered
+//! one, so it is opt-in (`direct=True`, or timed by `direct="auto"`).
 //!
 //! How: the chunks, in file order, are cut into blocks of whole chunks (up to [`BLOCK`] bytes
 //! each, a lone larger chunk alone). `depth` reader threads read blocks in order, each into a
