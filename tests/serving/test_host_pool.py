@@ -75,12 +75,40 @@ def test_dropped_tensors_are_recycled_bit_exact(files: dict[str, str], fmt: str)
     assert it._pool.free_bytes == 0  # emptied at the end
 
 
+def test_pooled_values_share_their_file_offsets_cache_line_place(tmp_path: pathlib.Path) -> None:
+    """A safetensors file whose header leaves every tensor 8 bytes past a cache line: each
+    pooled value starts at its file offset's place in a cache line (the kernel's copy then
+    runs aligned), bit for bit, recycled or not."""
+    state = _state()
+    # a metadata entry sized so that the data section starts at 8 mod 64
+    for pad in range(64):
+        path = tmp_path / f"m{pad}.safetensors"
+        safetensors_torch.save_file(state, str(path), metadata={"p": "x" * pad})
+        it = sptorch.weights_iterator(str(path), io="pread", window=4 * 4 * _SHAPE[0] * _SHAPE[1])
+        offsets = {i.key: i.offset for i in it._plan.infos}
+        if offsets["layers.00.weight"] % 64 == 8:
+            break
+        it.close()
+    else:
+        pytest.fail("no header length put the tensors 8 bytes past a cache line")
+    n = 0
+    for name, t in it:
+        assert torch.equal(t, state[name]), name
+        if t.numel() * t.element_size() >= POOL_MIN:
+            assert t.data_ptr() % 64 == offsets[name] % 64 == 8, name
+            n += 1
+        del t
+    assert n == _N and it._pool is not None and it._pool.reused > 0
+
+
 @pytest.mark.parametrize("fmt", ["hf", "sp"])
 def test_kept_tensors_survive_the_iterator_moving_on(files: dict[str, str], fmt: str) -> None:
     """Every other tensor kept, the rest dropped: the kept ones are never reused for a later
     value, are independent of each other, and outlive the iterator."""
     state = _state()
-    window = 4 * _SHAPE[0] * _SHAPE[1] * 4
+    # four values and a page each: a value placed at its offset's cache-line place takes a
+    # page more than its size class when it fills the class exactly (host_pool.py)
+    window = 4 * (_SHAPE[0] * _SHAPE[1] * 4 + 4096)
     kept: dict[str, torch.Tensor] = {}
     with sptorch.weights_iterator(files[fmt], window=window) as it:
         for i, (name, t) in enumerate(it):

@@ -54,7 +54,7 @@ from ..errors import InvalidArgumentError
 from ..storage.direct_reads import local_shards_core, read_entries_direct
 from ..storage.io_mode import check_io, resolve_io
 from .consumer_threads import ConsumerThreads
-from .host_pool import POOL_MIN, HostPool
+from .host_pool import POOL_MIN, HostPool, line_lead
 from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
@@ -225,7 +225,7 @@ class _Producer:
         out = [
             _pooled(i, pool, i.offset % _PAGE)
             if pool is not None and self._places(i)
-            else _pooled(i, pool)
+            else _pooled(i, pool, line_lead(i.offset) if i.codec == "none" else 0)
             if pool is not None and i.raw_bytes >= POOL_MIN
             else _empty(i, self._pin)
             for i in batch
