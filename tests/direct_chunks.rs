@@ -5,9 +5,12 @@
 use shardpoint_core::format::{Codec, DType, Kind};
 use shardpoint_core::{save, save_single, Error, Item, Reader, WriterOptions};
 use std::collections::BTreeMap;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+
+mod common;
+use common::flip_byte;
 
 /// Several values, some spanning many 4 MiB blocks: smooth floats (Huffman/zstd shrink them),
 /// noise (stored raw inside a compressed value), and small ones.
@@ -172,16 +175,7 @@ fn a_damaged_chunk_is_named_and_nothing_hangs() {
     drop(r);
     // A byte in the first chunk of the first big value: every later block still waits to be
     // read when the error comes, with depth 1 and a pool of 3 buffers.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&shard)
-        .unwrap();
-    let at = first + 100;
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
-    drop(f);
+    flip_byte(&shard, first + 100, 0x10);
     for depth in [1, 8] {
         evict(&files_of(dir.path()));
         let err = read_direct(&p, depth).unwrap_err();

@@ -7,7 +7,7 @@ use shardpoint_core::{save, Codec, Error, Reader};
 use std::path::Path;
 
 mod common;
-use common::{items, opts, Val};
+use common::{flip_byte, items, opts, Val};
 
 /// The chunk size the bomb's destination is given (any small size works).
 const CB: usize = 4096;
@@ -71,7 +71,6 @@ fn decode_chunk_never_panics_on_an_empty_destination() {
 fn damaged_bytegroup_huffman_chunk_is_named() {
     // Codec 3 reads decode first and check the raw crc end to end; on failure the stored chunk
     // crcs name the damaged chunk and its offset.
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("ck");
     let data: Vec<u8> = (0..8192u32)
@@ -100,14 +99,7 @@ fn damaged_bytegroup_huffman_chunk_is_named() {
     let shard = r.shards()[e.shard as usize].path.clone();
     drop(e);
     drop(r);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&shard)
-        .unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    flip_byte(&shard, at, 0x10);
     let r = Reader::open(&p).unwrap();
     let e = r.entry("w").unwrap();
     let mut out = vec![0u8; e.raw_len as usize];

@@ -102,3 +102,16 @@ pub fn sample_values() -> BTreeMap<String, Val> {
     );
     m
 }
+
+/// Flip bits `mask` of the byte at `at` of the file at `path`, in place.
+pub fn flip_byte(path: &Path, at: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ mask], at).unwrap();
+}

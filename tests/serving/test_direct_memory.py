@@ -146,6 +146,14 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"none": str(d / "none"), "default": str(d / "default")}
 
 
+def _copy(prefix: str, to: pathlib.Path) -> str:
+    """A copy of checkpoint ``prefix``'s files in ``to`` (to damage); its prefix."""
+    src = pathlib.Path(prefix)
+    for p in src.parent.glob(src.name + ".*"):
+        (to / p.name).write_bytes(p.read_bytes())
+    return str(to / src.name)
+
+
 def _shards(prefix: str) -> list[str]:
     p = pathlib.Path(prefix)
     return sorted(str(f) for f in p.parent.glob(p.name + ".data-*"))
@@ -194,10 +202,7 @@ def test_checkpoint_damage_is_caught_after_a_direct_read(
 ) -> None:
     """One flipped byte inside an uncompressed value: ``direct=True`` raises the checksum
     error naming the key (crc over the bytes landed); with ``verify=False`` it is not checked."""
-    src = pathlib.Path(checkpoints["none"])
-    for p in src.parent.glob(src.name + ".*"):
-        (tmp_path / p.name).write_bytes(p.read_bytes())
-    prefix = str(tmp_path / src.name)
+    prefix = _copy(checkpoints["none"], tmp_path)
     with sp.open(prefix) as r:
         info = r.info("l.03.weight")
         shard = _shards(prefix)[info.shard]
@@ -215,10 +220,7 @@ def test_checkpoint_damage_is_caught_after_a_direct_read(
 def test_checkpoint_truncated_shard_names_the_file(
     checkpoints: dict[str, str], tmp_path: pathlib.Path
 ) -> None:
-    src = pathlib.Path(checkpoints["none"])
-    for p in src.parent.glob(src.name + ".*"):
-        (tmp_path / p.name).write_bytes(p.read_bytes())
-    prefix = str(tmp_path / src.name)
+    prefix = _copy(checkpoints["none"], tmp_path)
     last = pathlib.Path(_shards(prefix)[-1])
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     with pytest.raises(sp.CheckpointError, match=last.name):
@@ -232,10 +234,7 @@ def test_compressed_damage_and_truncation_named_after_a_direct_read(
     """The default codec with ``direct=True``, cold: a flipped stored byte raises an error
     naming the key whatever ``verify`` says (compressed values are always checked), and a
     shard cut in half names the file; neither hangs the engine's readers."""
-    src = pathlib.Path(checkpoints["default"])
-    for p in src.parent.glob(src.name + ".*"):
-        (tmp_path / p.name).write_bytes(p.read_bytes())
-    prefix = str(tmp_path / src.name)
+    prefix = _copy(checkpoints["default"], tmp_path)
     with sp.open(prefix) as r:
         info = r.info("l.03.weight")
         assert info.codec != "none"
