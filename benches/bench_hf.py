@@ -44,14 +44,10 @@ from bench_storage import make_model  # noqa: E402
 
 
 def evict(directory: str) -> None:
-    """Drop the directory's files from the page cache (clean pages; no root needed)."""
-    os.sync()
-    for name in os.listdir(directory):
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Drop the directory's files from the page cache (no root needed)."""
+    from bench_load import evict as drop  # the tests' helper (tests/page_cache.py)
+
+    drop([os.path.join(directory, name) for name in os.listdir(directory)])
 
 
 def timed(fn: Callable[[], object], repeat: int, cold_dir: str | None) -> float:
