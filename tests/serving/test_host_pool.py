@@ -9,6 +9,7 @@ files still fail with errors naming the file."""
 from __future__ import annotations
 
 import gc
+import json
 import pathlib
 
 import pytest
@@ -99,6 +100,41 @@ def test_pooled_values_share_their_file_offsets_cache_line_place(tmp_path: pathl
             n += 1
         del t
     assert n == _N and it._pool is not None and it._pool.reused > 0
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_value_off_its_element_size_is_handed_out_aligned(
+    tmp_path: pathlib.Path, direct: bool
+) -> None:
+    """A file (written by hand: safetensors' own writer orders tensors so this cannot happen)
+    whose fp32 tensor lies 2 bytes off a multiple of 4: it is not placed at its offset (a
+    tensor is always aligned to its element size), and it arrives exact on both routes."""
+    g = torch.Generator().manual_seed(11)
+    state = {
+        "a.odd": torch.tensor([7, 9], dtype=torch.uint8),
+        "b.weight": torch.randn(*_SHAPE, generator=g),
+    }
+    n = state["b.weight"].numel() * 4
+    header = {
+        "a.odd": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+        "b.weight": {"dtype": "F32", "shape": list(_SHAPE), "data_offsets": [2, 2 + n]},
+    }
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(
+        len(text).to_bytes(8, "little")
+        + text
+        + state["a.odd"].numpy().tobytes()
+        + state["b.weight"].numpy().tobytes()
+    )
+    it = sptorch.weights_iterator(str(path), io="pread", direct=direct)
+    offsets = {i.key: i.offset for i in it._plan.infos}
+    assert offsets["b.weight"] % 4 == 2
+    got = dict(it)
+    assert torch.equal(got["a.odd"], state["a.odd"])
+    assert torch.equal(got["b.weight"], state["b.weight"])
+    assert got["b.weight"].data_ptr() % 4 == 0
 
 
 @pytest.mark.parametrize("fmt", ["hf", "sp"])

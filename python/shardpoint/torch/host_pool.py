@@ -31,23 +31,18 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["HostPool", "POOL_MIN", "line_lead"]
+__all__ = ["HostPool", "LINE", "POOL_MIN"]
 
 #: Values at least this large get a pooled mapping of their own; smaller ones ``torch.empty``.
 POOL_MIN = 1 << 20
 _PAGE = 4096
-#: A cache line: the kernel's copy is fastest with source and destination equally placed in one.
-_LINE = 64
-
-
-def line_lead(file_offset: int) -> int:
-    """The ``lead`` for a value that ``pread`` copies out of the page cache: its file offset's
-    place in a cache line, so the kernel's copy (``rep movsb``) runs source and destination at
-    the same alignment: 7 GB/s on this project's VM, 2.1-5.5 GB/s with them 8-40 bytes apart
-    (a safetensors file's tensors sit wherever its header ends). A warm Hugging Face load
-    through ``weights_iterator`` spent 15 % less system time (docs/SERVING.md, "Issue 41
-    (ninth round)"). Not for decoded values (the decoder writes them)."""
-    return file_offset % _LINE
+#: A cache line. A value that ``pread`` copies out of the page cache is placed at its file
+#: offset's place in one, so the kernel's copy (``rep movsb``) runs source and destination at
+#: the same alignment: 7 GB/s on this project's VM, 2.1-5.5 GB/s with them 8-40 bytes apart (a
+#: safetensors file's tensors sit wherever its header ends); a warm Hugging Face load through
+#: ``weights_iterator`` spent 15 % less system time (docs/SERVING.md, "Issue 41 (ninth
+#: round)"). Not for decoded values (the decoder writes them).
+LINE = 64
 
 
 def size_class(nbytes: int) -> int:

@@ -54,7 +54,7 @@ from ..errors import InvalidArgumentError
 from ..storage.direct_reads import local_shards_core, read_entries_direct
 from ..storage.io_mode import check_io, resolve_io
 from .consumer_threads import ConsumerThreads
-from .host_pool import POOL_MIN, HostPool, line_lead
+from .host_pool import LINE, POOL_MIN, HostPool
 from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
@@ -116,12 +116,15 @@ def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
     return raw.view(dtype).view(info.shape)
 
 
-def _pooled(info: storage.EntryInfo, pool: HostPool, lead: int = 0) -> torch.Tensor:
+def _pooled(info: storage.EntryInfo, pool: HostPool, unit: int = 0) -> torch.Tensor:
     """A new tensor for ``info``'s value in a mapping of its own out of ``pool`` (recycled
-    from a tensor the consumer has dropped, when one of its size is free), ``lead`` bytes into
-    it (placed for the direct engine's in-place reads)."""
-    raw = pool.tensor(info.raw_bytes, lead)
-    return raw.view(torch_dtype(info.dtype)).view(info.shape)
+    from a tensor the consumer has dropped, when one of its size is free), placed at its file
+    offset's place in a ``unit`` (``_PAGE``: the direct engine reads it in place; ``LINE``:
+    the kernel copies it out of the page cache) when that offset is a multiple of its element
+    size (a tensor handed out is always aligned to its element size), else at the start."""
+    dtype = torch_dtype(info.dtype)
+    lead = info.offset % unit if unit and info.offset % dtype.itemsize == 0 else 0
+    return pool.tensor(info.raw_bytes, lead).view(dtype).view(info.shape)
 
 
 class _Producer:
@@ -223,9 +226,9 @@ class _Producer:
         # mapping (the device writes them in place; a fresh mapping per value cost a page
         # fault per 4 KiB: docs/SERVING.md, "Issue 41 (seventh round)")
         out = [
-            _pooled(i, pool, i.offset % _PAGE)
+            _pooled(i, pool, _PAGE)
             if pool is not None and self._places(i)
-            else _pooled(i, pool, line_lead(i.offset) if i.codec == "none" else 0)
+            else _pooled(i, pool, LINE if i.codec == "none" else 0)
             if pool is not None and i.raw_bytes >= POOL_MIN
             else _empty(i, self._pin)
             for i in batch
