@@ -339,7 +339,8 @@ impl Reader {
                         .ok()
                 })
                 .collect();
-            if readers.is_empty() {
+            // (no blocks: only empty compressed values, which our writers store uncompressed)
+            if readers.is_empty() && !blocks.is_empty() {
                 record(Error::InvalidArgument(
                     "cannot start a direct-read thread".into(),
                 ));
