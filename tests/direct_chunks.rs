@@ -3,18 +3,18 @@
 //! and truncation named, never a hang (the engine's buffer pool is smaller than the load).
 
 use shardpoint_core::format::{Codec, DType, Kind};
-use shardpoint_core::{save, save_single, Error, Item, Reader, WriterOptions};
+use shardpoint_core::{save, save_single, Error, Reader, WriterOptions};
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::flip_byte;
+use common::{flip_byte, items, Val};
 
 /// Several values, some spanning many 4 MiB blocks: smooth floats (Huffman/zstd shrink them),
 /// noise (stored raw inside a compressed value), and small ones.
-fn values() -> BTreeMap<String, (DType, Vec<u64>, Vec<u8>)> {
+fn values() -> BTreeMap<String, Val> {
     let mut m = BTreeMap::new();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut noise = |n: usize| -> Vec<u8> {
@@ -34,38 +34,39 @@ fn values() -> BTreeMap<String, (DType, Vec<u64>, Vec<u8>)> {
     };
     m.insert(
         "big/a".into(),
-        (DType::F32, vec![3 << 20], smooth(3 << 20, 1e-3)),
+        (
+            DType::F32,
+            Kind::Tensor,
+            vec![3 << 20],
+            smooth(3 << 20, 1e-3),
+        ),
     );
-    m.insert("big/b".into(), (DType::U8, vec![6 << 20], noise(6 << 20)));
+    m.insert(
+        "big/b".into(),
+        (DType::U8, Kind::Tensor, vec![6 << 20], noise(6 << 20)),
+    );
     m.insert(
         "mid".into(),
-        (DType::F32, vec![300_001], smooth(300_001, 3e-2)),
+        (
+            DType::F32,
+            Kind::Tensor,
+            vec![300_001],
+            smooth(300_001, 3e-2),
+        ),
     );
-    m.insert("small".into(), (DType::I64, vec![3], vec![7u8; 24]));
-    m.insert("empty".into(), (DType::F16, vec![0], vec![]));
+    m.insert(
+        "small".into(),
+        (DType::I64, Kind::Tensor, vec![3], vec![7u8; 24]),
+    );
+    m.insert("empty".into(), (DType::F16, Kind::Tensor, vec![0], vec![]));
     m
 }
 
-fn items(v: &BTreeMap<String, (DType, Vec<u64>, Vec<u8>)>) -> Vec<Item<'_>> {
-    v.iter()
-        .map(|(k, (d, dims, b))| Item {
-            key: k.clone(),
-            dtype: *d,
-            kind: Kind::Tensor,
-            dims: dims.clone(),
-            data: b,
-            xor_base: None,
-        })
-        .collect()
-}
-
+/// The common writer options with chunks of 256 KiB (a value spans many chunks and blocks).
 fn opts(codec: Codec) -> WriterOptions {
     WriterOptions {
-        codec,
-        shards: 2,
-        durable: false,
         chunk_bytes: 256 << 10,
-        ..Default::default()
+        ..common::opts(codec, 2)
     }
 }
 
@@ -121,7 +122,7 @@ fn read_direct(
 }
 
 fn expect_equal(got: &BTreeMap<String, Vec<u8>>) {
-    for (k, (_, _, want)) in values() {
+    for (k, (_, _, _, want)) in values() {
         assert!(got[&k] == want, "value {k:?} differs");
     }
 }

@@ -13,6 +13,30 @@ thread_local! {
     static DECODE_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Output buffers for `entries`: one each, each exactly its entry's raw length.
+pub(super) fn check_outs(entries: &[Entry<'_>], dsts: &[&mut [u8]]) -> Result<()> {
+    if entries.len() != dsts.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} entries but {} output buffers",
+            entries.len(),
+            dsts.len()
+        )));
+    }
+    match entries
+        .iter()
+        .zip(dsts)
+        .find(|(e, d)| d.len() as u64 != e.raw_len)
+    {
+        Some((e, d)) => Err(Error::InvalidArgument(format!(
+            "key {:?}: output buffer has {} bytes, need {}",
+            e.key,
+            d.len(),
+            e.raw_len
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Run `f` on the calling thread's decode buffer, grown to (at least) `len` bytes.
 fn with_decode_scratch<T>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<T>) -> Result<T> {
     DECODE_SCRATCH.with(|cell| {
@@ -29,14 +53,6 @@ impl Reader {
     /// parallel. Compressed entries are always checked end to end (chunk crcs and the raw crc);
     /// raw entries are checked when `verify`.
     pub fn read_into(&self, e: &Entry<'_>, out: &mut [u8], verify: bool) -> Result<()> {
-        if out.len() as u64 != e.raw_len {
-            return Err(Error::InvalidArgument(format!(
-                "key {:?}: output buffer has {} bytes, need {}",
-                e.key,
-                out.len(),
-                e.raw_len
-            )));
-        }
         self.read_many_into(std::slice::from_ref(e), vec![out], verify)
     }
 
@@ -55,13 +71,7 @@ impl Reader {
         verify: bool,
     ) -> Result<()> {
         use crate::load::{for_each_ordered, with_read_ahead, Span, RAW_PIECE};
-        if entries.len() != dsts.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} entries but {} output buffers",
-                entries.len(),
-                dsts.len()
-            )));
-        }
+        check_outs(entries, &dsts)?;
         let cb = self.index.chunk_bytes() as usize;
         // One work item per piece / chunk: (entry, file offset, stored len, chunk or usize::MAX
         // for a raw piece, destination).
@@ -76,14 +86,6 @@ impl Reader {
         // Per entry: its items, in payload order (their crcs combine in that order).
         let mut of_entry: Vec<Vec<usize>> = Vec::with_capacity(entries.len());
         for (i, (e, out)) in entries.iter().zip(dsts).enumerate() {
-            if out.len() as u64 != e.raw_len {
-                return Err(Error::InvalidArgument(format!(
-                    "key {:?}: output buffer has {} bytes, need {}",
-                    e.key,
-                    out.len(),
-                    e.raw_len
-                )));
-            }
             let mut mine = Vec::new();
             if e.codec == Codec::None {
                 for (k, piece) in out.chunks_mut(RAW_PIECE).enumerate() {

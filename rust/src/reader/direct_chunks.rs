@@ -19,6 +19,7 @@
 //! the lowest block not yet read always gets the next free buffer: no deadlock however the
 //! threads interleave.
 
+use super::batched::check_outs;
 use super::Reader;
 use crate::direct::{
     align_down, align_up, direct_read, open_direct, Aligned, DirectErr, DirectStats,
@@ -28,7 +29,7 @@ use crate::format::*;
 use crate::index::Entry;
 use crate::load::cached;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 /// Stored bytes per block (one direct read): large enough for the device to stream, small
 /// enough that `depth + 2` buffers stay a few tens of MiB.
@@ -42,12 +43,11 @@ const MAX_GAP: u64 = 64 << 10;
 /// engine instead of sizing buffers to it.
 const MAX_BUFFER: u64 = 256 << 20;
 
-/// One block: stored bytes `[lo, hi)` of one shard (shard offsets), its chunk items.
+/// One block: stored bytes `[lo, hi)` of one shard (shard offsets), read at once.
 struct Block {
     shard: u32,
     lo: u64,
     hi: u64,
-    items: std::ops::Range<usize>,
     /// Stored bytes of its chunks (the extent less any gaps between values).
     bytes: u64,
     /// Chunks of the block not yet decoded; the last one frees the buffer.
@@ -113,23 +113,9 @@ impl Reader {
         verify: bool,
         depth: usize,
     ) -> Result<DirectStats> {
-        if entries.len() != dsts.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} entries but {} output buffers",
-                entries.len(),
-                dsts.len()
-            )));
-        }
+        check_outs(entries, &dsts)?;
         let (mut raw_e, mut raw_d, mut comp_e, mut comp_d) = (vec![], vec![], vec![], vec![]);
         for (e, d) in entries.iter().zip(dsts) {
-            if d.len() as u64 != e.raw_len {
-                return Err(Error::InvalidArgument(format!(
-                    "key {:?}: output buffer has {} bytes, need {}",
-                    e.key,
-                    d.len(),
-                    e.raw_len
-                )));
-            }
             if e.codec == Codec::None {
                 raw_e.push(e.clone());
                 raw_d.push(d);
@@ -160,27 +146,41 @@ impl Reader {
         depth: usize,
         cb: u64,
     ) -> Result<DirectStats> {
-        type Item<'d> = (usize, usize, (u32, u64), Mutex<Option<&'d mut [u8]>>);
-        // (entry, chunk, (shard, stored offset), destination)
+        /// One chunk: its entry and index, where its stored bytes lie (shard, offset, length,
+        /// recorded crc; checked by `chunk_loc`), and its destination.
+        struct Item<'d> {
+            entry: usize,
+            chunk: usize,
+            at: (u32, u64),
+            stored: usize,
+            crc: u32,
+            dst: Mutex<Option<&'d mut [u8]>>,
+        }
         let mut items: Vec<Item<'_>> = Vec::new();
         let mut of_entry: Vec<Vec<usize>> = Vec::with_capacity(entries.len());
         for (i, (e, out)) in entries.iter().zip(dsts).enumerate() {
             let mut mine = Vec::new();
             for (ci, o) in out.chunks_mut(cb as usize).enumerate() {
-                let (off, _, _, _, _) = self.chunk_loc(e, ci)?;
+                let (off, stored, _, _, crc) = self.chunk_loc(e, ci)?;
                 mine.push(items.len());
-                items.push((i, ci, (e.shard, off), Mutex::new(Some(o))));
+                items.push(Item {
+                    entry: i,
+                    chunk: ci,
+                    at: (e.shard, off),
+                    stored,
+                    crc,
+                    dst: Mutex::new(Some(o)),
+                });
             }
             of_entry.push(mine);
         }
         let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_unstable_by_key(|&k| items[k].2);
-        let stored = |k: usize| entries[items[k].0].chunk(items[k].1).stored_len as u64;
+        order.sort_unstable_by_key(|&k| items[k].at);
         let mut blocks: Vec<Block> = Vec::new();
         let mut block_of = vec![0usize; order.len()];
         for (pos, &k) in order.iter().enumerate() {
-            let (shard, off) = items[k].2;
-            let end = off + stored(k);
+            let (shard, off) = items[k].at;
+            let end = off + items[k].stored as u64;
             match blocks.last_mut() {
                 Some(b)
                     if b.shard == shard
@@ -189,22 +189,18 @@ impl Reader {
                         && end - b.lo <= BLOCK =>
                 {
                     b.hi = end;
-                    b.items.end = pos + 1;
+                    *b.left.get_mut() += 1;
                     b.bytes += end - off;
                 }
                 _ => blocks.push(Block {
                     shard,
                     lo: off,
                     hi: end,
-                    items: pos..pos + 1,
                     bytes: end - off,
-                    left: AtomicUsize::new(0),
+                    left: AtomicUsize::new(1),
                 }),
             }
             block_of[pos] = blocks.len() - 1;
-        }
-        for b in &blocks {
-            b.left.store(b.items.len(), Ordering::Relaxed);
         }
         let files: Vec<Option<std::fs::File>> =
             self.shards.iter().map(|s| open_direct(&s.path)).collect();
@@ -273,16 +269,16 @@ impl Reader {
                 changed.notify_all();
             }
         };
-        let crcs: Vec<Mutex<(u32, usize)>> = (0..items.len()).map(|_| Mutex::new((0, 0))).collect();
+        let crcs: Vec<OnceLock<(u32, usize)>> = (0..items.len()).map(|_| OnceLock::new()).collect();
         let worker = |pos: usize| -> Result<()> {
             cancel.check()?;
             let k = order[pos];
             let bi = block_of[pos];
             let b = &blocks[bi];
-            let (ei, ci, (_, off), slot) = &items[k];
-            let e = &entries[*ei];
-            let (_, n, _, _, ccrc) = self.chunk_loc(e, *ci)?;
-            let dst = slot
+            let it = &items[k];
+            let (e, off, n) = (&entries[it.entry], it.at.1, it.stored);
+            let dst = it
+                .dst
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
@@ -307,7 +303,7 @@ impl Reader {
             // length), `from + n` lies inside it, and it is neither written nor freed until
             // `left` reaches zero below, after this borrow ends.
             let stored = unsafe { std::slice::from_raw_parts(base.add(from), n) };
-            let got = match self.decode_stored_checked(e, *ci, stored, *off, ccrc, dst) {
+            let got = match self.decode_stored_checked(e, it.chunk, stored, off, it.crc, dst) {
                 Ok(c) => c,
                 Err(err @ Error::Corrupt { .. }) => {
                     self.verify_entry(e)?;
@@ -315,7 +311,7 @@ impl Reader {
                 }
                 Err(err) => return Err(err),
             };
-            *crcs[k].lock().unwrap_or_else(|p| p.into_inner()) = (got, dst.len());
+            let _ = crcs[k].set((got, dst.len()));
             if b.left.fetch_sub(1, Ordering::AcqRel) == 1 {
                 let mut st = lock();
                 if let Some(buf) = st.ready[bi].take() {
@@ -360,7 +356,7 @@ impl Reader {
         }
         let crcs: Vec<(u32, usize)> = crcs
             .into_iter()
-            .map(|c| c.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .map(|c| c.into_inner().expect("every chunk was decoded"))
             .collect();
         self.check_whole(entries, &of_entry, &crcs, true)?;
         Ok(st.stats)
