@@ -214,3 +214,31 @@ fn a_shard_truncated_after_open_is_named() {
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("truncated"), "{err}");
 }
+
+#[test]
+fn a_checkpoint_saved_again_under_an_open_reader_is_read_as_opened() {
+    // Another save at the same prefix while this reader loads: the shard files the reader
+    // opened are removed (the new ones carry a token); the direct reads still read the
+    // opened files, by O_DIRECT.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ck");
+    save(&p, &items(&values()), opts(Codec::HuffByteGroup)).unwrap();
+    let r = Reader::open(&p).unwrap();
+    evict(&files_of(dir.path())); // the files the reader has open, cold
+    let mut other = values();
+    for (_, _, _, b) in other.values_mut() {
+        b.iter_mut().for_each(|x| *x = x.wrapping_add(1));
+    }
+    save(&p, &items(&other), opts(Codec::HuffByteGroup)).unwrap();
+    let v = values();
+    let es: Vec<_> = v.keys().map(|k| r.entry(k).unwrap()).collect();
+    let mut outs: Vec<Vec<u8>> = es.iter().map(|e| vec![0u8; e.raw_len as usize]).collect();
+    let st = r
+        .read_many_into_direct(&es, outs.iter_mut().map(|o| &mut o[..]).collect(), true, 4)
+        .unwrap();
+    expect_equal(&v.keys().cloned().zip(outs).collect());
+    // still read by O_DIRECT: through the open files, not their (now removed) paths
+    if takes_o_direct(&files_of(dir.path())[0]) {
+        assert!(st.in_place > 8 << 20, "{st:?}");
+    }
+}

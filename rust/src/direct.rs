@@ -120,6 +120,17 @@ struct DirectFile {
     direct: Option<File>,
 }
 
+/// An `O_DIRECT` handle on the file `file` has open (through `/proc/self/fd`, so the same
+/// inode even when the path now names another file: a checkpoint saved again at the same
+/// prefix while a reader loads it); `None` where that cannot be opened.
+pub(crate) fn reopen_direct(file: &File) -> Option<File> {
+    use std::os::unix::io::AsRawFd;
+    open_direct(std::path::Path::new(&format!(
+        "/proc/self/fd/{}",
+        file.as_raw_fd()
+    )))
+}
+
 pub(crate) fn open_direct(path: &std::path::Path) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()

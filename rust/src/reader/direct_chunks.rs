@@ -22,7 +22,7 @@
 use super::batched::check_outs;
 use super::Reader;
 use crate::direct::{
-    align_down, align_up, direct_read, open_direct, Aligned, DirectErr, DirectStats,
+    align_down, align_up, direct_read, reopen_direct, Aligned, DirectErr, DirectStats,
 };
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -202,8 +202,10 @@ impl Reader {
             }
             block_of[pos] = blocks.len() - 1;
         }
+        // the shards' own open files: a save at the same prefix since open may have removed
+        // them or put other files at their paths
         let files: Vec<Option<std::fs::File>> =
-            self.shards.iter().map(|s| open_direct(&s.path)).collect();
+            self.shards.iter().map(|s| reopen_direct(&s.file)).collect();
         let cap = buffer_cap(cb);
         let pool = depth + 2;
         let state = Mutex::new(State {
