@@ -115,9 +115,9 @@ impl Drop for Aligned {
 }
 
 /// One file: the checked buffered handle and, where the file system allows, an `O_DIRECT` one.
-struct DirectFile {
-    plain: PlainFile,
-    direct: Option<File>,
+pub(crate) struct DirectFile {
+    pub(crate) plain: PlainFile,
+    pub(crate) direct: Option<File>,
 }
 
 /// An `O_DIRECT` handle on the file `file` has open (through `/proc/self/fd`, so the same
@@ -302,6 +302,24 @@ pub fn read_files_direct(
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    read_direct(&files, ranges, dsts, depth)
+}
+
+/// [`read_files_direct`] on files already open: a reader's own shard files, so the bytes come
+/// from the files it opened even when their paths now name others.
+pub(crate) fn read_direct(
+    files: &[DirectFile],
+    ranges: &[(usize, u64)],
+    dsts: Vec<&mut [u8]>,
+    depth: usize,
+) -> Result<DirectStats> {
+    if ranges.len() != dsts.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} ranges but {} output buffers",
+            ranges.len(),
+            dsts.len()
+        )));
+    }
     type Item<'d> = ((usize, u64), Mutex<Option<&'d mut [u8]>>);
     let mut items: Vec<Item<'_>> = Vec::new();
     let mut total = 0u64;
@@ -361,7 +379,7 @@ pub fn read_files_direct(
     let run = || {
         let mut w = match Aligned::new(bounce_len as usize) {
             Ok(bounce) => Worker {
-                files: &files,
+                files,
                 bounce,
                 stats: DirectStats::default(),
             },

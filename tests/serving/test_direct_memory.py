@@ -253,3 +253,33 @@ def test_compressed_damage_and_truncation_named_after_a_direct_read(
     with pytest.raises(sp.CheckpointError, match=last.name):
         for _ in sptorch.weights_iterator(prefix, direct=True):
             pass
+
+
+@pytest.mark.parametrize("codec", ["none", "default"])
+@pytest.mark.parametrize("verify", [True, False])
+def test_direct_reads_the_files_opened_when_saved_again_mid_load(
+    tmp_path: pathlib.Path, codec: str, verify: bool
+) -> None:
+    """A checkpoint saved again at the same prefix while a ``direct=True`` iterator is part way
+    through: the rest of the values come from the files the iterator opened (the engine reads
+    the reader's own open files, not their paths), bit for bit what was first saved, with or
+    without crc checks (without them, other files' bytes would pass unnoticed)."""
+    g = torch.Generator().manual_seed(77)
+    first = {f"w.{i}": torch.randn(600, 500, generator=g) for i in range(6)}
+    second = {k: v + 1.0 for k, v in first.items()}
+    prefix = str(tmp_path / "ckpt")
+    kw = {"compression": "none"} if codec == "none" else {}
+    sptorch.save(first, prefix, **kw)
+    for f in _shards(prefix):
+        evict(f)
+    it = iter(sptorch.weights_iterator(prefix, direct=True, verify=verify, window=1 << 20))
+    got = dict([next(it)])
+    sptorch.save(second, prefix, **kw)
+    for f in _shards(prefix):
+        evict(f)
+    got.update(it)
+    assert sorted(got) == sorted(first)
+    for k, v in first.items():
+        assert torch.equal(got[k], v), k
+    with sp.open(prefix) as r:
+        assert np.array_equal(r["w.0"], second["w.0"].numpy())

@@ -4,12 +4,9 @@ that way (uncompressed ones checked against their crc32c after they land)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .. import _core
-from ..errors import CorruptCheckpointError
 from .entry_stats import EntryInfo
 
 __all__ = ["read_ranges_direct", "read_entries_direct"]
@@ -50,32 +47,21 @@ def read_entries_direct(
     threads: int | None = None,
 ) -> tuple[int, int, int]:
     """The values ``infos`` of a local checkpoint (``core``) into ``outs`` (each the value's raw
-    bytes), every stored byte through the cold-read engine: uncompressed values with
-    :func:`read_ranges_direct` straight from their shard files and then, with ``verify``,
-    checked against their crc32c over the bytes landed (a damaged byte raises
-    ``ChecksumMismatchError`` naming the shard and key); compressed ones in blocks of whole
-    chunks read with ``O_DIRECT`` and decoded from the engine's buffers (always checked end to
-    end). A direct read skips the page cache's fill and the kernel's copy: about half the CPU
-    of a cold buffered load of uncompressed values, a quarter for the default codec's
-    (docs/SERVING.md, "Issue 41 (seventh round)" and "(ninth round)"). Returns the bytes read
-    by ``O_DIRECT`` in place, bounced and from the page cache (stored bytes for compressed
-    values)."""
-    paths = [os.fspath(p) for p, _ in core.shard_files()]
-    raw = [(i, o) for i, o in zip(infos, outs, strict=True) if i.codec == "none" and o.nbytes]
-    rest = [(i, o) for i, o in zip(infos, outs, strict=True) if i.codec != "none" and o.nbytes]
-    got = (0, 0, 0)
-    if rest:
-        got = core.read_many_into(
-            [i.key for i, _ in rest], [o for _, o in rest], True, threads, _DEPTH
-        ) or (0, 0, 0)
-    if not raw:
-        return got
-    for i, _ in raw:
-        if not 0 <= i.shard < len(paths):
-            raise CorruptCheckpointError(
-                f"key {i.key!r}: shard {i.shard} of a checkpoint with {len(paths)} shards"
-            )
-    more = read_ranges_direct(paths, [(i.shard, i.offset) for i, _ in raw], [o for _, o in raw])
-    if verify:
-        core.verify_views([i.key for i, _ in raw], [o for _, o in raw])
-    return got[0] + more[0], got[1] + more[1], got[2] + more[2]
+    bytes), every stored byte through the cold-read engine, read from the shard files ``core``
+    opened (a save at the same prefix since then does not change what is read): uncompressed
+    values straight into ``outs`` and then, with ``verify``, checked against their crc32c over
+    the bytes landed (a damaged byte raises ``ChecksumMismatchError`` naming the shard and
+    key); compressed ones in blocks of whole chunks read with ``O_DIRECT`` and decoded from the
+    engine's buffers (always checked end to end). A direct read skips the page cache's fill and
+    the kernel's copy: about half the CPU of a cold buffered load of uncompressed values, a
+    quarter for the default codec's (docs/SERVING.md, "Issue 41 (seventh round)" and "(ninth
+    round)"). Returns the bytes read by ``O_DIRECT`` in place, bounced and from the page cache
+    (stored bytes for compressed values)."""
+    todo = [(i, o) for i, o in zip(infos, outs, strict=True) if o.nbytes]
+    if not todo:
+        return 0, 0, 0
+    got = core.read_many_into(
+        [i.key for i, _ in todo], [o for _, o in todo], verify, threads, _DEPTH
+    )
+    in_place, bounced, cached = got or (0, 0, 0)
+    return int(in_place), int(bounced), int(cached)

@@ -315,9 +315,9 @@ impl CheckpointReader {
     /// (no page faults, no kernel page clearing) and no second copy. Every value is checked
     /// (`verify` also checks uncompressed ones, as in `get_many`). Buffers must not overlap.
     /// `threads`: decode on a pool of that many threads (default: one per CPU).
-    /// `direct`: read compressed values' chunks with the cold-read engine, that many reads in
-    /// flight (`O_DIRECT` where not cached; `shardpoint_core` `reader/direct_chunks.rs`), and
-    /// return the stored bytes read by `O_DIRECT`, bounced (always 0) and with `pread`.
+    /// `direct`: read every value with the cold-read engine from the files this reader opened,
+    /// that many reads in flight (`shardpoint_core` `reader/direct_chunks.rs`), and return
+    /// the stored bytes read by `O_DIRECT` in place, bounced and with `pread`.
     #[pyo3(signature = (keys, outs, verify=true, threads=None, direct=None))]
     fn read_many_into(
         &self,

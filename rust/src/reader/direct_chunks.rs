@@ -1,5 +1,6 @@
-//! Compressed values read with `O_DIRECT`: the cold-read engine ([`crate::direct`]) for the
-//! chunks of compressed values, decoded straight from the engine's buffers.
+//! A checkpoint's values read with `O_DIRECT`: the cold-read engine ([`crate::direct`]) for
+//! the chunks of compressed values, decoded straight from the engine's buffers (below), and
+//! for uncompressed values, read straight into their destinations (`direct_raw`).
 //!
 //! Why: a cold buffered load of a compressed value pays the page cache's fill (allocating
 //! pages, the kernel's copy out of them) and a `pread` copy into the worker's scratch buffer
@@ -22,12 +23,13 @@
 use super::batched::check_outs;
 use super::Reader;
 use crate::direct::{
-    align_down, align_up, direct_read, reopen_direct, Aligned, DirectErr, DirectStats,
+    align_down, align_up, direct_read, read_direct, reopen_direct, Aligned, DirectErr, DirectFile,
+    DirectStats,
 };
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::Entry;
-use crate::load::cached;
+use crate::load::{cached, PlainFile};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
@@ -102,10 +104,12 @@ struct State {
 }
 
 impl Reader {
-    /// [`Reader::read_many_into`] with compressed values' chunks read by the cold-read engine
-    /// (see the module doc); uncompressed values go through the bulk-load engine as before.
-    /// Every compressed value is checked end to end as there. Returns where the compressed
-    /// stored bytes came from (`in_place`: by `O_DIRECT`; `buffered`: by `pread`).
+    /// [`Reader::read_many_into`] with every value read by the cold-read engine from this
+    /// reader's open shard files: compressed values' chunks as in the module doc (each value
+    /// checked end to end as there), uncompressed ones by [`crate::direct::read_direct`]
+    /// straight into their buffers (crc checked after, with `verify`). Returns where the stored
+    /// bytes came from (`in_place`: by `O_DIRECT` into place; `bounced`: by `O_DIRECT` through
+    /// a bounce buffer; `buffered`: by `pread`).
     pub fn read_many_into_direct(
         &self,
         entries: &[Entry<'_>],
@@ -125,18 +129,80 @@ impl Reader {
                 comp_d.push(d);
             }
         }
+        let depth = depth.clamp(1, 64);
+        let mut stats = DirectStats::default();
         if !raw_e.is_empty() {
-            self.read_many_into(&raw_e, raw_d, verify)?;
+            stats = self.direct_raw(&raw_e, raw_d, verify, depth)?;
         }
         let cb = self.index.chunk_bytes() as u64;
         if comp_e.is_empty() {
-            return Ok(DirectStats::default());
+            return Ok(stats);
         }
         if buffer_cap(cb) > MAX_BUFFER {
             self.read_many_into(&comp_e, comp_d, true)?;
-            return Ok(DirectStats::default());
+            return Ok(stats);
         }
-        self.direct_chunks(&comp_e, comp_d, depth.clamp(1, 64), cb)
+        let more = self.direct_chunks(&comp_e, comp_d, depth, cb)?;
+        Ok(DirectStats {
+            in_place: stats.in_place + more.in_place,
+            bounced: stats.bounced + more.bounced,
+            buffered: stats.buffered + more.buffered,
+        })
+    }
+
+    /// Uncompressed values by the cold-read engine ([`crate::direct::read_direct`]) from the
+    /// shard files this reader opened (not their paths: a save at the same prefix since open
+    /// removes them or puts other files there), then, with `verify`, each checked against its
+    /// crc over the bytes landed.
+    fn direct_raw(
+        &self,
+        entries: &[Entry<'_>],
+        dsts: Vec<&mut [u8]>,
+        verify: bool,
+        depth: usize,
+    ) -> Result<DirectStats> {
+        let mut files = Vec::with_capacity(self.shards.len());
+        for s in &self.shards {
+            let file = s
+                .file
+                .try_clone()
+                .map_err(|e| Error::io(&s.path, "open file", e))?;
+            files.push(DirectFile {
+                plain: PlainFile {
+                    path: s.path.clone(),
+                    file,
+                    len: s.base + s.len(),
+                },
+                direct: reopen_direct(&s.file),
+            });
+        }
+        let ranges: Vec<(usize, u64)> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e.shard as usize,
+                    self.shards[e.shard as usize].base + e.offset,
+                )
+            })
+            .collect();
+        let mut dsts = dsts;
+        // reborrowed: the buffers are checked after the engine's borrow of them ends
+        let stats = read_direct(
+            &files,
+            &ranges,
+            dsts.iter_mut().map(|d| &mut **d).collect(),
+            depth,
+        )?;
+        if verify {
+            use rayon::prelude::*;
+            crate::threads::install(|| {
+                entries
+                    .par_iter()
+                    .zip(dsts.par_iter())
+                    .try_for_each(|(e, d)| self.verify_view(e, d))
+            })?;
+        }
+        Ok(stats)
     }
 
     fn direct_chunks(
