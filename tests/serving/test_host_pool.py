@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import shardpoint.torch as sptorch  # noqa: E402
-from shardpoint.torch.host_pool import POOL_MIN, HostPool, size_class  # noqa: E402
+from shardpoint.torch.host_pool import HUGE, HUGE_MIN, POOL_MIN, HostPool, size_class  # noqa: E402
 
 _N = 24
 _SHAPE = (512, 640)  # fp32: 1.25 MiB, pooled
@@ -214,3 +214,25 @@ def test_short_file_errors_name_the_file(files: dict[str, str], tmp_path: pathli
     with pytest.raises(sp.CheckpointError, match=short.name):
         for _ in sptorch.weights_iterator(str(tmp_path / src.name)):
             pass
+
+
+def test_large_values_fill_whole_huge_pages_after_their_lead_page() -> None:
+    """A value of ``HUGE_MIN`` or more: its class is rounded up to whole huge pages (what the
+    window counts is what may be resident), and it starts ``lead`` bytes into the small page
+    just before a huge-page boundary, so the rest of it lies in whole huge pages, for a fresh
+    mapping and for a recycled one alike. Smaller values keep their page-grained class."""
+    pool = HostPool(lambda: 1 << 30)
+    for nbytes, lead in [(HUGE_MIN, 0), (5 << 20, 100), ((80 << 20) + 12345, 4095)]:
+        before = pool.free_bytes
+        for _ in range(2):  # fresh, then recycled
+            t = pool.tensor(nbytes, lead)
+            assert t.numel() == nbytes
+            assert (t.data_ptr() - lead + 4096) % HUGE == 0, (nbytes, lead)
+            t.fill_(3)  # the whole value is writable memory of the mapping
+            del t
+            gc.collect()
+        assert pool.free_bytes - before == -(-size_class(nbytes) // HUGE) * HUGE
+    assert pool.reused == 3
+    small = pool.tensor(HUGE_MIN - 4096, 64)
+    assert small.data_ptr() % 4096 == 64
+    pool.close()
