@@ -19,10 +19,13 @@ untimed (it carries the open and the ramp-up); the next direct batches are timed
 :data:`PROBE` bytes were read; then the read-ahead starts at the next value and buffered
 batches are timed the same way (the first one untimed, for its ramp-up). Direct reads the rest
 only if its rate was at least :data:`DIRECT_MARGIN` times the buffered one, else buffered:
-one 96 MiB stretch is a noisy measure (with a margin of 1.25, one of five loads on the
-reference VM kept direct and ran at half speed), and where direct wins it wins by about 2x. A
-read call's time is what the consumer waits for when the producer is the bottleneck, the only
-case where the choice matters.
+one 96 MiB stretch is a noisy measure. The margin was 1.5 while the direct engine read into
+small pages (0.9-1.0 GB/s on the reference VM; with a margin of 1.25 one of five loads kept
+direct and ran at half speed). Reading into huge pages, direct runs 2.4-2.6 GB/s there while
+buffered swings 0.5-1.9, and the probe measured direct at 1.14-2.4x buffered in 12 of 14
+Hugging Face loads (0.41x and 0.65x in the other two: docs/SERVING.md, "Issue 41 (tenth
+round)"); 1.2 keeps direct where it wins by a fifth. A read call's time is what the consumer
+waits for when the producer is the bottleneck, the only case where the choice matters.
 
 What must stay true: the bytes handed out never depend on the route (both read the same
 ranges, crc checked the same way); a read under :data:`AUTO_MIN` bytes, one mostly in the
@@ -56,7 +59,7 @@ AUTO_MIN = 512 << 20
 #: dozen buffered ones, so that one slow read does not decide.
 PROBE = 96 << 20
 #: How much faster the direct route must have read to be kept.
-DIRECT_MARGIN = 1.5
+DIRECT_MARGIN = 1.2
 #: Raw bytes per batch while probing (the direct engine's usual batch is 64 MiB): each direct
 #: value gets a placed mapping of its own, and with 64 MiB batches the probe touched ~70 MB
 #: more fresh memory than a buffered load (52.6k page faults against 34.8k on the 1 GB
