@@ -283,3 +283,54 @@ def test_direct_reads_the_files_opened_when_saved_again_mid_load(
         assert torch.equal(got[k], v), k
     with sp.open(prefix) as r:
         assert np.array_equal(r["w.0"], second["w.0"].numpy())
+
+
+def test_load_into_reads_a_cold_compressed_checkpoint_direct(
+    checkpoints: dict[str, str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load_into`` of a checkpoint mostly not in the page cache, read large enough
+    (``COLD_MIN``, lowered here): compressed values through the cold-read engine, uncompressed
+    ones buffered, every value exact; a warm checkpoint, a small read or overlapping targets
+    take the one buffered call; a damaged chunk is named whatever the route."""
+    from shardpoint.storage import direct_reads
+
+    prefix = checkpoints["default"]
+    with sp.open(prefix) as r:
+        want = {k: np.ascontiguousarray(r[k]) for k in r.keys()}
+        codecs = {r.info(k).codec for k in r.keys()}
+        core = r._core
+        keys = sorted(want)
+        outs = [np.zeros(want[k].nbytes, np.uint8) for k in keys]
+        assert codecs >= {"none"} and len(codecs) > 1  # mixed: both routes are taken
+        monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
+        for f in _shards(prefix):
+            evict(f)
+        assert direct_reads.read_cold_compressed(core, keys, outs, True)
+        for k, o in zip(keys, outs, strict=True):
+            assert o.tobytes() == want[k].tobytes(), k
+        for f in _shards(prefix):  # warm (direct reads leave the page cache as it was)
+            pathlib.Path(f).read_bytes()
+        assert not direct_reads.read_cold_compressed(core, keys, outs, True)
+        for f in _shards(prefix):
+            evict(f)
+        assert not direct_reads.read_cold_compressed(core, keys, [outs[0]] * len(keys), True)
+        monkeypatch.setattr(direct_reads, "COLD_MIN", 1 << 40)
+        assert not direct_reads.read_cold_compressed(core, keys, outs, True)
+    monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
+    targets = {k: np.zeros_like(v) for k, v in want.items()}
+    for f in _shards(prefix):
+        evict(f)
+    with sp.open(prefix) as r:
+        r.load_into(targets)
+    for k, v in want.items():
+        assert np.array_equal(targets[k].view(np.uint8), v.view(np.uint8)), k
+    bad = _copy(prefix, tmp_path)
+    with sp.open(bad) as r:
+        info = r.info("l.03.weight")
+        shard = _shards(bad)[info.shard]
+    data = bytearray(pathlib.Path(shard).read_bytes())
+    data[info.offset + info.stored_bytes // 2] ^= 0x10
+    pathlib.Path(shard).write_bytes(bytes(data))
+    evict(shard)
+    with sp.open(bad) as r, pytest.raises(sp.CorruptCheckpointError, match="l.03.weight"):
+        r.load_into({k: np.zeros_like(v) for k, v in want.items()})

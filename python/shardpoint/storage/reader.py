@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError, NotFoundError
+from .direct_reads import read_cold_compressed
 from .dtypes import numpy_dtype
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
@@ -303,9 +304,9 @@ class Reader:
         ``threads``: decode on that many threads (local checkpoints; default one per CPU)."""
         # object stores check every download whatever ``verify`` says (bytes crossed a network)
         core = self._core
-        if threads is None or not isinstance(core, _core.CheckpointReader):
+        if not isinstance(core, _core.CheckpointReader):
             core.read_many_into(keys, outs, verify)
-        else:
+        elif not read_cold_compressed(core, keys, outs, verify, threads):
             core.read_many_into(keys, outs, verify, threads)
 
     def _target_buffers(
