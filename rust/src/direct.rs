@@ -335,13 +335,6 @@ pub fn read_files_direct(
     dsts: Vec<&mut [u8]>,
     depth: usize,
 ) -> Result<DirectStats> {
-    if ranges.len() != dsts.len() {
-        return Err(Error::InvalidArgument(format!(
-            "{} ranges but {} output buffers",
-            ranges.len(),
-            dsts.len()
-        )));
-    }
     let files = paths
         .iter()
         .map(|p| {
