@@ -53,6 +53,18 @@ pub struct DirectStats {
     pub buffered: u64,
 }
 
+impl std::ops::Add for DirectStats {
+    type Output = DirectStats;
+
+    fn add(self, o: DirectStats) -> DirectStats {
+        DirectStats {
+            in_place: self.in_place + o.in_place,
+            bounced: self.bounced + o.bounced,
+            buffered: self.buffered + o.buffered,
+        }
+    }
+}
+
 /// A zeroed, page-aligned buffer (what `O_DIRECT` reads into): an anonymous mapping of its own,
 /// so only the pages a read touches are ever faulted in. Not `alloc_zeroed`: after glibc's
 /// dynamic mmap threshold rises, an 8 MiB `calloc` comes from a thread's heap and is cleared

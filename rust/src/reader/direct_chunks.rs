@@ -165,12 +165,7 @@ impl Reader {
             self.read_many_into(&comp_e, comp_d, true)?;
             return Ok(stats);
         }
-        let more = self.direct_chunks(&comp_e, comp_d, depth, cb)?;
-        Ok(DirectStats {
-            in_place: stats.in_place + more.in_place,
-            bounced: stats.bounced + more.bounced,
-            buffered: stats.buffered + more.buffered,
-        })
+        Ok(stats + self.direct_chunks(&comp_e, comp_d, depth, cb)?)
     }
 
     /// Uncompressed values by the cold-read engine ([`crate::direct::read_direct`]) from the
@@ -184,8 +179,13 @@ impl Reader {
         verify: bool,
         depth: usize,
     ) -> Result<DirectStats> {
-        let mut files = Vec::with_capacity(self.shards.len());
-        for s in &self.shards {
+        // the shards this call reads, each opened once (file index = place in `used`)
+        let mut used: Vec<u32> = entries.iter().map(|e| e.shard).collect();
+        used.sort_unstable();
+        used.dedup();
+        let mut files = Vec::with_capacity(used.len());
+        for &i in &used {
+            let s = &self.shards[i as usize];
             let file = s
                 .file
                 .try_clone()
@@ -202,10 +202,10 @@ impl Reader {
         let ranges: Vec<(usize, u64)> = entries
             .iter()
             .map(|e| {
-                (
-                    e.shard as usize,
-                    self.shards[e.shard as usize].base + e.offset,
-                )
+                let fi = used
+                    .binary_search(&e.shard)
+                    .expect("every entry's shard is used");
+                (fi, self.shards[e.shard as usize].base + e.offset)
             })
             .collect();
         let mut dsts = dsts;
@@ -301,8 +301,15 @@ impl Reader {
         }
         // the shards' own open files: a save at the same prefix since open may have removed
         // them or put other files at their paths
-        let files: Vec<Option<std::fs::File>> =
-            self.shards.iter().map(|s| reopen_direct(&s.file)).collect();
+        // (only the shards this call reads: a checkpoint of many shards reads a few per call)
+        let mut files: Vec<Option<std::fs::File>> = self.shards.iter().map(|_| None).collect();
+        let mut opened = vec![false; self.shards.len()];
+        for b in &blocks {
+            let i = b.shard as usize;
+            if !std::mem::replace(&mut opened[i], true) {
+                files[i] = reopen_direct(&self.shards[i].file);
+            }
+        }
         let cap = buffer_cap(cb);
         let pool = depth + 2;
         let state = Mutex::new(State {
