@@ -337,7 +337,7 @@ def test_loader_option_direct() -> None:
     from shardpoint.torch.weights import loader_options
 
     assert loader_options({"direct": True}, "x") == {"direct": True}
-    with pytest.raises(ValueError, match='direct must be true, false or "auto"'):
+    with pytest.raises(ValueError, match='direct must be true, false, "cold" or "auto"'):
         loader_options({"direct": "yes"}, "x")
 
 

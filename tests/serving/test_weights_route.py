@@ -63,6 +63,12 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> tuple[
     return path, state
 
 
+def _files(path: str) -> list[pathlib.Path]:
+    """The files of the checkpoint at ``path`` (a Hugging Face directory or a prefix)."""
+    p = pathlib.Path(path)
+    return list(p.iterdir()) if p.is_dir() else list(p.parent.glob(p.name + ".*"))
+
+
 def _read_all(it: sptorch.WeightsIterator) -> dict[str, torch.Tensor]:
     with it:
         return dict(it)
@@ -134,6 +140,46 @@ def test_small_warm_and_mmap_reads_are_not_probed(
     assert it.route == "buffered" and it.probe_rates == {}
 
 
+@pytest.mark.usefixtures("small_thresholds")
+def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
+    checkpoint: tuple[str, dict],
+) -> None:
+    """``direct="cold"``: a large read whose files are not in the page cache takes the
+    cold-read engine with no probe (which fills no page cache: read again, still direct);
+    once the files are cached, the buffered route. The default stays buffered. Every value
+    is what was saved."""
+    path, state = checkpoint
+    it = sptorch.weights_iterator(path, window=8 * MIB)
+    _same(_read_all(it), state)
+    assert it.route == "buffered" and it.probe_rates == {}
+    evict(*_files(path))
+    for _ in range(2):
+        it = sptorch.weights_iterator(path, window=8 * MIB, direct="cold")
+        assert it.route == "direct"
+        _same(_read_all(it), state)
+        assert it.route == "direct" and it.probe_rates == {}
+    for f in _files(path):
+        f.read_bytes()  # into the page cache
+    it = sptorch.weights_iterator(path, window=8 * MIB, direct="cold")
+    _same(_read_all(it), state)
+    assert it.route == "buffered" and it.probe_rates == {}
+
+
+@pytest.mark.usefixtures("small_thresholds")
+def test_cold_keeps_buffered_for_mmap_and_small_reads(
+    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, state = checkpoint
+    it = sptorch.weights_iterator(path, io="mmap", direct="cold")
+    _same(_read_all(it), state)
+    assert it.route == "buffered"
+    evict(*_files(path))
+    monkeypatch.setattr(weights, "AUTO_MIN", 1 << 40)  # the read is now "small"
+    it = sptorch.weights_iterator(path, direct="cold")
+    _same(_read_all(it), state)
+    assert it.route == "buffered"
+
+
 def test_mostly_cached_samples_the_page_cache(tmp_path: pathlib.Path) -> None:
     f = tmp_path / "blob"
     f.write_bytes(np.random.default_rng(1).bytes(16 * MIB))
@@ -153,13 +199,16 @@ def test_forced_routes_and_bad_values(checkpoint: tuple[str, dict]) -> None:
         _same(_read_all(it), state)
         assert it.route == route and it.probe_rates == {}
     for bad in ("yes", 1, None):
-        with pytest.raises(sp.InvalidArgumentError, match="direct must be True, False or 'auto'"):
+        with pytest.raises(
+            sp.InvalidArgumentError, match="direct must be True, False, 'cold' or 'auto'"
+        ):
             sptorch.weights_iterator(path, direct=bad)  # type: ignore[arg-type]
 
 
-def test_loader_option_accepts_auto() -> None:
+def test_loader_option_accepts_auto_and_cold() -> None:
     assert loader_options({"direct": "auto"}, "x") == {"direct": "auto"}
-    with pytest.raises(ValueError, match='x: direct must be true, false or "auto"'):
+    assert loader_options({"direct": "cold"}, "x") == {"direct": "cold"}
+    with pytest.raises(ValueError, match='x: direct must be true, false, "cold" or "auto"'):
         loader_options({"direct": "fast"}, "x")
 
 

@@ -9,16 +9,14 @@ through the bulk-load engine (``Reader._read_into`` ->
 ``read_many_into``: work in file order, parallel decode, ``posix_fadvise`` read-ahead, fused
 read + crc32c; Hugging Face files through the same engine's plain-file path), so reading and
 decoding overlap the engine's own work. A local file (Hugging Face or shardpoint) is read in
-small batches (8 MiB) while a second thread (``read_ahead.py``) keeps the kernel reading
-128 MiB ahead of them for the whole iteration: the device's queue does not drain between batches, and each value is
-copied by the consumer soon after it was read, still in the CPU's cache. With ``direct=True`` a Hugging Face file goes through
-the cold-read engine instead (``read_ranges_direct``: pieces not in the page cache read with
-``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets an anonymous
-mapping of its own out of the pool (recycled, as without ``direct``) placed so that the
-tensor's first byte sits at the same offset in a 4 KiB page as in its file: the device writes
-the bytes straight into it. ``direct="auto"`` times both routes on the first values of a
-large cold local read and keeps direct only where it clearly wins (``weights_route.py``).
-Off by default: docs/SERVING.md, "Cold reads", has the figures.
+small batches (8 MiB) while a second thread (``read_ahead.py``) keeps the kernel reading 128 MiB
+ahead: the device's queue never drains, and each value is copied by the consumer while still in
+the CPU's cache. On the direct route (``direct=True``; ``direct="cold"``: when a large local
+read is mostly not in the page cache) the cold-read engine reads instead (pieces not
+cached with ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets a pooled
+mapping placed so that its first byte sits at its file offset's place in a 4 KiB page: the
+device writes it in place. ``direct="auto"`` times both routes on the first values and keeps
+direct only where it clearly wins (``weights_route.py``); docs/SERVING.md, "Cold reads".
 
 What must stay true:
 - every tensor handed out owns its memory (an allocation per value, never a view of a buffer
@@ -370,20 +368,21 @@ class WeightsIterator:
         except BaseException:
             self.close()
             raise
-        # the cold-read engine: for Hugging Face files (pinned host memory, for CUDA, is read
-        # through its bounce buffer) and for a local shardpoint checkpoint of its own shards
-        # (not a delta's, whose bytes may lie in its base; not a single file); "auto" only for
-        # large local reads into pageable memory (weights_route.py)
+        # the cold-read engine: Hugging Face files (pinned memory through its bounce buffer),
+        # a local shardpoint checkpoint's own shards (not a delta's, not a single file); "cold"
+        # and "auto" only for large local reads into pageable memory mostly not in the page
+        # cache (weights_route.py): a warm file is copied faster out of the cache
         if direct and (io == "mmap" or not _reads_direct(self._reader)):
             direct = False
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
-        if direct == "auto" and (
-            self._pin
-            or sum(i.stored_bytes for i in self._plan.infos) < AUTO_MIN
-            or mostly_cached(local_spans(self._reader, self._plan.infos))
-        ):
-            direct = False
+        if direct in ("cold", "auto"):
+            where = local_spans(self._reader, self._plan.infos)
+            big = sum(i.stored_bytes for i in self._plan.infos) >= AUTO_MIN
+            if self._pin or where is None or not big or mostly_cached(where):
+                direct = False
+            elif direct == "cold":
+                direct = True
         self._p = _Producer(
             self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
         )
@@ -562,17 +561,19 @@ def weights_iterator(
         storage_options: credentials/endpoint for object-store URLs.
         direct: read Hugging Face safetensors files and a local shardpoint checkpoint
             with the cold-read engine (``O_DIRECT`` for pages not cached, eight reads in
-            flight; uncompressed values straight into each tensor, crc32c checked over the
-            bytes landed with ``verify``; compressed ones decoded from the engine's buffers):
-            a cold load then costs about half the CPU per GB uncompressed, a quarter less
-            with the default codec (no page-cache fill, no kernel copy). Off by default: on this project's VM,
-            once its memory has been touched, buffered reads ran 1.1-1.35x faster; in its
-            first minutes after boot, direct ones ran 2.15x faster (docs/SERVING.md, "Issue
-            41 (eighth round)"). ``"auto"``: for a cold local read of 512 MiB or more into
-            pageable memory, both routes are timed on the first values (96 MiB each) and
-            direct is kept only if it read at least 1.5x faster
-            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); it costs
-            5-10% of a load where buffered wins; for fleets whose nodes may be either.
+            flight, into huge pages; uncompressed values straight into each tensor, crc32c
+            checked over the bytes landed with ``verify``; compressed ones decoded from the
+            engine's buffers): no page-cache fill, no kernel copy. Off by default: which
+            route wins cold depends on the machine's memory, not the file (on this project's
+            VM, just booted, direct read a Hugging Face directory 1.36x faster than buffered;
+            once its memory had been through the page cache, buffered 1.11x faster than
+            direct: docs/SERVING.md, "Issue 41 (eleventh round)"). ``"cold"``: direct for a
+            local read of 512 MiB or more into pageable memory whose files are mostly not in
+            the page cache (``mincore``), else buffered (a cached file is copied faster out of
+            the cache). ``"auto"``: for such a cold read, both routes are timed on the first
+            values (96 MiB each) and direct is kept only if it read at least 1.2x faster
+            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); the probe
+            costs 5-25% of a 1 GB load, less of a larger one.
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor

@@ -19,22 +19,23 @@ LOADER_OPTIONS: dict[str, str] = {
     "io": "'auto', 'mmap' or 'pread', as for sp.open",
     "window": "a positive int: bytes read ahead of the engine at most",
     "verify": "true/false: check the crc32c of uncompressed values too (default true)",
-    "direct": "true/false/'auto': O_DIRECT cold reads of Hugging Face files and local "
-    "shardpoint checkpoints (default false); 'auto' times both routes on the first values of "
-    "a large cold file and keeps direct only where it clearly wins",
+    "direct": "true/false/'cold'/'auto': O_DIRECT cold reads of Hugging Face files and local "
+    "shardpoint checkpoints (default false); 'cold' reads direct when a large local read is "
+    "mostly not in the page cache; 'auto' times both routes on the first values of a large "
+    "cold file and keeps direct only where it clearly wins",
     "consumer_threads": "a positive int or null: the engine thread's torch intra-op threads "
     "while it loads (default 1; null leaves them alone)",
 }
 
 
 def check_direct(direct: object) -> bool | str:
-    """``direct`` as ``weights_iterator`` takes it (``True``, ``False`` or ``"auto"``);
-    anything else raises ``InvalidArgumentError``."""
+    """``direct`` as ``weights_iterator`` takes it (``True``, ``False``, ``"cold"`` or
+    ``"auto"``); anything else raises ``InvalidArgumentError``."""
     if isinstance(direct, bool):
         return direct
-    if isinstance(direct, str) and direct == "auto":
-        return "auto"
-    raise InvalidArgumentError(f"direct must be True, False or 'auto', got {direct!r}")
+    if isinstance(direct, str) and direct in ("cold", "auto"):
+        return direct
+    raise InvalidArgumentError(f"direct must be True, False, 'cold' or 'auto', got {direct!r}")
 
 
 def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
@@ -68,8 +69,10 @@ def loader_options(extra: Mapping[str, Any] | None, where: str) -> dict[str, Any
                 raise ValueError(
                     f"{where}: consumer_threads must be a positive int or null, got {value!r}"
                 )
-        elif key == "direct" and not (isinstance(value, bool) or value == "auto"):
-            raise ValueError(f'{where}: direct must be true, false or "auto", got {value!r}')
+        elif key == "direct" and not (isinstance(value, bool) or value in ("cold", "auto")):
+            raise ValueError(
+                f'{where}: direct must be true, false, "cold" or "auto", got {value!r}'
+            )
         elif key == "verify" and not isinstance(value, bool):
             raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
         out[key] = value
