@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::load::{cached, PlainFile};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Alignment of `O_DIRECT` offsets, lengths and memory: the largest logical block size of
@@ -367,6 +367,22 @@ pub(crate) fn read_direct(
     dsts: Vec<&mut [u8]>,
     depth: usize,
 ) -> Result<DirectStats> {
+    read_direct_crcs(files, ranges, dsts, depth, false).map(|(stats, _)| stats)
+}
+
+/// [`read_direct`], and with `crcs` each destination's crc32c (else none): each piece's is
+/// computed by the worker that read it, right after it landed, while the other reads are in
+/// flight, and combined per destination. Why: a checked load that computed them in a pass
+/// after the last read waited for that pass with the device idle (our uncompressed shards
+/// read direct 0.82x as fast as the same bytes in a Hugging Face file, which has no crc).
+pub(crate) fn read_direct_crcs(
+    files: &[DirectFile],
+    ranges: &[(usize, u64)],
+    dsts: Vec<&mut [u8]>,
+    depth: usize,
+    crcs: bool,
+) -> Result<(DirectStats, Vec<u32>)> {
+    let ndst = dsts.len();
     if ranges.len() != dsts.len() {
         return Err(Error::InvalidArgument(format!(
             "{} ranges but {} output buffers",
@@ -374,10 +390,11 @@ pub(crate) fn read_direct(
             dsts.len()
         )));
     }
-    type Item<'d> = ((usize, u64), Mutex<Option<&'d mut [u8]>>);
+    // (file, offset), (destination, length), the piece of the destination
+    type Item<'d> = ((usize, u64), (usize, usize), Mutex<Option<&'d mut [u8]>>);
     let mut items: Vec<Item<'_>> = Vec::new();
     let mut total = 0u64;
-    for (&(fi, off), dst) in ranges.iter().zip(dsts) {
+    for (d, (&(fi, off), dst)) in ranges.iter().zip(dsts).enumerate() {
         let f = files.get(fi).ok_or_else(|| {
             Error::InvalidArgument(format!("file index {fi} but {} files", files.len()))
         })?;
@@ -399,7 +416,7 @@ pub(crate) fn read_direct(
         while !rest.is_empty() {
             let next = ((at / DIRECT_PIECE + 1) * DIRECT_PIECE).min(at + rest.len() as u64);
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut((next - at) as usize);
-            items.push(((fi, at), Mutex::new(Some(piece))));
+            items.push(((fi, at), (d, piece.len()), Mutex::new(Some(piece))));
             rest = tail;
             at = next;
         }
@@ -412,6 +429,11 @@ pub(crate) fn read_direct(
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
     let sums = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let piece_crcs: Vec<AtomicU32> = if crcs {
+        items.iter().map(|_| AtomicU32::new(0)).collect()
+    } else {
+        Vec::new()
+    };
     let work = |w: &mut Worker<'_>| -> Result<()> {
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -419,7 +441,7 @@ pub(crate) fn read_direct(
             }
             cancel.check()?;
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(((fi, off), slot)) = items.get(i) else {
+            let Some(((fi, off), _, slot)) = items.get(i) else {
                 return Ok(());
             };
             let dst = slot
@@ -427,7 +449,10 @@ pub(crate) fn read_direct(
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
                 .expect("each piece is taken once");
-            w.piece(*fi, *off, dst)?;
+            w.piece(*fi, *off, &mut *dst)?;
+            if let Some(c) = piece_crcs.get(i) {
+                c.store(crate::checksum::crc(dst), Ordering::Relaxed);
+            }
         }
     };
     let run = || {
@@ -473,112 +498,27 @@ pub(crate) fn read_direct(
     if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-    Ok(DirectStats {
+    let stats = DirectStats {
         in_place: sums[0].load(Ordering::Relaxed),
         bounced: sums[1].load(Ordering::Relaxed),
         buffered: sums[2].load(Ordering::Relaxed),
-    })
+    };
+    if !crcs {
+        return Ok((stats, Vec::new()));
+    }
+    // items are in file order, so each destination's pieces in the order they make it up
+    let mut whole: Vec<Option<u32>> = vec![None; ndst];
+    for ((_, (d, len), _), c) in items.iter().zip(&piece_crcs) {
+        let c = c.load(Ordering::Relaxed);
+        whole[*d] = Some(whole[*d].map_or(c, |a| crate::crc_combine::combine(a, c, *len as u64)));
+    }
+    let empty = crate::checksum::crc(&[]);
+    Ok((
+        stats,
+        whole.into_iter().map(|c| c.unwrap_or(empty)).collect(),
+    ))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn evict(path: &std::path::Path) {
-        use std::os::unix::io::AsRawFd;
-        let f = File::open(path).unwrap();
-        f.sync_all().unwrap(); // dirty pages are not dropped
-                               // SAFETY: a hint on an open fd.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
-
-    #[test]
-    fn reads_every_kind_of_range_exactly() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        let n = (DIRECT_PIECE * 2 + 12345) as usize;
-        let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        evict(&p);
-        // congruent destinations (in place), unaligned ones (bounced), tiny and file-end ones
-        let mut big = Aligned::new(n + 2 * DIRECT_ALIGN as usize).unwrap();
-        let whole = big.bytes();
-        let (a_off, a_len) = (100u64, DIRECT_PIECE as usize + 5000);
-        let (b_off, b_len) = (a_off + a_len as u64 + 3, 3 << 20);
-        let (c_off, c_len) = (n as u64 - 10, 10);
-        let (first, _) = whole.split_at_mut(a_off as usize + a_len);
-        let a = &mut first[a_off as usize..];
-        let mut b = vec![0u8; b_len + 1];
-        let mut c = vec![0u8; c_len];
-        let stats = read_files_direct(
-            std::slice::from_ref(&p),
-            &[(0, a_off), (0, b_off), (0, c_off)],
-            vec![a, &mut b[1..], &mut c[..]],
-            4,
-        )
-        .unwrap();
-        assert_eq!(&first[a_off as usize..], &data[a_off as usize..][..a_len]);
-        assert_eq!(&b[1..], &data[b_off as usize..][..b_len]);
-        assert_eq!(&c[..], &data[c_off as usize..]);
-        let sum = stats.in_place + stats.bounced + stats.buffered;
-        assert_eq!(sum, (a_len + b_len + c_len) as u64);
-        if open_direct(&p).is_some() {
-            // a cold file on a file system that takes O_DIRECT: both direct kinds were used
-            assert!(
-                stats.in_place >= DIRECT_PIECE && stats.bounced >= b_len as u64,
-                "{stats:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_range_past_the_end_is_refused_before_reading() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("short");
-        std::fs::write(&p, [1u8; 100]).unwrap();
-        let mut out = [0u8; 50];
-        let err = read_files_direct(std::slice::from_ref(&p), &[(0, 60)], vec![&mut out[..]], 2)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("past the end") && err.contains("short"),
-            "{err}"
-        );
-        let err = read_files_direct(std::slice::from_ref(&p), &[(3, 0)], vec![&mut out[..]], 2)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("file index 3"), "{err}");
-    }
-
-    #[test]
-    fn a_warm_file_is_read_from_the_page_cache() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("warm");
-        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 13) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        let _ = std::fs::read(&p).unwrap(); // cached now
-        let mut out = vec![0u8; data.len()];
-        let stats =
-            read_files_direct(std::slice::from_ref(&p), &[(0, 0)], vec![&mut out[..]], 2).unwrap();
-        assert_eq!(out, data);
-        assert_eq!(stats.buffered, data.len() as u64);
-    }
-
-    #[test]
-    fn huge_buffers_start_at_a_huge_page_boundary_and_are_whole_pages() {
-        for want in [1, HUGE - 1, HUGE, (4 << 20) + 3] {
-            let mut b = Aligned::huge(want).unwrap();
-            assert!((b.ptr as usize).is_multiple_of(HUGE), "{want}");
-            assert!(
-                b.len >= want && b.len.is_multiple_of(HUGE),
-                "{want}: {}",
-                b.len
-            );
-            let bytes = b.bytes();
-            assert!(bytes.iter().all(|&x| x == 0), "zeroed");
-            // every byte is mapped and writable (the head and tail unmapped lie outside)
-            bytes.fill(0xa5);
-            assert!(b.as_slice().iter().all(|&x| x == 0xa5));
-        }
-    }
-}
+#[path = "direct_tests.rs"]
+mod tests;

@@ -23,8 +23,8 @@
 use super::batched::check_outs;
 use super::Reader;
 use crate::direct::{
-    align_down, align_up, direct_read, read_direct, reopen_direct, Aligned, DirectErr, DirectFile,
-    DirectStats,
+    align_down, align_up, direct_read, read_direct_crcs, reopen_direct, Aligned, DirectErr,
+    DirectFile, DirectStats,
 };
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -208,22 +208,19 @@ impl Reader {
                 (fi, self.shards[e.shard as usize].base + e.offset)
             })
             .collect();
-        let mut dsts = dsts;
-        // reborrowed: the buffers are checked after the engine's borrow of them ends
-        let stats = read_direct(
-            &files,
-            &ranges,
-            dsts.iter_mut().map(|d| &mut **d).collect(),
-            depth,
-        )?;
+        let lens: Vec<usize> = dsts.iter().map(|d| d.len()).collect();
+        // each value's crc computed by the engine's readers as its pieces land
+        let (stats, crcs) = read_direct_crcs(&files, &ranges, dsts, depth, verify)?;
         if verify {
-            use rayon::prelude::*;
-            crate::threads::install(|| {
-                entries
-                    .par_iter()
-                    .zip(dsts.par_iter())
-                    .try_for_each(|(e, d)| self.verify_view(e, d))
-            })?;
+            for ((e, len), crc) in entries.iter().zip(lens).zip(crcs) {
+                if e.codec != Codec::None || len as u64 != e.stored_len {
+                    return Err(Error::InvalidArgument(format!(
+                        "key {:?}: {len} bytes is not its uncompressed payload",
+                        e.key
+                    )));
+                }
+                self.expect_crc(e, crc)?;
+            }
         }
         Ok(stats)
     }
