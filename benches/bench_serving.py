@@ -25,9 +25,9 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
   every loader reading the mounted files: safetensors lazy (``safe_open`` + ``get_tensor`` per
   key) and eager (``load(open().read())``), Run:ai Model Streamer, fastsafetensors (CPU,
   ``nogds``), instanttensor when it imports, and ``sptorch.weights_iterator`` on the Hugging
-  Face directory (``io="pread"``; ``sp_hf_direct``: ``direct=True``, the ``O_DIRECT`` cold-read
-  engine; ``sp_hf_cold``: ``direct="cold"``, that engine when the file is mostly not cached;
-  ``sp_hf_auto``: both routes timed on the first values; ``sp_hf_mt``: the consumer's
+  Face directory (``io="pread"``, the default ``direct="cold"``: the ``O_DIRECT`` cold-read
+  engine when the file is mostly not cached; ``sp_hf_direct`` / ``sp_hf_buffered``: the route
+  forced; ``sp_hf_auto``: both routes timed on the first values; ``sp_hf_mt``: the consumer's
   ``copy_`` on torch's whole OpenMP team, ``consumer_threads=None``) and on both shardpoint
   checkpoints (the same suffixes on ``sp_none`` and ``sp_default``).
 ``local-cold`` / ``local-warm``: the same file loaders on the local disk, page cache evicted
@@ -66,9 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
-                "sp_hf_mt", "sp_hf_direct", "sp_hf_cold", "sp_hf_auto", "sp_none",
-                "sp_none_direct", "sp_none_cold", "sp_none_auto", "sp_default",
-                "sp_default_direct", "sp_default_cold", "sp_default_auto"]  # fmt: skip
+                "sp_hf_mt", "sp_hf_direct", "sp_hf_buffered", "sp_hf_auto", "sp_none",
+                "sp_none_direct", "sp_none_buffered", "sp_none_auto", "sp_default",
+                "sp_default_direct", "sp_default_buffered", "sp_default_auto"]  # fmt: skip
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
@@ -257,14 +257,14 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
     if s3 is not None:
         opts = {"endpoint": s3["endpoint"], "aws_access_key_id": "testing",
                 "aws_secret_access_key": "testing", "region": "us-east-1", "allow_http": "true"}  # fmt: skip
-    # the cold-read engine (O_DIRECT); direct="cold" (direct when the files are mostly not in
-    # the page cache) or "auto" (both routes timed on the first values), docs/SERVING.md;
-    # plain rows: the default (buffered)
+    # the cold-read engine (O_DIRECT) forced on or off, or direct="auto" (both routes timed on
+    # the first values), docs/SERVING.md; plain rows: the default ("cold": direct when the
+    # files are mostly not in the page cache)
     kw: dict[str, Any] = {}
-    if name.endswith("_direct"):
-        kw["direct"] = True
-    elif name.endswith(("_auto", "_cold")):
-        kw["direct"] = name.rsplit("_", 1)[1]
+    if name.endswith(("_direct", "_buffered")):
+        kw["direct"] = name.endswith("_direct")
+    elif name.endswith("_auto"):
+        kw["direct"] = "auto"
     if name == "sp_hf_mt":
         # the consumer's copy_ on torch's whole OpenMP team, as before consumer_threads
         kw["consumer_threads"] = None
@@ -541,7 +541,7 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
 
     print("\nratios (best rounds)")
     unc = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor"]
-    unc += [f"sp_{f}{r}" for f in ("hf", "none") for r in ("", "_direct", "_cold")]
+    unc += [f"sp_{f}{r}" for f in ("hf", "none") for r in ("", "_direct", "_buffered")]
     ratio("link-fuse", "sp_default", unc)
     ratio("link-s3", "sp_default", ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none"])
     ratio("local-warm", "sp_default", ["st_lazy"])
@@ -552,11 +552,11 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
     ratio("local-cold", "sp_hf", ["sp_hf_mt"])
     ratio("local-warm", "sp_hf", ["sp_hf_mt"])
     ratio("local-cold", "sp_hf_direct", ["fastsafetensors"])
-    ratio("local-cold", "sp_hf_cold", ["sp_hf"])
-    ratio("local-cold", "sp_hf_auto", ["sp_hf", "sp_hf_direct"])
-    ratio("local-cold", "sp_none_auto", ["sp_none", "sp_none_direct"])
+    ratio("local-cold", "sp_hf", ["sp_hf_buffered"])
+    ratio("local-cold", "sp_hf_auto", ["sp_hf_buffered", "sp_hf_direct"])
+    ratio("local-cold", "sp_none_auto", ["sp_none_buffered", "sp_none_direct"])
     ratio("local-cold", "sp_none", ["runai", "fastsafetensors"])
-    ratio("local-cold", "sp_default_cold", ["sp_default"])
+    ratio("local-cold", "sp_default", ["sp_default_buffered"])
     ratio("local-cold", "sp_default_direct", unc)
     ratio("local-cold", "sp_default_auto", ["sp_default", "sp_default_direct"])
     ratio("local-warm", "sp_hf", ["fastsafetensors"])

@@ -11,8 +11,8 @@ read + crc32c; Hugging Face files through the same engine's plain-file path), so
 decoding overlap the engine's own work. A local file (Hugging Face or shardpoint) is read in
 small batches (8 MiB) while a second thread (``read_ahead.py``) keeps the kernel reading 128 MiB
 ahead: the device's queue never drains, and each value is copied by the consumer while still in
-the CPU's cache. On the direct route (``direct=True``; ``direct="cold"``: when a large local
-read is mostly not in the page cache) the cold-read engine reads instead (pieces not
+the CPU's cache. On the direct route (by default, ``direct="cold"``, when a large local read
+is mostly not in the page cache; ``direct=True`` always) the cold-read engine reads (pieces not
 cached with ``O_DIRECT``, eight reads in flight), and each value of 1 MiB or more gets a pooled
 mapping placed so that its first byte sits at its file offset's place in a 4 KiB page: the
 device writes it in place. ``direct="auto"`` times both routes on the first values and keeps
@@ -335,7 +335,7 @@ class WeightsIterator:
         verify: bool = True,
         window: int = DEFAULT_WINDOW,
         storage_options: Mapping[str, Any] | None = None,
-        direct: bool | str = False,
+        direct: bool | str = "cold",
         consumer_threads: int | None = 1,
     ) -> None:
         check_io(io)
@@ -541,7 +541,7 @@ def weights_iterator(
     verify: bool = True,
     window: int = DEFAULT_WINDOW,
     storage_options: Mapping[str, Any] | None = None,
-    direct: bool | str = False,
+    direct: bool | str = "cold",
     consumer_threads: int | None = 1,
 ) -> WeightsIterator:
     """``(name, tensor)`` for every tensor of a checkpoint, in file order.
@@ -563,17 +563,16 @@ def weights_iterator(
             with the cold-read engine (``O_DIRECT`` for pages not cached, eight reads in
             flight, into huge pages; uncompressed values straight into each tensor, crc32c
             checked over the bytes landed with ``verify``; compressed ones decoded from the
-            engine's buffers): no page-cache fill, no kernel copy. Off by default: which
-            route wins cold depends on the machine's memory, not the file (on this project's
-            VM, just booted, direct read a Hugging Face directory 1.36x faster than buffered;
-            once its memory had been through the page cache, buffered 1.11x faster than
-            direct: docs/SERVING.md, "Issue 41 (eleventh round)"). ``"cold"``: direct for a
-            local read of 512 MiB or more into pageable memory whose files are mostly not in
-            the page cache (``mincore``), else buffered (a cached file is copied faster out of
-            the cache). ``"auto"``: for such a cold read, both routes are timed on the first
+            engine's buffers): no page-cache fill, no kernel copy. ``"cold"`` (the default):
+            direct for a local read of 512 MiB or more into pageable memory whose files are
+            mostly not in the page cache (``mincore``), else buffered (a cached file is copied
+            faster out of the cache). On this project's VM a 14 GB model read cold 1.4x
+            faster direct (Hugging Face) and 1.8x (default codec), with a fifth of the system
+            CPU; at 1 GB the fresh memory each route touches decides and either may win
+            (docs/SERVING.md, "Issue 41 (eleventh round)"). ``True`` / ``False`` force a
+            route. ``"auto"``: for such a cold read, both routes are timed on the first
             values (96 MiB each) and direct is kept only if it read at least 1.2x faster
-            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`); the probe
-            costs 5-25% of a 1 GB load, less of a larger one.
+            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`).
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor
