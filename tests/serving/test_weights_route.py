@@ -142,12 +142,14 @@ def test_small_warm_and_mmap_reads_are_not_probed(
 
 @pytest.mark.usefixtures("small_thresholds")
 def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
-    checkpoint: tuple[str, dict],
+    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The default, ``direct="cold"``: a large read whose files are not in the page cache
     takes the cold-read engine with no probe (which fills no page cache: read again, still
     direct); once the files are cached, the buffered route; ``direct=False`` is buffered
-    whatever the cache holds. Every value is what was saved."""
+    whatever the cache holds. Every value is what was saved. (No free memory here, so that a
+    compressed checkpoint goes direct too: the next test.)"""
+    monkeypatch.setattr(weights_route, "free_memory", lambda: 0)
     path, state = checkpoint
     for kw in ({}, {"direct": "cold"}):
         it = sptorch.weights_iterator(path, window=8 * MIB, **kw)  # type: ignore[arg-type]
@@ -162,6 +164,28 @@ def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
     it = sptorch.weights_iterator(path, window=8 * MIB)
     _same(_read_all(it), state)
     assert it.route == "buffered" and it.probe_rates == {}
+
+
+@pytest.mark.usefixtures("small_thresholds")
+def test_cold_reads_a_compressed_checkpoint_buffered_while_it_fits_in_free_memory(
+    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Cold, a mostly compressed checkpoint is read buffered while its stored bytes fit in
+    free memory and direct once they do not; uncompressed files go direct either way."""
+    path, state = checkpoint
+    compressed = request.node.callspec.params["checkpoint"] == "shardpoint-default-codec"
+    for free, route in ((1 << 50, "buffered" if compressed else "direct"), (MIB, "direct")):
+        monkeypatch.setattr(weights_route, "free_memory", lambda free=free: free)
+        evict(*_files(path))
+        it = sptorch.weights_iterator(path, window=8 * MIB)
+        infos = it._plan.infos
+        assert (
+            2 * sum(i.stored_bytes for i in infos if i.codec != "none")
+            >= sum(i.stored_bytes for i in infos)
+        ) == compressed
+        assert it.route == route
+        _same(_read_all(it), state)
+    assert weights_route.free_memory() > 0  # this machine's /proc/meminfo
 
 
 @pytest.mark.usefixtures("small_thresholds")

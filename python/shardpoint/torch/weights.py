@@ -57,7 +57,7 @@ from .read_ahead import ReadAhead
 from .tensors import tensor_to_numpy, torch_dtype
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
 from .weights_plan import Names, Plan
-from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, local_spans, mostly_cached
+from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, cold_route, local_spans
 
 __all__ = [
     "WeightsIterator",
@@ -376,13 +376,7 @@ class WeightsIterator:
             direct = False
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
-        if direct in ("cold", "auto"):
-            where = local_spans(self._reader, self._plan.infos)
-            big = sum(i.stored_bytes for i in self._plan.infos) >= AUTO_MIN
-            if self._pin or where is None or not big or mostly_cached(where):
-                direct = False
-            elif direct == "cold":
-                direct = True
+        direct = cold_route(direct, self._reader, self._plan.infos, self._pin, AUTO_MIN)
         self._p = _Producer(
             self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
         )
@@ -566,11 +560,11 @@ def weights_iterator(
             engine's buffers): no page-cache fill, no kernel copy. ``"cold"`` (the default):
             direct for a local read of 512 MiB or more into pageable memory whose files are
             mostly not in the page cache (``mincore``), else buffered (a cached file is copied
-            faster out of the cache). On this project's VM a 14 GB model read cold 1.4x
-            faster direct (Hugging Face) and 1.8x (default codec), with a fifth of the system
-            CPU; at 1 GB the fresh memory each route touches decides and either may win
-            (docs/SERVING.md, "Issue 41 (eleventh round)"). ``True`` / ``False`` force a
-            route. ``"auto"``: for such a cold read, both routes are timed on the first
+            faster out of the cache); a mostly compressed checkpoint only when its stored
+            bytes exceed free memory (``weights_route.cold_route``). On this project's VM a
+            14 GB model read cold 1.4x faster direct (Hugging Face) and 1.8x (default codec),
+            with a fifth of the system CPU (docs/SERVING.md, "Issue 41 (eleventh round)").
+            ``True`` / ``False`` force a route. ``"auto"``: for such a cold read, both routes are timed on the first
             values (96 MiB each) and direct is kept only if it read at least 1.2x faster
             (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`).
         consumer_threads: torch's intra-op threads in the thread that takes the values, from

@@ -10,9 +10,9 @@ it filled with memory the host had not backed yet (1.74 system CPU-s per GB, 0.8
 the direct engine, which fills no page cache, ran 2.15x faster (1.72 GB/s); once the
 machine's memory had been touched, buffered reads ran at 1.8-2.1 GB/s and direct ones at
 1.35-1.65. A node that just started is the first case, a long-lived one the second; a fleet
-running one configuration meets both. Not the default: the probe costs 5-10% of a load
-where buffered wins (the direct stretch is slower, its values touch memory of their own, and
-the read-ahead starts late).
+running one configuration meets both. Not the default (that is ``direct="cold"``: direct for
+any large cold read, no probe; docs/SERVING.md, "Issue 41 (eleventh round)"): the probe costs
+5-25% of a 1 GB load (the worse route's stretch, small batches, a late read-ahead).
 
 How: batches of at most :data:`PROBE_BATCH` while probing. The first batch goes direct,
 untimed (it carries the open and the ramp-up); the next direct batches are timed until
@@ -48,6 +48,8 @@ __all__ = [
     "PROBE",
     "PROBE_BATCH",
     "RouteProbe",
+    "cold_route",
+    "free_memory",
     "local_spans",
     "mostly_cached",
 ]
@@ -146,3 +148,46 @@ def mostly_cached(where: tuple[list[str], list[tuple[int, int, int]]] | None) ->
     total = sum(need.values())
     hit = sum(cached_fraction(paths[f]) * n for f, n in need.items())
     return total > 0 and 2 * hit >= total
+
+
+def free_memory() -> int:
+    """Bytes of memory nothing uses (``MemFree`` of ``/proc/meminfo``); 0 when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemFree:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def cold_route(
+    direct: bool | str,
+    reader: storage.Reader,
+    infos: Sequence[storage.EntryInfo],
+    pin: bool,
+    least: int,
+) -> bool | str:
+    """``direct`` as the iterator starts with it: ``True`` / ``False`` as given; ``"cold"``
+    and ``"auto"`` buffered (``False``) unless the read is local, into pageable memory, of at
+    least ``least`` stored bytes and mostly not in the page cache; then ``"auto"`` stays (the
+    probe decides) and ``"cold"`` is direct, except for a mostly compressed checkpoint whose
+    stored bytes fit in free memory.
+
+    Why that exception (docs/SERVING.md, "Issue 41 (eleventh round)"): on this project's VM a
+    cold Hugging Face file or uncompressed checkpoint read direct as fast as buffered or
+    faster at every size (1.0-1.4x) for a third of the CPU, but a default-codec one read
+    direct 0.86-1.19x as fast as buffered at 1 and 3.6 GB, when the page cache filled from
+    free memory, and 1.8x at 14 GB, when it had to evict (13 GB free): buffered reads then
+    paid the reclaim (14 system CPU-s for 14 GB)."""
+    if direct not in ("cold", "auto"):
+        return direct
+    where = local_spans(reader, infos)
+    stored = sum(i.stored_bytes for i in infos)
+    if pin or where is None or stored < least or mostly_cached(where):
+        return False
+    if direct == "auto":
+        return "auto"
+    compressed = sum(i.stored_bytes for i in infos if i.codec != "none")
+    return 2 * compressed < stored or stored > free_memory()

@@ -7,8 +7,8 @@
 //! before the decoder runs: 30-40 % of the load's CPU on this project's 2-core VM. Here the
 //! stored bytes arrive by DMA in a buffer the decoder reads in place: a cold default-codec load
 //! cost 0.42-0.44 CPU-s/GB against 0.59-0.61 buffered (docs/SERVING.md, "Issue 41 (ninth
-//! round)"). Whether it is faster depends on the device's `O_DIRECT` rate against its buffered
-//! one, so it is opt-in (`direct=True`, or timed by `direct="auto"`).
+//! round)"). The weights iterator takes it for a large read of files mostly not in the page
+//! cache (`direct="cold"`, its default), `load_into` for a cold compressed read.
 //!
 //! How: the chunks, in file order, are cut into blocks of whole chunks (up to [`BLOCK`] bytes
 //! each, a lone larger chunk alone). `depth` reader threads read blocks in order, each into a
