@@ -185,7 +185,30 @@ def test_cold_reads_a_compressed_checkpoint_buffered_while_it_fits_in_free_memor
         ) == compressed
         assert it.route == route
         _same(_read_all(it), state)
-    assert weights_route.free_memory() > 0  # this machine's /proc/meminfo
+
+
+def test_cgroup_room_reads_v2_and_v1_limits(tmp_path: pathlib.Path) -> None:
+    """A container's memory cgroup bounds what "free memory" means for the cold route: v2 and
+    v1 layouts, an unlimited one and an unreadable one."""
+    root, own = tmp_path / "cg", tmp_path / "self-cgroup"
+    (root / "pod" / "a").mkdir(parents=True)
+    (root / "pod" / "a" / "memory.max").write_text("1073741824\n")
+    (root / "pod" / "a" / "memory.current").write_text("268435456\n")
+    own.write_text("0::/pod/a\n")
+    assert weights_route.cgroup_room(str(root), str(own)) == 768 << 20
+    (root / "pod" / "a" / "memory.max").write_text("max\n")
+    assert weights_route.cgroup_room(str(root), str(own)) is None
+    (root / "memory" / "job").mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("2147483648\n")
+    (root / "memory" / "job" / "memory.usage_in_bytes").write_text("3221225472\n")
+    own.write_text("9:name=systemd:/\n4:memory:/job\n0::/pod/a\n")
+    assert weights_route.cgroup_room(str(root), str(own)) == 0  # over its limit: no room
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert weights_route.cgroup_room(str(root), str(own)) is None  # v1's "no limit"
+    assert weights_route.cgroup_room(str(root), str(tmp_path / "absent")) is None
+    room = weights_route.cgroup_room()  # this machine's own, whatever it is
+    assert room is None or room >= 0
+    assert 0 < weights_route.free_memory()
 
 
 @pytest.mark.usefixtures("small_thresholds")

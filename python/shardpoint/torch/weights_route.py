@@ -48,6 +48,7 @@ __all__ = [
     "PROBE",
     "PROBE_BATCH",
     "RouteProbe",
+    "cgroup_room",
     "cold_route",
     "free_memory",
     "local_spans",
@@ -151,15 +152,56 @@ def mostly_cached(where: tuple[list[str], list[tuple[int, int, int]]] | None) ->
 
 
 def free_memory() -> int:
-    """Bytes of memory nothing uses (``MemFree`` of ``/proc/meminfo``); 0 when unknown."""
+    """Bytes of memory nothing uses: ``MemFree`` of ``/proc/meminfo``, or less when this
+    process's memory cgroup has less room (:func:`cgroup_room`: a container's page cache is
+    charged to it, so a read larger than its room makes it reclaim whatever the host has
+    free); 0 when unknown."""
+    free = 0
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemFree:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return 0
+    room = cgroup_room()
+    return free if room is None else min(free, room)
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int | None:
+    """Bytes this process's memory cgroup may still charge (its limit less its usage, page
+    cache included), cgroup v2 (``memory.max`` / ``memory.current``) or v1
+    (``memory.limit_in_bytes`` / ``memory.usage_in_bytes``); ``None`` without a limit or
+    when it cannot be told."""
+    try:
+        with open(own) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            files = (f"{root}{parts[2]}/memory.max", f"{root}{parts[2]}/memory.current")
+        elif "memory" in parts[1].split(","):
+            base = f"{root}/memory{parts[2]}"
+            files = (f"{base}/memory.limit_in_bytes", f"{base}/memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            with open(files[0]) as f:
+                limit = f.read().strip()
+            with open(files[1]) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        # "max" (v2) or a page-rounded 2**63 (v1): no limit
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 62:
+            continue
+        return max(0, int(limit) - used)
+    return None
 
 
 def cold_route(
