@@ -251,7 +251,7 @@ def pairs(name: str, root: str, s3: dict[str, str] | None) -> Callable[[], Any]:
         return get
     import shardpoint.torch as spt
 
-    sub = "hf" if name.startswith("sp_hf") else name.split("_")[0] + "_" + name.split("_")[1]
+    sub = "hf" if name.startswith("sp_hf") else "_".join(name.split("_")[:2])  # sp_none_auto
     path = root.rstrip("/") + "/" + sub
     opts = None
     if s3 is not None:

@@ -507,16 +507,12 @@ pub(crate) fn read_direct_crcs(
         return Ok((stats, Vec::new()));
     }
     // items are in file order, so each destination's pieces in the order they make it up
-    let mut whole: Vec<Option<u32>> = vec![None; ndst];
+    let mut pieces: Vec<Vec<(u32, usize)>> = vec![Vec::new(); ndst];
     for ((_, (d, len), _), c) in items.iter().zip(&piece_crcs) {
-        let c = c.load(Ordering::Relaxed);
-        whole[*d] = Some(whole[*d].map_or(c, |a| crate::crc_combine::combine(a, c, *len as u64)));
+        pieces[*d].push((c.load(Ordering::Relaxed), *len));
     }
-    let empty = crate::checksum::crc(&[]);
-    Ok((
-        stats,
-        whole.into_iter().map(|c| c.unwrap_or(empty)).collect(),
-    ))
+    let whole = pieces.into_iter().map(crate::checksum::combine_crcs);
+    Ok((stats, whole.collect()))
 }
 
 #[cfg(test)]
