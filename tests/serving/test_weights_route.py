@@ -142,14 +142,13 @@ def test_small_warm_and_mmap_reads_are_not_probed(
 
 @pytest.mark.usefixtures("small_thresholds")
 def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
-    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch
+    checkpoint: tuple[str, dict],
 ) -> None:
     """The default, ``direct="cold"``: a large read whose files are not in the page cache
     takes the cold-read engine with no probe (which fills no page cache: read again, still
     direct); once the files are cached, the buffered route; ``direct=False`` is buffered
-    whatever the cache holds. Every value is what was saved. (No free memory here, so that a
-    compressed checkpoint goes direct too: the next test.)"""
-    monkeypatch.setattr(weights_route, "free_memory", lambda: 0)
+    whatever the cache holds. Every value is what was saved, and a compressed checkpoint
+    takes the same routes as the others (however much memory is free)."""
     path, state = checkpoint
     for kw in ({}, {"direct": "cold"}):
         it = sptorch.weights_iterator(path, window=8 * MIB, **kw)  # type: ignore[arg-type]
@@ -164,51 +163,6 @@ def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
     it = sptorch.weights_iterator(path, window=8 * MIB)
     _same(_read_all(it), state)
     assert it.route == "buffered" and it.probe_rates == {}
-
-
-@pytest.mark.usefixtures("small_thresholds")
-def test_cold_reads_a_compressed_checkpoint_buffered_while_it_fits_in_free_memory(
-    checkpoint: tuple[str, dict], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    """Cold, a mostly compressed checkpoint is read buffered while its stored bytes fit in
-    free memory and direct once they do not; uncompressed files go direct either way."""
-    path, state = checkpoint
-    compressed = request.node.callspec.params["checkpoint"] == "shardpoint-default-codec"
-    for free, route in ((1 << 50, "buffered" if compressed else "direct"), (MIB, "direct")):
-        monkeypatch.setattr(weights_route, "free_memory", lambda free=free: free)
-        evict(*_files(path))
-        it = sptorch.weights_iterator(path, window=8 * MIB)
-        infos = it._plan.infos
-        assert (
-            2 * sum(i.stored_bytes for i in infos if i.codec != "none")
-            >= sum(i.stored_bytes for i in infos)
-        ) == compressed
-        assert it.route == route
-        _same(_read_all(it), state)
-
-
-def test_cgroup_room_reads_v2_and_v1_limits(tmp_path: pathlib.Path) -> None:
-    """A container's memory cgroup bounds what "free memory" means for the cold route: v2 and
-    v1 layouts, an unlimited one and an unreadable one."""
-    root, own = tmp_path / "cg", tmp_path / "self-cgroup"
-    (root / "pod" / "a").mkdir(parents=True)
-    (root / "pod" / "a" / "memory.max").write_text("1073741824\n")
-    (root / "pod" / "a" / "memory.current").write_text("268435456\n")
-    own.write_text("0::/pod/a\n")
-    assert weights_route.cgroup_room(str(root), str(own)) == 768 << 20
-    (root / "pod" / "a" / "memory.max").write_text("max\n")
-    assert weights_route.cgroup_room(str(root), str(own)) is None
-    (root / "memory" / "job").mkdir(parents=True)
-    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("2147483648\n")
-    (root / "memory" / "job" / "memory.usage_in_bytes").write_text("3221225472\n")
-    own.write_text("9:name=systemd:/\n4:memory:/job\n0::/pod/a\n")
-    assert weights_route.cgroup_room(str(root), str(own)) == 0  # over its limit: no room
-    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
-    assert weights_route.cgroup_room(str(root), str(own)) is None  # v1's "no limit"
-    assert weights_route.cgroup_room(str(root), str(tmp_path / "absent")) is None
-    room = weights_route.cgroup_room()  # this machine's own, whatever it is
-    assert room is None or room >= 0
-    assert 0 < weights_route.free_memory()
 
 
 @pytest.mark.usefixtures("small_thresholds")

@@ -560,10 +560,10 @@ def weights_iterator(
             engine's buffers): no page-cache fill, no kernel copy. ``"cold"`` (the default):
             direct for a local read of 512 MiB or more into pageable memory whose files are
             mostly not in the page cache (``mincore``), else buffered (a cached file is copied
-            faster out of the cache); a mostly compressed checkpoint only when its stored
-            bytes exceed free memory (``weights_route.cold_route``). On this project's VM a
+            faster out of the cache; ``weights_route.cold_route``). On this project's VM a
             14 GB model read cold 1.4x faster direct (Hugging Face) and 1.8x (default codec),
-            with a fifth of the system CPU (docs/SERVING.md, "Issue 41 (eleventh round)").
+            with a fifth of the system CPU; a 1 GB default-codec one 1.3-1.7x (docs/SERVING.md,
+            "Issue 41 (eleventh round)", "(twelfth round)").
             ``True`` / ``False`` force a route. ``"auto"``: for such a cold read, both
             routes are timed on the first values (96 MiB each) and direct is kept only if it
             read at least 1.2x faster (:attr:`WeightsIterator.route`,

@@ -48,9 +48,7 @@ __all__ = [
     "PROBE",
     "PROBE_BATCH",
     "RouteProbe",
-    "cgroup_room",
     "cold_route",
-    "free_memory",
     "local_spans",
     "mostly_cached",
 ]
@@ -151,59 +149,6 @@ def mostly_cached(where: tuple[list[str], list[tuple[int, int, int]]] | None) ->
     return total > 0 and 2 * hit >= total
 
 
-def free_memory() -> int:
-    """Bytes of memory nothing uses: ``MemFree`` of ``/proc/meminfo``, or less when this
-    process's memory cgroup has less room (:func:`cgroup_room`: a container's page cache is
-    charged to it, so a read larger than its room makes it reclaim whatever the host has
-    free); 0 when unknown."""
-    free = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemFree:"):
-                    free = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        return 0
-    room = cgroup_room()
-    return free if room is None else min(free, room)
-
-
-def cgroup_room(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> int | None:
-    """Bytes this process's memory cgroup may still charge (its limit less its usage, page
-    cache included), cgroup v2 (``memory.max`` / ``memory.current``) or v1
-    (``memory.limit_in_bytes`` / ``memory.usage_in_bytes``); ``None`` without a limit or
-    when it cannot be told."""
-    try:
-        with open(own) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            files = (f"{root}{parts[2]}/memory.max", f"{root}{parts[2]}/memory.current")
-        elif "memory" in parts[1].split(","):
-            base = f"{root}/memory{parts[2]}"
-            files = (f"{base}/memory.limit_in_bytes", f"{base}/memory.usage_in_bytes")
-        else:
-            continue
-        try:
-            with open(files[0]) as f:
-                limit = f.read().strip()
-            with open(files[1]) as f:
-                used = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        # "max" (v2) or a page-rounded 2**63 (v1): no limit
-        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 62:
-            continue
-        return max(0, int(limit) - used)
-    return None
-
-
 def cold_route(
     direct: bool | str,
     reader: storage.Reader,
@@ -214,22 +159,19 @@ def cold_route(
     """``direct`` as the iterator starts with it: ``True`` / ``False`` as given; ``"cold"``
     and ``"auto"`` buffered (``False``) unless the read is local, into pageable memory, of at
     least ``least`` stored bytes and mostly not in the page cache; then ``"auto"`` stays (the
-    probe decides) and ``"cold"`` is direct, except for a mostly compressed checkpoint whose
-    stored bytes fit in free memory.
+    probe decides) and ``"cold"`` is direct, whatever the codec.
 
-    Why that exception (docs/SERVING.md, "Issue 41 (eleventh round)"): on this project's VM a
-    cold Hugging Face file or uncompressed checkpoint read direct as fast as buffered or
-    faster at every size (1.0-1.4x) for a third of the CPU, but a default-codec one read
-    direct 0.86-1.19x as fast as buffered at 1 and 3.6 GB, when the page cache filled from
-    free memory, and 1.8x at 14 GB, when it had to evict (13 GB free): buffered reads then
-    paid the reclaim (14 system CPU-s for 14 GB)."""
+    Why compressed checkpoints too (docs/SERVING.md, "Issue 41 (twelfth round)"): the direct
+    route decodes from the engine's buffers for about 0.6 CPU-s/GB against 0.75-0.86
+    buffered, and on this project's VM read a cold default-codec model 1.3-1.7x as fast as
+    buffered at 1 GB, 0.86-1.01x at 3.6 GB and 1.8x at 14 GB. The eleventh round
+    kept such a read buffered while it fit in free memory, on 1 GB runs where direct read
+    0.86-1.19x buffered; the twelfth round's runs did not bear that out. Only a file already
+    cached reads faster buffered (the check above)."""
     if direct not in ("cold", "auto"):
         return direct
     where = local_spans(reader, infos)
     stored = sum(i.stored_bytes for i in infos)
     if pin or where is None or stored < least or mostly_cached(where):
         return False
-    if direct == "auto":
-        return "auto"
-    compressed = sum(i.stored_bytes for i in infos if i.codec != "none")
-    return 2 * compressed < stored or stored > free_memory()
+    return "auto" if direct == "auto" else True
