@@ -563,11 +563,10 @@ def weights_iterator(
             faster out of the cache; ``weights_route.cold_route``). On this project's VM a
             14 GB model read cold 1.4x faster direct (Hugging Face) and 1.8x (default codec),
             with a fifth of the system CPU; a 1 GB default-codec one 1.3-1.7x (docs/SERVING.md,
-            "Issue 41 (eleventh round)", "(twelfth round)").
-            ``True`` / ``False`` force a route. ``"auto"``: for such a cold read, both
-            routes are timed on the first values (96 MiB each) and direct is kept only if it
-            read at least 1.2x faster (:attr:`WeightsIterator.route`,
-            :attr:`WeightsIterator.probe_rates`).
+            "Issue 41 (eleventh round)", "(twelfth round)"). ``True`` / ``False`` force a
+            route. ``"auto"``: for such a cold read, both routes are timed on the first values
+            (96 MiB each) and direct is kept only if it read at least 1.2x faster
+            (:attr:`WeightsIterator.route`, :attr:`WeightsIterator.probe_rates`).
         consumer_threads: torch's intra-op threads in the thread that takes the values, from
             its first ``next()`` until the iterator ends, is closed or raises (then the
             thread's own count comes back exactly). Default 1: the consumer's per-tensor

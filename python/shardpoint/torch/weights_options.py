@@ -21,9 +21,8 @@ LOADER_OPTIONS: dict[str, str] = {
     "verify": "true/false: check the crc32c of uncompressed values too (default true)",
     "direct": "true/false/'cold'/'auto': O_DIRECT cold reads of Hugging Face files and local "
     "shardpoint checkpoints; 'cold' (the default) reads direct when a large local read is "
-    "mostly not in the page cache; 'auto' "
-    "times both routes on the first values of a large cold file and keeps direct only where "
-    "it clearly wins",
+    "mostly not in the page cache; 'auto' times both routes on the first values of a large "
+    "cold file and keeps direct only where it clearly wins",
     "consumer_threads": "a positive int or null: the engine thread's torch intra-op threads "
     "while it loads (default 1; null leaves them alone)",
 }

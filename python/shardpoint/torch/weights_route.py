@@ -164,10 +164,10 @@ def cold_route(
     Why compressed checkpoints too (docs/SERVING.md, "Issue 41 (twelfth round)"): the direct
     route decodes from the engine's buffers for about 0.6 CPU-s/GB against 0.75-0.86
     buffered, and on this project's VM read a cold default-codec model 1.3-1.7x as fast as
-    buffered at 1 GB, 0.86-1.01x at 3.6 GB and 1.8x at 14 GB. The eleventh round
-    kept such a read buffered while it fit in free memory, on 1 GB runs where direct read
-    0.86-1.19x buffered; the twelfth round's runs did not bear that out. Only a file already
-    cached reads faster buffered (the check above)."""
+    buffered at 1 GB, 0.86-1.01x at 3.6 GB and 1.8x at 14 GB. The eleventh round kept such
+    a read buffered while it fit in free memory, on 1 GB runs where direct read 0.86-1.19x
+    buffered; the twelfth round's runs did not bear that out. Only a file already cached
+    reads faster buffered (the check above)."""
     if direct not in ("cold", "auto"):
         return direct
     where = local_spans(reader, infos)
