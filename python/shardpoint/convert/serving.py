@@ -36,6 +36,7 @@ import numpy as np
 from .. import storage
 from ..errors import InvalidArgumentError, NotFoundError
 from ..storage.atomic_files import make_dirs
+from ..storage.paths import SERVING_WHOLE, checkpoints_in
 from ..storage.progress import progress_bar
 from .base import ConvertResult
 from .hf import is_hf_path
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 #: The whole model's checkpoint prefix inside a serving directory.
-WHOLE = "model"
+WHOLE = SERVING_WHOLE
 #: Metadata key of a rank checkpoint: ``{"world": N, "rank": R, "layout": ..., "splits": ...}``.
 TP_KEY = "shardpoint.tp"
 #: ``layout`` of pieces cut from Hugging Face weights (names kept; loaded through the model's
@@ -114,15 +115,9 @@ def resolve(path: str | os.PathLike[str]) -> Layout:
     # (FORMAT.md §3.1.1): the index says it is a prefix
     if os.path.isdir(p) and not os.path.isfile(p.rstrip("/") + ".index"):
         worlds = _worlds(p)
-        if os.path.exists(os.path.join(p, WHOLE + ".index")):
-            return Layout(p, os.path.join(p, WHOLE), worlds)
-        others = [
-            x[: -len(".index")]
-            for x in sorted(glob.glob(os.path.join(glob.escape(p), "*.index")))
-            if "-rank-" not in os.path.basename(x)
-        ]
-        if len(others) == 1:
-            return Layout(p, others[0], worlds)
+        found = checkpoints_in(p)  # DIR/model, else the one checkpoint in DIR
+        if len(found) == 1:
+            return Layout(p, found[0], worlds)
         if is_hf_path(p):
             return Layout(p, p, worlds)
         if worlds:

@@ -5,13 +5,14 @@ state object, the CLI's listings)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from .. import _core
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, NotFoundError
 
 __all__ = [
     "PathLike",
@@ -20,6 +21,9 @@ __all__ = [
     "wants_single_file",
     "is_single_file",
     "is_url",
+    "SERVING_WHOLE",
+    "checkpoints_in",
+    "directory_prefix",
     "exists",
     "remove",
     "read_object",
@@ -77,6 +81,63 @@ def is_url(prefix: PathLike) -> bool:
     ``memory://``); local paths and ``file://`` URLs are not."""
     p = os.fspath(prefix)
     return isinstance(p, str) and _core.is_remote(p)
+
+
+#: The whole model's checkpoint prefix in a serving directory (``shardpoint export`` writes
+#: ``DIR/model.index``; tensor-parallel pieces are ``DIR/model-rank-R-of-N``).
+SERVING_WHOLE = "model"
+
+
+def checkpoints_in(directory: str) -> list[str]:
+    """The checkpoint prefixes a local directory stands for, as the serving loaders read it:
+    ``[DIR/model]`` when ``DIR/model.index`` exists, else every ``DIR/*.index`` prefix but
+    tensor-parallel pieces (``*-rank-R-of-N``), sorted. Empty when ``directory`` is not a
+    directory, or is the hashed directory ``P/`` beside a prefix's ``P.index`` (FORMAT.md
+    §3.1.1)."""
+    d = directory.rstrip("/") or directory
+    if not os.path.isdir(d) or os.path.isfile(d + ".index"):
+        return []
+    if os.path.isfile(os.path.join(d, SERVING_WHOLE + ".index")):
+        return [os.path.join(d, SERVING_WHOLE)]
+    return [
+        x[: -len(".index")]
+        for x in sorted(glob.glob(os.path.join(glob.escape(d), "*.index")))
+        if "-rank-" not in os.path.basename(x) and os.path.isfile(x)
+    ]
+
+
+def directory_prefix(path: str) -> str:
+    """``path``, or the one checkpoint prefix of the local directory ``path`` names
+    (:func:`checkpoints_in`): ``sp.open(DIR)`` of a directory ``shardpoint export`` wrote, or
+    of one holding a single checkpoint, opens that checkpoint."""
+    found = checkpoints_in(path) if isinstance(path, str) and path and not is_url(path) else []
+    return found[0] if len(found) == 1 else path
+
+
+def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
+    """The error for a checkpoint that is not there, naming what the user typed and both
+    forms looked for (a single file at ``path``, the prefix form's ``path.index``); the core
+    names only the last one tried, a name the user never typed. A directory says which
+    checkpoints it holds. A missing shard of an index that exists keeps the core's error,
+    which names that shard."""
+    if os.path.isdir(path) and not os.path.exists(path + ".index"):
+        found = [os.path.basename(p) for p in checkpoints_in(path)]
+        held = (
+            f"it holds {len(found)} checkpoints ({', '.join(found[:8])}"
+            f"{', ...' if len(found) > 8 else ''}): open one by its prefix, e.g. "
+            f"{os.path.join(path, found[0])!r}"
+            if found
+            else "it holds no shardpoint checkpoint (no *.index file) and no safetensors weights"
+        )
+        return NotFoundError(f"no checkpoint at {path!r}: it is a directory, and {held}")
+    if os.path.exists(path) or os.path.exists(path + ".index"):
+        return err
+    parent = os.path.dirname(os.path.abspath(path))
+    where = "" if os.path.isdir(parent) else f"; the directory {parent!r} does not exist"
+    return NotFoundError(
+        f"no checkpoint at {path!r}: looked for the single file {path!r} and for the index "
+        f"of a prefix checkpoint, {path + '.index'!r}; neither exists{where}"
+    )
 
 
 def _storage(options: StorageOptions) -> dict[str, str] | None:

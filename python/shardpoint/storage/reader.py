@@ -41,7 +41,15 @@ from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
 from .numpy_views import restore_views
-from .paths import PathLike, StorageOptions, _prefix, _storage, is_url
+from .paths import (
+    PathLike,
+    StorageOptions,
+    _prefix,
+    _storage,
+    directory_prefix,
+    is_url,
+    not_found_error,
+)
 from .progress import progress_bar, wanted
 from .row_reads import read_rows
 from .slicing import LazySlice, TensorSlice
@@ -129,7 +137,7 @@ class Reader:
             try:
                 self._r = _core.CheckpointReader(self._prefix)
             except NotFoundError as e:
-                raise _not_found(self._prefix, e) from e
+                raise not_found_error(self._prefix, e) from e
             # the shard list is only looked at on network mounts (local opens stay ~50 us)
             if not copy and resolve_io(io, self._prefix) == "pread":
                 shards = [f for f, _ in self._r.shard_files()]
@@ -516,21 +524,6 @@ def read_ranges_into(
     _core.read_file_ranges(paths, ranges, outs, threads)
 
 
-def _not_found(path: str, err: NotFoundError) -> NotFoundError:
-    """The error for a checkpoint that is not there, naming what the user typed and both
-    forms looked for (a single file at ``path``, the prefix form's ``path.index``); the core
-    names only the last one tried, a name the user never typed. A missing shard of an index
-    that exists keeps the core's error, which names that shard."""
-    if os.path.exists(path) or os.path.exists(path + ".index"):
-        return err
-    parent = os.path.dirname(os.path.abspath(path))
-    where = "" if os.path.isdir(parent) else f"; the directory {parent!r} does not exist"
-    return NotFoundError(
-        f"no checkpoint at {path!r}: looked for the single file {path!r} and for the index "
-        f"of a prefix checkpoint, {path + '.index'!r}; neither exists{where}"
-    )
-
-
 def _reopen(prefix: str, options: dict[str, Any], closed: bool) -> Reader:
     """A pickled reader in the unpickling process: opened afresh, or closed as it was."""
     if not closed:
@@ -573,8 +566,10 @@ def open(  # noqa: A001 - the public name is a contract
 
     A Hugging Face safetensors checkpoint (a model directory, its ``*.safetensors.index.json``,
     or a ``.safetensors`` file) opens in place as a read-only Reader (``convert.hf.HFReader``).
+    A directory ``shardpoint export`` wrote (``DIR/model.index``), or one holding a single
+    checkpoint, opens that checkpoint (``paths.directory_prefix``).
     """
-    p = os.fspath(prefix)
+    p = prefix = directory_prefix(os.fspath(prefix))
     if (
         isinstance(p, str)
         and p

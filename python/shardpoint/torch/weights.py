@@ -542,8 +542,8 @@ def weights_iterator(
 
     Args:
         path: a shardpoint checkpoint prefix (or ``s3://``... URL), a single-file checkpoint,
-            a Hugging Face model directory, its index JSON or one ``.safetensors`` file, or a
-            reader already open.
+            a directory ``shardpoint export`` wrote, a Hugging Face model directory, its index
+            JSON or one ``.safetensors`` file, or a reader already open.
         names: only these names (a collection: a name absent from the checkpoint raises
             ``KeyError``), or the names a predicate accepts. Default: every tensor.
         device: where tensors are handed out; values are read into (pinned, for CUDA) host

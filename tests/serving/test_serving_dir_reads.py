@@ -1,0 +1,124 @@
+"""The directory ``shardpoint export`` writes, read by the readers a user tries next.
+
+A user exports a model for serving and then, in another script, points the everyday readers at
+the directory: ``sp.open(DIR)``, ``sp.load_file(DIR)``, ``weights_iterator(DIR)``. Before the
+thirteenth round of issue 41 only the serving loaders (vLLM, SGLang, ``from_pretrained``)
+resolved it; the readers said ``DIR.index: not found``. Each step runs in a fresh process, as the
+user's next script would. A directory holding several checkpoints, or none, says so by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import shardpoint as sp
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def _run(code: str) -> str:
+    """Run ``code`` in a fresh interpreter; its stdout (stderr shown on failure)."""
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, pathlib.Path]:
+    """A tiny Llama saved by ``save_pretrained`` and exported with the CLI (default codec)."""
+    root = tmp_path_factory.mktemp("serving_dir")
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=48, max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "hf")
+    out = subprocess.run(
+        [sys.executable, "-m", "shardpoint", "export", str(root / "hf"), str(root / "serve")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (root / "serve" / "model.index").is_file()
+    assert not list((root / "serve").glob("*.safetensors"))
+    return root / "hf", root / "serve"
+
+
+def _want(hf: pathlib.Path) -> dict[str, str]:
+    tensors = safetensors_torch.load_file(str(hf / "model.safetensors"))
+    return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_the_everyday_readers_open_an_exported_directory_in_a_fresh_process(
+    exported: tuple[pathlib.Path, pathlib.Path], slash: str
+) -> None:
+    hf, serve = exported
+    got = _run(
+        f"""
+        import hashlib, json, torch, shardpoint as sp
+        from shardpoint.torch import weights_iterator
+        d = {str(serve) + slash!r}
+        def tag(v):
+            return hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()
+        with sp.open(d, framework="pt") as r:
+            opened = {{k: tag(r[k]) for k in r.keys()}}
+        loaded = {{k: tag(torch.from_numpy(v)) for k, v in sp.load_file(d).items()}}
+        with weights_iterator(d) as it:
+            streamed = {{k: tag(v) for k, v in it}}
+        print(json.dumps([opened, loaded, streamed]))
+        """
+    )
+    want = _want(hf)
+    opened, loaded, streamed = json.loads(got)
+    assert len(want) == 2 + 9 * 2 + 1  # embed, norm, lm_head + 9 per layer
+    assert opened == want
+    assert loaded == want
+    assert streamed == want
+
+
+def test_the_directory_prefers_the_whole_model_over_its_tensor_parallel_pieces(
+    tmp_path: pathlib.Path,
+) -> None:
+    d = tmp_path / "serve"
+    d.mkdir()
+    sp.save_file({"w": np.arange(4.0)}, str(d / "model-rank-0-of-2"))
+    sp.save_file({"w": np.arange(4.0)}, str(d / "model-rank-1-of-2"))
+    sp.save_file({"w": np.arange(8.0)}, str(d / "model"))
+    got = _run(f"import shardpoint as sp; print(sp.load_file({str(d)!r})['w'].size)")
+    assert got.strip() == "8"
+
+
+def test_a_directory_of_one_checkpoint_opens_it(tmp_path: pathlib.Path) -> None:
+    sp.save_file({"w": np.arange(3.0)}, str(tmp_path / "ckpt-1"), compression="none")
+    assert sp.load_file(str(tmp_path))["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_directory_of_several_checkpoints_names_them(tmp_path: pathlib.Path) -> None:
+    for n in ("ckpt-1", "ckpt-2"):
+        sp.save_file({"w": np.zeros(2)}, str(tmp_path / n))
+    with pytest.raises(sp.NotFoundError) as e:
+        sp.open(str(tmp_path))
+    msg = str(e.value)
+    assert msg.startswith(f"no checkpoint at {str(tmp_path)!r}: it is a directory")
+    assert "2 checkpoints (ckpt-1, ckpt-2)" in msg
+    assert repr(os.path.join(str(tmp_path), "ckpt-1")) in msg
+
+
+def test_an_empty_directory_says_it_holds_no_checkpoint(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(sp.NotFoundError, match="it holds no shardpoint checkpoint") as e:
+        sp.load_file(str(tmp_path))
+    assert isinstance(e.value, FileNotFoundError)
+    assert str(tmp_path) in str(e.value)
