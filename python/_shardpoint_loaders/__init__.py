@@ -17,6 +17,10 @@ original function untouched (same arguments, same errors). Modules already impor
 hook is installed are patched at once. ``SHARDPOINT_TORCH_LOAD=0`` in the environment turns
 the reading off: ``torch.load`` of one of our files then raises ``pickle.UnpicklingError``
 naming shardpoint and ``shardpoint.torch.load``, the call that reads it.
+
+transformers' ``from_pretrained`` gets the same kind of front once its modules have run
+(``pretrained.py``): a serving directory, a converted prefix or a trainer checkpoint holding
+its weights compressed load through shardpoint; the same switch turns it off.
 """
 
 from __future__ import annotations
@@ -152,11 +156,24 @@ def _patch_lightning(_module: ModuleType) -> None:
     _lightning_reader.install(quiet=True)
 
 
+def _patch_pretrained(name: str) -> Callable[[ModuleType], None]:
+    """Front transformers' ``from_pretrained`` (``pretrained.py``, imported only now)."""
+
+    def action(module: ModuleType) -> None:
+        from . import pretrained
+
+        getattr(pretrained, name)(module, _enabled, ENV)
+
+    return action
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
     "lightning.pytorch.core.saving": _patch_lightning,
     "pytorch_lightning.core.saving": _patch_lightning,
+    "transformers.modeling_utils": _patch_pretrained("patch_modeling_utils"),
+    "transformers.models.auto.auto_factory": _patch_pretrained("patch_auto_factory"),
 }
 
 

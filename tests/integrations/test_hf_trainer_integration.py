@@ -171,6 +171,29 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
     )
     assert resumed["losses"] == runs["shardpoint"]["losses"][3:]
     assert resumed["digest"] == runs["shardpoint"]["digest"]
+    # the next script: transformers' own from_pretrained reads the directory (the front the
+    # startup file installs), each weight equal to the one stored and checked on the way
+    stored = {}
+    with sp.open(str(tmp_path / "checkpoint-3/shardpoint"), framework="pt") as r:
+        for key in r.keys():
+            if key.startswith("model/"):
+                stored[key[len("model/") :]] = r[key].numpy().tobytes().hex()
+    code = (
+        "import json, sys, transformers\n"
+        "for cls in (transformers.AutoModelForCausalLM, transformers.GPT2LMHeadModel):\n"
+        "    m = cls.from_pretrained(sys.argv[1])\n"
+        "    print(json.dumps({k: v.numpy().tobytes().hex() for k, v in m.state_dict().items()}))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "checkpoint-3")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    for line in p.stdout.strip().splitlines()[-2:]:
+        loaded = json.loads(line)
+        assert stored and all(loaded[k] == v for k, v in stored.items())
+        assert loaded["lm_head.weight"] == loaded["transformer.wte.weight"]  # tied, stored once
 
 
 def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def test_the_directory_prefers_the_whole_model_over_its_tensor_parallel_pieces(
 def test_a_directory_of_one_checkpoint_opens_it(tmp_path: pathlib.Path) -> None:
     sp.save_file({"w": np.arange(3.0)}, str(tmp_path / "ckpt-1"), compression="none")
     assert sp.load_file(str(tmp_path))["w"].tolist() == [0.0, 1.0, 2.0]
+    assert sp.load_file(f"file://{tmp_path}/")["w"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_a_directory_of_several_checkpoints_names_them(tmp_path: pathlib.Path) -> None:
@@ -122,3 +123,127 @@ def test_an_empty_directory_says_it_holds_no_checkpoint(tmp_path: pathlib.Path) 
         sp.load_file(str(tmp_path))
     assert isinstance(e.value, FileNotFoundError)
     assert str(tmp_path) in str(e.value)
+
+
+def _child(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter that never imports shardpoint itself (the startup file
+    the wheel ships installs the front), offline like a server without the Hub."""
+    full = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=300, env=full,
+    )  # fmt: skip
+
+
+def test_transformers_from_pretrained_reads_the_directory_in_the_next_script(
+    exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    hf, serve = exported
+    prefix = tmp_path / "ck"
+    out = subprocess.run(
+        [sys.executable, "-m", "shardpoint", "convert", str(hf), str(prefix)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    p = _child(
+        f"""
+        import hashlib, json, sys, torch, transformers
+        def tags(m):
+            return {{k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()
+                    for k, v in m.state_dict().items()}}
+        ids = torch.tensor([[1, 5, 9, 2]])
+        ref = transformers.AutoModelForCausalLM.from_pretrained({str(hf)!r})
+        auto = transformers.AutoModelForCausalLM.from_pretrained({str(serve)!r})
+        concrete = transformers.LlamaForCausalLM.from_pretrained(
+            {str(serve)!r}, dtype=torch.bfloat16, device_map="auto", local_files_only=True
+        )
+        converted = transformers.AutoModelForCausalLM.from_pretrained({str(prefix)!r})
+        with torch.no_grad():
+            same = [torch.equal(m(ids).logits, ref.eval()(ids).logits) for m in (auto, converted)]
+        print(json.dumps({{
+            "loaded": "shardpoint" in sys.modules,
+            "types": [type(m).__name__ for m in (auto, concrete, converted)],
+            "training": [m.training for m in (auto, concrete, converted)],
+            "dtype": str(concrete.dtype),
+            "same_logits": same,
+            "tags": [tags(m) == tags(ref) for m in (auto, converted)],
+            "bf16": all(torch.equal(v, ref.state_dict()[k].to(torch.bfloat16))
+                        for k, v in concrete.state_dict().items()),
+        }}))
+        """
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {
+        "loaded": True,  # imported by the front, only once a path was ours
+        "types": ["LlamaForCausalLM"] * 3,
+        "training": [False] * 3,
+        "dtype": "torch.bfloat16",
+        "same_logits": [True, True],
+        "tags": [True, True],
+        "bf16": True,
+    }
+
+
+def test_from_pretrained_leaves_other_paths_to_transformers_and_refuses_what_it_cannot_do(
+    exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    hf, serve = exported
+    # the Hugging Face directory: transformers' own loading, shardpoint never imported
+    p = _child(
+        f"""
+        import sys, transformers
+        transformers.AutoModelForCausalLM.from_pretrained({str(hf)!r})
+        print("shardpoint" in sys.modules)
+        """
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False"
+    # a path that is nothing: transformers' own error, unchanged
+    missing = str(tmp_path / "no-such-model")
+    p = _child(f"import transformers; transformers.AutoModel.from_pretrained({missing!r})")
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode != 0 and last.startswith("OSError") and "shardpoint" not in last
+    # what only transformers' own loading does: refused, naming the way out
+    p = _child(
+        f"""
+        import transformers
+        transformers.AutoModelForCausalLM.from_pretrained({str(serve)!r}, load_in_8bit=True)
+        """
+    )
+    assert p.returncode != 0
+    assert "does not support load_in_8bit" in p.stderr and "--to hf" in p.stderr
+    # turned off: an error naming shardpoint and the call that reads it
+    p = _child(
+        f"import transformers; transformers.AutoModel.from_pretrained({str(serve)!r})",
+        env={"SHARDPOINT_TORCH_LOAD": "0"},
+    )
+    assert p.returncode != 0
+    assert "is a shardpoint checkpoint" in p.stderr
+    assert "shardpoint.hf.from_pretrained(AutoModel, path)" in p.stderr
+
+
+def test_the_front_installed_after_transformers_was_imported_fronts_the_auto_classes(
+    exported: tuple[pathlib.Path, pathlib.Path],
+) -> None:
+    """No startup file (a source tree on PYTHONPATH): ``import shardpoint`` installs the hook
+    after transformers defined its auto classes, each with its own copy of the method."""
+    _, serve = exported
+    p = _child(
+        f"""
+        import sys, _shardpoint_loaders
+        for f in list(sys.meta_path):  # as if the startup file had not run
+            if type(f).__name__ == "_AfterImport":
+                sys.meta_path.remove(f)
+        import transformers
+        auto = transformers.AutoModelForCausalLM
+        try:
+            auto.from_pretrained({str(serve)!r})
+        except OSError as e:
+            print("before:", "model.safetensors" in str(e))
+        import shardpoint
+        print("after:", type(auto.from_pretrained({str(serve)!r})).__name__)
+        """
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-2:] == ["before: True", "after: LlamaForCausalLM"]

@@ -17,6 +17,7 @@ checkpoints converted from ``save_pretrained`` directories). Imports without tra
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from ..convert.hf_files import SECTION, write_files
 from ..convert.serving import resolve
 from ..errors import InvalidArgumentError, NotFoundError
 
-__all__ = ["from_pretrained", "load_into", "files_dir"]
+__all__ = ["from_pretrained", "load_into", "files_dir", "HUB_KEYWORDS", "UNSUPPORTED_KEYWORDS"]
 
 
 @contextlib.contextmanager
@@ -135,6 +136,46 @@ def _dtype_of(config: Any, dtype: Any) -> Any:
     return dtype
 
 
+#: transformers' ``from_pretrained`` keywords about finding files on the Hub or choosing among
+#: its own files: nothing to do for a local shardpoint checkpoint, accepted and ignored
+HUB_KEYWORDS = frozenset(
+    {
+        "cache_dir", "force_download", "local_files_only", "token", "use_auth_token",
+        "revision", "proxies", "resume_download", "code_revision", "mirror", "use_safetensors",
+        "weights_only", "low_cpu_mem_usage", "disable_mmap", "adapter_kwargs", "_from_auto",
+        "_from_pipeline", "_commit_hash",
+    }
+)  # fmt: skip
+#: keywords asking for what only transformers' own loading does (quantizing, offloading,
+#: tensor parallelism, other formats): refused with a way out
+UNSUPPORTED_KEYWORDS = frozenset(
+    {
+        "quantization_config", "load_in_8bit", "load_in_4bit", "gguf_file", "tp_plan",
+        "tp_size", "device_mesh", "max_memory", "offload_folder", "offload_state_dict",
+        "offload_buffers", "from_tf", "from_flax", "state_dict", "key_mapping", "variant",
+        "fusion_config", "output_loading_info", "ignore_mismatched_sizes",
+    }
+)  # fmt: skip
+
+
+def _single_device(path: Any, device_map: Any) -> Any:
+    """``device_map`` as one device: a device name or index as given; ``"auto"`` the only
+    accelerator (or the CPU without one), as accelerate would place a model that fits."""
+    if isinstance(device_map, str | int) and device_map != "auto":
+        return device_map
+    if device_map == "auto":
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n <= 1:
+            return "cuda:0" if n else "cpu"
+    raise InvalidArgumentError(
+        f"{path}: device_map={device_map!r}: a shardpoint checkpoint loads onto one device here "
+        "(a name such as 'cpu' or 'cuda:1', or 'auto' with at most one GPU); for a map across "
+        f"devices write a Hugging Face directory (`shardpoint convert {path} OUT --to hf`)"
+    )
+
+
 def from_pretrained(cls: Any, path: str | os.PathLike[str], **kw: Any) -> Any:
     """``cls.from_pretrained(path)`` for a shardpoint checkpoint (or serving directory).
 
@@ -143,28 +184,52 @@ def from_pretrained(cls: Any, path: str | os.PathLike[str], **kw: Any) -> Any:
     kept inside), a serving directory (``shardpoint export``), or a Hugging Face directory.
     Keywords: ``dtype`` (or ``torch_dtype``; default ``"auto"``: config.json's ``dtype``),
     ``device`` (or ``device_map`` naming one device), ``strict`` (default ``True``),
-    ``threads``, ``io``, ``trust_remote_code``, ``attn_implementation``; other keywords
-    override config attributes, as for transformers. Returns the model in eval mode.
+    ``threads``, ``io``, ``trust_remote_code``, ``attn_implementation``, ``config`` (a config
+    object or where to read one), ``subfolder``; other keywords override config attributes, as
+    for transformers. transformers' keywords for the Hub (:data:`HUB_KEYWORDS`) are ignored;
+    those only its own loading honours (:data:`UNSUPPORTED_KEYWORDS`: quantizing, offloading,
+    other formats) raise ``InvalidArgumentError`` naming the way out. Returns the model in eval
+    mode. ``cls.from_pretrained(path)`` itself comes here in any process where shardpoint is
+    installed (``_shardpoint_loaders/pretrained.py``).
     """
     import transformers
     from accelerate import init_empty_weights
 
+    for k in HUB_KEYWORDS & kw.keys():
+        del kw[k]
+    refused = sorted(
+        k for k in UNSUPPORTED_KEYWORDS & kw.keys() if kw[k] not in (None, False, {}, "")
+    )
+    if refused:
+        raise InvalidArgumentError(
+            f"{os.fspath(path)}: from_pretrained of a shardpoint checkpoint does not support "
+            f"{', '.join(refused)}; write a Hugging Face directory with `shardpoint convert "
+            f"{os.fspath(path)} OUT --to hf` and give that to transformers"
+        )
+    for k in UNSUPPORTED_KEYWORDS & kw.keys():
+        del kw[k]
+    if kw.get("subfolder"):
+        path = os.path.join(os.fspath(path), kw.pop("subfolder"))
+    kw.pop("subfolder", None)
+    given = kw.pop("config", None)
     dtype = kw.pop("dtype", kw.pop("torch_dtype", "auto"))
     device = kw.pop("device", None)
     device_map = kw.pop("device_map", None)
     if device_map is not None:
-        if not isinstance(device_map, str | int) or device_map == "auto":
-            raise InvalidArgumentError(
-                "device_map: only one device (e.g. 'cpu', 'cuda', 'cuda:1') is supported here"
-            )
-        device = device_map
+        device = _single_device(os.fspath(path), device_map)
     strict = kw.pop("strict", True)
     threads = kw.pop("threads", None)
     io = kw.pop("io", "auto")
     trust = kw.pop("trust_remote_code", False)
     attn = kw.pop("attn_implementation", None)
     with files_dir(path) as d:
-        config = transformers.AutoConfig.from_pretrained(d, trust_remote_code=trust, **kw)
+        if isinstance(given, transformers.PretrainedConfig):
+            config = copy.deepcopy(given)  # transformers does not change the caller's either
+            for k, v in kw.items():
+                setattr(config, k, v)
+        else:
+            where = d if given is None else os.fspath(given)
+            config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=trust, **kw)
         if attn is not None:
             config._attn_implementation = attn
         generation = None

@@ -109,8 +109,11 @@ def checkpoints_in(directory: str) -> list[str]:
 def directory_prefix(path: str) -> str:
     """``path``, or the one checkpoint prefix of the local directory ``path`` names
     (:func:`checkpoints_in`): ``sp.open(DIR)`` of a directory ``shardpoint export`` wrote, or
-    of one holding a single checkpoint, opens that checkpoint."""
-    found = checkpoints_in(path) if isinstance(path, str) and path and not is_url(path) else []
+    of one holding a single checkpoint, opens that checkpoint (a ``file://`` URL too)."""
+    if not isinstance(path, str) or not path or is_url(path):
+        return path
+    local = _prefix(path.rstrip("/") or path) if path.startswith("file://") else path
+    found = checkpoints_in(local)
     return found[0] if len(found) == 1 else path
 
 
@@ -123,7 +126,7 @@ def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
     if os.path.isdir(path) and not os.path.exists(path + ".index"):
         found = [os.path.basename(p) for p in checkpoints_in(path)]
         held = (
-            f"it holds {len(found)} checkpoints ({', '.join(found[:8])}"
+            f"it holds {len(found)} checkpoint{'s' * (len(found) != 1)} ({', '.join(found[:8])}"
             f"{', ...' if len(found) > 8 else ''}): open one by its prefix, e.g. "
             f"{os.path.join(path, found[0])!r}"
             if found

@@ -1,0 +1,131 @@
+"""transformers' ``from_pretrained`` reading the models shardpoint wrote, in any process where
+shardpoint is installed.
+
+A user exports a model for serving (``shardpoint export SRC DIR``), converts one
+(``shardpoint convert SRC P``) or trains with ``ShardpointTrainer(shardpoint_weights=
+"compressed")``; their next script calls ``AutoModelForCausalLM.from_pretrained(DIR)`` and
+transformers says "no file named model.safetensors", never "shardpoint". With this front the
+call reads the model (``shardpoint.hf.from_pretrained``, or ``hf_trainer.from_pretrained`` for a
+trainer checkpoint, which checks each weight's crc32c first).
+
+Imported by ``_shardpoint_loaders`` only once transformers' ``modeling_utils`` or its auto
+classes' ``auto_factory`` has run (never at interpreter start); standard library only until a
+path turns out to be ours. A path transformers can read itself (any weights file it knows is
+there), a hub id, or anything else goes to transformers' own function with the same arguments,
+so its results and errors are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+__all__ = ["is_pretrained", "patch_modeling_utils", "patch_auto_factory"]
+
+#: ends of the weight files transformers reads itself: a directory with any of them is its own
+_NATIVE = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".h5", ".msgpack")
+#: a serving directory's whole model (``shardpoint export``); a trainer checkpoint's part
+_PARTS = ("model", "shardpoint")
+_INDEX_MAGIC = b"SPINDEX\0"
+_MARK = "__shardpoint_front__"
+
+
+def _ours(index: str) -> bool:
+    try:
+        with open(index, "rb") as fh:
+            return fh.read(len(_INDEX_MAGIC)) == _INDEX_MAGIC
+    except OSError:
+        return False
+
+
+def is_pretrained(path: Any) -> bool:
+    """Whether ``from_pretrained(path)`` names a shardpoint model transformers cannot read
+    itself: a local directory without weight files transformers knows (``*.safetensors``,
+    ``*.bin``, their index JSONs, ``*.h5``, ``*.msgpack``, ``model.ckpt.index``) holding
+    ``model.index`` (a serving directory) or ``shardpoint.index`` (a trainer checkpoint with its
+    weights in the shardpoint part); or a checkpoint prefix ``P`` whose ``P.index`` is ours
+    (``shardpoint convert`` keeps config.json inside). Never raises."""
+    try:
+        if not isinstance(path, str | os.PathLike):
+            return False
+        p = os.fspath(path)
+        if not isinstance(p, str) or not p or "://" in p:
+            return False
+        if os.path.isdir(p):
+            names = os.listdir(p)
+            if any(n.endswith(_NATIVE) or n == "model.ckpt.index" for n in names):
+                return False
+            return any(_ours(os.path.join(p, part + ".index")) for part in _PARTS)
+        return _ours(p + ".index")
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _front(original: Callable[..., Any], enabled: Callable[[], bool], env: str) -> Any:
+    """A classmethod calling ``original`` (the function of transformers' classmethod) for every
+    path but ours."""
+
+    def from_pretrained(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        sub = kwargs.get("subfolder") or ""
+        where: Any = path
+        if sub and isinstance(path, str | os.PathLike):
+            where = os.path.join(os.fspath(path), sub)
+        if not is_pretrained(where):
+            return original(cls, *args, **kwargs)
+        if not enabled():
+            raise OSError(
+                f"{os.fspath(where)!r} is a shardpoint checkpoint, and from_pretrained's "
+                f"reading of shardpoint checkpoints is turned off ({env}=0): read it with "
+                f"shardpoint.hf.from_pretrained({cls.__name__}, path), or unset {env}"
+            )
+        rest = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in ("pretrained_model_name_or_path", "subfolder")
+        }
+        from shardpoint.integrations.pretrained import from_pretrained as ours
+
+        return ours(cls, os.fspath(where), args[1:], rest)
+
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(from_pretrained, attr, getattr(original, attr, None))
+    from_pretrained.__dict__.update(getattr(original, "__dict__", {}))
+    from_pretrained.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature
+    setattr(from_pretrained, _MARK, original)
+    return classmethod(from_pretrained)
+
+
+def _wrap(owner: type, enabled: Callable[[], bool], env: str) -> None:
+    """Front ``owner``'s own ``from_pretrained`` classmethod (not an inherited one)."""
+    current = owner.__dict__.get("from_pretrained")
+    if not isinstance(current, classmethod) or hasattr(current.__func__, _MARK):
+        return
+    owner.from_pretrained = _front(current.__func__, enabled, env)  # type: ignore[attr-defined]
+
+
+def patch_modeling_utils(module: ModuleType, enabled: Callable[[], bool], env: str) -> None:
+    """Front ``PreTrainedModel.from_pretrained`` (a concrete model class's)."""
+    owner = getattr(module, "PreTrainedModel", None)
+    if isinstance(owner, type):
+        _wrap(owner, enabled, env)
+
+
+def patch_auto_factory(module: ModuleType, enabled: Callable[[], bool], env: str) -> None:
+    """Front the auto classes' ``from_pretrained``: the base's (each ``AutoModel*`` copies it
+    when ``modeling_auto`` defines it) and those of auto classes defined already. The auto
+    class must be fronted too: it reads config.json before it calls the concrete class, and a
+    converted checkpoint prefix has none on disk."""
+    base = getattr(module, "_BaseAutoModelClass", None)
+    if not isinstance(base, type):
+        return
+    todo = [base]
+    while todo:
+        owner = todo.pop()
+        _wrap(owner, enabled, env)
+        todo.extend(owner.__subclasses__())
