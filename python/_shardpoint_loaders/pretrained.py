@@ -47,8 +47,9 @@ def is_pretrained(path: Any) -> bool:
     """Whether ``from_pretrained(path)`` names a shardpoint model transformers cannot read
     itself: a local directory without weight files transformers knows (``*.safetensors``,
     ``*.bin``, their index JSONs, ``*.h5``, ``*.msgpack``, ``model.ckpt.index``) holding
-    ``model.index`` (a serving directory) or ``shardpoint.index`` (a trainer checkpoint with its
-    weights in the shardpoint part); or a checkpoint prefix ``P`` whose ``P.index`` is ours
+    ``model.index`` (a serving directory), ``shardpoint.index`` (a trainer checkpoint with its
+    weights in the shardpoint part) or only tensor-parallel pieces (``model-rank-R-of-N.index``:
+    shardpoint's error says so by name); or a checkpoint prefix ``P`` whose ``P.index`` is ours
     (``shardpoint convert`` keeps config.json inside). Never raises."""
     try:
         if not isinstance(path, str | os.PathLike):
@@ -60,7 +61,11 @@ def is_pretrained(path: Any) -> bool:
             names = os.listdir(p)
             if any(n.endswith(_NATIVE) or n == "model.ckpt.index" for n in names):
                 return False
-            return any(_ours(os.path.join(p, part + ".index")) for part in _PARTS)
+            if any(_ours(os.path.join(p, part + ".index")) for part in _PARTS):
+                return True
+            # only tensor-parallel pieces (`export --tp N`): ours to say so by name
+            pieces = [n for n in names if n.startswith("model-rank-") and n.endswith(".index")]
+            return bool(pieces) and _ours(os.path.join(p, pieces[0]))
         return _ours(p + ".index")
     except (OSError, ValueError, TypeError):
         return False

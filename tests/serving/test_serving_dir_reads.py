@@ -247,3 +247,50 @@ def test_the_front_installed_after_transformers_was_imported_fronts_the_auto_cla
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-2:] == ["before: True", "after: LlamaForCausalLM"]
+
+
+def test_the_way_out_the_errors_name_converts_a_serving_directory_to_hugging_face(
+    exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    """``shardpoint convert DIR OUT --to hf`` (what the refusals above suggest) with the config
+    and tokenizer files that sit beside the checkpoint in the serving directory, so
+    transformers loads OUT by itself."""
+    hf, serve = exported
+    dst = tmp_path / "out"
+    out = subprocess.run(
+        [sys.executable, "-m", "shardpoint", "convert", str(serve), str(dst), "--to", "hf"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (dst / "config.json").read_text() == (serve / "config.json").read_text()
+    # the library call gives the same directory
+    sp.export_hf(str(serve), str(tmp_path / "out2"))
+    assert sorted(os.listdir(tmp_path / "out2")) == sorted(os.listdir(dst))
+    with_hf = _child(
+        f"""
+        import hashlib, json, transformers
+        m = transformers.AutoModelForCausalLM.from_pretrained({str(dst)!r})
+        print(json.dumps({{k: hashlib.sha256(v.numpy().tobytes()).hexdigest()
+                          for k, v in m.state_dict().items()}}))
+        """
+    )
+    assert with_hf.returncode == 0, with_hf.stderr
+    assert json.loads(with_hf.stdout.strip().splitlines()[-1]) == _want(hf)
+
+
+def test_a_directory_of_tensor_parallel_pieces_says_what_it_holds(
+    exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    hf, _ = exported
+    serve = tmp_path / "serve-tp"
+    cmd = ["export", str(hf), str(serve), "--tp", "2", "--no-fsync"]
+    out = subprocess.run(
+        [sys.executable, "-m", "shardpoint", *cmd], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert not (serve / "model.index").exists()
+    p = _child(f"import transformers; transformers.AutoModel.from_pretrained({str(serve)!r})")
+    assert p.returncode != 0
+    assert "holds only tensor-parallel pieces" in p.stderr.strip().splitlines()[-1]
+    with pytest.raises(sp.NotFoundError, match="2 checkpoints"):
+        sp.open(str(serve))  # the pieces are read through the engines' sharded loaders

@@ -24,6 +24,7 @@ from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
 from ..storage.atomic_files import make_dirs
+from ..storage.paths import checkpoints_in
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
 from .hf_export import export_hf, write_hf
@@ -86,6 +87,10 @@ def is_manager_url(url: str) -> bool:
 def _only_checkpoint(directory: str) -> str:
     """The checkpoint of a directory without a state file, when it holds exactly one (as
     ``shardpoint ls`` lists them: its ``*.index`` files); otherwise a clear error."""
+    # a serving directory's whole model before its tensor-parallel pieces (storage.paths)
+    whole = checkpoints_in(directory)
+    if len(whole) == 1:
+        return whole[0]
     found = sorted(f[: -len(".index")] for f in os.listdir(directory) if f.endswith(".index"))
     if len(found) == 1:
         return os.path.join(directory, found[0])
@@ -148,6 +153,10 @@ def detect_format(path: str) -> tuple[str, str]:
 def open_source(path: str) -> Source:
     """Open any supported format for reading (see :func:`detect_format`)."""
     fmt, p = detect_format(path)
+    if fmt == "shardpoint" and p != path and os.path.isdir(path):
+        source = ShardpointSource(p)
+        source.keep_files_of(path)  # a serving directory: config.json beside the checkpoint
+        return source
     cls: Callable[[str], Source] = {
         "shardpoint": ShardpointSource,
         "safetensors": SafetensorsSource,

@@ -271,6 +271,8 @@ def export_hf(
         )
     path = os.fspath(src)
     opened: Source = HFSource(path) if is_hf_path(path) else ShardpointSource(path)
+    if isinstance(opened, ShardpointSource) and os.path.isdir(path):
+        opened.keep_files_of(path)  # a serving directory: config.json beside the checkpoint
     with opened as source:
         return write_hf(
             source,

@@ -12,6 +12,7 @@ from .. import storage
 from ..errors import ChecksumMismatchError
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
+from .hf_files import SECTION, collect_files
 
 __all__ = ["ShardpointSource", "write_shardpoint"]
 
@@ -30,6 +31,16 @@ class ShardpointSource(Source):
         self.metadata = dict(self.reader.metadata)
         #: shardpoint's own metadata sections (the torch layer's nesting...), carried over
         self.sections = dict(self.reader.sections)
+
+    def keep_files_of(self, directory: str) -> None:
+        """Carry the config and tokenizer files of ``directory``, the serving directory
+        (``shardpoint export``) this checkpoint was named by, when the checkpoint keeps none
+        itself: an export to Hugging Face needs them beside the weights."""
+        has_config = os.path.isfile(os.path.join(directory, "config.json"))
+        if SECTION not in self.sections and has_config:
+            kept = collect_files(directory, self.notes)
+            if kept is not None:
+                self.sections[SECTION] = kept
 
     def specs(self) -> list[Spec]:
         out = []

@@ -124,7 +124,8 @@ def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
     checkpoints it holds. A missing shard of an index that exists keeps the core's error,
     which names that shard."""
     if os.path.isdir(path) and not os.path.exists(path + ".index"):
-        found = [os.path.basename(p) for p in checkpoints_in(path)]
+        pattern = os.path.join(glob.escape(path), "*.index")
+        found = sorted(os.path.basename(p)[: -len(".index")] for p in glob.glob(pattern))
         held = (
             f"it holds {len(found)} checkpoint{'s' * (len(found) != 1)} ({', '.join(found[:8])}"
             f"{', ...' if len(found) > 8 else ''}): open one by its prefix, e.g. "
