@@ -103,6 +103,8 @@ def test_entry_point_and_registry(vllm_runs: list[dict[str, object]]) -> None:
     assert eps == {"entry_point": ["shardpoint.vllm:register"]}
     assert info["loader"] == "shardpoint.vllm._loader.ShardpointModelLoader"
     assert info["sharded"] == "shardpoint.vllm._loader.ShardpointShardedLoader"
+    assert info["auto"] == "shardpoint.vllm._loader.ShardpointAutoLoader"
+    assert info["auto_is_default"] is True  # vLLM's default loader, with serving dirs added
     assert info["is_subclass"] is True and info["reentrant"] is True
     errors = info["errors"]
     assert isinstance(errors, dict)
@@ -117,7 +119,10 @@ def test_same_tokens_with_every_load_format(vllm_runs: list[dict[str, object]]) 
     runs = {str(r["run"]): r for r in vllm_runs[2:]}
     want = runs["safetensors"].get("tokens")
     assert isinstance(want, list) and len(want) == 12, runs["safetensors"]
-    for name in ("shardpoint", "shardpoint_sharded", "shardpoint_on_hf_dir"):
+    # "auto", vLLM's default: a serving directory without the flag, and the Hugging Face
+    # directory through vLLM's own loader as before
+    for name in ("shardpoint", "shardpoint_sharded", "shardpoint_on_hf_dir", "auto",
+                 "auto_on_hf_dir"):  # fmt: skip
         assert runs[name].get("tokens") == want, runs[name]
     err = str(runs["missing_weight"].get("error"))
     assert "not initialized from checkpoint" in err and "post_attention_layernorm" in err, err

@@ -31,6 +31,7 @@ def contract() -> None:
 
     got = type(model_loader.get_model_loader(LoadConfig(load_format="shardpoint")))
     sharded = type(model_loader.get_model_loader(LoadConfig(load_format="shardpoint_sharded")))
+    auto = type(model_loader.get_model_loader(LoadConfig(load_format="auto")))
     table = dict(model_loader._LOAD_FORMAT_TO_MODEL_LOADER)
     spv.register()  # again, as a second plugin load in the same process would
     spv.register()
@@ -55,6 +56,8 @@ def contract() -> None:
                 "vllm": vllm.__version__,
                 "loader": f"{got.__module__}.{got.__qualname__}",
                 "sharded": f"{sharded.__module__}.{sharded.__qualname__}",
+                "auto": f"{auto.__module__}.{auto.__qualname__}",
+                "auto_is_default": issubclass(auto, model_loader.DefaultModelLoader),
                 "is_subclass": issubclass(got, model_loader.BaseModelLoader),
                 "reentrant": same,
                 "errors": errors,
@@ -75,6 +78,7 @@ def generate(hf: str, sp: str, sp_tp1: str, broken: str) -> None:
     for name, path, fmt in (("safetensors", hf, "safetensors"), ("shardpoint", sp, "shardpoint"),
                             ("shardpoint_sharded", sp_tp1, "shardpoint_sharded"),
                             ("shardpoint_on_hf_dir", hf, "shardpoint"),
+                            ("auto", sp, "auto"), ("auto_on_hf_dir", hf, "auto"),
                             ("missing_weight", broken, "shardpoint")):  # fmt: skip
         t = time.perf_counter()
         try:

@@ -3,6 +3,7 @@
     pip install 'shardpoint[vllm]'         # registers the loaders through an entry point
     shardpoint export ./Llama-3-8B ./llama-sp             # or --tp 4 for per-rank pieces
     vllm serve ./llama-sp --load-format shardpoint [--model-loader-extra-config '{"threads": 16}']
+    vllm serve ./llama-sp                                 # the default format reads it too
     vllm serve ./llama-sp --load-format shardpoint_sharded --tensor-parallel-size 4
 
 ``LLM(model="./llama-sp", load_format="shardpoint")`` is the same from Python. vLLM runs every
@@ -18,13 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register", "LOAD_FORMAT", "SHARDED_LOAD_FORMAT", "ShardpointModelLoader",
-           "ShardpointShardedLoader"]  # fmt: skip
+__all__ = ["register", "LOAD_FORMAT", "SHARDED_LOAD_FORMAT", "AUTO_LOAD_FORMAT",
+           "ShardpointModelLoader", "ShardpointShardedLoader", "ShardpointAutoLoader"]  # fmt: skip
 
 #: ``--load-format`` of the whole-model loader.
 LOAD_FORMAT = "shardpoint"
 #: ``--load-format`` of the per-rank (tensor-parallel pieces) loader.
 SHARDED_LOAD_FORMAT = "shardpoint_sharded"
+#: vLLM's default ``--load-format``: registered over vLLM's default loader with
+#: ``ShardpointAutoLoader``, which reads a serving directory too (everything else unchanged).
+AUTO_LOAD_FORMAT = "auto"
 
 
 def register() -> None:
@@ -40,6 +44,15 @@ def register() -> None:
                       (SHARDED_LOAD_FORMAT, ShardpointShardedLoader)):  # fmt: skip
         if table.get(name) is not cls:
             model_loader.register_model_loader(name)(cls)
+    # "auto" (the default) reads a serving directory too; only over vLLM's own default loader
+    # (never over another plugin's), and directly: register_model_loader warns on every
+    # overwrite, in every vLLM process
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from ._loader import ShardpointAutoLoader
+
+    if table.get(AUTO_LOAD_FORMAT) is DefaultModelLoader:
+        table[AUTO_LOAD_FORMAT] = ShardpointAutoLoader
 
 
 def _needs_vllm() -> None:
@@ -52,7 +65,7 @@ def _needs_vllm() -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ShardpointModelLoader", "ShardpointShardedLoader"):
+    if name in ("ShardpointModelLoader", "ShardpointShardedLoader", "ShardpointAutoLoader"):
         _needs_vllm()
         from . import _loader
 

@@ -7,6 +7,7 @@ the check vLLM's default loader makes for unquantized models: every parameter wa
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -15,12 +16,13 @@ import torch
 from vllm.config import ModelConfig
 from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from .. import storage
-from ..convert.serving import HF_PIECES, STATE_DICT, TP_KEY, Layout, rank_prefix, resolve
+from ..convert.serving import HF_PIECES, STATE_DICT, TP_KEY, WHOLE, Layout, rank_prefix, resolve
 from ..torch.weights import loader_options, weights_iterator
 
-__all__ = ["ShardpointModelLoader", "ShardpointShardedLoader"]
+__all__ = ["ShardpointModelLoader", "ShardpointShardedLoader", "ShardpointAutoLoader"]
 
 logger = logging.getLogger("shardpoint.vllm")
 
@@ -197,3 +199,40 @@ class ShardpointShardedLoader(ShardpointModelLoader):
             for name, t in _unique_state(model).items():
                 w.add(name, tensor_to_numpy(t.detach().cpu()))
         return prefix
+
+
+#: weight files vLLM's default loader reads itself: a directory holding any is left to it
+_NATIVE = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def is_serving_directory(path: str) -> bool:
+    """Whether ``path`` is a local serving directory (``shardpoint export``: ``model.index``)
+    with no weight file vLLM's default loader would read instead."""
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, WHOLE + ".index")):
+        return False
+    return not any(n.endswith(_NATIVE) for n in os.listdir(path))
+
+
+class ShardpointAutoLoader(DefaultModelLoader):
+    """vLLM's default ``--load-format auto`` with one addition: a serving directory (which holds
+    no weights vLLM reads itself, so vLLM would stop at "Cannot find any model weights") loads
+    through :class:`ShardpointModelLoader`, so ``vllm serve ./llama-sp`` works without the
+    flag. Every other path is vLLM's default loader, unchanged."""
+
+    def _ours(self, model_config: ModelConfig) -> ShardpointModelLoader | None:
+        if not is_serving_directory(_path(model_config)):
+            return None
+        return ShardpointModelLoader(self.load_config)
+
+    def download_model(self, model_config: ModelConfig) -> None:
+        ours = self._ours(model_config)
+        if ours is None:
+            return super().download_model(model_config)
+        return ours.download_model(model_config)
+
+    def load_weights(self, model: torch.nn.Module, model_config: ModelConfig) -> None:
+        ours = self._ours(model_config)
+        if ours is None:
+            return super().load_weights(model, model_config)
+        logger.info("%s: a shardpoint serving directory, read by shardpoint", _path(model_config))
+        return ours.load_weights(model, model_config)
