@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from . import _MARK, INDEX_MAGIC, _starts_with
+
 MYPY = False
 if MYPY:
     from collections.abc import Callable
@@ -31,16 +33,10 @@ __all__ = ["is_pretrained", "patch_modeling_utils", "patch_auto_factory"]
 _NATIVE = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".h5", ".msgpack")
 #: a serving directory's whole model (``shardpoint export``); a trainer checkpoint's part
 _PARTS = ("model", "shardpoint")
-_INDEX_MAGIC = b"SPINDEX\0"
-_MARK = "__shardpoint_front__"
 
 
 def _ours(index: str) -> bool:
-    try:
-        with open(index, "rb") as fh:
-            return fh.read(len(_INDEX_MAGIC)) == _INDEX_MAGIC
-    except OSError:
-        return False
+    return _starts_with(index, INDEX_MAGIC)
 
 
 def is_pretrained(path: Any) -> bool:
