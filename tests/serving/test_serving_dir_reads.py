@@ -117,6 +117,14 @@ def test_a_directory_of_several_checkpoints_names_them(tmp_path: pathlib.Path) -
     assert repr(os.path.join(str(tmp_path), "ckpt-1")) in msg
 
 
+def test_a_directory_of_one_tensorflow_checkpoint_is_not_taken_for_ours(
+    tmp_path: pathlib.Path,
+) -> None:
+    (tmp_path / "model.ckpt.index").write_bytes(b"\x00" * 64)  # TensorFlow's index: not ours
+    with pytest.raises(sp.NotFoundError, match="it holds no shardpoint checkpoint"):
+        sp.open(str(tmp_path))
+
+
 def test_an_empty_directory_says_it_holds_no_checkpoint(tmp_path: pathlib.Path) -> None:
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     with pytest.raises(sp.NotFoundError, match="it holds no shardpoint checkpoint") as e:

@@ -86,23 +86,32 @@ def is_url(prefix: PathLike) -> bool:
 #: The whole model's checkpoint prefix in a serving directory (``shardpoint export`` writes
 #: ``DIR/model.index``; tensor-parallel pieces are ``DIR/model-rank-R-of-N``).
 SERVING_WHOLE = "model"
+_INDEX_MAGIC = b"SPINDEX\0"  # FORMAT.md §3: TensorFlow's ``*.ckpt.index`` is not ours
+
+
+def _is_index(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_INDEX_MAGIC)) == _INDEX_MAGIC
+    except OSError:
+        return False
 
 
 def checkpoints_in(directory: str) -> list[str]:
     """The checkpoint prefixes a local directory stands for, as the serving loaders read it:
-    ``[DIR/model]`` when ``DIR/model.index`` exists, else every ``DIR/*.index`` prefix but
-    tensor-parallel pieces (``*-rank-R-of-N``), sorted. Empty when ``directory`` is not a
+    ``[DIR/model]`` when ``DIR/model.index`` is one of ours, else every ``DIR/*.index`` prefix
+    whose index is ours but tensor-parallel pieces (``*-rank-R-of-N``), sorted. Empty when ``directory`` is not a
     directory, or is the hashed directory ``P/`` beside a prefix's ``P.index`` (FORMAT.md
     §3.1.1)."""
     d = directory.rstrip("/") or directory
     if not os.path.isdir(d) or os.path.isfile(d + ".index"):
         return []
-    if os.path.isfile(os.path.join(d, SERVING_WHOLE + ".index")):
+    if _is_index(os.path.join(d, SERVING_WHOLE + ".index")):
         return [os.path.join(d, SERVING_WHOLE)]
     return [
         x[: -len(".index")]
         for x in sorted(glob.glob(os.path.join(glob.escape(d), "*.index")))
-        if "-rank-" not in os.path.basename(x) and os.path.isfile(x)
+        if "-rank-" not in os.path.basename(x) and _is_index(x)
     ]
 
 
@@ -125,13 +134,16 @@ def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
     which names that shard."""
     if os.path.isdir(path) and not os.path.exists(path + ".index"):
         pattern = os.path.join(glob.escape(path), "*.index")
-        found = sorted(os.path.basename(p)[: -len(".index")] for p in glob.glob(pattern))
+        found = sorted(
+            os.path.basename(p)[: -len(".index")] for p in glob.glob(pattern) if _is_index(p)
+        )
         held = (
             f"it holds {len(found)} checkpoint{'s' * (len(found) != 1)} ({', '.join(found[:8])}"
             f"{', ...' if len(found) > 8 else ''}): open one by its prefix, e.g. "
             f"{os.path.join(path, found[0])!r}"
             if found
-            else "it holds no shardpoint checkpoint (no *.index file) and no safetensors weights"
+            else "it holds no shardpoint checkpoint (no *.index file of ours) and no "
+            "safetensors weights"
         )
         return NotFoundError(f"no checkpoint at {path!r}: it is a directory, and {held}")
     if os.path.exists(path) or os.path.exists(path + ".index"):
