@@ -302,3 +302,19 @@ def test_a_directory_of_tensor_parallel_pieces_says_what_it_holds(
     assert "holds only tensor-parallel pieces" in p.stderr.strip().splitlines()[-1]
     with pytest.raises(sp.NotFoundError, match="2 checkpoints"):
         sp.open(str(serve))  # the pieces are read through the engines' sharded loaders
+
+
+def test_a_hugging_face_directory_with_a_checkpoint_beside_its_weights_opens_the_weights(
+    exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    """A Trainer's ``checkpoint-N`` keeps ``model.safetensors`` and, with the integration, its
+    optimizer state in ``shardpoint.index``: the directory's model is the weights."""
+    hf, _ = exported
+    d = tmp_path / "checkpoint-3"
+    d.mkdir()
+    for f in hf.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    sp.save_file({"optimizer/step": np.arange(2)}, str(d / "shardpoint"))
+    with sp.open(str(d)) as r:
+        assert "optimizer/step" not in r.keys()
+        assert set(r.keys()) == set(_want(hf))

@@ -99,8 +99,10 @@ def _is_index(path: str) -> bool:
 
 def checkpoints_in(directory: str) -> list[str]:
     """The checkpoint prefixes a local directory stands for, as the serving loaders read it:
-    ``[DIR/model]`` when ``DIR/model.index`` is one of ours, else every ``DIR/*.index`` prefix
-    whose index is ours but tensor-parallel pieces (``*-rank-R-of-N``), sorted. Empty when ``directory`` is not a
+    ``[DIR/model]`` when ``DIR/model.index`` is one of ours; none when ``DIR`` holds
+    ``*.safetensors`` weights (a Hugging Face directory, read in place); else every
+    ``DIR/*.index`` prefix whose index is ours but tensor-parallel pieces (``*-rank-R-of-N``),
+    sorted. Empty when ``directory`` is not a
     directory, or is the hashed directory ``P/`` beside a prefix's ``P.index`` (FORMAT.md
     §3.1.1)."""
     d = directory.rstrip("/") or directory
@@ -108,6 +110,10 @@ def checkpoints_in(directory: str) -> list[str]:
         return []
     if _is_index(os.path.join(d, SERVING_WHOLE + ".index")):
         return [os.path.join(d, SERVING_WHOLE)]
+    if glob.glob(os.path.join(glob.escape(d), "*.safetensors")):
+        # a Hugging Face directory: its weights are the model, not a checkpoint beside them
+        # (a Trainer's checkpoint-N keeps its optimizer state in `shardpoint.index`)
+        return []
     return [
         x[: -len(".index")]
         for x in sorted(glob.glob(os.path.join(glob.escape(d), "*.index")))
