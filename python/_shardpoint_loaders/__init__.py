@@ -20,7 +20,9 @@ naming shardpoint and ``shardpoint.torch.load``, the call that reads it.
 
 transformers' ``from_pretrained`` gets the same kind of front once its modules have run
 (``pretrained.py``): a serving directory, a converted prefix or a trainer checkpoint holding
-its weights compressed load through shardpoint; the same switch turns it off.
+its weights compressed load through shardpoint; so does accelerate's
+``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``).
+The same switch turns them off.
 """
 
 from __future__ import annotations
@@ -167,6 +169,14 @@ def _patch_pretrained(name: str) -> Callable[[ModuleType], None]:
     return action
 
 
+def _patch_accelerate(module: ModuleType) -> None:
+    """Front accelerate's ``load_checkpoint_in_model`` (``checkpoint_in_model.py``, imported
+    only now)."""
+    from . import checkpoint_in_model
+
+    checkpoint_in_model.patch_modeling(module, _enabled, ENV)
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -174,6 +184,7 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "pytorch_lightning.core.saving": _patch_lightning,
     "transformers.modeling_utils": _patch_pretrained("patch_modeling_utils"),
     "transformers.models.auto.auto_factory": _patch_pretrained("patch_auto_factory"),
+    "accelerate.utils.modeling": _patch_accelerate,
 }
 
 

@@ -23,9 +23,11 @@ import os
 from typing import Any
 
 from .. import storage
+from ..errors import InvalidArgumentError
+from ..storage.paths import directory_prefix
 from ._state import WRITER_KEY, load_tree, part_prefix
 
-__all__ = ["torch_load"]
+__all__ = ["model_weights", "torch_load"]
 
 _PART = "state"
 
@@ -51,3 +53,46 @@ def torch_load(f: Any, map_location: Any = None, *, mmap: bool | None = None) ->
             return decode_objects(tree)
         return tree
     return sp_load(f, map_location, mmap=mmap)
+
+
+def model_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The weights of the model in a checkpoint shardpoint wrote, as a flat state dict of CPU
+    tensors: what accelerate's ``load_checkpoint_in_model`` reads from a ``model.safetensors``
+    (the front ``_shardpoint_loaders`` installs hands it this for shardpoint's checkpoints).
+
+    ``path``: a serving directory (``shardpoint export``), a checkpoint prefix
+    (``shardpoint convert``, ``shardpoint.torch.save``) or its ``.index`` file, or a trainer
+    checkpoint directory whose weights are in its shardpoint part (``ShardpointTrainer`` or
+    ``ShardpointAccelerator`` with ``shardpoint_weights="compressed"``; each weight checked
+    against its crc32c; of several prepared models the first, the one accelerate's
+    ``model.safetensors`` holds). A checkpoint holding something else than one model's
+    weights raises :class:`InvalidArgumentError` naming it."""
+    p = os.fspath(path)
+    if p.endswith(".index") and os.path.isfile(p):
+        p = p[: -len(".index")]
+    p = directory_prefix(p)
+    who = _writer(p)
+    root = os.path.dirname(p)
+    if who == "hf_trainer":
+        from .hf_trainer import _model_state
+
+        return _model_state(root)
+    if who == "accelerate":
+        from .accelerate import load_checkpoint
+
+        models = load_checkpoint(root)["models"]
+        if not models:
+            raise InvalidArgumentError(f"{p}: this accelerate checkpoint holds no model")
+        return dict(models[0])
+    from ..torch import load as sp_load
+
+    state = sp_load(p, "cpu")
+    import torch
+
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        kind = f"a {who} checkpoint" if who else "a nested state"
+        raise InvalidArgumentError(
+            f"{p}: {kind}, not one model's weights (a flat dict of tensors); read it with "
+            "shardpoint.torch.load"
+        )
+    return state
