@@ -21,7 +21,8 @@ naming shardpoint and ``shardpoint.torch.load``, the call that reads it.
 transformers' ``from_pretrained`` gets the same kind of front once its modules have run
 (``pretrained.py``): a serving directory, a converted prefix or a trainer checkpoint holding
 its weights compressed load through shardpoint; so does accelerate's
-``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``).
+``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``),
+and a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint (``trainer_resume.py``).
 The same switch turns them off.
 """
 
@@ -177,6 +178,14 @@ def _patch_accelerate(module: ModuleType) -> None:
     checkpoint_in_model.patch_modeling(module, _enabled, ENV)
 
 
+def _patch_trainer(module: ModuleType) -> None:
+    """Front a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint
+    (``trainer_resume.py``, imported only now)."""
+    from . import trainer_resume
+
+    trainer_resume.patch_trainer(module, _enabled, ENV)
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -185,6 +194,7 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "transformers.modeling_utils": _patch_pretrained("patch_modeling_utils"),
     "transformers.models.auto.auto_factory": _patch_pretrained("patch_auto_factory"),
     "accelerate.utils.modeling": _patch_accelerate,
+    "transformers.trainer": _patch_trainer,
 }
 
 

@@ -87,8 +87,6 @@ def build(
 ) -> Any:
     from transformers import TrainingArguments
 
-    from shardpoint.integrations.hf_trainer import with_shardpoint
-
     args = TrainingArguments(
         output_dir=out,
         max_steps=max_steps,
@@ -110,6 +108,9 @@ def build(
     options = kind.split("-")
     model = peft_model() if options[0] == "peft" else make_model()
     if "shardpoint" in options:
+        # imported only here: a `native` run is a plain Trainer script (the user's next one)
+        from shardpoint.integrations.hf_trainer import with_shardpoint
+
         cls = with_shardpoint(cls)
         kw["shardpoint_blocking"] = "async" not in options
         if "compressed" in options:

@@ -1,0 +1,126 @@
+"""A plain transformers ``Trainer`` resuming from a checkpoint ``ShardpointTrainer`` wrote, in
+any process where shardpoint is installed.
+
+Such a ``checkpoint-N`` keeps the optimizer, scheduler, scaler and RNG states (and with
+``shardpoint_weights="compressed"`` the weights) in ``shardpoint.index``. ``Trainer`` looks for
+``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` and ``rng_state.pth``, finds none, and goes
+on *silently* with a fresh optimizer, a restarted schedule and other random draws (with the
+weights compressed it says "Can't find a valid checkpoint", never "shardpoint"). This front,
+installed once ``transformers.trainer`` has run (standard library only until a checkpoint
+turns out to be ours), sends each of those loading steps to
+``shardpoint.integrations._hf_resume`` when the checkpoint holds our part and not the native
+file that step reads. ``ShardpointTrainer`` (which loads its own checkpoints), DeepSpeed and
+FSDP trainers (their engines write their own states), and every other checkpoint reach
+``Trainer``'s own methods unchanged. With ``SHARDPOINT_TORCH_LOAD=0`` a resume from such a
+checkpoint raises ``ValueError`` naming shardpoint instead of losing the states silently.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _MARK, INDEX_MAGIC, _starts_with
+from .pretrained import _NATIVE
+
+MYPY = False
+if MYPY:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+__all__ = ["patch_trainer"]
+
+#: Trainer's method -> (the native files that step reads, the shardpoint function)
+_STEPS: dict[str, tuple[tuple[str, ...], str]] = {
+    "_load_from_checkpoint": ((), "load_model"),
+    "_load_optimizer_and_scheduler": (
+        ("optimizer.pt", "optimizer.bin"),
+        "load_optimizer_and_scheduler",
+    ),
+    "_load_scaler": (("scaler.pt",), "load_scaler"),
+    "_load_rng_state": (("rng_state.pth",), "load_rng_state"),
+}
+_WHAT = {
+    "_load_from_checkpoint": "model weights",
+    "_load_optimizer_and_scheduler": "optimizer and scheduler states",
+    "_load_scaler": "gradient scaler state",
+    "_load_rng_state": "RNG states",
+}
+
+
+def _has_native(directory: str, method: str) -> bool:
+    names = os.listdir(directory)
+    if method == "_load_from_checkpoint":
+        return any(n.endswith(_NATIVE) for n in names)
+    if method == "_load_rng_state" and any(
+        n.startswith("rng_state_") and n.endswith(".pth") for n in names
+    ):
+        return True
+    return any(n in names for n in _STEPS[method][0])
+
+
+def _ours(trainer: Any, checkpoint: Any, method: str) -> bool:
+    """Whether ``trainer`` (a plain Trainer) should read this step from our part. Never
+    raises."""
+    try:
+        if hasattr(type(trainer), "_sp_has"):  # ShardpointTrainer loads its own checkpoints
+            return False
+        if getattr(trainer, "is_deepspeed_enabled", False) or getattr(
+            trainer, "is_fsdp_enabled", False
+        ):
+            return False
+        if not isinstance(checkpoint, str | os.PathLike):
+            return False
+        d = os.fspath(checkpoint)
+        if not isinstance(d, str) or not os.path.isdir(d):
+            return False
+        if not _starts_with(os.path.join(d, "shardpoint.index"), INDEX_MAGIC):
+            return False
+        return not _has_native(d, method)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _front(
+    method: str, original: Callable[..., Any], enabled: Callable[[], bool], env: str
+) -> Callable[..., Any]:
+    # the checkpoint argument's name (`resume_from_checkpoint`, `checkpoint`), if passed by it
+    name = original.__code__.co_varnames[1]
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        checkpoint: Any = args[0] if args else kwargs.get(name)
+        if not _ours(self, checkpoint, method):
+            return original(self, *args, **kwargs)
+        rest = {k: v for k, v in kwargs.items() if k != name}
+        where: str = os.fspath(checkpoint)
+        if not enabled():
+            raise ValueError(
+                f"{where!r} was written by shardpoint's ShardpointTrainer: its "
+                f"{_WHAT[method]} are in shardpoint.index, and their reading is turned off "
+                f"({env}=0); resume with ShardpointTrainer "
+                f"(shardpoint.integrations.hf_trainer), or unset {env}"
+            )
+        from shardpoint.integrations import _hf_resume
+
+        step = getattr(_hf_resume, _STEPS[method][1])
+        return step(self, where, *args[1:], **rest)
+
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(load, attr, getattr(original, attr, None))
+    load.__dict__.update(getattr(original, "__dict__", {}))
+    load.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
+    setattr(load, _MARK, original)
+    return load
+
+
+def patch_trainer(module: ModuleType, enabled: Callable[[], bool], env: str) -> None:
+    """Front ``Trainer``'s loading steps (its own methods; a subclass that overrides one keeps
+    its override)."""
+    owner = getattr(module, "Trainer", None)
+    if not isinstance(owner, type):
+        return
+    for method in _STEPS:
+        current = owner.__dict__.get(method)
+        if current is None or hasattr(current, _MARK):
+            continue
+        setattr(owner, method, _front(method, current, enabled, env))
