@@ -22,7 +22,9 @@ transformers' ``from_pretrained`` gets the same kind of front once its modules h
 (``pretrained.py``): a serving directory, a converted prefix or a trainer checkpoint holding
 its weights compressed load through shardpoint; so does accelerate's
 ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``),
-and a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint (``trainer_resume.py``).
+a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint (``trainer_resume.py``)
+and a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
+(``accelerator_state.py``).
 The same switch turns them off.
 """
 
@@ -186,6 +188,14 @@ def _patch_trainer(module: ModuleType) -> None:
     trainer_resume.patch_trainer(module, _enabled, ENV)
 
 
+def _patch_accelerator(module: ModuleType) -> None:
+    """Front a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
+    (``accelerator_state.py``, imported only now)."""
+    from . import accelerator_state
+
+    accelerator_state.patch_accelerator(module, _enabled, ENV)
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -195,6 +205,7 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "transformers.models.auto.auto_factory": _patch_pretrained("patch_auto_factory"),
     "accelerate.utils.modeling": _patch_accelerate,
     "transformers.trainer": _patch_trainer,
+    "accelerate.accelerator": _patch_accelerator,
 }
 
 

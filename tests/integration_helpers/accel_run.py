@@ -48,8 +48,6 @@ def train(
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from shardpoint.integrations.accelerate import ShardpointAccelerator
-
     set_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.2), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.02)
@@ -58,7 +56,12 @@ def train(
     x = torch.randn(16, 8, generator=g)
     ds = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).cos())
     dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
-    cls = Accelerator if kind == "native" else ShardpointAccelerator
+    cls: Any = Accelerator
+    if kind != "native":
+        # imported only here: a `native` run is a plain accelerate script (the user's next one)
+        from shardpoint.integrations.accelerate import ShardpointAccelerator
+
+        cls = ShardpointAccelerator
     kw: dict[str, Any] = {"shardpoint_blocking": False} if kind == "shardpoint-async" else {}
     if kind == "shardpoint-compressed":
         kw["shardpoint_weights"] = "compressed"

@@ -306,45 +306,54 @@ class ShardpointAcceleratorMixin:
             input_dir = done[-1]
         else:
             raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
-        models = list(a._models)
-        for hook in a._load_model_state_pre_hook.values():
-            hook(models, input_dir)
-        ours = [any(model is m for m in models) for model in a._models]  # hooks take some over
-        manifest = read_manifest(part_prefix(input_dir, _PART), _NAME)
-        files_of = {g["files"][0]: g for g in manifest["groups"]} if manifest else {}
-
-        def targets(skeleton: Any) -> dict[str, Any]:
-            # counts first: a mismatch is refused before any parameter is written
-            if skeleton is not None:
-                _check_counts(skeleton, a, input_dir)
-            return {
-                "models": [
-                    module_targets(a.unwrap_model(m)) if mine and manifest is None else None
-                    for m, mine in zip(a._models, ours, strict=True)
-                ],
-                # every optimizer's state is loaded below: the tensors it already holds
-                # (after a step) receive the stored values in place
-                "optimizers": [o.state_dict() for o in a._optimizers],
-            }
-
-        tree = dict(load_tree(part_prefix(input_dir, _PART), integration=_NAME, into=targets))
-        _check_counts(tree, a, input_dir)
-        for i, model in enumerate(a._models):
-            if not ours[i]:
-                tree["models"][i] = None
-            elif manifest is not None:  # the model's weights file, each tensor checked
-                group = files_of.get(_weights_name(i))
-                if group is None:
-                    raise CheckpointError(
-                        f"accelerate: checkpoint {input_dir!r} records no {_weights_name(i)}"
-                    )
-                module = a.unwrap_model(model)
-                tree["models"][i] = load_group(input_dir, group, module_targets(module))
-        rng = tree["rng"]
-        if a.num_processes > 1:
-            rng = load_tree(part_prefix(input_dir, f"rng_{a.process_index}"), integration=_NAME)
-        apply_state(a, tree, rng, input_dir, kw.get("strict", True))
+        load_directory(a, input_dir, kw.get("strict", True))
         return None
+
+
+def load_directory(a: Any, input_dir: str, strict: bool = True) -> None:
+    """Load the checkpoint directory ``input_dir`` that :meth:`save_state` wrote into
+    accelerator ``a`` (a ``ShardpointAccelerator``, or a plain ``Accelerator`` through the
+    front ``_shardpoint_loaders/accelerator_state.py`` installs): the load pre-hooks run
+    first, then every model (its weights file, each tensor checked, or the part), optimizer,
+    scheduler, dataloader, scaler, registered object, RNG state and the step."""
+    models = list(a._models)
+    for hook in a._load_model_state_pre_hook.values():
+        hook(models, input_dir)
+    ours = [any(model is m for m in models) for model in a._models]  # hooks take some over
+    manifest = read_manifest(part_prefix(input_dir, _PART), _NAME)
+    files_of = {g["files"][0]: g for g in manifest["groups"]} if manifest else {}
+
+    def targets(skeleton: Any) -> dict[str, Any]:
+        # counts first: a mismatch is refused before any parameter is written
+        if skeleton is not None:
+            _check_counts(skeleton, a, input_dir)
+        return {
+            "models": [
+                module_targets(a.unwrap_model(m)) if mine and manifest is None else None
+                for m, mine in zip(a._models, ours, strict=True)
+            ],
+            # every optimizer's state is loaded below: the tensors it already holds
+            # (after a step) receive the stored values in place
+            "optimizers": [o.state_dict() for o in a._optimizers],
+        }
+
+    tree = dict(load_tree(part_prefix(input_dir, _PART), integration=_NAME, into=targets))
+    _check_counts(tree, a, input_dir)
+    for i, model in enumerate(a._models):
+        if not ours[i]:
+            tree["models"][i] = None
+        elif manifest is not None:  # the model's weights file, each tensor checked
+            group = files_of.get(_weights_name(i))
+            if group is None:
+                raise CheckpointError(
+                    f"accelerate: checkpoint {input_dir!r} records no {_weights_name(i)}"
+                )
+            module = a.unwrap_model(model)
+            tree["models"][i] = load_group(input_dir, group, module_targets(module))
+    rng = tree["rng"]
+    if a.num_processes > 1:
+        rng = load_tree(part_prefix(input_dir, f"rng_{a.process_index}"), integration=_NAME)
+    apply_state(a, tree, rng, input_dir, strict)
 
 
 def apply_state(a: Any, tree: dict[str, Any], rng: Any, source: str, strict: bool = True) -> None:
