@@ -23,8 +23,9 @@ transformers' ``from_pretrained`` gets the same kind of front once its modules h
 its weights compressed load through shardpoint; so does accelerate's
 ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``),
 a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint (``trainer_resume.py``)
-and a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
-(``accelerator_state.py``).
+a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
+(``accelerator_state.py``), and orbax's ``CheckpointManager.restore(step)`` without args of a
+step shardpoint's orbax handler saved (``orbax_types.py``).
 The same switch turns them off.
 """
 
@@ -196,6 +197,14 @@ def _patch_accelerator(module: ModuleType) -> None:
     accelerator_state.patch_accelerator(module, _enabled, ENV)
 
 
+def _patch_orbax(module: ModuleType) -> None:
+    """Let orbax's ``restore(step)`` without args find shardpoint's handler type
+    (``orbax_types.py``, imported only now)."""
+    from . import orbax_types
+
+    orbax_types.patch_registry(module)
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -206,6 +215,7 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "accelerate.utils.modeling": _patch_accelerate,
     "transformers.trainer": _patch_trainer,
     "accelerate.accelerator": _patch_accelerator,
+    "orbax.checkpoint._src.handlers.handler_type_registry": _patch_orbax,
 }
 
 

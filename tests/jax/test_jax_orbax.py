@@ -93,3 +93,42 @@ def test_async_save_survives_donating_the_arrays(tmp_path) -> None:
         mngr.wait_until_finished()
         got = mngr.restore(0, args=ShardpointRestore())
     assert np.array_equal(got["w"], np.arange(100_000, dtype=np.float32))
+
+
+def test_restore_without_args_in_a_fresh_process(tmp_path) -> None:
+    """The next script: ``CheckpointManager(dir).restore(step)`` with no args, in a process
+    that never imports shardpoint (orbax finds the handler by the type string the step's
+    metadata records; the startup file's front registers it on first lookup). Before, orbax
+    said 'Item "default" was found in the checkpoint, but could not be restored'."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.save(7, args=ShardpointSave(_tree(7)))
+        mngr.wait_until_finished()
+    code = f"""
+    import json, sys
+    import numpy as np
+    import orbax.checkpoint as ocp
+    with ocp.CheckpointManager({str(tmp_path)!r}) as mngr:
+        got = mngr.restore(mngr.latest_step())
+    print(json.dumps({{"w": np.asarray(got["params"]["w"]).tolist(),
+                      "b": str(np.asarray(got["params"]["b"]).dtype),
+                      "opt": np.asarray(got["opt"][0]).tolist(), "step": int(got["step"]),
+                      "imported": "shardpoint" in sys.modules}}))
+    """
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    want = _tree(7)
+    assert got == {
+        "w": np.asarray(want["params"]["w"]).tolist(),
+        "b": "bfloat16",
+        "opt": [7.0, 7.0, 7.0],
+        "step": 7,
+        "imported": True,  # by the front, once the handler type was looked up
+    }

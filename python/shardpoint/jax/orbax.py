@@ -102,6 +102,21 @@ class ShardpointCheckpointHandler(ocp.AsyncCheckpointHandler):
         pass
 
 
+def _register_type() -> None:
+    """Put the handler in orbax's registry of handler types: ``CheckpointManager.restore(step)``
+    without args finds an item's handler by the type string its step metadata records
+    (``shardpoint.jax.orbax.ShardpointCheckpointHandler``). The registry is orbax-internal
+    (its own handlers register there too); an orbax without it keeps needing args."""
+    try:
+        from orbax.checkpoint._src.handlers import handler_type_registry
+    except ImportError:
+        return
+    handler_type_registry.register_handler_type(ShardpointCheckpointHandler)
+
+
+_register_type()
+
+
 @ocp.args.register_with_handler(ShardpointCheckpointHandler, for_save=True)
 @dataclasses.dataclass
 class ShardpointSave(ocp.args.CheckpointArgs):
