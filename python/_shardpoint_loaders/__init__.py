@@ -24,8 +24,10 @@ its weights compressed load through shardpoint; so does accelerate's
 ``load_checkpoint_in_model`` / ``load_checkpoint_and_dispatch`` (``checkpoint_in_model.py``),
 a plain ``Trainer``'s resume from a ``ShardpointTrainer`` checkpoint (``trainer_resume.py``)
 a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
-(``accelerator_state.py``), and orbax's ``CheckpointManager.restore(step)`` without args of a
-step shardpoint's orbax handler saved (``orbax_types.py``).
+(``accelerator_state.py``), orbax's ``CheckpointManager.restore(step)`` without args of a
+step shardpoint's orbax handler saved (``orbax_types.py``), and DCP's ``dcp.load(sd,
+checkpoint_id=P)`` / ``FileSystemReader(P)`` / ``dcp_to_torch_save(P, out)`` of a checkpoint
+shardpoint's DCP writer wrote (``dcp_reader.py``).
 The same switch turns them off.
 """
 
@@ -205,6 +207,18 @@ def _patch_orbax(module: ModuleType) -> None:
     orbax_types.patch_registry(module)
 
 
+def _patch_dcp(name: str) -> Callable[[ModuleType], None]:
+    """Let DCP's own readers read shardpoint's DCP checkpoints (``dcp_reader.py``, imported
+    only now)."""
+
+    def action(module: ModuleType) -> None:
+        from . import dcp_reader
+
+        getattr(dcp_reader, name)(module, _enabled)
+
+    return action
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -216,6 +230,8 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "transformers.trainer": _patch_trainer,
     "accelerate.accelerator": _patch_accelerator,
     "orbax.checkpoint._src.handlers.handler_type_registry": _patch_orbax,
+    "torch.distributed.checkpoint._storage_utils": _patch_dcp("patch_storage_utils"),
+    "torch.distributed.checkpoint.filesystem": _patch_dcp("patch_filesystem"),
 }
 
 
