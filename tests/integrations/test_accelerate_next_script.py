@@ -55,11 +55,14 @@ def run(src, path, offload):
     return {"tags": tags(m)}
 
 import os
-CALL, SRC, HF, PATH, OFF = sys.argv[1:6]
-ours = run(SRC, PATH, OFF + "-ours" if OFF != "-" else None)
-ref = run(SRC, HF, OFF + "-ref" if OFF != "-" else None)
-print(json.dumps({"same": ours == ref, "ours": ours,
-                  "loaded": "shardpoint" in sys.modules}))
+CALL, SRC, HF, OFF = sys.argv[1:5]
+out = {}
+for i, path in enumerate(sys.argv[5:]):
+    off = f"{OFF}-{i}" if OFF != "-" else None
+    ours = run(SRC, path, off + "-ours" if off else None)
+    ref = run(SRC, HF, off + "-ref" if off else None)
+    out[path] = {"same": ours == ref, "ours": ours}
+print(json.dumps({"paths": out, "loaded": "shardpoint" in sys.modules}))
 """
 
 
@@ -104,30 +107,32 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]
 
 
 @pytest.mark.parametrize("call", ["dispatch", "in_model"])
-@pytest.mark.parametrize("kind", ["serve", "ck", "ck.index", "state"])
 def test_accelerate_loads_what_shardpoint_wrote_in_the_next_script(
-    written: dict[str, pathlib.Path], kind: str, call: str, tmp_path: pathlib.Path
+    written: dict[str, pathlib.Path], call: str, tmp_path: pathlib.Path
 ) -> None:
-    path = str(written["ck"]) + ".index" if kind == "ck.index" else str(written[kind])
+    paths = [str(written["serve"]), str(written["ck"]), str(written["ck"]) + ".index"]
+    paths.append(str(written["state"]))
     offload = str(tmp_path / "offload") if call == "dispatch" else "-"
-    p = _child(call, str(written["hf"]), str(written["hf"]), path, offload)
+    p = _child(call, str(written["hf"]), str(written["hf"]), offload, *paths)
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["same"], got
     assert got["loaded"]  # imported by the front, only once a path was ours
-    if call == "dispatch":  # lm_head went to disk, as accelerate offloads it
-        assert got["ours"]["offloaded"] == ["index.json", "lm_head.weight.dat"]
+    assert sorted(got["paths"]) == sorted(paths)
+    for path, each in got["paths"].items():
+        assert each["same"], (path, each)
+        if call == "dispatch":  # lm_head went to disk, as accelerate offloads it
+            assert each["ours"]["offloaded"] == ["index.json", "lm_head.weight.dat"], path
 
 
 def test_other_paths_stay_accelerates(written: dict[str, pathlib.Path]) -> None:
     """The Hugging Face directory loads without importing shardpoint; a path that is nothing
     gets accelerate's own error."""
     hf = str(written["hf"])
-    p = _child("in_model", hf, hf, hf, "-")
+    p = _child("in_model", hf, hf, "-", hf)
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["same"] and not got["loaded"]
-    p = _child("in_model", hf, hf, hf + "-missing", "-")
+    assert got["paths"][hf]["same"] and not got["loaded"]
+    p = _child("in_model", hf, hf, "-", hf + "-missing")
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode != 0 and last.startswith("ValueError: `checkpoint` should be the path")
 
@@ -136,7 +141,7 @@ def test_turned_off_and_damaged_checkpoints_name_shardpoint(
     written: dict[str, pathlib.Path], tmp_path: pathlib.Path
 ) -> None:
     hf, serve = str(written["hf"]), str(written["serve"])
-    p = _child("in_model", hf, hf, serve, "-", env={"SHARDPOINT_TORCH_LOAD": "0"})
+    p = _child("in_model", hf, hf, "-", serve, env={"SHARDPOINT_TORCH_LOAD": "0"})
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode != 0 and last.startswith("ValueError")
     assert "is a shardpoint checkpoint" in last and "model_weights(path)" in last
@@ -147,7 +152,7 @@ def test_turned_off_and_damaged_checkpoints_name_shardpoint(
         (torn / f.name).write_bytes(f.read_bytes())
     index = torn / "model.index"
     index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
-    p = _child("in_model", hf, hf, str(torn), "-")
+    p = _child("in_model", hf, hf, "-", str(torn))
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode != 0 and "CorruptCheckpointError" in last and "model.index" in last
 
