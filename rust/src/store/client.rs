@@ -11,11 +11,13 @@ use futures::future::BoxFuture;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    GetOptions, GetRange, ObjectMeta, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig,
+    BackoffConfig, GetOptions, GetRange, ObjectMeta, ObjectStore, PutMode, PutOptions, PutPayload,
+    RetryConfig,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// The clients of one store.
 #[derive(Clone)]
@@ -127,7 +129,17 @@ impl Store {
         let retry = RetryConfig {
             max_retries: config.max_retries,
             retry_timeout: config.retry_timeout,
-            ..Default::default()
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                // object_store draws each wait uniformly from [init, previous x base]: with its
+                // default base of 2 the expected wait barely grows (E = init/2 + previous), so
+                // 12 retries of a throttled prefix (503 SlowDown) spanned only a few seconds
+                // and a flat save of 8 writers gave up under load. With 3 each wait is 1.5x the
+                // last on average ("decorrelated jitter" as AWS describes it): 5 retries wait
+                // about 2 s in all, 12 under a minute, while the jitter keeps ranks apart.
+                base: 3.0,
+            },
         };
         // Bounded per-request time, so a dead server is an error, not a hang (unless the
         // caller or the environment chose other values).
