@@ -27,7 +27,8 @@ a plain ``Accelerator.load_state`` of a ``ShardpointAccelerator`` directory
 (``accelerator_state.py``), orbax's ``CheckpointManager.restore(step)`` without args of a
 step shardpoint's orbax handler saved (``orbax_types.py``), and DCP's ``dcp.load(sd,
 checkpoint_id=P)`` / ``FileSystemReader(P)`` / ``dcp_to_torch_save(P, out)`` of a checkpoint
-shardpoint's DCP writer wrote (``dcp_reader.py``).
+shardpoint's DCP writer wrote (``dcp_reader.py``), and SGLang's default load format on a
+serving directory (``sglang_loader.py``).
 The same switch turns them off.
 """
 
@@ -219,6 +220,14 @@ def _patch_dcp(name: str) -> Callable[[ModuleType], None]:
     return action
 
 
+def _patch_sglang(module: ModuleType) -> None:
+    """SGLang's default load format on a serving directory (``sglang_loader.py``, imported
+    only now)."""
+    from . import sglang_loader
+
+    sglang_loader.patch_loader(module, _enabled)
+
+
 #: module name -> what to do once it has run
 _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "torch.serialization": patch_torch,
@@ -232,6 +241,7 @@ _TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "orbax.checkpoint._src.handlers.handler_type_registry": _patch_orbax,
     "torch.distributed.checkpoint._storage_utils": _patch_dcp("patch_storage_utils"),
     "torch.distributed.checkpoint.filesystem": _patch_dcp("patch_filesystem"),
+    "sglang.srt.model_loader.loader": _patch_sglang,
 }
 
 

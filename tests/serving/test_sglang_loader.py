@@ -68,3 +68,63 @@ def test_sglang_class_contract(tmp_path: pathlib.Path) -> None:
     assert out["options"] == {"threads": 2}
     assert "'bogus'" in out["refused"]
     assert "NotFoundError" in out["empty"] and "empty" in out["empty"]
+
+
+DEFAULT_CHILD = r"""
+import json, site, sys
+site.addsitedir(sys.argv[1])  # the checkout's python/ with its startup file, as pip installs it
+from sglang.srt.configs.load_config import LoadConfig
+from sglang.srt.model_loader import get_model_loader
+from sglang.srt.model_loader import loader as sgl
+
+class MC:  # the ModelConfig attributes get_model_loader reads
+    quantization = None
+    def __init__(self, path):
+        self.model_path = path
+    def _is_already_quantized(self):
+        return False
+
+out = {}
+for name in sys.argv[2:]:
+    got = get_model_loader(LoadConfig(load_format="auto"), MC(name))
+    out[name] = type(got).__module__ + "." + type(got).__name__
+out["imported"] = "shardpoint" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_sglang_default_load_format_takes_a_serving_directory(tmp_path: pathlib.Path) -> None:
+    """``sglang.launch_server --model-path DIR`` (load format ``auto``, the only one its closed
+    enum lets a command line name for us): the startup file's front answers SGLang's
+    ``get_model_loader`` with our loader for a serving directory, and SGLang's own
+    ``DefaultModelLoader`` for a Hugging Face directory (shardpoint then never imported)."""
+    py = os.environ.get("SHARDPOINT_SGLANG_PYTHON", "")
+    if not py or not os.path.exists(py):
+        if os.environ.get("SHARDPOINT_REQUIRE_OPTIONAL") == "1":
+            pytest.fail(f"the SGLang environment is missing ({py}): run `make sglang-venv`")
+        pytest.skip("no SGLang environment (make sglang-venv)")
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import shardpoint as sp
+
+    serve, hf = tmp_path / "serve", tmp_path / "hf"
+    for d in (serve, hf):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    sp.save_file({"w": np.ones(3)}, str(serve / "model"))
+    save_file({"w": np.ones(3)}, str(hf / "model.safetensors"))
+    python_dir = str(pathlib.Path(sp.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for args, imported in (([str(hf)], False), ([str(serve), str(hf)], True)):
+        r = subprocess.run(
+            [py, "-c", DEFAULT_CHILD, python_dir, *args],
+            capture_output=True, text=True, timeout=900, env=env,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-4000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out.pop("imported") is imported
+        want = {str(hf): "sglang.srt.model_loader.loader.DefaultModelLoader"}
+        if imported:
+            want[str(serve)] = "shardpoint.sglang._loader.ShardpointModelLoader"
+        assert out == want
