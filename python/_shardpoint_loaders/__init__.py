@@ -76,6 +76,29 @@ def _starts_with(path: str, magic: bytes) -> bool:
         return False
 
 
+def dress(front: Any, original: Any) -> Any:
+    """Give ``front`` the names, docstring and attributes of the ``original`` it stands in
+    front of (``inspect.signature`` follows ``__wrapped__``) and the mark that says it is ours,
+    so that nothing is fronted twice; returns ``front``."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(front, attr, getattr(original, attr, None))
+    front.__dict__.update(getattr(original, "__dict__", {}))
+    front.__wrapped__ = original
+    setattr(front, _MARK, original)
+    return front
+
+
+def local_path(path: Any) -> str | None:
+    """``path`` as a local file-system path, or ``None`` for anything else (an object-store
+    URL, a file object, an empty string)."""
+    if not isinstance(path, str | os.PathLike):
+        return None
+    p = os.fspath(path)
+    if not isinstance(p, str) or not p or "://" in p:
+        return None
+    return p
+
+
 def is_shardpoint(f: Any) -> bool:
     """Whether ``f`` (a path or a seekable binary file object) holds a checkpoint shardpoint
     wrote: a single file (by its first bytes), a directory holding ``state.index`` (the
@@ -132,11 +155,7 @@ def _front(original: Callable[..., Any]) -> Callable[..., Any]:
 
         return loaders.torch_load(f, map_location, mmap=kwargs.get("mmap"))
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(load, attr, getattr(original, attr, None))
-    load.__dict__.update(getattr(original, "__dict__", {}))
-    load.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
-    setattr(load, _MARK, original)
+    dress(load, original)
     return load
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress
 
 MYPY = False
 if MYPY:
@@ -87,11 +87,7 @@ def _front(
         load_directory(self, d, kwargs.get("strict", True))
         return None
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(load_state, attr, getattr(original, attr, None))
-    load_state.__dict__.update(getattr(original, "__dict__", {}))
-    load_state.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature
-    setattr(load_state, _MARK, original)
+    dress(load_state, original)
     return load_state
 
 

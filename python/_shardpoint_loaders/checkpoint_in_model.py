@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress
 from .pretrained import is_pretrained
 
 MYPY = False
@@ -69,14 +69,6 @@ def index_of(checkpoint: Any) -> str | None:
         return None
 
 
-def _copy_names(front: Any, original: Any) -> None:
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(front, attr, getattr(original, attr, None))
-    front.__dict__.update(getattr(original, "__dict__", {}))
-    front.__wrapped__ = original  # inspect.signature follows it
-    setattr(front, _MARK, original)
-
-
 def _refused(path: Any, env: str) -> ValueError:
     return ValueError(
         f"{os.fspath(path)!r} is a shardpoint checkpoint, and accelerate's reading of "
@@ -102,7 +94,7 @@ def _checkpoint_front(
             kwargs = {**kwargs, "checkpoint": index}
         return original(*args, **kwargs)
 
-    _copy_names(load_checkpoint_in_model, original)
+    dress(load_checkpoint_in_model, original)
     return load_checkpoint_in_model
 
 
@@ -119,7 +111,7 @@ def _state_front(
 
         return model_weights(given)
 
-    _copy_names(load_state_dict, original)
+    dress(load_state_dict, original)
     return load_state_dict
 
 

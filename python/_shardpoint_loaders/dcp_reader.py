@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress, local_path
 
 MYPY = False
 if MYPY:
@@ -39,10 +39,8 @@ def is_dcp_checkpoint(path: Any) -> bool:
     """Whether ``path`` names a checkpoint of ours that DCP's own readers cannot read. Never
     raises."""
     try:
-        if not isinstance(path, str | os.PathLike):
-            return False
-        p = os.fspath(path)
-        if not isinstance(p, str) or not p or "://" in p:
+        p = local_path(path)
+        if p is None:
             return False
         p = p.rstrip("/") or p
         if os.path.isdir(p):
@@ -71,15 +69,8 @@ def _setup_front(original: Callable[..., Any], enabled: Callable[[], bool]) -> C
         got.reset(checkpoint_id)
         return got
 
-    _copy(_storage_setup, original)
+    dress(_storage_setup, original)
     return _storage_setup
-
-
-def _copy(front: Any, original: Any) -> None:
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(front, attr, getattr(original, attr, None))
-    front.__wrapped__ = original
-    setattr(front, _MARK, original)
 
 
 def patch_storage_utils(module: ModuleType, enabled: Callable[[], bool]) -> None:

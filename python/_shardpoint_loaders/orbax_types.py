@@ -12,7 +12,7 @@ is looked up and not found, then looks again; every other lookup is orbax's own.
 
 from __future__ import annotations
 
-from . import _MARK
+from . import _MARK, dress
 
 MYPY = False
 if MYPY:
@@ -36,10 +36,7 @@ def _front(original: Callable[..., Any]) -> Callable[..., Any]:
 
         return original(handler_typestr)
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(get_handler_type, attr, getattr(original, attr, None))
-    get_handler_type.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(get_handler_type, _MARK, original)
+    dress(get_handler_type, original)
     return get_handler_type
 
 

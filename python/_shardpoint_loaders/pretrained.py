@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress, local_path
 
 MYPY = False
 if MYPY:
@@ -48,10 +48,8 @@ def is_pretrained(path: Any) -> bool:
     shardpoint's error says so by name); or a checkpoint prefix ``P`` whose ``P.index`` is ours
     (``shardpoint convert`` keeps config.json inside). Never raises."""
     try:
-        if not isinstance(path, str | os.PathLike):
-            return False
-        p = os.fspath(path)
-        if not isinstance(p, str) or not p or "://" in p:
+        p = local_path(path)
+        if p is None:
             return False
         if os.path.isdir(p):
             names = os.listdir(p)
@@ -94,11 +92,7 @@ def _front(original: Callable[..., Any], enabled: Callable[[], bool], env: str) 
 
         return ours(cls, os.fspath(where), args[1:], rest)
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(from_pretrained, attr, getattr(original, attr, None))
-    from_pretrained.__dict__.update(getattr(original, "__dict__", {}))
-    from_pretrained.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature
-    setattr(from_pretrained, _MARK, original)
+    dress(from_pretrained, original)
     return classmethod(from_pretrained)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress
 
 MYPY = False
 if MYPY:
@@ -60,10 +60,7 @@ def _front(original: Callable[..., Any], enabled: Callable[[], bool]) -> Callabl
             return ShardpointModelLoader(load_config)
         return original(load_config, model_config, *args, **kw)
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(get_model_loader, attr, getattr(original, attr, None))
-    get_model_loader.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(get_model_loader, _MARK, original)
+    dress(get_model_loader, original)
     return get_model_loader
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with
+from . import _MARK, INDEX_MAGIC, _starts_with, dress
 from .pretrained import _NATIVE
 
 MYPY = False
@@ -105,11 +105,7 @@ def _front(
         step = getattr(_hf_resume, _STEPS[method][1])
         return step(self, where, *args[1:], **rest)
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(load, attr, getattr(original, attr, None))
-    load.__dict__.update(getattr(original, "__dict__", {}))
-    load.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
-    setattr(load, _MARK, original)
+    dress(load, original)
     return load
 
 
