@@ -299,3 +299,20 @@ class ParameterCopies:
 
     def __exit__(self, *exc: object) -> None:
         self._mode.__exit__(*exc)
+
+
+def tiny_llama(seed: int, **config: Any) -> Any:
+    """A tiny Llama for causal LM built from a config (two layers, grouped-query attention),
+    its weights drawn from torch's generator seeded with ``seed``; ``config`` overrides."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        **{
+            "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 48,
+            "max_position_embeddings": 64, **config,
+        }
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg)

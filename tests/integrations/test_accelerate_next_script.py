@@ -24,6 +24,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from integration_helpers.common import tiny_llama  # noqa: E402
+
 #: the user's next script: build the model empty, load it the accelerate way, print digests
 USER_SCRIPT = """
 import hashlib, json, sys, torch, transformers
@@ -87,12 +89,7 @@ def _cli(*args: str) -> None:
 def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
     """A tiny Llama's Hugging Face directory and what shardpoint makes of it."""
     root = tmp_path_factory.mktemp("accelerate_next")
-    torch.manual_seed(5)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=48, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(cfg)
+    model = tiny_llama(5)
     model.save_pretrained(root / "hf")
     _cli("export", str(root / "hf"), str(root / "serve"))
     _cli("convert", str(root / "hf"), str(root / "ck"))

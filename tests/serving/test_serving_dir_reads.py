@@ -25,6 +25,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from integration_helpers.common import tiny_llama  # noqa: E402
+
 
 def _run(code: str) -> str:
     """Run ``code`` in a fresh interpreter; its stdout (stderr shown on failure)."""
@@ -39,12 +41,7 @@ def _run(code: str) -> str:
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, pathlib.Path]:
     """A tiny Llama saved by ``save_pretrained`` and exported with the CLI (default codec)."""
     root = tmp_path_factory.mktemp("serving_dir")
-    torch.manual_seed(3)
-    cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=48, max_position_embeddings=64,
-    )  # fmt: skip
-    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "hf")
+    tiny_llama(3).save_pretrained(root / "hf")
     out = subprocess.run(
         [sys.executable, "-m", "shardpoint", "export", str(root / "hf"), str(root / "serve")],
         capture_output=True, text=True, timeout=300,

@@ -1,0 +1,118 @@
+"""A plain trainer resuming from what shardpoint's integration wrote, in a fresh process whose
+script never names shardpoint (the user's next script, or a colleague's):
+
+- transformers' ``Trainer(...).train(resume_from_checkpoint="checkpoint-3")`` and ``=True`` on a
+  ``ShardpointTrainer`` checkpoint. Before the front (``_shardpoint_loaders/trainer_resume.py``)
+  the Trainer found no ``optimizer.pt``, ``scheduler.pt`` or ``rng_state.pth`` and went on
+  *silently* with a fresh optimizer, a restarted schedule and other random draws.
+- accelerate's ``Accelerator.load_state(dir)`` and, with automatic naming, ``load_state()`` on a
+  ``ShardpointAccelerator`` directory. Before the front (``accelerator_state.py``) it stopped
+  at "No such file or directory: '.../optimizer.bin'".
+
+Each resumed run matches the uninterrupted one exactly (losses as hex floats, a digest of the
+final weights), with the weights as safetensors and compressed in the part; the framework's own
+checkpoints stay its own; with the reading turned off the error names shardpoint. Real
+transformers and accelerate, tiny models, CPU."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytest.importorskip("torch")
+
+from integration_helpers import accel_run, hf_run  # noqa: E402
+from integration_helpers.common import run_child  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One framework's run: its helper, length, the checkpoint resumed, the steps before it,
+    how "the newest" is asked for, and the refusal's words."""
+
+    helper: Any
+    length: str
+    checkpoint: str
+    done: int
+    newest: str
+    refusal: str
+
+
+FLOWS = {
+    "trainer": Flow(
+        hf_run, "6", "checkpoint-3", 3, "true",
+        "its optimizer and scheduler states are in shardpoint.index",
+    ),
+    "accelerate": Flow(
+        accel_run, "2", "checkpoints/checkpoint_0", 4, "latest",
+        "ShardpointAccelerator: its states are in shardpoint.index",
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(FLOWS))
+def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    flow = FLOWS[request.param]
+    base = tmp_path_factory.mktemp(request.param)
+    runs = {
+        kind: flow.helper.train(kind, str(base / kind), int(flow.length))
+        for kind in ("shardpoint", "shardpoint-compressed", "native")
+    }
+    assert runs["shardpoint"]["losses"] == runs["native"]["losses"]
+    return request.param, flow, base, runs
+
+
+def _module(flow: Flow) -> str:
+    return flow.helper.__name__.rpartition(".")[2]
+
+
+@pytest.mark.parametrize("kind", ["shardpoint", "shardpoint-compressed"])
+def test_a_plain_trainer_resumes_a_shardpoint_checkpoint_exactly(
+    uninterrupted: Any, kind: str, tmp_path: Path
+) -> None:
+    name, flow, base, runs = uninterrupted
+    ck = base / kind / flow.checkpoint
+    native_files = {"trainer": "optimizer.pt", "accelerate": "optimizer.bin"}
+    assert not (ck / native_files[name]).exists()
+    # the newest checkpoint of the output directory, as the framework finds it
+    latest = tmp_path / "latest"
+    shutil.copytree(ck, latest / flow.checkpoint)
+    by_path, by_latest = run_child(
+        _module(flow), "native", str(tmp_path / "r"), flow.length, str(ck), ";",
+        "native", str(latest), flow.length, flow.newest,
+    )  # fmt: skip
+    want = runs[kind]
+    for got in (by_path, by_latest):
+        assert got["losses"] == want["losses"][flow.done :]
+        assert got["digest"] == want["digest"] == runs["native"]["digest"]
+        # accelerate's registered object (the trainer's run has none)
+        assert got.get("progress") == want.get("progress")
+
+
+def test_native_checkpoints_stay_the_frameworks_own(uninterrupted: Any) -> None:
+    _, flow, base, runs = uninterrupted
+    (got,) = run_child(
+        _module(flow), "native", str(base / "native-r"), flow.length,
+        str(base / "native" / flow.checkpoint),
+    )  # fmt: skip
+    assert got["losses"] == runs["native"]["losses"][flow.done :]
+    assert got["digest"] == runs["native"]["digest"]
+
+
+def test_reading_turned_off_fails_instead_of_resuming_silently_wrong(
+    uninterrupted: Any, tmp_path: Path
+) -> None:
+    _, flow, base, _ = uninterrupted
+    with pytest.raises(AssertionError) as err:
+        run_child(
+            _module(flow), "native", str(tmp_path / "r"), flow.length,
+            str(base / "shardpoint" / flow.checkpoint), env={"SHARDPOINT_TORCH_LOAD": "0"},
+        )  # fmt: skip
+    last = str(err.value).strip().splitlines()[-1]
+    assert last.startswith("ValueError") and flow.refusal in last
