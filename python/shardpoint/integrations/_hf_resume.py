@@ -31,6 +31,7 @@ __all__ = [
     "load_optimizer_and_scheduler",
     "load_rng_state",
     "load_scaler",
+    "read_part",
 ]
 
 _PART = "shardpoint"
@@ -40,19 +41,28 @@ _TREES: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]] = weakref.Wea
 _LOCK = threading.Lock()
 
 
+def read_part(trainer: Any, checkpoint: str, model: Any = None) -> dict[str, Any]:
+    """Every part of a ``ShardpointTrainer`` checkpoint, read once: ``model`` (the module the
+    model part restores) receives its values in place, as do the trainer's optimizer's state
+    tensors when it has stepped before. Shared by ``ShardpointTrainer`` and the plain-Trainer
+    front."""
+    opt = getattr(trainer, "optimizer", None)
+    into = {
+        # the part holds the model only with shardpoint_weights="compressed"
+        "model": module_targets(model) if model is not None else None,
+        # state tensors exist only when this trainer trained before: they receive the values
+        "optimizer": opt.state_dict() if opt is not None and opt.state else None,
+    }
+    return dict(load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into))
+
+
 def _tree(trainer: Any, checkpoint: str, model: Any = None) -> dict[str, Any]:
     key = os.path.abspath(checkpoint)
     with _LOCK:
         got = _TREES.get(trainer)
     if got is not None and got[0] == key:
         return got[1]
-    opt = getattr(trainer, "optimizer", None)
-    into = {
-        "model": module_targets(model) if model is not None else None,
-        # state tensors exist only when this trainer trained before: they receive the values
-        "optimizer": opt.state_dict() if opt is not None and opt.state else None,
-    }
-    tree = dict(load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into))
+    tree = read_part(trainer, checkpoint, model)
     with _LOCK:
         _TREES[trainer] = (key, tree)
     return tree

@@ -36,6 +36,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
+from ._hf_resume import read_part
 from ._hf_tiers import HFTiers, saving_callback
 from ._hf_weights import save_model_files
 from ._state import (
@@ -355,17 +356,7 @@ class ShardpointTrainerMixin:
         self._sp_pending.wait()
         key = os.path.abspath(checkpoint)
         if key not in self._sp_loaded:
-            t: Any = self
-            opt = getattr(t, "optimizer", None)
-            into = {
-                # the part holds the model only with shardpoint_weights="compressed"
-                "model": module_targets(model) if model is not None else None,
-                # state tensors exist only when this trainer trained before: then they
-                # receive the values in place (the optimizer loads this part next)
-                "optimizer": opt.state_dict() if opt is not None and opt.state else None,
-            }
-            tree = load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into)
-            self._sp_loaded = {key: dict(tree)}  # one checkpoint cached
+            self._sp_loaded = {key: read_part(self, checkpoint, model)}  # one checkpoint cached
         return self._sp_loaded[key].get(name)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kw: Any) -> Any:
