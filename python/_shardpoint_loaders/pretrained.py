@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with, dress, local_path
+from . import _MARK, INDEX_MAGIC, MAGIC, _starts_with, dress, local_path
 
 MYPY = False
 if MYPY:
@@ -39,6 +39,15 @@ def _ours(index: str) -> bool:
     return _starts_with(index, INDEX_MAGIC)
 
 
+def _native(directory: str, name: str) -> bool:
+    """Whether ``name`` is a weights file transformers reads itself: by name, unless its
+    bytes are a shardpoint single file (a ``ShardpointTrainer`` checkpoint's
+    ``training_args.bin`` is one)."""
+    if name == "model.ckpt.index":
+        return True
+    return name.endswith(_NATIVE) and not _starts_with(os.path.join(directory, name), MAGIC)
+
+
 def is_pretrained(path: Any) -> bool:
     """Whether ``from_pretrained(path)`` names a shardpoint model transformers cannot read
     itself: a local directory without weight files transformers knows (``*.safetensors``,
@@ -53,7 +62,7 @@ def is_pretrained(path: Any) -> bool:
             return False
         if os.path.isdir(p):
             names = os.listdir(p)
-            if any(n.endswith(_NATIVE) or n == "model.ckpt.index" for n in names):
+            if any(_native(p, n) for n in names):
                 return False
             if any(_ours(os.path.join(p, part + ".index")) for part in _PARTS):
                 return True

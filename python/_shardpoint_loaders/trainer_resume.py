@@ -1,11 +1,14 @@
 """A plain transformers ``Trainer`` resuming from a checkpoint ``ShardpointTrainer`` wrote, in
 any process where shardpoint is installed.
 
-Such a ``checkpoint-N`` keeps the optimizer, scheduler, scaler and RNG states (and with
-``shardpoint_weights="compressed"`` the weights) in ``shardpoint.index``. ``Trainer`` looks for
-``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` and ``rng_state.pth``, finds none, and goes
-on *silently* with a fresh optimizer, a restarted schedule and other random draws (with the
-weights compressed it says "Can't find a valid checkpoint", never "shardpoint"). This front,
+Such a ``checkpoint-N`` keeps the optimizer, scheduler, scaler and RNG states in
+``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` and ``rng_state.pth``, shardpoint single
+files that ``Trainer``'s own methods ``torch.load`` (whose front reads them), and with
+``shardpoint_weights="compressed"`` the weights in ``shardpoint.index``. Checkpoints of
+earlier versions keep the states in ``shardpoint.index`` too: ``Trainer`` finds no
+``optimizer.pt`` there and goes on *silently* with a fresh optimizer, a restarted schedule and
+other random draws (with the weights compressed it says "Can't find a valid checkpoint", never
+"shardpoint"). This front,
 installed once ``transformers.trainer`` has run (standard library only until a checkpoint
 turns out to be ours), sends each of those loading steps to
 ``shardpoint.integrations._hf_resume`` when the checkpoint holds our part and not the native
@@ -20,7 +23,7 @@ from __future__ import annotations
 import os
 
 from . import _MARK, INDEX_MAGIC, _starts_with, dress
-from .pretrained import _NATIVE
+from .pretrained import _native
 
 MYPY = False
 if MYPY:
@@ -51,11 +54,13 @@ _WHAT = {
 def _has_native(directory: str, method: str) -> bool:
     names = os.listdir(directory)
     if method == "_load_from_checkpoint":
-        return any(n.endswith(_NATIVE) for n in names)
+        return any(_native(directory, n) for n in names)
     if method == "_load_rng_state" and any(
         n.startswith("rng_state_") and n.endswith(".pth") for n in names
     ):
         return True
+    # ShardpointTrainer's own optimizer.pt... (shardpoint single files) count: Trainer's method
+    # torch.loads them, and torch.load's front reads ours
     return any(n in names for n in _STEPS[method][0])
 
 

@@ -35,10 +35,19 @@ def hexes(losses: list[float]) -> list[str]:
 
 
 def pickles_under(root: str | os.PathLike[str]) -> list[str]:
-    """Every file under ``root`` whose suffix is a pickle's."""
+    """Every file under ``root`` whose suffix is a pickle's and whose bytes are not a
+    shardpoint single file (the Hugging Face integration writes ``optimizer.pt`` in our
+    format: by content, not by name)."""
     return sorted(
-        str(p) for p in Path(root).rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES
+        str(p)
+        for p in Path(root).rglob("*")
+        if p.is_file() and p.suffix in PICKLE_SUFFIXES and not _ours(p)
     )
+
+
+def _ours(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"SPSINGLE"
 
 
 def run_child(module: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -249,18 +258,25 @@ def assert_same_tree(a: Any, b: Any, path: str = "", roots: tuple[str, str] = ("
 
 
 def damage_value(prefix: str, key: str) -> Path:
-    """Flip one byte inside the stored bytes of ``key`` in its shard file; returns the file."""
+    """Flip one byte inside the stored bytes of ``key`` in its shard file (or in the single
+    file ``prefix``); returns the file."""
     import shardpoint as sp
 
     with sp.open(prefix) as r:
         info = r.info(key)
-    (shard,) = [
-        p
-        for p in Path(prefix).parent.glob(Path(prefix).name + ".data-*")
-        if p.name.split(".data-")[1].startswith(f"{info.shard:05d}")
-    ]
+    base = 0
+    if Path(prefix).is_file() and _ours(Path(prefix)):
+        # a single file (FORMAT.md §10): the shard region starts at shard_off
+        shard = Path(prefix)
+        base = int.from_bytes(shard.read_bytes()[24:32], "little")
+    else:
+        (shard,) = [
+            p
+            for p in Path(prefix).parent.glob(Path(prefix).name + ".data-*")
+            if p.name.split(".data-")[1].startswith(f"{info.shard:05d}")
+        ]
     raw = bytearray(shard.read_bytes())
-    raw[info.offset + info.stored_bytes // 2] ^= 0xFF
+    raw[base + info.offset + info.stored_bytes // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))
     return shard
 

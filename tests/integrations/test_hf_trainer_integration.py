@@ -60,10 +60,17 @@ def test_resume_in_new_process_is_exact(runs: dict[str, Any]) -> None:
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "optimizer.pt",
+        "rng_state.pth",
+        "scheduler.pt",
         "shardpoint.index",
         "trainer_state.json",
+        "training_args.bin",
         "training_args.json",
     ]
+    # the files Trainer names are ours, and torch.load (the front) reads them
+    native = sorted(p.name for p in (base / "native/checkpoint-3").iterdir())
+    assert set(native) - set(mine) == set()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -98,9 +105,18 @@ def test_checkpoint_holds_what_trainer_saves(runs: dict[str, Any]) -> None:
     assert_same_tree(ours["optimizer"], torch.load(nat / "optimizer.pt", weights_only=True))
     assert_same_tree(ours["scheduler"], torch.load(nat / "scheduler.pt", weights_only=True))
     rng = torch.load(nat / "rng_state.pth", weights_only=False)
-    assert tuple(int(x) for x in ours["rng"]["python"]["state"]) == rng["python"][1]
+    assert ours["rng"]["python"] == rng["python"]  # Trainer's own structure, tuples and all
     assert_same_tree(ours["rng"]["cpu"], rng["cpu"])
-    assert (ours["rng"]["numpy"]["keys"] == rng["numpy"][1]).all()
+    assert ours["rng"]["numpy"][0] == rng["numpy"][0]
+    assert (ours["rng"]["numpy"][1] == rng["numpy"][1]).all()
+    assert ours["rng"]["numpy"][2:] == rng["numpy"][2:]
+    # each file read by torch.load itself (the front), equal to Trainer's pickle
+    for name in ("optimizer.pt", "scheduler.pt"):
+        assert_same_tree(
+            torch.load(mine / name, weights_only=True), torch.load(nat / name, weights_only=True)
+        )
+    args = torch.load(mine / "training_args.bin")
+    assert args == json.loads((mine / "training_args.json").read_text())
     assert (mine / "trainer_state.json").read_text() == (nat / "trainer_state.json").read_text()
 
 
@@ -132,6 +148,12 @@ def test_verify_checks_the_weights_too(runs: dict[str, Any], tmp_path: Path) -> 
     ok = _cli("verify", str(ckpt))
     assert ok.returncode == 0, ok.stderr
     assert "hf_trainer" in ok.stdout and "weight tensors checked" in ok.stdout
+    assert "optimizer.pt: hf_trainer" in ok.stdout and "rng_state.pth" in ok.stdout
+    shutil.copy(ckpt / "optimizer.pt", tmp_path / "optimizer.pt")
+    damage_value(str(ckpt / "optimizer.pt"), "state/0/exp_avg")
+    bad = _cli("verify", str(ckpt))
+    assert bad.returncode == 1 and "optimizer.pt" in bad.stderr and "exp_avg" in bad.stderr
+    shutil.copy(tmp_path / "optimizer.pt", ckpt / "optimizer.pt")
     damage_safetensors(ckpt / "model.safetensors", "transformer.h.1.mlp.c_fc.weight")
     bad = _cli("verify", str(ckpt))
     assert bad.returncode == 1 and "transformer.h.1.mlp.c_fc.weight" in bad.stderr, bad.stderr
@@ -284,9 +306,14 @@ def test_best_model_and_total_limit_match_native(tmp_path: Path) -> None:
 def test_killed_save_resumes_from_the_previous_checkpoint(
     runs: dict[str, Any], tmp_path: Path
 ) -> None:
-    proc = run_child_killed("hf_run", "shardpoint", str(tmp_path), "6", kill_at_save=2)
+    # each checkpoint is five saves: training_args.bin, optimizer.pt, scheduler.pt,
+    # rng_state.pth, then the part whose commit marks it complete (it holds no tensor here, so
+    # the hook cannot fire in it): killed writing checkpoint-6's scheduler.pt, the 8th
+    proc = run_child_killed("hf_run", "shardpoint", str(tmp_path), "6", kill_at_save=8)
     assert proc.returncode == -9 and "SELFKILL mid-save" in proc.stdout, proc.stderr[-2000:]
     assert (tmp_path / "checkpoint-6").is_dir()  # left incomplete: no index
+    assert (tmp_path / "checkpoint-6/optimizer.pt").is_file()
+    assert not (tmp_path / "checkpoint-6/scheduler.pt").exists()
     assert not sp.exists(str(tmp_path / "checkpoint-6/shardpoint"))
     assert hf_trainer.last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-3")
     (resumed,) = run_child("hf_run", "shardpoint", str(tmp_path), "6", "true")
@@ -304,7 +331,7 @@ def test_damaged_checkpoint_fails_clearly_through_train(
     with pytest.raises(sp.ChecksumMismatchError, match="c_attn.weight"):
         trainer.train(resume_from_checkpoint=str(bad))
     shutil.copy(runs["base"] / "shardpoint/checkpoint-3/model.safetensors", bad)
-    damage_value(str(bad / "shardpoint"), "optimizer/state/0/exp_avg")
+    damage_value(str(bad / "optimizer.pt"), "state/0/exp_avg")
     trainer = hf_run.build("shardpoint", str(tmp_path / "run"), 6)
     with pytest.raises(sp.ChecksumMismatchError, match="exp_avg"):
         trainer.train(resume_from_checkpoint=str(bad))

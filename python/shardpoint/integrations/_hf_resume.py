@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from ..errors import CheckpointError
+from ._hf_files import read_files, rng_file
 from ._state import load_tree, module_targets, part_prefix, restore_rng
 
 __all__ = [
@@ -41,19 +42,29 @@ _TREES: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]] = weakref.Wea
 _LOCK = threading.Lock()
 
 
-def read_part(trainer: Any, checkpoint: str, model: Any = None) -> dict[str, Any]:
+def read_part(
+    trainer: Any, checkpoint: str, model: Any = None, *, files: bool = True
+) -> dict[str, Any]:
     """Every part of a ``ShardpointTrainer`` checkpoint, read once: ``model`` (the module the
     model part restores) receives its values in place, as do the trainer's optimizer's state
-    tensors when it has stepped before. Shared by ``ShardpointTrainer`` and the plain-Trainer
-    front."""
+    tensors when it has stepped before. ``files``: also read the states saved in files under
+    ``Trainer``'s names (``optimizer.pt``...: ``_hf_files``), which replace the part's entries
+    of the same name (checkpoints of earlier versions hold them in the part). Shared by
+    ``ShardpointTrainer`` and the plain-Trainer front."""
     opt = getattr(trainer, "optimizer", None)
+    # state tensors exist only when this trainer trained before: they receive the values
+    opt_into = opt.state_dict() if opt is not None and opt.state else None
     into = {
         # the part holds the model only with shardpoint_weights="compressed"
         "model": module_targets(model) if model is not None else None,
-        # state tensors exist only when this trainer trained before: they receive the values
-        "optimizer": opt.state_dict() if opt is not None and opt.state else None,
+        "optimizer": opt_into,
     }
-    return dict(load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into))
+    tree = dict(load_tree(part_prefix(checkpoint, _PART), integration=_NAME, into=into))
+    if files:
+        args = getattr(trainer, "args", None)
+        rng = rng_file(getattr(args, "world_size", 1), getattr(args, "process_index", 0))
+        tree.update(read_files(checkpoint, integration=_NAME, rng=rng, optimizer_into=opt_into))
+    return tree
 
 
 def _tree(trainer: Any, checkpoint: str, model: Any = None) -> dict[str, Any]:
@@ -62,7 +73,9 @@ def _tree(trainer: Any, checkpoint: str, model: Any = None) -> dict[str, Any]:
         got = _TREES.get(trainer)
     if got is not None and got[0] == key:
         return got[1]
-    tree = read_part(trainer, checkpoint, model)
+    # the states in files (optimizer.pt...) reach Trainer's own methods through torch.load:
+    # this front reads the part only (the weights, and an earlier version's states)
+    tree = read_part(trainer, checkpoint, model, files=False)
     with _LOCK:
         _TREES[trainer] = (key, tree)
     return tree

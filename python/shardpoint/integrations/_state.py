@@ -155,18 +155,28 @@ def capture_rng(*, cuda: bool | None = None) -> dict[str, Any]:
 
 
 def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the global RNGs to a state from :func:`capture_rng`."""
+    """Set the global RNGs to a state from :func:`capture_rng`, or to one in the structure
+    Hugging Face's ``Trainer`` saves (``random.getstate()`` and ``np.random.get_state()``
+    tuples; ``cuda`` one state or a list of them)."""
     import torch
 
     py = state["python"]
-    random.setstate((py["version"], tuple(int(x) for x in py["state"]), py["gauss"]))
     nps = state["numpy"]
-    np.random.set_state(
-        (nps["kind"], nps["keys"], nps["pos"], nps["has_gauss"], nps["cached_gaussian"])
-    )
+    if isinstance(py, tuple | list):  # Trainer's structure (rng_state.pth)
+        random.setstate((int(py[0]), tuple(int(x) for x in py[1]), py[2]))
+        np.random.set_state(tuple(nps))
+    else:
+        random.setstate((py["version"], tuple(int(x) for x in py["state"]), py["gauss"]))
+        np.random.set_state(
+            (nps["kind"], nps["keys"], nps["pos"], nps["has_gauss"], nps["cached_gaussian"])
+        )
     torch.random.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, list | tuple):
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
 
 
 class PendingSaves:

@@ -8,13 +8,15 @@ with ``Trainer``: ``config.json`` (and the tokenizer / processor files, the gene
 the weights as ``save_pretrained`` names them (``model.safetensors``, or its shards and
 ``model.safetensors.index.json``; a PEFT model's ``adapter_model.safetensors`` and
 ``adapter_config.json``), written by shardpoint (:mod:`._weights_io`), and
-``trainer_state.json``. The rest is one shardpoint checkpoint ``shardpoint.index`` +
-``shardpoint.data-*`` with ``optimizer/...``, ``scheduler/...``, ``scaler/...`` and ``rng/...``
-(Python, numpy, torch CPU and CUDA generators), compressed, and the crc32c of every weight
-tensor: no ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` or ``training_args.bin``
-(pickles; ``training_args.json`` instead). Resuming and loading the best model check each
-weight tensor against its crc32c. ``shardpoint_weights="compressed"`` keeps the weights in the
-shardpoint part instead (``model/...``; smaller, but no longer a model directory).
+``trainer_state.json``. The training state is in files under ``Trainer``'s own names,
+``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``rng_state.pth`` and ``training_args.bin``,
+each a shardpoint single file (compressed, crc-checked, no pickle; ``torch.load`` reads them
+through the front shardpoint installs, so ``Trainer``'s own resume does too: :mod:`._hf_files`),
+plus ``training_args.json``. One shardpoint checkpoint ``shardpoint.index`` +
+``shardpoint.data-*``, written last, records the crc32c of every weight tensor; its commit marks
+the checkpoint complete. Resuming and loading the best model check each weight tensor against
+its crc32c. ``shardpoint_weights="compressed"`` keeps the weights in the shardpoint part instead
+(``model/...``; smaller, but no longer a model directory).
 ``resume_from_checkpoint=True``/a path, ``save_total_limit`` and ``load_best_model_at_end`` work
 as with ``Trainer`` (its own logic decides when to save, rotate and which checkpoint is best).
 
@@ -36,12 +38,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
+from ._hf_files import FILES, native_rng, read_files, rng_file, save_args, save_file
 from ._hf_resume import read_part
 from ._hf_tiers import HFTiers, saving_callback
 from ._hf_weights import save_model_files
 from ._state import (
     PendingSaves,
-    capture_rng,
     load_tree,
     module_targets,
     part_prefix,
@@ -101,6 +103,7 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     dict of the weights files (checked against their crc32c) or of the part."""
     root = os.fspath(checkpoint_dir)
     tree = dict(load_tree(part_prefix(root, _PART), integration=_NAME))
+    tree.update(read_files(root, integration=_NAME))
     manifest = read_manifest(part_prefix(root, _PART), _NAME)
     if manifest is not None:
         model: dict[str, Any] = {}
@@ -276,17 +279,30 @@ class ShardpointTrainerMixin:
             return
         output_dir = parts.pop("__dir__")
         groups = parts.pop("__weights__", None)
-        options = {
-            "integration": _NAME,
+        options: dict[str, Any] = {
             "blocking": self._sp_blocking,
             "compression": self._sp_compression,
             "level": self._sp_level,
         }
+        # the training state first, in the files Trainer names; the part last: its commit marks
+        # the checkpoint complete (the saver commits in call order)
+        for name, file in FILES.items():
+            if name in parts:
+                path = os.path.join(output_dir, file)
+                fut = save_file(parts.pop(name), path, **options, integration=_NAME)
+                if fut is not None:
+                    self._sp_pending.add(path, fut)
+        rng = parts.pop("rng", None)
+        if rng is not None:
+            path = os.path.join(output_dir, rng_file(t.args.world_size, t.args.process_index))
+            fut = save_file(rng, path, **options, integration=_NAME)
+            if fut is not None:
+                self._sp_pending.add(path, fut)
         prefix = part_prefix(output_dir, _PART)
         if groups is not None:
-            fut = save_with_weights(output_dir, prefix, parts, groups, **options)
+            fut = save_with_weights(output_dir, prefix, parts, groups, **options, integration=_NAME)
         else:
-            fut = save_tree(parts, prefix, **options)
+            fut = save_tree(parts, prefix, **options, integration=_NAME)
         if fut is not None:
             self._sp_pending.add(output_dir, fut)
 
@@ -311,6 +327,7 @@ class ShardpointTrainerMixin:
             t.data_collator.tokenizer.save_pretrained(output_dir)  # as Trainer._save does
         with open(os.path.join(output_dir, _ARGS_FILE), "w", encoding="utf-8") as f:
             f.write(t.args.to_json_string())
+        save_args(t.args, output_dir, integration=_NAME)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if self._sp_collect is None:
@@ -331,7 +348,14 @@ class ShardpointTrainerMixin:
     def _save_rng_state(self, output_dir: str) -> None:
         if self._sp_collect is None:
             return super()._save_rng_state(output_dir)  # type: ignore[misc]  # a mixin: the base comes after it in the MRO
-        self._sp_collect["rng"] = capture_rng()
+        t: Any = self
+        rng = native_rng(getattr(t.args.parallel_mode, "value", None) == "distributed")
+        if t.args.world_size > 1 and not t.args.should_save:
+            # every process keeps its own generators, as Trainer saves them (rng_state_<i>.pth)
+            path = os.path.join(output_dir, rng_file(t.args.world_size, t.args.process_index))
+            save_file(rng, path, integration=_NAME, blocking=True, compression=None, level=None)
+            return
+        self._sp_collect["rng"] = rng
 
     # -- load ---------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from .. import storage
+from ._hf_files import is_shardpoint_file
 from ._state import WRITER_KEY
 from ._weights_io import MANIFEST_KEY, verify_weights
 
@@ -37,14 +38,16 @@ class PartReport:
 _PART_NAMES = re.compile(r"^(shardpoint|state|rng_\d+)$")
 
 
-def _integration(prefix: str) -> str | None:
+def _integration(prefix: str, single: bool = False) -> str | None:
     try:
         with storage.open(prefix) as r:
             who = r.metadata.get(WRITER_KEY)
     except Exception:
         # an integration's part that does not open is damage that verify must report; any
-        # other unreadable index is not a trainer's and is left to the generic path
-        return "?" if _PART_NAMES.match(os.path.basename(prefix)) else None
+        # other unreadable index is not a trainer's and is left to the generic path. A single
+        # file with our magic beside an integration's part (the Hugging Face Trainer's
+        # optimizer.pt...) is damage too.
+        return "?" if single or _PART_NAMES.match(os.path.basename(prefix)) else None
     return who if isinstance(who, str) else None
 
 
@@ -60,12 +63,19 @@ def trainer_parts(directory: str) -> list[str]:
         if os.path.isdir(os.path.join(directory, d))
     ]
     for place in places:
+        singles = []
         for name in sorted(os.listdir(place)):
-            if name.endswith(_INDEX) and os.path.isfile(os.path.join(place, name)):
-                prefix = os.path.join(place, name[: -len(_INDEX)])
+            path = os.path.join(place, name)
+            if name.endswith(_INDEX) and os.path.isfile(path):
+                prefix = path[: -len(_INDEX)]
                 if _integration(prefix) is not None:
                     found.append(prefix)
-    return found
+            elif is_shardpoint_file(path):
+                singles.append(path)
+        if singles and any(os.path.dirname(p) == place for p in found):
+            # the training state a trainer saved in single files beside its part
+            found.extend(p for p in singles if _integration(p, single=True) is not None)
+    return sorted(found)
 
 
 def verify_checkpoint_dir(directory: str, *, strong: bool = False) -> list[PartReport] | None:

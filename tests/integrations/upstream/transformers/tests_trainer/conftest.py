@@ -34,18 +34,10 @@ import pytest
 
 _NATIVE = os.environ.get("SHARDPOINT_UPSTREAM_NATIVE") == "1"
 
-_PICKLES = (
-    "checks that the pickled training_args.bin, optimizer.pt and scheduler.pt exist in every "
-    "checkpoint (TrainerIntegrationCommon.check_saved_checkpoints); shardpoint stores them "
-    "pickle-free in shardpoint.index/.data-*"
-)
-#: test name -> the reason it cannot pass with shardpoint (docs/INTEGRATIONS.md, allow-list)
-ALLOWED: dict[str, str] = {
-    "test_save_checkpoints": _PICKLES,
-    "test_save_best_checkpoint": _PICKLES,
-    "test_load_best_model_at_end": _PICKLES,
-    "test_load_best_model_from_safetensors": _PICKLES,
-}
+#: test name -> the reason it cannot pass with shardpoint (docs/INTEGRATIONS.md, allow-list):
+#: empty since the checkpoints hold optimizer.pt, scheduler.pt, rng_state.pth and
+#: training_args.bin under Trainer's names (shardpoint single files)
+ALLOWED: dict[str, str] = {}
 _HUB = "fails with the real Trainer too: downloads {} from the Hugging Face Hub (no network here)"
 #: test name -> why it fails in this sandbox whatever the checkpoint format
 NATIVE_FAILURES: dict[str, str] = {
