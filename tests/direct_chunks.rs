@@ -97,10 +97,23 @@ fn takes_o_direct(p: &Path) -> bool {
         .is_ok()
 }
 
-/// Read every value with the direct engine at `depth`; the values and the stats.
+/// Read every value with the direct engine at `depth` (pieces all cached read from the cache);
+/// the values and the stats.
 fn read_direct(
     path: &Path,
     depth: usize,
+) -> shardpoint_core::Result<(
+    BTreeMap<String, Vec<u8>>,
+    shardpoint_core::direct::DirectStats,
+)> {
+    read_direct_with(path, depth, true)
+}
+
+/// [`read_direct`], `follow_cache` as given.
+fn read_direct_with(
+    path: &Path,
+    depth: usize,
+    follow_cache: bool,
 ) -> shardpoint_core::Result<(
     BTreeMap<String, Vec<u8>>,
     shardpoint_core::direct::DirectStats,
@@ -117,6 +130,7 @@ fn read_direct(
         outs.iter_mut().map(|o| &mut o[..]).collect(),
         true,
         depth,
+        follow_cache,
     )?;
     Ok((v.keys().cloned().zip(outs).collect(), stats))
 }
@@ -154,6 +168,13 @@ fn cold_and_warm_reads_are_exact_at_every_depth() {
                 warm.in_place, 0,
                 "a cached file is read from the cache: {warm:?}"
             );
+            // unless the caller judged the load cold: then every piece from the device
+            let (got, told) = read_direct_with(&p, depth, false).unwrap();
+            expect_equal(&got);
+            if takes_o_direct(&files[0]) {
+                assert_eq!(told.buffered, 0, "{codec:?} depth {depth}: {told:?}");
+                assert_eq!(told.in_place + told.bounced, warm.buffered + warm.bounced);
+            }
         }
     }
 }
@@ -214,7 +235,13 @@ fn a_shard_truncated_after_open_is_named() {
     evict(&files_of(dir.path()));
     let mut outs: Vec<Vec<u8>> = es.iter().map(|e| vec![0u8; e.raw_len as usize]).collect();
     let err = r
-        .read_many_into_direct(&es, outs.iter_mut().map(|o| &mut o[..]).collect(), true, 2)
+        .read_many_into_direct(
+            &es,
+            outs.iter_mut().map(|o| &mut o[..]).collect(),
+            true,
+            2,
+            true,
+        )
         .unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("truncated"), "{err}");
@@ -244,7 +271,7 @@ fn a_checkpoint_saved_again_under_an_open_reader_is_read_as_opened() {
         let es: Vec<_> = v.keys().map(|k| r.entry(k).unwrap()).collect();
         let mut outs: Vec<Vec<u8>> = es.iter().map(|e| vec![0u8; e.raw_len as usize]).collect();
         let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
-        let st = r.read_many_into_direct(&es, dsts, verify, 4).unwrap();
+        let st = r.read_many_into_direct(&es, dsts, verify, 4, true).unwrap();
         expect_equal(&v.keys().cloned().zip(outs).collect());
         // still read by O_DIRECT: through the open files, not their (now removed) paths
         if takes_o_direct(&files_of(dir.path())[0]) {

@@ -82,8 +82,14 @@ fn exercise(dir: &Path, name: &str, seed: u32) -> Result<(), String> {
         // the cold-read engine's path for compressed values (its own reader threads and the
         // buffers it keeps between calls)
         let mut outs: Vec<Vec<u8>> = es.iter().map(|e| vec![0u8; e.raw_len as usize]).collect();
-        r.read_many_into_direct(&es, outs.iter_mut().map(|o| &mut o[..]).collect(), true, 4)
-            .map_err(s)?;
+        r.read_many_into_direct(
+            &es,
+            outs.iter_mut().map(|o| &mut o[..]).collect(),
+            true,
+            4,
+            true,
+        )
+        .map_err(s)?;
         if vals.iter().zip(&outs).any(|((_, want), got)| want != got) {
             return Err(format!(
                 "{name}: a value read back by the direct engine differs"

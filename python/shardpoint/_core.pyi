@@ -125,6 +125,7 @@ class CheckpointReader:
         verify: bool = True,
         threads: int | None = None,
         direct: int | None = None,
+        follow_cache: bool = True,
     ) -> tuple[int, int, int] | None: ...
     def first_mismatch(
         self, keys: list[str], dtypes: list[str], shapes: Sequence[Sequence[int]]
@@ -349,5 +350,6 @@ def read_file_ranges_direct(
     ranges: Sequence[tuple[int, int]],
     outs: Sequence[_Buffer],
     depth: int | None = None,
+    follow_cache: bool = True,
 ) -> tuple[int, int, int]: ...
 def error_class_names() -> list[str]: ...

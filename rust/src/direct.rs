@@ -10,8 +10,9 @@
 //!
 //! How a range is read, piece by piece ([`DIRECT_PIECE`] bytes, cut at file offsets that are
 //! multiples of the piece size, so interior pieces are aligned at both ends):
-//! - a piece whose first and last pages are in the page cache is read with a plain `pread`
-//!   (a copy from memory beats a trip to the device; a warm load keeps its speed);
+//! - a piece whose pages are all in the page cache is read with a plain `pread`
+//!   (a copy from memory beats a trip to the device; a warm load keeps its speed), unless the
+//!   caller turned that off for a load it judged cold ([`DirectFile::follow_cache`]);
 //! - a piece whose destination address is congruent to its file offset modulo [`DIRECT_ALIGN`]
 //!   (the caller placed it so: the weights iterator allocates each tensor that way) is read
 //!   in place: its aligned interior with one `O_DIRECT` read, its partial first and last
@@ -26,7 +27,7 @@
 //! shrinks under the load gives an error naming the file and offset.
 
 use crate::error::{Error, Result};
-use crate::load::{cached, PlainFile};
+use crate::load::{looks_cached, PlainFile};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -166,6 +167,15 @@ fn map(len: usize) -> Result<*mut u8> {
 pub(crate) struct DirectFile {
     pub(crate) plain: PlainFile,
     pub(crate) direct: Option<File>,
+    /// Read a piece whose pages are all cached with `pread` (else every piece goes direct).
+    /// Why a caller turns it off: a `pread` of cached pages that the kernel's read-ahead
+    /// marked starts the read-ahead of the next pages, whose piece then looks cached too: on a
+    /// disk whose read-ahead is as large as a piece, a file that was cold when the load began
+    /// ends up read through the page cache, piece after piece (docs/SERVING.md, fifteenth
+    /// round). A load that chose this engine because its files were cold (the weights
+    /// iterator's `direct="cold"`, `load_into`'s cold read) reads the few cached pieces from
+    /// the device too; `direct=True`, asked for whatever the cache holds, follows the cache.
+    pub(crate) follow_cache: bool,
 }
 
 /// An `O_DIRECT` handle on the file `file` has open (through `/proc/self/fd`, so the same
@@ -297,11 +307,7 @@ impl Worker<'_> {
         let len = dst.len() as u64;
         let file = &self.files[fi];
         let direct = match &file.direct {
-            Some(d)
-                if !(cached(&file.plain.file, off) && cached(&file.plain.file, off + len - 1)) =>
-            {
-                d
-            }
+            Some(d) if !(file.follow_cache && looks_cached(&file.plain.file, off, len)) => d,
             _ => return self.buffered(fi, off, dst),
         };
         let congruent = (dst.as_ptr() as u64) % DIRECT_ALIGN == off % DIRECT_ALIGN;
@@ -347,12 +353,25 @@ pub fn read_files_direct(
     dsts: Vec<&mut [u8]>,
     depth: usize,
 ) -> Result<DirectStats> {
+    read_files_direct_with(paths, ranges, dsts, depth, true)
+}
+
+/// [`read_files_direct`]; with `follow_cache` false every piece is read with `O_DIRECT`, cached
+/// or not (see [`DirectFile::follow_cache`]).
+pub fn read_files_direct_with(
+    paths: &[std::path::PathBuf],
+    ranges: &[(usize, u64)],
+    dsts: Vec<&mut [u8]>,
+    depth: usize,
+    follow_cache: bool,
+) -> Result<DirectStats> {
     let files = paths
         .iter()
         .map(|p| {
             Ok(DirectFile {
                 plain: PlainFile::open(p)?,
                 direct: open_direct(p),
+                follow_cache,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -131,6 +131,7 @@ fn crcs_of_destinations_are_combined_from_their_pieces() {
         .map(|p| DirectFile {
             plain: PlainFile::open(p).unwrap(),
             direct: open_direct(p),
+            follow_cache: true,
         })
         .collect();
     let at: Vec<(usize, u64)> = ranges.iter().map(|r| (r.0, r.1)).collect();
@@ -145,4 +146,34 @@ fn crcs_of_destinations_are_combined_from_their_pieces() {
     let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
     let (_, none) = read_direct_crcs(&files, &at, dsts, 3, false).unwrap();
     assert!(none.is_empty());
+}
+
+#[test]
+fn a_cached_file_follows_the_cache_unless_told_not_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("warm");
+    let n = (DIRECT_PIECE + 8192) as usize;
+    let data: Vec<u8> = (0..n).map(|i| (i * 13 % 241) as u8).collect();
+    std::fs::write(&p, &data).unwrap();
+    File::open(&p).unwrap().sync_all().unwrap(); // written and clean: every page cached
+    for follow in [true, false] {
+        let mut out = Aligned::new(n).unwrap();
+        let stats = read_files_direct_with(
+            std::slice::from_ref(&p),
+            &[(0, 0)],
+            vec![&mut out.bytes()[..n]],
+            2,
+            follow,
+        )
+        .unwrap();
+        assert_eq!(&out.bytes()[..n], &data[..]);
+        if follow || open_direct(&p).is_none() {
+            assert_eq!(stats.buffered, n as u64, "follow={follow} {stats:?}");
+        } else {
+            // judged cold by the caller: the device, even for cached pages (no read-ahead
+            // cascade through the cache)
+            assert_eq!(stats.buffered, 0, "{stats:?}");
+            assert_eq!(stats.in_place + stats.bounced, n as u64);
+        }
+    }
 }

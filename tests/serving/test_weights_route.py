@@ -8,6 +8,7 @@ from the page cache first, and every value is compared with what was saved."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 
@@ -22,7 +23,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import shardpoint.torch as sptorch  # noqa: E402
 import shardpoint.torch.weights as weights  # noqa: E402
 import shardpoint.torch.weights_route as weights_route  # noqa: E402
-from page_cache import evict  # noqa: E402
+from page_cache import evict, takes_o_direct  # noqa: E402
 from shardpoint.storage.io_mode import cached_fraction  # noqa: E402
 from shardpoint.torch.weights_options import loader_options  # noqa: E402
 from shardpoint.torch.weights_route import RouteProbe  # noqa: E402
@@ -181,6 +182,42 @@ def test_cold_reads_a_cold_file_direct_and_a_cached_one_buffered(
     it = sptorch.weights_iterator(path, window=8 * MIB)
     _same(_read_all(it), state)
     assert it.route == "buffered" and it.probe_rates == {}
+
+
+@pytest.mark.usefixtures("small_thresholds")
+def test_a_load_judged_cold_reads_its_cached_pieces_from_the_device_too(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A ``pread`` of cached pages the kernel's read-ahead marked starts the read-ahead of the
+    next ones; when the disk reads ahead as much as the engine's 8 MiB piece, each next piece
+    then looks cached, and a "direct" cold load ran buffered through the whole file (3-6 in
+    30 under a concurrent write, docs/SERVING.md, fifteenth round). So ``direct="cold"``
+    reads even the pieces it finds cached from the device; ``direct=True`` follows the
+    cache. Here the first 16 MiB of a cold 40 MiB file are cached by a buffered read, as a
+    header read's read-ahead would leave them."""
+    state = _state()
+    d = tmp_path / "model"
+    d.mkdir()
+    f = d / "model.safetensors"
+    safetensors_torch.save_file(state, str(f))
+    kinds = {}
+    for direct in ("cold", True):
+        _cold(str(d))
+        fd = os.open(f, os.O_RDONLY)
+        try:  # no read-ahead past them (the file stays mostly cold: the direct route)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            assert len(os.pread(fd, 16 * MIB, 0)) == 16 * MIB
+        finally:
+            os.close(fd)
+        it = sptorch.weights_iterator(str(d), window=8 * MIB, direct=direct)
+        assert it.route == "direct"
+        _same(_read_all(it), state)
+        kinds[direct] = it._reader.read_kinds  # (in place, bounced, from the page cache)
+    if takes_o_direct(f):
+        assert kinds["cold"][2] == 0, kinds
+        # the two whole cached pieces and more came from the cache when following it
+        assert kinds[True][2] >= 8 * MIB, kinds
+    assert sum(kinds["cold"]) == sum(kinds[True])
 
 
 @pytest.mark.usefixtures("small_thresholds")

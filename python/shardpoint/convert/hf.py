@@ -330,14 +330,16 @@ class HFReader(Reader):
         paths, ranges = self._ranges(keys)
         read_ranges_into(paths, ranges, outs, threads)
 
-    def _read_direct(self, keys: list[str], outs: list[np.ndarray]) -> None:
+    def _read_direct(
+        self, keys: list[str], outs: list[np.ndarray], *, follow_cache: bool = True
+    ) -> None:
         """:meth:`_read_into` with the cold-read engine
         (:func:`shardpoint.storage.read_ranges_direct`: ``O_DIRECT`` where the pages are not
-        cached, eight reads in flight, in place where an output is placed congruent to its
-        file offset); the bytes read in place, bounced and from the page cache are added to
-        :attr:`read_kinds`."""
+        cached, or everywhere with ``follow_cache=False``, eight reads in flight, in place where
+        an output is placed congruent to its file offset); the bytes read in place, bounced and
+        from the page cache are added to :attr:`read_kinds`."""
         paths, ranges = self._ranges(keys)
-        got = read_ranges_direct(paths, ranges, outs)
+        got = read_ranges_direct(paths, ranges, outs, follow_cache=follow_cache)
         with self._lock:
             a, b, c = self.read_kinds
             self.read_kinds = (a + got[0], b + got[1], c + got[2])

@@ -32,13 +32,19 @@ def read_ranges_direct(
     ranges: list[tuple[int, int]],
     outs: list[np.ndarray],
     depth: int | None = None,
+    *,
+    follow_cache: bool = True,
 ) -> tuple[int, int, int]:
     """``read_ranges_into`` for files that may not be in the page cache: pieces not cached are
     read with ``O_DIRECT``, ``depth`` reads in flight (default 8), straight into an output whose
     address is congruent to its file offset modulo 4096 and through a bounce buffer otherwise;
-    cached pieces with ``pread``. Returns the bytes read in place, bounced and from the page
-    cache."""
-    in_place, bounced, cached = _core.read_file_ranges_direct(paths, ranges, outs, depth)
+    pieces whose pages are all cached with ``pread``, unless ``follow_cache=False`` (a load
+    already judged cold: every piece from the device, so that the read-ahead a cached piece's
+    ``pread`` starts cannot turn the rest of the load buffered). Returns the bytes read in
+    place, bounced and from the page cache."""
+    in_place, bounced, cached = _core.read_file_ranges_direct(
+        paths, ranges, outs, depth, follow_cache
+    )
     return int(in_place), int(bounced), int(cached)
 
 
@@ -48,9 +54,12 @@ def read_entries_direct(
     outs: list[np.ndarray],
     verify: bool,
     threads: int | None = None,
+    *,
+    follow_cache: bool = True,
 ) -> tuple[int, int, int]:
     """The values ``infos`` of a local checkpoint (``core``) into ``outs`` (each the value's raw
-    bytes), every stored byte through the cold-read engine, read from the shard files ``core``
+    bytes), every stored byte through the cold-read engine (``follow_cache``: as for
+    :func:`read_ranges_direct`), read from the shard files ``core``
     opened (a save at the same prefix since then does not change what is read): uncompressed
     values straight into ``outs`` and then, with ``verify``, checked against their crc32c over
     the bytes landed (a damaged byte raises ``ChecksumMismatchError`` naming the shard and
@@ -64,7 +73,7 @@ def read_entries_direct(
     if not todo:
         return 0, 0, 0
     got = core.read_many_into(
-        [i.key for i, _ in todo], [o for _, o in todo], verify, threads, _DEPTH
+        [i.key for i, _ in todo], [o for _, o in todo], verify, threads, _DEPTH, follow_cache
     )
     in_place, bounced, cached = got or (0, 0, 0)
     return int(in_place), int(bounced), int(cached)
@@ -102,7 +111,9 @@ def read_cold_compressed(
         (raw if core.info(k).codec == "none" else comp).append(i)
     if not comp or (raw and _overlap(outs)):
         return False  # (one buffered call refuses overlapping outputs, naming them)
-    core.read_many_into([keys[i] for i in comp], [outs[i] for i in comp], verify, threads, _DEPTH)
+    # judged cold: every block from the device (no read-ahead cascade through the cache)
+    comp_keys, comp_outs = [keys[i] for i in comp], [outs[i] for i in comp]
+    core.read_many_into(comp_keys, comp_outs, verify, threads, _DEPTH, False)
     if raw:
         core.read_many_into([keys[i] for i in raw], [outs[i] for i in raw], verify, threads)
     return True

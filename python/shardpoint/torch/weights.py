@@ -149,6 +149,8 @@ class _Producer:
         self._probe = RouteProbe() if direct == "auto" else None
         self._direct = direct is True or (self._probe is not None and self._probe.route == "direct")
         self._started = 0  # values whose reads have started (where a late read-ahead begins)
+        #: the direct route reads pieces it finds all cached from the cache (set by the iterator)
+        self.follow_cache = True
         self._threads = threads
         self._verify = bool(verify)
         self._window = window
@@ -248,11 +250,13 @@ class _Producer:
             infos.append(info)
             bufs.append(tensor_to_numpy(t).reshape(-1).view(np.uint8))
         if keys and self._direct and hasattr(self._reader, "_read_direct"):
-            self._reader._read_direct(keys, bufs)
+            self._reader._read_direct(keys, bufs, follow_cache=self.follow_cache)
         elif keys and self._direct:  # a local shardpoint checkpoint (_reads_direct)
             core = local_shards_core(self._reader._core)
             assert core is not None
-            read_entries_direct(core, infos, bufs, self._verify, self._threads)
+            read_entries_direct(
+                core, infos, bufs, self._verify, self._threads, follow_cache=self.follow_cache
+            )
         elif keys:
             self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
         return out
@@ -376,10 +380,14 @@ class WeightsIterator:
             direct = False
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
+        # only direct=True reads pieces it finds cached from the cache: "cold" and "auto" chose
+        # the engine for cold files (rust/src/direct.rs, DirectFile::follow_cache: why)
+        follow_cache = direct is True
         direct = cold_route(direct, self._reader, self._plan.infos, self._pin, AUTO_MIN)
         self._p = _Producer(
             self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
         )
+        self._p.follow_cache = follow_cache
         self.bytes_read = 0
         self.raw_bytes = 0
         self.seconds = 0.0

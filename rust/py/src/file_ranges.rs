@@ -36,16 +36,18 @@ pub(crate) fn read_file_ranges(
 /// `read_file_ranges` for cold files: pieces not in the page cache are read with `O_DIRECT`,
 /// `depth` reads in flight, in place where a destination's address is congruent to its file
 /// offset modulo 4096 and through a bounce buffer otherwise; cached pieces with `pread`
-/// (`shardpoint_core::direct`). Returns the bytes read in place, bounced, and from the page
-/// cache.
+/// (`shardpoint_core::direct`); with `follow_cache=False` cached pieces too are read with
+/// `O_DIRECT` (a load judged cold). Returns the bytes read in place, bounced, and from the
+/// page cache.
 #[pyfunction]
-#[pyo3(signature = (paths, ranges, outs, depth=None))]
+#[pyo3(signature = (paths, ranges, outs, depth=None, follow_cache=true))]
 pub(crate) fn read_file_ranges_direct(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     ranges: Vec<(usize, u64)>,
     mut outs: Vec<PyBuffer<u8>>,
     depth: Option<usize>,
+    follow_cache: bool,
 ) -> PyResult<(u64, u64, u64)> {
     let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(outs.len());
     for b in outs.iter_mut() {
@@ -54,7 +56,7 @@ pub(crate) fn read_file_ranges_direct(
     check_disjoint(py, &dsts, "ranges", |i| i.to_string())?;
     let depth = depth.unwrap_or(shardpoint_core::direct::DIRECT_DEPTH);
     let s = nogil_cancellable(py, || {
-        shardpoint_core::direct::read_files_direct(&paths, &ranges, dsts, depth)
+        shardpoint_core::direct::read_files_direct_with(&paths, &ranges, dsts, depth, follow_cache)
     })?;
     Ok((s.in_place, s.bounced, s.buffered))
 }

@@ -318,7 +318,10 @@ impl CheckpointReader {
     /// `direct`: read every value with the cold-read engine from the files this reader opened,
     /// that many reads in flight (`shardpoint_core` `reader/direct_chunks.rs`), and return
     /// the stored bytes read by `O_DIRECT` in place, bounced and with `pread`.
-    #[pyo3(signature = (keys, outs, verify=true, threads=None, direct=None))]
+    /// `follow_cache` (with `direct`): pieces whose pages are all cached are read with `pread`;
+    /// `False` reads every piece from the device (a load judged cold: no read-ahead cascade).
+    #[pyo3(signature = (keys, outs, verify=true, threads=None, direct=None, follow_cache=true))]
+    #[allow(clippy::too_many_arguments)] // pyo3 method: the keywords are Python's
     fn read_many_into(
         &self,
         py: Python<'_>,
@@ -327,6 +330,7 @@ impl CheckpointReader {
         verify: bool,
         threads: Option<usize>,
         direct: Option<usize>,
+        follow_cache: bool,
     ) -> PyResult<Option<(u64, u64, u64)>> {
         if keys.len() != outs.len() {
             return Err(crate::invalid(
@@ -347,7 +351,7 @@ impl CheckpointReader {
         let work = crate::pools::on_threads(py, threads, || match direct {
             None => reader.read_many_into(&entries, dsts, verify).map(|()| None),
             Some(d) => reader
-                .read_many_into_direct(&entries, dsts, verify, d)
+                .read_many_into_direct(&entries, dsts, verify, d, follow_cache)
                 .map(|s| Some((s.in_place, s.bounced, s.buffered))),
         })?;
         nogil_cancellable(py, work)

@@ -29,7 +29,7 @@ use crate::direct::{
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::index::Entry;
-use crate::load::{cached, PlainFile};
+use crate::load::{looks_cached, PlainFile};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 
@@ -132,13 +132,16 @@ impl Reader {
     /// checked end to end as there), uncompressed ones by [`crate::direct::read_direct`]
     /// straight into their buffers (crc checked after, with `verify`). Returns where the stored
     /// bytes came from (`in_place`: by `O_DIRECT` into place; `bounced`: by `O_DIRECT` through
-    /// a bounce buffer; `buffered`: by `pread`).
+    /// a bounce buffer; `buffered`: by `pread`). `follow_cache`: read the pieces whose pages
+    /// are all cached with `pread` (`false`: everything by `O_DIRECT`, for a load already
+    /// judged cold: see [`crate::direct::DirectFile::follow_cache`]).
     pub fn read_many_into_direct(
         &self,
         entries: &[Entry<'_>],
         dsts: Vec<&mut [u8]>,
         verify: bool,
         depth: usize,
+        follow_cache: bool,
     ) -> Result<DirectStats> {
         check_outs(entries, &dsts)?;
         let (mut raw_e, mut raw_d, mut comp_e, mut comp_d) = (vec![], vec![], vec![], vec![]);
@@ -155,7 +158,7 @@ impl Reader {
         let depth = depth.clamp(1, 64);
         let mut stats = DirectStats::default();
         if !raw_e.is_empty() {
-            stats = self.direct_raw(&raw_e, raw_d, verify, depth)?;
+            stats = self.direct_raw(&raw_e, raw_d, verify, depth, follow_cache)?;
         }
         let cb = self.index.chunk_bytes() as u64;
         if comp_e.is_empty() {
@@ -165,7 +168,7 @@ impl Reader {
             self.read_many_into(&comp_e, comp_d, true)?;
             return Ok(stats);
         }
-        Ok(stats + self.direct_chunks(&comp_e, comp_d, depth, cb)?)
+        Ok(stats + self.direct_chunks(&comp_e, comp_d, depth, cb, follow_cache)?)
     }
 
     /// Uncompressed values by the cold-read engine ([`crate::direct::read_direct`]) from the
@@ -178,6 +181,7 @@ impl Reader {
         dsts: Vec<&mut [u8]>,
         verify: bool,
         depth: usize,
+        follow_cache: bool,
     ) -> Result<DirectStats> {
         // the shards this call reads, each opened once (file index = place in `used`)
         let mut used: Vec<u32> = entries.iter().map(|e| e.shard).collect();
@@ -197,6 +201,7 @@ impl Reader {
                     len: s.base + s.len(),
                 },
                 direct: reopen_direct(&s.file),
+                follow_cache,
             });
         }
         let ranges: Vec<(usize, u64)> = entries
@@ -224,6 +229,7 @@ impl Reader {
         dsts: Vec<&mut [u8]>,
         depth: usize,
         cb: u64,
+        follow_cache: bool,
     ) -> Result<DirectStats> {
         /// One chunk: its entry and index, where its stored bytes lie (shard, offset, length,
         /// recorded crc; checked by `chunk_loc`), and its destination.
@@ -354,7 +360,8 @@ impl Reader {
                 };
                 cancel.check()?;
                 let b = &blocks[bi];
-                let how = self.read_block(b, files[b.shard as usize].as_ref(), &mut buf)?;
+                let direct = files[b.shard as usize].as_ref();
+                let how = self.read_block(b, direct, &mut buf, follow_cache)?;
                 let mut st = lock();
                 match how {
                     true => st.stats.in_place += b.bytes,
@@ -458,13 +465,15 @@ impl Reader {
         Ok(st.stats)
     }
 
-    /// Read block `b`'s aligned extent into `buf`: with `O_DIRECT` when its ends are not in
-    /// the page cache and the file system takes it (`Ok(true)`), else with `pread`.
+    /// Read block `b`'s aligned extent into `buf`: with `O_DIRECT` when the file system takes
+    /// it and (with `follow_cache`) not all its pages are in the page cache (`Ok(true)`), else
+    /// with `pread`.
     fn read_block(
         &self,
         b: &Block,
         direct: Option<&std::fs::File>,
         buf: &mut Aligned,
+        follow_cache: bool,
     ) -> Result<bool> {
         let shard = &self.shards[b.shard as usize];
         let (lo, hi) = (b.lo + shard.base, b.hi + shard.base);
@@ -473,7 +482,7 @@ impl Reader {
         let whole = align_up(hi) - start;
         let out = &mut buf.bytes()[..whole as usize];
         if let Some(d) = direct {
-            if !(cached(&shard.file, lo) && cached(&shard.file, hi - 1)) {
+            if !(follow_cache && looks_cached(&shard.file, lo, hi - lo)) {
                 match direct_read(d, start, out) {
                     Ok(got) if got >= want => return Ok(true),
                     Ok(_) => return Err(shard.truncated(b.hi)),
