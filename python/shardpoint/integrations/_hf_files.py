@@ -28,36 +28,27 @@ from typing import Any
 
 import numpy as np
 
+from ..storage import is_single_file
+from ._state import load_tree, save_tree
+
 __all__ = [
     "ARGS_FILE",
     "FILES",
-    "is_shardpoint_file",
     "native_rng",
     "read_files",
     "rng_file",
     "save_args",
-    "save_file",
 ]
 
 #: part name -> the file ``Trainer`` saves it in
 FILES = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": "scaler.pt"}
 #: ``Trainer``'s name for its pickled ``TrainingArguments``
 ARGS_FILE = "training_args.bin"
-_MAGIC = b"SPSINGLE"  # FORMAT.md §10
 
 
 def rng_file(world_size: int, process_index: int) -> str:
     """The RNG file's name as ``Trainer`` names it."""
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth"
-
-
-def is_shardpoint_file(path: str) -> bool:
-    """Whether ``path`` is a shardpoint single file (never raises)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(_MAGIC)) == _MAGIC
-    except OSError:
-        return False
 
 
 def native_rng(distributed: bool) -> dict[str, Any]:
@@ -76,52 +67,19 @@ def native_rng(distributed: bool) -> dict[str, Any]:
     return state
 
 
-def save_file(
-    tree: Any,
-    path: str,
-    *,
-    integration: str,
-    blocking: bool,
-    compression: str | None,
-    level: int | None,
-) -> Any:
-    """Write ``tree`` as the single file ``path``; returns the save's future when
-    ``blocking=False`` (the saver commits in call order: a part submitted after it commits
-    after it)."""
-    from ..errors import UnsupportedDTypeError
-    from ..torch import save
-    from ._state import WRITER_KEY
-
-    try:
-        return save(
-            tree,
-            path,
-            compression=compression,
-            level=level,
-            blocking=blocking,
-            single_file=True,
-            metadata={WRITER_KEY: integration},
-        )
-    except UnsupportedDTypeError as e:
-        raise UnsupportedDTypeError(f"{integration} checkpoint file {path!r}: {e}") from e
-
-
 def save_args(args: Any, directory: str, *, integration: str) -> None:
     """``training_args.bin``: the arguments' JSON fields (``TrainingArguments.to_json_string``),
     as a dict."""
-    save_file(
+    save_tree(
         json.loads(args.to_json_string()),
         os.path.join(directory, ARGS_FILE),
         integration=integration,
-        blocking=True,
         compression=None,
-        level=None,
+        single_file=True,
     )
 
 
 def _load(path: str, into: Any, integration: str) -> Any:
-    from ._state import load_tree
-
     return load_tree(path, integration=integration, into=into)
 
 
@@ -139,12 +97,12 @@ def read_files(
     out: dict[str, Any] = {}
     for name, file in FILES.items():
         path = os.path.join(directory, file)
-        if is_shardpoint_file(path):
+        if is_single_file(path):
             into = optimizer_into if name == "optimizer" else None
             out[name] = _load(path, into, integration)
     for file in dict.fromkeys((rng, "rng_state.pth")):
         path = os.path.join(directory, file)
-        if is_shardpoint_file(path):
+        if is_single_file(path):
             out["rng"] = _load(path, None, integration)
             break
     return out

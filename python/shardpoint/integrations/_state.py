@@ -55,10 +55,13 @@ def save_tree(
     compression: str | None = "zstd",
     level: int | None = None,
     durable: bool = True,
+    single_file: bool | None = None,
 ) -> Any:
-    """Save a nested state (dicts/lists of tensors and plain values) as checkpoint ``prefix``.
+    """Save a nested state (dicts/lists of tensors and plain values) as checkpoint ``prefix``
+    (``single_file``: as for :func:`shardpoint.torch.save`; ``optimizer.pt`` is one file).
 
-    Returns ``None``, or the save's future when ``blocking=False``. A value that cannot be
+    Returns ``None``, or the save's future when ``blocking=False`` (the saver commits in call
+    order: a save submitted after another commits after it). A value that cannot be
     stored without pickle raises :class:`UnsupportedDTypeError` naming its path and the
     integration, before anything is written."""
     from .. import torch as sptorch
@@ -73,6 +76,7 @@ def save_tree(
             durable=durable,
             blocking=blocking,
             metadata={WRITER_KEY: integration},
+            single_file=single_file,
         )
     except UnsupportedDTypeError as e:
         raise UnsupportedDTypeError(f"{integration} checkpoint {prefix!r}: {e}") from e

@@ -38,7 +38,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InvalidArgumentError
-from ._hf_files import FILES, native_rng, read_files, rng_file, save_args, save_file
+from ._hf_files import FILES, native_rng, read_files, rng_file, save_args
 from ._hf_resume import read_part
 from ._hf_tiers import HFTiers, saving_callback
 from ._hf_weights import save_model_files
@@ -289,13 +289,15 @@ class ShardpointTrainerMixin:
         for name, file in FILES.items():
             if name in parts:
                 path = os.path.join(output_dir, file)
-                fut = save_file(parts.pop(name), path, **options, integration=_NAME)
+                fut = save_tree(
+                    parts.pop(name), path, **options, integration=_NAME, single_file=True
+                )
                 if fut is not None:
                     self._sp_pending.add(path, fut)
         rng = parts.pop("rng", None)
         if rng is not None:
             path = os.path.join(output_dir, rng_file(t.args.world_size, t.args.process_index))
-            fut = save_file(rng, path, **options, integration=_NAME)
+            fut = save_tree(rng, path, **options, integration=_NAME, single_file=True)
             if fut is not None:
                 self._sp_pending.add(path, fut)
         prefix = part_prefix(output_dir, _PART)
@@ -353,7 +355,7 @@ class ShardpointTrainerMixin:
         if t.args.world_size > 1 and not t.args.should_save:
             # every process keeps its own generators, as Trainer saves them (rng_state_<i>.pth)
             path = os.path.join(output_dir, rng_file(t.args.world_size, t.args.process_index))
-            save_file(rng, path, integration=_NAME, blocking=True, compression=None, level=None)
+            save_tree(rng, path, integration=_NAME, compression=None, single_file=True)
             return
         self._sp_collect["rng"] = rng
 

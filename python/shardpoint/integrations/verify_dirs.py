@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from .. import storage
-from ._hf_files import is_shardpoint_file
+from ..storage import is_single_file
 from ._state import WRITER_KEY
 from ._weights_io import MANIFEST_KEY, verify_weights
 
@@ -70,7 +70,7 @@ def trainer_parts(directory: str) -> list[str]:
                 prefix = path[: -len(_INDEX)]
                 if _integration(prefix) is not None:
                     found.append(prefix)
-            elif is_shardpoint_file(path):
+            elif is_single_file(path):
                 singles.append(path)
         if singles and any(os.path.dirname(p) == place for p in found):
             # the training state a trainer saved in single files beside its part
