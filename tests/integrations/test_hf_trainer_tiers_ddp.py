@@ -42,3 +42,12 @@ def test_a_replaced_node_resumes_from_its_peer(tmp_path: Path) -> None:
         assert resumed["losses"] == full["losses"][6:]
         assert resumed["digest"] == full["digest"] and resumed["global_step"] == 8
     assert second[0][0]["losses"] != second[1][0]["losses"]  # each process its own batches
+    # the straight run's checkpoints keep each process's generators as Trainer names them
+    # (rng_state_<i>.pth), shardpoint single files that torch.load reads
+    import torch
+
+    ck = straight / "checkpoint-6"
+    states = [torch.load(ck / f"rng_state_{r}.pth", weights_only=True) for r in (0, 1)]
+    assert all((ck / f"rng_state_{r}.pth").read_bytes()[:8] == b"SPSINGLE" for r in (0, 1))
+    assert not (ck / "rng_state.pth").exists()
+    assert all(isinstance(st["python"], tuple) for st in states)
