@@ -316,10 +316,8 @@ impl CheckpointReader {
     /// (`verify` also checks uncompressed ones, as in `get_many`). Buffers must not overlap.
     /// `threads`: decode on a pool of that many threads (default: one per CPU).
     /// `direct`: read every value with the cold-read engine from the files this reader opened,
-    /// that many reads in flight (`shardpoint_core` `reader/direct_chunks.rs`), and return
-    /// the stored bytes read by `O_DIRECT` in place, bounced and with `pread`.
-    /// `follow_cache` (with `direct`): pieces whose pages are all cached are read with `pread`;
-    /// `False` reads every piece from the device (a load judged cold: no read-ahead cascade).
+    /// that many reads in flight (`reader/direct_chunks.rs`; `follow_cache=False`: cached
+    /// pieces too from the device), and return the stored bytes read in place, bounced, cached.
     #[pyo3(signature = (keys, outs, verify=true, threads=None, direct=None, follow_cache=true))]
     #[allow(clippy::too_many_arguments)] // pyo3 method: the keywords are Python's
     fn read_many_into(
