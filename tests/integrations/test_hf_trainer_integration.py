@@ -162,6 +162,21 @@ def test_verify_checks_the_weights_too(runs: dict[str, Any], tmp_path: Path) -> 
     assert _cli("verify", str(ckpt)).returncode == 1
 
 
+def test_a_native_optimizer_file_in_our_checkpoint_is_read_not_skipped(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    """Trainer's own optimizer.pt / scheduler.pt copied over ours (a hand-mended directory):
+    read as Trainer reads them, so the resume is still the uninterrupted run."""
+    ck = tmp_path / "checkpoint-3"
+    shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", ck)
+    for name in ("optimizer.pt", "scheduler.pt"):
+        shutil.copy(runs["base"] / "native/checkpoint-3" / name, ck / name)
+        assert (ck / name).read_bytes()[:8] != b"SPSINGLE"
+    (resumed,) = run_child("hf_run", "shardpoint", str(tmp_path / "r"), "6", str(ck))
+    assert resumed["losses"] == runs["shardpoint"]["losses"][3:]
+    assert resumed["digest"] == runs["shardpoint"]["digest"]
+
+
 def test_sharded_weights_as_save_pretrained_shards(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -90,7 +90,8 @@ def read_files(
     rng: str = "rng_state.pth",
     optimizer_into: Any = None,
 ) -> dict[str, Any]:
-    """The parts of ``directory`` saved as files (those present and ours): ``optimizer``,
+    """The parts of ``directory`` saved as files (ours, or ``Trainer``'s own pickles of the
+    state dicts, read as it reads them: ``weights_only=True``): ``optimizer``,
     ``scheduler``, ``scaler`` and ``rng`` (from the file named ``rng``, falling back to
     ``rng_state.pth``). ``optimizer_into``: the optimizer's live state dict, whose state
     tensors receive their values in place (see ``load_tree``)."""
@@ -100,6 +101,12 @@ def read_files(
         if is_single_file(path):
             into = optimizer_into if name == "optimizer" else None
             out[name] = _load(path, into, integration)
+        elif os.path.isfile(path):
+            # Trainer's own pickle in one of our directories (copied in by hand): read as
+            # Trainer reads it, never skipped (a skipped optimizer is a silently other run)
+            import torch
+
+            out[name] = torch.load(path, map_location="cpu", weights_only=True)
     for file in dict.fromkeys((rng, "rng_state.pth")):
         path = os.path.join(directory, file)
         if is_single_file(path):
