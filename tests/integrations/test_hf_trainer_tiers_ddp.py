@@ -51,3 +51,6 @@ def test_a_replaced_node_resumes_from_its_peer(tmp_path: Path) -> None:
     assert all((ck / f"rng_state_{r}.pth").read_bytes()[:8] == b"SPSINGLE" for r in (0, 1))
     assert not (ck / "rng_state.pth").exists()
     assert all(isinstance(st["python"], tuple) for st in states)
+    from shardpoint.integrations import hf_trainer
+
+    assert hf_trainer.load_checkpoint(ck)["rng"]["python"] == states[0]["python"]  # rank 0's

@@ -2,14 +2,16 @@
 (the front ``_shardpoint_loaders/trainer_resume.py`` installs once ``transformers.trainer`` has
 run).
 
-Why: such a ``checkpoint-N`` keeps the optimizer, scheduler, scaler and RNG states (and with
-``shardpoint_weights="compressed"`` the weights) in its shardpoint part, not in
-``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``. A user's next script that resumes with
-the plain ``Trainer`` — ``trainer.train(resume_from_checkpoint="checkpoint-N")`` — found no
-``optimizer.pt`` and silently went on with a fresh optimizer, a restarted schedule and other
-random draws: a different training, no error. With the front each of the Trainer's loading
-steps reads its state from the part, as ``ShardpointTrainer`` itself does (the tests compare
-losses and final weights with an uninterrupted run).
+Why: such a ``checkpoint-N`` keeps its weights in ``shardpoint.index`` with
+``shardpoint_weights="compressed"``, and a checkpoint of an earlier version keeps its optimizer,
+scheduler, scaler and RNG states there too, not in ``optimizer.pt``, ``scheduler.pt``,
+``rng_state.pth`` (this version writes those files, in shardpoint's format, which ``Trainer``'s
+own methods ``torch.load``: ``_hf_files``). A user's next script that resumes such a checkpoint
+with the plain ``Trainer`` found no ``optimizer.pt`` and silently went on with a fresh
+optimizer, a restarted schedule and other random draws: a different training, no error. With
+the front each of the Trainer's loading steps reads its state from the part, as
+``ShardpointTrainer`` itself does (the tests compare losses and final weights with an
+uninterrupted run).
 
 The part is read once per trainer and checkpoint (into the model's parameters where they are
 plain CPU tensors); the large states (model, optimizer, scheduler) are dropped from the cache

@@ -103,7 +103,8 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     dict of the weights files (checked against their crc32c) or of the part."""
     root = os.fspath(checkpoint_dir)
     tree = dict(load_tree(part_prefix(root, _PART), integration=_NAME))
-    tree.update(read_files(root, integration=_NAME))
+    # rank 0's generators when each process saved its own (rng_state_<i>.pth)
+    tree.update(read_files(root, integration=_NAME, rng="rng_state_0.pth"))
     manifest = read_manifest(part_prefix(root, _PART), _NAME)
     if manifest is not None:
         model: dict[str, Any] = {}
