@@ -313,7 +313,10 @@ def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
     off, n = 12345, 9 << 20
     m = mmap.mmap(-1, n + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     placed = np.frombuffer(m, dtype=np.uint8, count=n, offset=off % 4096)
-    other = np.empty(3 << 20, dtype=np.uint8)
+    # not congruent to its file offset (15 MiB, a page multiple) whatever the allocator does:
+    # one byte into a fresh mapping (np.empty's address was once page-aligned, read in place)
+    m2 = mmap.mmap(-1, (3 << 20) + 8192, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    other = np.frombuffer(m2, dtype=np.uint8, count=3 << 20, offset=1)
     in_place, bounced, cached = read_ranges_direct(
         [str(f)], [(0, off), (0, 15 << 20)], [placed, other]
     )
@@ -323,7 +326,7 @@ def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:
     if not takes_o_direct(str(f)):
         return  # every piece was read with pread (checked above)
     assert in_place > 8 << 20 and bounced >= 3 << 20, (in_place, bounced, cached)
-    del placed
+    del placed, other
 
 
 def test_direct_range_past_the_end_names_the_file(tmp_path: pathlib.Path) -> None:
