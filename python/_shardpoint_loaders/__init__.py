@@ -153,7 +153,9 @@ def _front(original: Callable[..., Any]) -> Callable[..., Any]:
         map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
         from shardpoint.integrations import loaders  # only now: a file of ours is being read
 
-        return loaders.torch_load(f, map_location, mmap=kwargs.get("mmap"))
+        return loaders.torch_load(
+            f, map_location, mmap=kwargs.get("mmap"), weights_only=kwargs.get("weights_only")
+        )
 
     dress(load, original)
     return load

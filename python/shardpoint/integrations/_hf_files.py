@@ -6,7 +6,8 @@ Each is a shardpoint single file (FORMAT.md §10: compressed, every chunk crc-ch
 pickle) holding what ``torch.save`` would have pickled there: the optimizer's, scheduler's and
 scaler's state dicts, the RNG states in ``Trainer``'s own structure (``random.getstate()``,
 ``np.random.get_state()``, the torch CPU state, the CUDA state(s)), and the training arguments
-as a dict of their JSON fields (``torch.save`` pickles the ``TrainingArguments`` object).
+as a dict of their JSON fields (``torch.save`` pickles the ``TrainingArguments`` object;
+``torch.load`` builds that object again from them: ``_hf_args``).
 
 Why the Trainer's names, not one part: a checkpoint directory is read by more than
 ``ShardpointTrainer``. ``Trainer``'s own resume checks for these files by name and
@@ -21,7 +22,6 @@ checkpoint complete: a save killed in between leaves no committed part, and resu
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..storage import is_single_file
+from ._hf_args import RECORD, args_fields, args_record
 from ._state import load_tree, save_tree
 
 __all__ = [
@@ -69,13 +70,14 @@ def native_rng(distributed: bool) -> dict[str, Any]:
 
 def save_args(args: Any, directory: str, *, integration: str) -> None:
     """``training_args.bin``: the arguments' JSON fields (``TrainingArguments.to_json_string``),
-    as a dict."""
+    as a dict, with the record ``torch.load`` builds the object again from (``_hf_args``)."""
     save_tree(
-        json.loads(args.to_json_string()),
+        args_fields(args),
         os.path.join(directory, ARGS_FILE),
         integration=integration,
         compression=None,
         single_file=True,
+        metadata={RECORD: args_record(args)},
     )
 
 

@@ -56,9 +56,11 @@ def save_tree(
     level: int | None = None,
     durable: bool = True,
     single_file: bool | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Any:
     """Save a nested state (dicts/lists of tensors and plain values) as checkpoint ``prefix``
-    (``single_file``: as for :func:`shardpoint.torch.save`; ``optimizer.pt`` is one file).
+    (``single_file``: as for :func:`shardpoint.torch.save`; ``optimizer.pt`` is one file;
+    ``metadata``: more entries beside the integration's name).
 
     Returns ``None``, or the save's future when ``blocking=False`` (the saver commits in call
     order: a save submitted after another commits after it). A value that cannot be
@@ -75,7 +77,7 @@ def save_tree(
             level=level,
             durable=durable,
             blocking=blocking,
-            metadata={WRITER_KEY: integration},
+            metadata={**(metadata or {}), WRITER_KEY: integration},
             single_file=single_file,
         )
     except UnsupportedDTypeError as e:

@@ -8,7 +8,10 @@ A user's next script reads a trainer's checkpoint the way it always has — ``to
 ``torch.load`` of the native file would give: the nested dict as saved, tensors placed by
 ``map_location``. Nothing is unpickled on this route, whatever ``weights_only`` says (so the
 result is the same for ``True`` and ``False``); user types are built from the allow-list
-(``shardpoint.add_safe_types``, and torch's own ``add_safe_globals``).
+(``shardpoint.add_safe_types``, and torch's own ``add_safe_globals``). One exception to "the
+same": a ``ShardpointTrainer``'s ``training_args.bin`` comes back as the ``TrainingArguments``
+object Trainer pickles there, and ``weights_only=False`` also lets a user subclass that is not
+allow-listed be imported by name, as torch would (``_hf_args``).
 
 Which reader, by content and the ``shardpoint.integration`` metadata the writer recorded:
 a single file or prefix → :func:`shardpoint.torch.load`; a directory holding ``state.index``
@@ -25,6 +28,7 @@ from typing import Any
 from .. import storage
 from ..errors import InvalidArgumentError
 from ..storage.paths import directory_prefix
+from ._hf_args import RECORD, rebuild_args, trusted
 from ._state import WRITER_KEY, load_tree, part_prefix
 
 __all__ = ["model_weights", "torch_load"]
@@ -38,10 +42,17 @@ def _writer(prefix: str) -> str | None:
     return who if isinstance(who, str) else None
 
 
-def torch_load(f: Any, map_location: Any = None, *, mmap: bool | None = None) -> Any:
+def torch_load(
+    f: Any,
+    map_location: Any = None,
+    *,
+    mmap: bool | None = None,
+    weights_only: bool | None = None,
+) -> Any:
     """``torch.load(f, map_location)`` for a checkpoint shardpoint wrote (a path, a directory
-    of the integrations' form, or a seekable binary file object)."""
-    from ..torch import load as sp_load
+    of the integrations' form, or a seekable binary file object). ``weights_only`` changes
+    nothing but which classes a ``training_args.bin`` may be built as (``_hf_args``)."""
+    from ..torch.file_objects import is_file_object, stream_path
 
     if isinstance(f, str | os.PathLike) and os.path.isdir(os.fspath(f)):
         prefix = part_prefix(f, _PART)
@@ -52,7 +63,27 @@ def torch_load(f: Any, map_location: Any = None, *, mmap: bool | None = None) ->
 
             return decode_objects(tree)
         return tree
-    return sp_load(f, map_location, mmap=mmap)
+    if is_file_object(f):
+        with stream_path(f) as path:
+            return _single(path, map_location, mmap, weights_only, _name(f))
+    return _single(f, map_location, mmap, weights_only, repr(os.fspath(f)))
+
+
+def _name(f: Any) -> str:
+    return repr(getattr(f, "name", None) or type(f).__name__)
+
+
+def _single(path: Any, map_location: Any, mmap: bool | None, wo: bool | None, name: str) -> Any:
+    """A single file or prefix: its tree, or the object a ``training_args.bin`` holds."""
+    from ..torch import load as sp_load
+
+    tree = sp_load(path, map_location, mmap=mmap)
+    if isinstance(tree, dict) and "output_dir" in tree:  # only then worth a second open
+        with storage.open(path) as r:
+            record = r.metadata.get(RECORD)
+        if isinstance(record, dict):
+            return rebuild_args(tree, record, where=name, trust=trusted(wo))
+    return tree
 
 
 def model_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
