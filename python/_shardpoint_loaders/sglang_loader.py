@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with, dress
+from . import _MARK, INDEX_MAGIC, MAGIC, _starts_with, dress
 
 MYPY = False
 if MYPY:
@@ -32,16 +32,23 @@ _NATIVE = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 def is_serving_directory(path: Any) -> bool:
     """Whether ``path`` is a local directory holding our whole-model checkpoint
-    (``model.index``) and no weights SGLang reads itself. Never raises."""
+    (``model.index``) or a ``ShardpointTrainer`` checkpoint's part (``shardpoint.index``: its
+    weights compressed there), and no weights SGLang reads itself (a trainer checkpoint's
+    ``optimizer.pt`` or ``training_args.bin`` are our single files, not weights). Never
+    raises."""
     try:
         if not isinstance(path, str | os.PathLike):
             return False
         p = os.fspath(path)
         if not isinstance(p, str) or not os.path.isdir(p):
             return False
-        if any(n.endswith(_NATIVE) for n in os.listdir(p)):
-            return False
-        return _starts_with(os.path.join(p, "model.index"), INDEX_MAGIC)
+        for n in os.listdir(p):
+            if n.endswith(_NATIVE) and not _starts_with(os.path.join(p, n), MAGIC):
+                return False
+        return any(
+            _starts_with(os.path.join(p, part + ".index"), INDEX_MAGIC)
+            for part in ("model", "shardpoint")
+        )
     except (OSError, ValueError, TypeError):
         return False
 

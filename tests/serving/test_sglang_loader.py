@@ -96,8 +96,10 @@ print(json.dumps(out))
 def test_sglang_default_load_format_takes_a_serving_directory(tmp_path: pathlib.Path) -> None:
     """``sglang.launch_server --model-path DIR`` (load format ``auto``, the only one its closed
     enum lets a command line name for us): the startup file's front answers SGLang's
-    ``get_model_loader`` with our loader for a serving directory, and SGLang's own
-    ``DefaultModelLoader`` for a Hugging Face directory (shardpoint then never imported)."""
+    ``get_model_loader`` with our loader for a serving directory and for a ``ShardpointTrainer``
+    checkpoint with compressed weights, and SGLang's own ``DefaultModelLoader`` for a Hugging
+    Face directory or a trainer checkpoint with ``model.safetensors`` (shardpoint then never
+    imported when only those are asked)."""
     py = os.environ.get("SHARDPOINT_SGLANG_PYTHON", "")
     if not py or not os.path.exists(py):
         if os.environ.get("SHARDPOINT_REQUIRE_OPTIONAL") == "1":
@@ -107,16 +109,25 @@ def test_sglang_default_load_format_takes_a_serving_directory(tmp_path: pathlib.
     from safetensors.numpy import save_file
 
     import shardpoint as sp
+    from shardpoint.integrations._state import save_tree
 
-    serve, hf = tmp_path / "serve", tmp_path / "hf"
-    for d in (serve, hf):
+    serve, hf, ckpt, st_ckpt = (tmp_path / n for n in ("serve", "hf", "ckpt", "st_ckpt"))
+    for d in (serve, hf, ckpt, st_ckpt):
         d.mkdir()
         (d / "config.json").write_text("{}")
     sp.save_file({"w": np.ones(3)}, str(serve / "model"))
     save_file({"w": np.ones(3)}, str(hf / "model.safetensors"))
+    # a ShardpointTrainer checkpoint: its weights compressed in its part, its optimizer.pt and
+    # training_args.bin our single files (not weights); and one with model.safetensors
+    for d in (ckpt, st_ckpt):
+        save_tree({"model": {"w": np.ones(3)}}, str(d / "shardpoint"), integration="hf_trainer")
+        for name in ("optimizer.pt", "training_args.bin"):
+            save_tree({"x": 1}, str(d / name), integration="hf_trainer", single_file=True)
+    save_file({"w": np.ones(3)}, str(st_ckpt / "model.safetensors"))
     python_dir = str(pathlib.Path(sp.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    for args, imported in (([str(hf)], False), ([str(serve), str(hf)], True)):
+    ours = [str(serve), str(ckpt)]
+    for args, imported in (([str(hf)], False), ([*ours, str(hf), str(st_ckpt)], True)):
         r = subprocess.run(
             [py, "-c", DEFAULT_CHILD, python_dir, *args],
             capture_output=True, text=True, timeout=900, env=env,
@@ -124,7 +135,7 @@ def test_sglang_default_load_format_takes_a_serving_directory(tmp_path: pathlib.
         assert r.returncode == 0, r.stderr[-4000:]
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out.pop("imported") is imported
-        want = {str(hf): "sglang.srt.model_loader.loader.DefaultModelLoader"}
-        if imported:
-            want[str(serve)] = "shardpoint.sglang._loader.ShardpointModelLoader"
-        assert out == want
+        theirs = "sglang.srt.model_loader.loader.DefaultModelLoader"
+        want = {a: theirs for a in args}
+        want.update({a: "shardpoint.sglang._loader.ShardpointModelLoader" for a in ours})
+        assert out == {a: want[a] for a in args}

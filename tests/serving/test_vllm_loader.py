@@ -9,8 +9,10 @@ run.
    ``model_loader_extra_config`` keys are refused.
 2. A tiny Llama (built from a config, no download) on vLLM's CPU engine: the same prompt gives
    the same tokens with ``load_format="shardpoint"`` (a serving directory and the Hugging Face
-   directory itself), ``"shardpoint_sharded"`` (``export --tp 1``) and ``"safetensors"``; a
-   checkpoint missing one weight is refused by the "every weight loaded" check.
+   directory itself), ``"shardpoint_sharded"`` (``export --tp 1``) and ``"safetensors"``, and
+   with ``"auto"`` on a serving directory and on a ``ShardpointTrainer`` checkpoint whose
+   weights are compressed in its part; a checkpoint missing one weight is refused by the
+   "every weight loaded" check.
 
 Importing vLLM and its torch is most of the cost on the small CI machine: every check runs in
 one child process (one import; the tests share its output through a module fixture), and the
@@ -74,6 +76,29 @@ def _tiny_llama(path: pathlib.Path) -> None:
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
+def _trainer_checkpoint(hf: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """A ``ShardpointTrainer`` checkpoint of the model with its weights compressed in the part
+    (no ``model.safetensors``): one step at learning rate 0, so its weights are the model's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from shardpoint.integrations.hf_trainer import ShardpointTrainer
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+    ids = torch.tensor([1, 5, 9, 33, 70, 101, 7, 2])
+    args = transformers.TrainingArguments(
+        str(out), max_steps=1, save_steps=1, learning_rate=0.0, per_device_train_batch_size=2,
+        report_to="none", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    data = [{"input_ids": ids, "labels": ids}] * 2
+    trainer = ShardpointTrainer(
+        model=model, args=args, train_dataset=data, shardpoint_weights="compressed"
+    )
+    trainer.train()
+    ckpt = out / "checkpoint-1"
+    assert not list(ckpt.glob("*.safetensors")) and (ckpt / "shardpoint.index").is_file()
+    return ckpt
+
+
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
     """The child's output: the contract's two lines, then one line per load-format run."""
@@ -94,7 +119,8 @@ def vllm_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object
     # vLLM's models report the merged parameter loaded, and its own loader misses it too)
     del state["model.layers.1.post_attention_layernorm.weight"]
     sp.save_file(state, str(tmp / "broken" / "model"))
-    dirs = [str(tmp / d) for d in ("hf", "sp", "sp_tp1", "broken")]
+    _trainer_checkpoint(hf, tmp / "trainer")
+    dirs = [str(tmp / d) for d in ("hf", "sp", "sp_tp1", "broken", "trainer/checkpoint-1")]
     return _run(py, *dirs, timeout=1500)
 
 
@@ -121,8 +147,11 @@ def test_same_tokens_with_every_load_format(vllm_runs: list[dict[str, object]]) 
     assert isinstance(want, list) and len(want) == 12, runs["safetensors"]
     # "auto", vLLM's default: a serving directory without the flag, and the Hugging Face
     # directory through vLLM's own loader as before
+    # and `vllm serve out/checkpoint-1` of a ShardpointTrainer run with compressed weights
+    # (vLLM alone: "Cannot find any model weights"), with and without the flag
     for name in ("shardpoint", "shardpoint_sharded", "shardpoint_on_hf_dir", "auto",
-                 "auto_on_hf_dir"):  # fmt: skip
+                 "auto_on_hf_dir", "auto_on_trainer_checkpoint",
+                 "shardpoint_on_trainer_checkpoint"):  # fmt: skip
         assert runs[name].get("tokens") == want, runs[name]
     err = str(runs["missing_weight"].get("error"))
     assert "not initialized from checkpoint" in err and "post_attention_layernorm" in err, err

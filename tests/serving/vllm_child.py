@@ -1,7 +1,7 @@
 """Run inside the vLLM virtual environment (``make vllm-venv``; vLLM pins its own torch, so it
 never shares the project's .venv) by tests/serving/test_vllm_loader.py.
 
-    vllm_child.py HF_DIR SP_DIR SP_TP1_DIR BROKEN_DIR
+    vllm_child.py HF_DIR SP_DIR SP_TP1_DIR BROKEN_DIR TRAINER_CHECKPOINT_DIR
 
 One process does every check (importing vLLM and its torch is most of the cost on a small
 machine): the entry point, registry and extra-config checks, then the same prompt through every
@@ -68,7 +68,7 @@ def contract() -> None:
     )
 
 
-def generate(hf: str, sp: str, sp_tp1: str, broken: str) -> None:
+def generate(hf: str, sp: str, sp_tp1: str, broken: str, trainer: str) -> None:
     import gc
 
     from vllm import LLM, SamplingParams
@@ -79,6 +79,8 @@ def generate(hf: str, sp: str, sp_tp1: str, broken: str) -> None:
                             ("shardpoint_sharded", sp_tp1, "shardpoint_sharded"),
                             ("shardpoint_on_hf_dir", hf, "shardpoint"),
                             ("auto", sp, "auto"), ("auto_on_hf_dir", hf, "auto"),
+                            ("auto_on_trainer_checkpoint", trainer, "auto"),
+                            ("shardpoint_on_trainer_checkpoint", trainer, "shardpoint"),
                             ("missing_weight", broken, "shardpoint")):  # fmt: skip
         t = time.perf_counter()
         try:
@@ -97,4 +99,4 @@ def generate(hf: str, sp: str, sp_tp1: str, broken: str) -> None:
 
 if __name__ == "__main__":
     contract()
-    generate(*sys.argv[1:5])
+    generate(*sys.argv[1:6])

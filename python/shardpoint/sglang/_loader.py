@@ -19,7 +19,8 @@ from sglang.srt.model_loader import loader as _sgl
 
 from .. import storage
 from ..convert.serving import resolve
-from ..torch.weights import loader_options, weights_iterator
+from ..torch.weights import loader_options
+from ..torch.weights_named import model_weights_iterator
 
 __all__ = ["ShardpointModelLoader"]
 
@@ -28,8 +29,9 @@ logger = logging.getLogger("shardpoint.sglang")
 
 class ShardpointModelLoader(_sgl.BaseModelLoader):
     """``sgl.Engine(model_path=DIR, load_format=ShardpointModelLoader)``: the whole model's
-    checkpoint of a serving directory (or a checkpoint prefix / Hugging Face directory), every
-    tensor-parallel rank reading it and its layers keeping their part."""
+    checkpoint of a serving directory (or a checkpoint prefix / Hugging Face directory, or a
+    ``ShardpointTrainer`` checkpoint with compressed weights), every tensor-parallel rank
+    reading it and its layers keeping their part."""
 
     def __init__(self, load_config: LoadConfig) -> None:
         super().__init__(load_config)
@@ -59,7 +61,8 @@ class ShardpointModelLoader(_sgl.BaseModelLoader):
             with target:
                 model = _sgl._initialize_model(model_config, self.load_config, quant_config)
             start = time.perf_counter()
-            with weights_iterator(self._whole(model_config), **self.options) as it:
+            # a trainer checkpoint's part hands out its model's names (without ``model/``)
+            with model_weights_iterator(self._whole(model_config), **self.options) as it:
                 _sgl.DefaultModelLoader.load_weights_and_postprocess(model, it, target)
             logger.info(
                 "Loading weights took %.2f seconds (%.2f GB read)",

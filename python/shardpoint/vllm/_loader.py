@@ -20,7 +20,10 @@ from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from .. import storage
 from ..convert.serving import HF_PIECES, STATE_DICT, TP_KEY, WHOLE, Layout, rank_prefix, resolve
+from ..errors import InvalidArgumentError
+from ..storage import is_single_file
 from ..torch.weights import loader_options, weights_iterator
+from ..torch.weights_named import model_weights_iterator, trainer_model_keys
 
 __all__ = ["ShardpointModelLoader", "ShardpointShardedLoader", "ShardpointAutoLoader"]
 
@@ -78,7 +81,8 @@ class ShardpointModelLoader(BaseModelLoader):
                 f"{_path(model_config)}: only tensor-parallel pieces here (model-rank-*); use "
                 "--load-format shardpoint_sharded"
             )
-        return weights_iterator(layout.whole, **self.options)
+        # a trainer checkpoint's part hands out its model's names (without ``model/``)
+        return model_weights_iterator(layout.whole, **self.options)
 
     def load_weights(self, model: torch.nn.Module, model_config: ModelConfig) -> None:
         """Feed the model's own ``load_weights`` and check every parameter was loaded."""
@@ -203,21 +207,39 @@ class ShardpointShardedLoader(ShardpointModelLoader):
 
 #: weight files vLLM's default loader reads itself: a directory holding any is left to it
 _NATIVE = (".safetensors", ".bin", ".pt", ".pth")
+#: a ``ShardpointTrainer`` checkpoint's part (its weights there with ``"compressed"``)
+_TRAINER_PART = "shardpoint"
 
 
 def is_serving_directory(path: str) -> bool:
-    """Whether ``path`` is a local serving directory (``shardpoint export``: ``model.index``)
-    with no weight file vLLM's default loader would read instead."""
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, WHOLE + ".index")):
+    """Whether ``path`` is a local directory of shardpoint's whose weights vLLM's default
+    loader cannot read: a serving directory (``shardpoint export``: ``model.index``) or a
+    ``ShardpointTrainer`` checkpoint with its weights compressed in its part, and no weight
+    file vLLM would read instead (a trainer checkpoint's ``optimizer.pt``, ``training_args.bin``
+    ... are shardpoint single files, not weights)."""
+    if not os.path.isdir(path):
         return False
-    return not any(n.endswith(_NATIVE) for n in os.listdir(path))
+    names = os.listdir(path)
+    if any(n.endswith(_NATIVE) and not is_single_file(os.path.join(path, n)) for n in names):
+        return False
+    if os.path.isfile(os.path.join(path, WHOLE + ".index")):
+        return True
+    part = os.path.join(path, _TRAINER_PART)
+    if not storage.exists(part):
+        return False
+    try:
+        return trainer_model_keys(part)
+    except InvalidArgumentError:  # another integration's: our loader's error says what it is
+        return True
 
 
 class ShardpointAutoLoader(DefaultModelLoader):
-    """vLLM's default ``--load-format auto`` with one addition: a serving directory (which holds
-    no weights vLLM reads itself, so vLLM would stop at "Cannot find any model weights") loads
-    through :class:`ShardpointModelLoader`, so ``vllm serve ./llama-sp`` works without the
-    flag. Every other path is vLLM's default loader, unchanged."""
+    """vLLM's default ``--load-format auto`` with one addition: a serving directory or a
+    trainer checkpoint with compressed weights (which hold no weights vLLM reads itself, so
+    vLLM would stop at "Cannot find any model weights") loads through
+    :class:`ShardpointModelLoader`, so ``vllm serve ./llama-sp`` and ``vllm serve
+    out/checkpoint-500`` work without the flag. Every other path is vLLM's default loader,
+    unchanged."""
 
     def _ours(self, model_config: ModelConfig) -> ShardpointModelLoader | None:
         if not is_serving_directory(_path(model_config)):
