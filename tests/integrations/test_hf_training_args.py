@@ -173,9 +173,19 @@ def test_fields_the_class_refuses_come_back_as_a_dict_with_a_warning(tmp_path: P
         single_file=True,
         metadata={RECORD: {"class": "subprocess.Popen", "bases": ["os.PathLike"]}},
     )
-    refused, named = _next_script(
-        [(p, {"weights_only": False}, ""), (hostile, {"weights_only": False}, "")], tmp_path
+    odd = str(tmp_path / "odd.bin")  # a record whose bases are no list
+    save_tree(
+        json.loads(_args().to_json_string()),
+        odd,
+        integration="hf_trainer",
+        single_file=True,
+        metadata={RECORD: {"class": 7, "bases": 5}},
     )
+    refused, named, unnamed = _next_script(
+        [(p, {"weights_only": False}, ""), (hostile, {"weights_only": False}, ""), (odd, {}, "")],
+        tmp_path,
+    )
+    assert unnamed["type"] == "builtins.dict" and unnamed["warnings"] == []  # the tree as stored
     assert refused["type"] == named["type"] == "builtins.dict"
     assert refused["fields"]["eval_strategy"] == "every-full-moon"
     (warning,) = refused["warnings"]

@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from integration_helpers import hf_run  # noqa: E402
-
 from shardpoint.convert.serving import resolve  # noqa: E402
 from shardpoint.errors import InvalidArgumentError  # noqa: E402
 from shardpoint.integrations import hf_trainer  # noqa: E402

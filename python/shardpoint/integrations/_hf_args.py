@@ -128,8 +128,9 @@ def rebuild_args(fields: Any, record: Mapping[str, Any], *, where: str, trust: b
         )
         return fields
 
-    names = [record.get("class"), *(record.get("bases") or [])]
-    names = [n for n in names if isinstance(n, str) and n]
+    bases = record.get("bases")
+    names = [record.get("class"), *(bases if isinstance(bases, list) else [])]
+    names = [n for n in names if isinstance(n, str) and n]  # bytes from disk: hostile
     if not isinstance(fields, dict) or not names:
         return fields  # not a record this module wrote: the tree as stored
     try:
