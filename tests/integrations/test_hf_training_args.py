@@ -52,6 +52,7 @@ for path, kwargs, pre in json.loads(sys.argv[1]):
         "world_size": None if isinstance(got, dict) else got.world_size,
         "strategy": None if isinstance(got, dict) else type(got.eval_strategy).__name__,
         "warnings": [str(w.message) for w in caught if "shardpoint" in str(w.message)],
+        "where": [w.filename for w in caught if "shardpoint" in str(w.message)],
     })
 print(json.dumps(out))
 """
@@ -156,6 +157,7 @@ def test_a_user_subclass_is_built_when_trusted_or_allowed(tmp_path: Path, sub: A
     assert plain["extra"] == 7
     (warning,) = plain["warnings"]
     assert "myargs.MyArgs" in warning and "add_safe_globals([MyArgs])" in warning
+    assert plain["where"] == ["<string>"]  # said at the user's torch.load, in their script
     assert plain["fields"]["learning_rate"] == 3e-4
 
 
@@ -190,5 +192,6 @@ def test_fields_the_class_refuses_come_back_as_a_dict_with_a_warning(tmp_path: P
     assert refused["fields"]["eval_strategy"] == "every-full-moon"
     (warning,) = refused["warnings"]
     assert "training_args.bin" in warning and "every-full-moon" in warning
+    assert refused["where"] == ["<string>"]
     (warning,) = named["warnings"]
     assert "hostile.bin" in warning and "subprocess.Popen" in warning

@@ -124,7 +124,7 @@ def rebuild_args(fields: Any, record: Mapping[str, Any], *, where: str, trust: b
         warnings.warn(
             f"shardpoint: {where}: the training arguments are returned as a dict of their "
             f"fields, not as a TrainingArguments object: {why}",
-            stacklevel=4,
+            stacklevel=6,  # the user's torch.load: as_dict, here, _single, torch_load, front
         )
         return fields
 
@@ -146,7 +146,7 @@ def rebuild_args(fields: Any, record: Mapping[str, Any], *, where: str, trust: b
             f"allow-list: call shardpoint.add_safe_types([{what}]) or "
             f"torch.serialization.add_safe_globals([{what}]) first, or pass "
             "weights_only=False to trust the file",
-            stacklevel=3,
+            stacklevel=5,  # the user's torch.load: here, _single, torch_load, the front
         )
     init = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs = {
