@@ -47,6 +47,7 @@ FEATURE_EXTRA: dict[str, str] = {
     "shardpoint.integrations._lightning_tiers": "lightning",
     "shardpoint.integrations.hf_trainer": "transformers",
     "shardpoint.integrations._hf_tiers": "transformers",
+    "shardpoint.integrations._hf_args": "transformers",
     "shardpoint.integrations.accelerate": "accelerate",
     "shardpoint.integrations.deepspeed": "deepspeed",
     "shardpoint.integrations.zero_to_fp32": "deepspeed",
