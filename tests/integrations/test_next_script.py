@@ -192,3 +192,41 @@ print(getattr(torch.load, "__wrapped__", None) is not None)
         "IsADirectoryError",
         "True",
     ]
+
+
+SURGERY = """
+import shutil, sys, torch
+import mymodel
+
+path, other = sys.argv[1], sys.argv[2]
+shutil.copy(path, other)
+ckpt = torch.load(path, map_location="cpu")          # torch's default: no mmap
+ckpt["state_dict"]["net.0.weight"] += 1.0
+ckpt["hyper_parameters"]["lr"] = 0.5
+torch.save(ckpt, path)                                 # over the very file it read
+model = mymodel.MyModel.load_from_checkpoint(path)
+print(model.hparams.lr, float(model.net[0].weight.sum()))
+again = torch.load(other)
+shutil.copy(path, other)                               # truncates `other` under `again`
+print(float(again["state_dict"]["net.0.weight"].sum()))
+"""
+
+
+def test_surgery_script_saves_over_the_file_it_read(trained: dict[str, Any]) -> None:
+    """Load a checkpoint, edit it, ``torch.save`` it to the same path (what upstream
+    Lightning's ``test_load_from_checkpoint_warn_on_empty_state_dict`` does): the tensors
+    ``torch.load`` gave must outlive the file, as torch's own do. They were views of the mapped
+    file, and the truncation killed the process with SIGBUS."""
+    root = trained["root"]
+    path = root / "surgery.ckpt"
+    path.write_bytes(Path(trained["path"]).read_bytes())
+    proc = _run(SURGERY, root, str(path), str(root / "surgery-copy.ckpt"))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    lr, edited, kept = (float(v) for v in proc.stdout.split())
+    w0 = torch.frombuffer(
+        bytearray.fromhex(trained["weights"]["net.0.weight"]), dtype=torch.float32
+    )
+    assert lr == 0.5
+    assert edited == pytest.approx(float(w0.sum()) + w0.numel(), rel=1e-5)
+    assert kept == pytest.approx(float(w0.sum()), rel=1e-5)
+    assert path.read_bytes()[:8] != b"SPSINGLE"  # torch.save wrote its own format there

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 from collections.abc import Mapping
 from typing import IO, Any
@@ -166,7 +167,22 @@ def save(
             checkpoint, p, blocking=blocking, durable=durable, single_file=True, **options
         )
     except UnsupportedDTypeError as e:
-        raise UnsupportedDTypeError(f"lightning checkpoint {os.fspath(path)!r}: {e}") from e
+        raise UnsupportedDTypeError(
+            f"lightning checkpoint {os.fspath(path)!r}: {e}{_hparam_hint(str(e))}"
+        ) from e
+
+
+def _hparam_hint(message: str) -> str:
+    """For a hyper-parameter with no declarative form (an ``nn.Module`` loss, a file-system
+    object...), Lightning's own way out: keep it out of the saved hyper-parameters."""
+    found = re.search(r"key '(?:datamodule_)?hyper_parameters/([^/']+)", message)
+    if found is None:
+        return ""
+    return (
+        f"; or leave it out of the saved hyper-parameters: "
+        f"self.save_hyperparameters(ignore=[{found.group(1)!r}]) (Lightning recommends this "
+        "for nn.Module arguments, whose weights the state_dict already holds)"
+    )
 
 
 def _replace_directory(checkpoint: Mapping[str, Any], p: str, **options: Any) -> None:

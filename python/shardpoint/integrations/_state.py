@@ -84,7 +84,9 @@ def save_tree(
         raise UnsupportedDTypeError(f"{integration} checkpoint {prefix!r}: {e}") from e
 
 
-def load_tree(prefix: str, *, integration: str, device: Any = "cpu", into: Any = None) -> Any:
+def load_tree(
+    prefix: str, *, integration: str, device: Any = "cpu", into: Any = None, copy: bool = False
+) -> Any:
     """Load a state saved by :func:`save_tree`; a missing part raises :class:`NotFoundError`
     saying which file is missing and which integration expected it.
 
@@ -96,12 +98,13 @@ def load_tree(prefix: str, *, integration: str, device: Any = "cpu", into: Any =
     read, checksums checked) and that tensor is returned in the tree: the framework's own
     ``load_state_dict`` then finds the value already in place. The other values come back as
     fresh tensors, as without ``into``. A checksum error may leave some of those tensors
-    holding new values."""
+    holding new values. ``copy``: CPU tensors in private memory, not views of the mapped
+    files (what ``torch.load`` gives by default)."""
     from ..torch.tensors import _load
 
     if not storage.exists(prefix):
         raise missing_part(prefix, integration)
-    return _load(prefix, device, None, True, False, None, into=into)
+    return _load(prefix, device, None, True, copy, None, into=into)
 
 
 def missing_part(prefix: str, integration: str) -> NotFoundError:
@@ -191,6 +194,15 @@ class PendingSaves:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._futures: dict[str, Future[Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled copy (accelerate's own test pickles a prepared Accelerator; spawned
+        # processes receive one) owns none of this process's background saves: it starts
+        # with none, and the lock is not picklable anyway.
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
 
     def add(self, path: str, fut: Future[Any]) -> None:
         with self._lock:

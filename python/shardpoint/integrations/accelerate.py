@@ -349,11 +349,32 @@ def load_directory(a: Any, input_dir: str, strict: bool = True) -> None:
                     f"accelerate: checkpoint {input_dir!r} records no {_weights_name(i)}"
                 )
             module = a.unwrap_model(model)
-            tree["models"][i] = load_group(input_dir, group, module_targets(module))
+            state = load_group(input_dir, group, module_targets(module))
+            tree["models"][i] = _with_tied_names(module, state)
     rng = tree["rng"]
     if a.num_processes > 1:
         rng = load_tree(part_prefix(input_dir, f"rng_{a.process_index}"), integration=_NAME)
     apply_state(a, tree, rng, input_dir, strict)
+
+
+def _with_tied_names(module: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` read from a weights file, with the tied names it leaves out put back. Like
+    accelerate's ``model.safetensors``, the file keeps one name of each group of parameters
+    sharing memory (``linear2.weight = linear1.weight``); accelerate loads it with
+    safetensors' ``load_model``, which forgives those missing names, and a strict
+    ``load_state_dict`` would not. A name is filled in only from a tie the live module has."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        if hasattr(t, "untyped_storage") and t.device.type != "meta" and t.numel():
+            at = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            groups.setdefault(at, []).append(name)
+    out = dict(state)
+    for names in groups.values():
+        present = [n for n in names if n in out]
+        for n in names:
+            if present and n not in out:
+                out[n] = out[present[0]]
+    return out
 
 
 def apply_state(a: Any, tree: dict[str, Any], rng: Any, source: str, strict: bool = True) -> None:

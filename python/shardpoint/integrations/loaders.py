@@ -54,10 +54,14 @@ def torch_load(
     nothing but which classes a ``training_args.bin`` may be built as (``_hf_args``)."""
     from ..torch.file_objects import is_file_object, stream_path
 
+    if mmap is None:
+        mmap = _default_mmap()
     if isinstance(f, str | os.PathLike) and os.path.isdir(os.fspath(f)):
         prefix = part_prefix(f, _PART)
         who = _writer(prefix)
-        tree = load_tree(prefix, integration=who or "torch.load", device=map_location)
+        tree = load_tree(
+            prefix, integration=who or "torch.load", device=map_location, copy=not mmap
+        )
         if who == "deepspeed":
             from ._deepspeed_objects import decode_objects
 
@@ -67,6 +71,19 @@ def torch_load(
         with stream_path(f) as path:
             return _single(path, map_location, mmap, weights_only, _name(f))
     return _single(f, map_location, mmap, weights_only, repr(os.fspath(f)))
+
+
+def _default_mmap() -> bool:
+    """What ``torch.load`` does when ``mmap`` is not given: torch's own default (``False``
+    unless ``torch.utils.serialization.config.load.mmap`` says otherwise). Not our views: a
+    script that loads a checkpoint, edits it and ``torch.save``s it to the same path truncates
+    the file under them (upstream Lightning's ``test_load_from_checkpoint_warn_on_empty_state_dict``
+    does exactly that); tensors in private memory outlive the file, as torch's do."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # a torch without the switch: its default is no mmap
+        return False
+    return bool(getattr(getattr(config, "load", None), "mmap", False))
 
 
 def _name(f: Any) -> str:

@@ -30,13 +30,21 @@ def _shardpoint_accelerator() -> type:
     return ShardpointAccelerator
 
 
+#: the upstream modules of this folder; each binds ``Accelerator`` when it is imported
+#: (``from accelerate import Accelerator``, ``from accelerate.accelerator import Accelerator``)
+_MODULES = ("test_state_checkpointing", "test_accelerator")
+
+
 def _import_switched() -> None:
+    import accelerate.accelerator as where
+
     real = accelerate.Accelerator
-    accelerate.Accelerator = _shardpoint_accelerator()
+    accelerate.Accelerator = where.Accelerator = _shardpoint_accelerator()  # type: ignore[misc]
     try:
-        importlib.import_module(f"{__package__}.test_state_checkpointing")
+        for name in _MODULES:
+            importlib.import_module(f"{__package__}.{name}")
     finally:
-        accelerate.Accelerator = real
+        accelerate.Accelerator = where.Accelerator = real  # type: ignore[misc]
 
 
 if not _NATIVE:
