@@ -39,6 +39,8 @@ _REQUIRED_IN_CI = (
     "omegaconf",
     # the view page's browser test
     "selenium",
+    # PyTorch's own DCP tests (tests/integrations/upstream/torch_dcp): torch.testing._internal
+    "expecttest",
 )
 
 
@@ -96,6 +98,7 @@ SERIAL_GROUPS = {
         "test_merge_race.py",
         "test_dcp_finish_race.py",
         "test_tiers_lock.py",
+        "test_file_system_checkpoint_cpu.py",  # PyTorch's own DCP tests, 2 gloo ranks
     ),
     "timing": ("test_gil.py",),
 }
