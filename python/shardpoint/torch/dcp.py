@@ -75,6 +75,7 @@ from .dcp_metadata import (
     decode_metadata,
     encode_metadata,
 )
+from .dcp_paths import reader_prefix, writer_prefix
 
 __all__ = [
     "StorageWriter",
@@ -135,36 +136,6 @@ def _gathered_partials(results: list[list[_storage.WriteResult]], world: int) ->
     return None if any(p is None for p in parts) else [p for p in parts if p is not None]
 
 
-#: the checkpoint's name inside a directory given as the path (``DIR/checkpoint.index``)
-DIRECTORY_CHECKPOINT = "checkpoint"
-
-
-def _in_directory(path: str) -> bool:
-    """Whether ``path`` names an existing local directory that is not the hashed-prefix
-    directory ``P/`` beside a checkpoint's ``P.index`` (FORMAT.md §3.1.1)."""
-    return not storage.is_url(path) and os.path.isdir(path) and not os.path.exists(path + ".index")
-
-
-def _writer_prefix(path: str) -> str:
-    """The prefix a save to ``path`` writes. An existing directory (what DCP's
-    ``FileSystemWriter`` is given, often a fresh ``tempfile.mkdtemp()``) gets the checkpoint
-    inside it, ``DIR/checkpoint``: taken as a prefix, the files would land beside the directory
-    (``DIR.index``, outside a temporary directory's cleanup) and the commit, which removes an
-    empty ``P/`` as a hashed-prefix leftover, would delete the user's empty directory."""
-    return os.path.join(path, DIRECTORY_CHECKPOINT) if _in_directory(path) else path
-
-
-def _reader_prefix(path: str) -> str:
-    """The prefix a load from ``path`` reads: ``DIR/checkpoint`` when ``path`` is a directory
-    a save to ``DIR`` wrote (:func:`_writer_prefix`), else ``path`` (``sp.open`` of a directory
-    holding one checkpoint opens that one)."""
-    if _in_directory(path):
-        inside = os.path.join(path, DIRECTORY_CHECKPOINT)
-        if os.path.exists(inside + ".index"):
-            return inside
-    return path
-
-
 def _storage_key(item: WriteItem) -> str:
     fqn = item.index.fqn
     td = item.tensor_data
@@ -215,8 +186,8 @@ class StorageWriter(_storage.StorageWriter):
     ) -> None:
         super().__init__()
         self._path = os.fspath(path)  # as given; a directory resolves to a prefix inside it
-        self.prefix = _writer_prefix(self._path)
         self.hashed_prefixes = bool(hashed_prefixes)
+        self.prefix = self._resolved()
         self.background_cleanup = bool(background_cleanup)
         self.storage_options = storage_options
         self.compression = compression
@@ -237,7 +208,7 @@ class StorageWriter(_storage.StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self._path = os.fspath(checkpoint_id)
-        self.prefix = _writer_prefix(self._path)
+        self.prefix = self._resolved()
         self.save_id = uuid.uuid4().hex
         self._world = None
         self._token = ""
@@ -251,7 +222,13 @@ class StorageWriter(_storage.StorageWriter):
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
         # each save looks again: the directory may have been created since the constructor
-        self.prefix = _writer_prefix(self._path)
+        self.prefix = self._resolved()
+
+    def _resolved(self) -> str:
+        # With hashed prefixes the save itself creates the directory ``P/`` (FORMAT.md
+        # §3.1.1) before its index exists: a rank setting up later must not take it for a
+        # user's directory, so the path stays the prefix there.
+        return self._path if self.hashed_prefixes else writer_prefix(self._path)
 
     def storage_meta(self) -> _md.StorageMeta | None:
         return _md.StorageMeta(checkpoint_id=self.prefix, save_id=self.save_id)
@@ -416,7 +393,7 @@ class StorageReader(_storage.StorageReader):
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.prefix = _reader_prefix(os.fspath(path))
+        self.prefix = reader_prefix(os.fspath(path))
         self.storage_options = storage_options
         self.verify = verify
         self.allow_pickle = bool(allow_pickle)
@@ -440,7 +417,7 @@ class StorageReader(_storage.StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
-            self.prefix = _reader_prefix(os.fspath(checkpoint_id))
+            self.prefix = reader_prefix(os.fspath(checkpoint_id))
         self._reader = None
         self.storage_data = {}
         self.load_id = uuid.uuid4().hex
@@ -602,7 +579,7 @@ class StorageReader(_storage.StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         try:
-            with storage.open(_reader_prefix(os.fspath(checkpoint_id))) as reader:
+            with storage.open(reader_prefix(os.fspath(checkpoint_id))) as reader:
                 return METADATA_ENTRY in reader or PICKLED_METADATA_ENTRY in reader
         except Exception:  # noqa: BLE001 - "not ours" for any path DCP probes
             return False

@@ -8,9 +8,7 @@ and ``test_format_utils.py`` (01767dfbcd73a48fa66f4d69d6849f162725e09d), copied 
 had, so these are the versions the mirror holds, a little newer: the one test that needs the
 newer torch (``DefaultLoadPlanner(allow_unsafe_types=)``) fails with DCP's own storage too and
 is skipped in both modes (``NATIVE_FAILURES``). They import ``torch.testing._internal``, shipped
-in the torch wheel, which needs ``expecttest``. The copies are not committed: the workplace keeps
-code read from its stored public repositories out of commits, so they are put here by hand from
-those commits to run; without them this folder collects nothing (``_MODULES`` is what is here).
+in the torch wheel, which needs ``expecttest``. ``_MODULES`` imports the files that are here.
 Other CPU-runnable candidates were left out:
 ``test_checkpoint.py`` drives faulty storage classes of its own (no file storage to swap),
 ``test_save_load_api.py`` and ``test_dcp_to_torch_save.py`` need GPUs, and DTensor resharding
