@@ -274,6 +274,45 @@ def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:
     assert bad.returncode == 1 and key in bad.stderr, bad.stderr
 
 
+def test_compressed_peft_checkpoint_in_the_next_script(tmp_path: Path) -> None:
+    """``shardpoint_weights="compressed"`` on a PEFT model: the user's next script, a fresh
+    process that never names shardpoint, loads the adapter with PEFT's own
+    ``PeftModel.from_pretrained(checkpoint)`` and resumes with a plain ``Trainer``. Before,
+    the checkpoint had no ``adapter_config.json`` ("Can't find 'adapter_config.json'") and a
+    base-model ``config.json`` naming ``PeftModelForCausalLM``."""
+    ours = hf_run.train("peft-shardpoint-compressed", str(tmp_path / "ours"), 6)
+    native = hf_run.train("peft-native", str(tmp_path / "native"), 6)
+    assert ours["losses"] == native["losses"]
+    mine, nat = tmp_path / "ours/checkpoint-3", tmp_path / "native/checkpoint-3"
+    assert (mine / "adapter_model.bin").read_bytes()[:8] == b"SPSINGLE"
+    assert not (mine / "config.json").exists() and not (nat / "config.json").exists()
+    assert json.loads((mine / "adapter_config.json").read_text()) == json.loads(
+        (nat / "adapter_config.json").read_text()
+    )
+    code = (
+        "import sys\n"
+        "from peft import PeftModel\n"
+        "from integration_helpers import hf_run\n"
+        "from integration_helpers.common import digest\n"
+        "for ck in sys.argv[1:]:\n"
+        "    print(digest(PeftModel.from_pretrained(hf_run.make_model(), ck).state_dict()))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(hf_run.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(mine), str(nat)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    loaded, reference = p.stdout.split()[-2:]
+    assert "shardpoint" not in code and loaded == reference
+    (resumed,) = run_child("hf_run", "peft-native", str(tmp_path / "r"), "6", str(mine))
+    assert resumed["losses"] == ours["losses"][3:] and resumed["digest"] == ours["digest"]
+    assert pickles_under(tmp_path / "ours") == []
+
+
 def test_from_pretrained_and_export(runs: dict[str, Any], tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 

@@ -165,6 +165,20 @@ def write_peft_configs(model: Any, output_dir: str) -> None:
             config.inference_mode = inference_mode
 
 
+def write_compressed_adapters(model: Any, output_dir: str) -> None:
+    """With the weights in the compressed part, each PEFT adapter also as
+    ``adapter_model.bin`` (beside its ``adapter_config.json``), a shardpoint single file: PEFT's
+    ``PeftModel.from_pretrained(checkpoint)`` and a plain ``Trainer``'s resume
+    (``load_adapter``) read that name with ``torch.load``, whose front reads ours. Without
+    it the next script found no ``adapter_config.json``. Adapters are small: the copy costs
+    little beside the part."""
+    from ..torch import save as sp_save
+
+    for group in _plan_peft(model, None)[0]:
+        path = os.path.join(group.directory(output_dir), "adapter_model.bin")
+        sp_save(dict(group.tensors), path, single_file=True)
+
+
 def warn_kept(what: str, why: str) -> None:
     """Say once per call site that a model's weights stay in the compressed part."""
     _log.warning(
@@ -197,8 +211,10 @@ def save_model_files(
         collect["__weights__"] = groups
     else:
         collect["model"] = model.state_dict()
-    if is_peft and groups is not None:
+    if is_peft:
         write_peft_configs(model, output_dir)
+        if groups is None:
+            write_compressed_adapters(model, output_dir)
     elif getattr(model, "config", None) is not None and hasattr(model, "save_pretrained"):
         # as save_pretrained does: the class that loads these weights, their dtype
         model.config.architectures = [type(model).__name__]
