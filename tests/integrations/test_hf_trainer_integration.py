@@ -231,6 +231,18 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
         "    m = transformers.AutoModelForCausalLM.from_config(cfg)\n"
         "m = accelerate.load_checkpoint_and_dispatch(m, sys.argv[1], device_map='auto')\n"
         "print(json.dumps({k: v.numpy().tobytes().hex() for k, v in m.state_dict().items()}))\n"
+        # transformers' own keywords through the auto class (they broke from_config before)
+        "A = transformers.AutoModelForCausalLM\n"
+        "for kw in ({'dtype': 'auto'}, {'torch_dtype': 'auto'}, {'device_map': 'cpu'},\n"
+        "           {'output_loading_info': True}):\n"
+        "    m = A.from_pretrained(sys.argv[1], **kw)\n"
+        "    m = m[0] if isinstance(m, tuple) else m\n"
+        "    print(json.dumps({k: v.numpy().tobytes().hex() for k, v in m.state_dict().items()}))\n"
+        "p = transformers.pipeline('text-generation', model=sys.argv[1], device='cpu')\n"
+        "print(json.dumps({k: v.numpy().tobytes().hex() for k, v in p.model.state_dict().items()}))\n"
+        # the base model from a checkpoint with a head: transformers drops the prefix
+        "m = transformers.AutoModel.from_pretrained(sys.argv[1])\n"
+        "print(type(m).__name__, json.dumps({k: v.numpy().tobytes().hex() for k, v in m.state_dict().items()}))\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     p = subprocess.run(
@@ -238,10 +250,15 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    for line in p.stdout.strip().splitlines()[-3:]:
+    lines = p.stdout.strip().splitlines()
+    for line in lines[-9:-1]:
         loaded = json.loads(line)
         assert stored and all(loaded[k] == v for k, v in stored.items())
         assert loaded["lm_head.weight"] == loaded["transformer.wte.weight"]  # tied, stored once
+    name, base = lines[-1].split(" ", 1)
+    base_model = json.loads(base)
+    assert name == "GPT2Model" and base_model
+    assert all(v == stored["transformer." + k] for k, v in base_model.items())
 
 
 def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:

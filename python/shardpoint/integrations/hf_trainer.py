@@ -168,11 +168,22 @@ def from_pretrained(model_cls: Any, checkpoint_dir: str | os.PathLike[str], **kw
     if config is None:
         config = transformers.AutoConfig.from_pretrained(os.fspath(checkpoint_dir))
     state = _model_state(checkpoint_dir)
-    if hasattr(model_cls, "_model_mapping"):  # an AutoModel... class: builds from a config
-        model = model_cls.from_config(config, **kwargs)
-        model.load_state_dict(state, strict=True)
-        return model.eval()  # as from_pretrained returns it
+    if hasattr(model_cls, "_model_mapping"):  # an AutoModel... class: its concrete class
+        model_cls = _concrete_class(model_cls, config)
+    # transformers' own loading from the state dict: dtype="auto", device_map,
+    # output_loading_info, a base model from a checkpoint with a head... as for its files
     return model_cls.from_pretrained(None, config=config, state_dict=state, **kwargs)
+
+
+def _concrete_class(auto_cls: Any, config: Any) -> Any:
+    """The model class ``auto_cls.from_pretrained`` builds for ``config`` (the auto mapping,
+    as transformers looks it up)."""
+    try:
+        from transformers.models.auto.auto_factory import _get_model_class
+    except ImportError:  # a transformers without the helper: the mapping itself
+        found = auto_cls._model_mapping[type(config)]
+        return found[0] if isinstance(found, list | tuple) else found
+    return _get_model_class(config, auto_cls._model_mapping)
 
 
 def export_pretrained(
