@@ -27,6 +27,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..storage.dtypes import format_name, numpy_dtype
+from ..storage.mapping_kinds import mapping_kind, rebuild_mapping
 from ..storage.nested_keys import decode_key, key_tag, put_leaf
 from ..storage.objects import has_handler
 
@@ -199,7 +200,7 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             items = []
             for k, sub in value.items():
                 items.append([str(k), key_tag(k), visit(sub, [*path, str(k)])])
-            return {"d": items}
+            return {"d": items, **mapping_kind(value)}
         if isinstance(value, list | tuple):
             tag = "l" if isinstance(value, list) else "t"
             return {tag: [visit(sub, [*path, str(i)]) for i, sub in enumerate(value)]}
@@ -216,7 +217,8 @@ def flatten(obj: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def unflatten(structure: Mapping[str, Any], values: Mapping[str, Any]) -> Any:
     """Rebuild the nesting recorded by :func:`flatten` from ``values`` (key -> leaf)."""
     if "d" in structure:
-        return {decode_key(k, tag): unflatten(sub, values) for k, tag, sub in structure["d"]}
+        items = {decode_key(k, tag): unflatten(sub, values) for k, tag, sub in structure["d"]}
+        return rebuild_mapping(structure, items)
     if "l" in structure:
         return [unflatten(sub, values) for sub in structure["l"]]
     if "t" in structure:

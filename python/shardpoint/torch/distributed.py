@@ -47,7 +47,9 @@ def _merge_structures(structures: list[dict[str, Any]]) -> dict[str, Any]:
                 items[(k, tag)] = merge(items[(k, tag)], sub, f"{path}/{k}")
             else:
                 items[(k, tag)] = sub
-        return {"d": [[k, tag, sub] for (k, tag), sub in items.items()]}
+        # the mapping's kind (storage/mapping_kinds.py) as the first rank recorded it
+        kind = {k: v for k, v in a.items() if k != "d"} or {k: v for k, v in b.items() if k != "d"}
+        return {"d": [[k, tag, sub] for (k, tag), sub in items.items()], **kind}
 
     merged: dict[str, Any] = {"d": []}
     for s in structures:
