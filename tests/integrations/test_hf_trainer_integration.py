@@ -234,7 +234,7 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
         # transformers' own keywords through the auto class (they broke from_config before)
         "A = transformers.AutoModelForCausalLM\n"
         "for kw in ({'dtype': 'auto'}, {'torch_dtype': 'auto'}, {'device_map': 'cpu'},\n"
-        "           {'output_loading_info': True}):\n"
+        "           {'output_loading_info': True}, {'output_hidden_states': True}):\n"
         "    m = A.from_pretrained(sys.argv[1], **kw)\n"
         "    m = m[0] if isinstance(m, tuple) else m\n"
         "    print(json.dumps({k: v.numpy().tobytes().hex() for k, v in m.state_dict().items()}))\n"
@@ -251,7 +251,7 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
-    for line in lines[-9:-1]:
+    for line in lines[-10:-1]:
         loaded = json.loads(line)
         assert stored and all(loaded[k] == v for k, v in stored.items())
         assert loaded["lm_head.weight"] == loaded["transformer.wte.weight"]  # tied, stored once

@@ -152,6 +152,22 @@ def _model_state(checkpoint_dir: str | os.PathLike[str], model: Any = None) -> d
     return dict(tree["model"])
 
 
+#: ``from_pretrained``'s own keywords (transformers 5), some of which are also config
+#: attributes (``dtype``): never taken as config overrides
+_LOADING_KEYWORDS = frozenset(
+    {
+        "dtype", "torch_dtype", "attn_implementation", "experts_implementation", "device_map",
+        "max_memory", "offload_folder", "offload_buffers", "quantization_config",
+        "output_loading_info", "state_dict", "generation_config", "trust_remote_code",
+        "tp_plan", "tp_size", "device_mesh", "key_mapping", "adapter_name", "adapter_kwargs",
+        "variant", "gguf_file", "use_kernels", "kernel_config", "cache_dir",
+        "ignore_mismatched_sizes", "force_download", "local_files_only", "token", "revision",
+        "use_safetensors", "weights_only", "fusion_config", "disable_mmap", "low_cpu_mem_usage",
+        "subfolder", "proxies",
+    }
+)  # fmt: skip
+
+
 def from_pretrained(model_cls: Any, checkpoint_dir: str | os.PathLike[str], **kwargs: Any) -> Any:
     """``model_cls.from_pretrained`` for a checkpoint directory written by
     :class:`ShardpointTrainer`, its weights checked against their crc32c first (with the
@@ -167,6 +183,10 @@ def from_pretrained(model_cls: Any, checkpoint_dir: str | os.PathLike[str], **kw
     config = kwargs.pop("config", None)
     if config is None:
         config = transformers.AutoConfig.from_pretrained(os.fspath(checkpoint_dir))
+        # as from_pretrained does without a config: keywords naming config attributes
+        # (num_labels=3, output_hidden_states=True) set them; the model __init__ would refuse
+        for k in [k for k in kwargs if k not in _LOADING_KEYWORDS and hasattr(config, k)]:
+            setattr(config, k, kwargs.pop(k))
     state = _model_state(checkpoint_dir)
     if hasattr(model_cls, "_model_mapping"):  # an AutoModel... class: its concrete class
         model_cls = _concrete_class(model_cls, config)
