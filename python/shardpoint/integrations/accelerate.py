@@ -212,7 +212,13 @@ class ShardpointAcceleratorMixin:
                 for folder in folders[: len(folders) + 1 - limit]:
                     shutil.rmtree(folder)
             output_dir = os.path.join(root, f"checkpoint_{a.save_iteration}")
-            leftover = os.path.isdir(output_dir) and not has_part(output_dir, _PART)
+            # a killed save of ours leaves no part; accelerate's own checkpoint (from before
+            # the one line) is complete without one and is refused as accelerate refuses it
+            leftover = (
+                os.path.isdir(output_dir)
+                and not has_part(output_dir, _PART)
+                and not _native_checkpoint(output_dir)
+            )
             if leftover and a.is_main_process:
                 # what a save killed before its commit left: not a checkpoint, replaced
                 shutil.rmtree(output_dir)
@@ -228,6 +234,8 @@ class ShardpointAcceleratorMixin:
             raise InvalidArgumentError("save_state needs output_dir (or automatic naming)")
         output_dir = os.fspath(output_dir)
         os.makedirs(output_dir, exist_ok=True)
+        if a.is_main_process:
+            _remove_native_states(output_dir)
         weights = [a.get_state_dict(m, unwrap=False) for m in a._models]
         for hook in a._save_model_state_pre_hook.values():
             hook(a._models, weights, output_dir)
@@ -300,14 +308,62 @@ class ShardpointAcceleratorMixin:
         elif a.project_configuration.automatic_checkpoint_naming:
             root = self._sp_checkpoints_dir()
             done = [os.path.join(root, f) for f in os.listdir(root)]
-            done = sorted((f for f in done if has_part(f, _PART)), key=_number)
+            done = [f for f in done if has_part(f, _PART) or _native_checkpoint(f)]
+            done = sorted(done, key=_number)
             if not done:
                 raise CheckpointError(f"accelerate: no committed checkpoint under {root!r}")
             input_dir = done[-1]
         else:
             raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
+        if _native_checkpoint(input_dir) and not _part_is_newer(input_dir):
+            # accelerate's own checkpoint, saved before the one line was added (or over one
+            # of ours, by a plain Accelerator): its own code, as a plain load_state reads it
+            return super().load_state(input_dir, load_kwargs, **kw)  # type: ignore[misc]  # a mixin
         load_directory(a, input_dir, kw.get("strict", True))
         return None
+
+
+#: the state files accelerate's own ``save_state`` writes (``optimizer.bin``,
+#: ``random_states_0.pkl``, ``pytorch_model_1.bin``, ``custom_checkpoint_0.pkl``...)
+_NATIVE_STATES = re.compile(
+    r"(optimizer|scheduler|sampler|dl_state_dict|pytorch_model)(_\d+)?\.bin"
+    r"|model(_\d+)?\.safetensors|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|scaler\.pt"
+)
+
+
+def _native_checkpoint(directory: str) -> bool:
+    """Whether ``directory`` is a checkpoint accelerate's own ``save_state`` wrote (its RNG
+    states file is there)."""
+    try:
+        return any(n.startswith("random_states_") for n in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _part_is_newer(directory: str) -> bool:
+    """Whether our part was committed after accelerate's RNG states file was written (both
+    are there when a plain ``Accelerator`` and ours saved into the same directory)."""
+    index = part_prefix(directory, _PART) + ".index"
+    try:
+        ours = os.path.getmtime(index)
+        theirs = max(
+            os.path.getmtime(os.path.join(directory, n))
+            for n in os.listdir(directory)
+            if n.startswith("random_states_")
+        )
+    except (OSError, ValueError):
+        return os.path.exists(index)
+    return ours >= theirs
+
+
+def _remove_native_states(directory: str) -> None:
+    """Remove accelerate's own state files from a directory this save writes into (a
+    ``save_state(dir)`` of before the one line). accelerate would have overwritten them; left
+    there, a plain ``Accelerator.load_state`` would read them, not this save: the new weights
+    with the old optimizer, scheduler and RNG, silently."""
+    for name in os.listdir(directory):
+        if _NATIVE_STATES.fullmatch(name) and os.path.isfile(os.path.join(directory, name)):
+            os.remove(os.path.join(directory, name))
 
 
 def load_directory(a: Any, input_dir: str, strict: bool = True) -> None:
