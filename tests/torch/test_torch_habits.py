@@ -159,6 +159,41 @@ def test_file_objects_bytesio_and_real_files(tmp_path):
         sptorch.load(io.BytesIO(b"not a checkpoint at all" * 400))
 
 
+def test_decompressing_streams_are_read_as_their_bytes(tmp_path):
+    """``torch.load(gzip.open(p))`` of a compressed copy of a checkpoint (an archive, an
+    upload): the wrapper's ``fileno()`` is the compressed file's, and reading that file gave
+    "does not start with the single-file magic". The stream's own bytes are read; a plain
+    file still goes in place (its own descriptor), and so does an fsspec local file."""
+    import bz2
+    import gzip
+    import lzma
+    import subprocess
+    import sys
+
+    sd = _sd()
+    plain = tmp_path / "c.ckpt"
+    sptorch.save(sd, plain, single_file=True)
+    for opener, suffix in ((gzip.open, ".gz"), (bz2.open, ".bz2"), (lzma.open, ".xz")):
+        packed = tmp_path / f"c.ckpt{suffix}"
+        with open(plain, "rb") as src, opener(packed, "wb") as dst:
+            dst.write(src.read())
+        with opener(packed, "rb") as f:
+            _assert_same(sptorch.load(f), sd)
+    code = (
+        "import gzip, sys, torch\n"
+        "with gzip.open(sys.argv[1], 'rb') as f:\n"
+        "    print(sorted(torch.load(f, map_location='cpu')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c.ckpt.gz")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(sorted(sd))
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.filesystem("file").open(str(plain), "rb") as f:
+        _assert_same(sptorch.load(f), sd)
+
+
 def test_stream_errors_name_the_stream_not_a_private_path(tmp_path):
     """A damaged checkpoint read from a file object: the error names the file (its ``name``)
     or the stream's type, never the /proc/self/fd/N or temp path the core opened."""

@@ -59,6 +59,17 @@ def _regular_fd(f: Any) -> int | None:
         return None
 
 
+def _same_bytes(f: Any, fd: int) -> bool:
+    """Whether the stream's first bytes are the file descriptor's: a decompressing reader
+    (``gzip.open``) reports the underlying file's ``fileno()``, which holds other bytes."""
+    try:
+        head = f.read(16)
+        f.seek(0)
+        return bool(os.pread(fd, len(head), 0) == head)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 @contextlib.contextmanager
 def stream_path(f: Any) -> Iterator[str]:
     """A path the core can open that holds the checkpoint in readable stream ``f`` (from its
@@ -70,6 +81,8 @@ def stream_path(f: Any) -> Iterator[str]:
         raise InvalidArgumentError(f"cannot load from {type(f).__name__}: it has no read()")
     fd = _regular_fd(f)
     start = f.tell() if fd is not None and f.seekable() else None
+    if fd is not None and start == 0 and not _same_bytes(f, fd):
+        fd = None  # gzip/bz2/lzma.open: fileno() is the compressed file's, not these bytes
     if fd is not None and start == 0 and os.path.isdir("/proc/self/fd"):
         with _named(f"/proc/self/fd/{fd}", f) as path:
             yield path
