@@ -127,6 +127,19 @@ def scheduling_group(nodeid: str) -> str:
 # (module fixtures built on both workers; a file's tests split across them). The controller
 # only ever sees node ids, so the grouping is computed from them, through xdist's public hook.
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Undo what importing ``torch.testing._internal.common_utils`` does to the whole process
+    (PyTorch's own DCP tests import it, tests/integrations/upstream/torch_dcp, and collection
+    imports every test module in every worker): it freezes the global cudnn flags, and every
+    later ``Trainer(deterministic=...)`` in that process then raised "not allowed to set
+    torch.backends.cudnn flags after disable_global_flags"."""
+    backends = sys.modules.get("torch.backends")
+    frozen = getattr(backends, "flags_frozen", None)
+    if frozen is not None and frozen():
+        # the flag is a global of the function's own module dict (torch wraps the module)
+        frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under ``--dist loadgroup``: schedule whole groups (scheduling_group) on one worker."""
     if config.getvalue("dist") != "loadgroup":
