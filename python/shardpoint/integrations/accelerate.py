@@ -419,13 +419,10 @@ def _with_tied_names(module: Any, state: dict[str, Any]) -> dict[str, Any]:
     sharing memory (``linear2.weight = linear1.weight``); accelerate loads it with
     safetensors' ``load_model``, which forgives those missing names, and a strict
     ``load_state_dict`` would not. A name is filled in only from a tie the live module has."""
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    for name, t in module.state_dict(keep_vars=True).items():
-        if hasattr(t, "untyped_storage") and t.device.type != "meta" and t.numel():
-            at = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
-            groups.setdefault(at, []).append(name)
+    from ..torch.tied import _tied_groups
+
     out = dict(state)
-    for names in groups.values():
+    for names in _tied_groups(module.state_dict(keep_vars=True)):
         present = [n for n in names if n in out]
         for n in names:
             if present and n not in out:
