@@ -34,7 +34,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
-from ..storage.dtypes import numpy_dtype
+from ..storage.dtypes import carrier_dtype, numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
 from ..storage.slicing import TensorSlice
@@ -201,7 +201,7 @@ class HFReader(Reader):
         """Zero-copy view of ``key`` over the copy-on-write mapping of its shard (with
         ``io="pread"``: a fresh array read with ``pread``)."""
         sh, rec = self._locate(key)
-        dt = numpy_dtype(self._dtype_name(key, rec))
+        dt = (carrier_dtype if self._carriers else numpy_dtype)(self._dtype_name(key, rec))
         if rec.end == rec.begin:
             return np.empty(rec.shape, dtype=dt)
         if self._pread:
@@ -296,9 +296,10 @@ class HFReader(Reader):
         out: dict[str, Any] = {}
         if self._pread:  # one parallel bulk read into fresh arrays
             fresh = {}
+            as_dtype = carrier_dtype if self._carriers else numpy_dtype
             for k in order:
                 rec = self._record(k)
-                fresh[k] = np.empty(rec.shape, dtype=numpy_dtype(self._dtype_name(k, rec)))
+                fresh[k] = np.empty(rec.shape, dtype=as_dtype(self._dtype_name(k, rec)))
             self.load_into({k: v for k, v in fresh.items() if v.nbytes})
             if bar is not None:
                 bar.update(sum(v.nbytes for v in fresh.values()))

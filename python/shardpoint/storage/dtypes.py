@@ -22,6 +22,8 @@ __all__ = [
     "PACKED_FP4",
     "MAX_SHAPE_BYTES",
     "numpy_dtype",
+    "carrier_dtype",
+    "typed",
     "format_name",
     "safetensors_name",
     "shape_problem",
@@ -107,12 +109,37 @@ def numpy_dtype(name: str) -> np.dtype:
     raise UnsupportedDTypeError(f"unknown dtype {name!r} in checkpoint")
 
 
+@cache
+def carrier_dtype(name: str) -> np.dtype:
+    """:func:`numpy_dtype`, except that a type numpy has only through ``ml_dtypes`` (bfloat16,
+    float8) is a same-width integer dtype tagged with its name in ``metadata``, as
+    :data:`PACKED_FP4` is. For readers whose consumer is torch (which views the bytes as its
+    own dtype): importing ``ml_dtypes`` 0.7 takes ~0.8 s (its extension registers every
+    type's ufunc loops), paid by every fresh process that loads a bfloat16 checkpoint."""
+    if name in _ML_DTYPES:
+        base = np.int16 if name == "bfloat16" else np.uint8
+        return np.dtype(base, metadata={"shardpoint_dtype": name})
+    return numpy_dtype(name)
+
+
+def typed(array: Any) -> Any:
+    """``array`` with its real numpy dtype when it is a :func:`carrier_dtype` array (a view);
+    anything else unchanged."""
+    meta = array.dtype.metadata if isinstance(array, np.ndarray) else None
+    tag = meta.get("shardpoint_dtype") if meta else None
+    if tag in _ML_DTYPES:
+        return array.view(numpy_dtype(tag))
+    return array
+
+
 def format_name(dt: np.dtype) -> str:
     """The format dtype name of a numpy dtype, or UnsupportedDTypeError naming it."""
-    # dtype equality and hashing ignore ``metadata``: the packed-fp4 tag is read before the
-    # cache, which would otherwise confuse it with plain uint8
-    if dt.metadata is not None and dt.metadata.get("shardpoint_dtype") == _PACKED_FP4_NAME:
-        return _PACKED_FP4_NAME
+    # dtype equality and hashing ignore ``metadata``: the packed-fp4 and carrier tags are read
+    # before the cache, which would otherwise confuse them with plain integers
+    if dt.metadata is not None:
+        tag = dt.metadata.get("shardpoint_dtype")
+        if tag == _PACKED_FP4_NAME or tag in _ML_DTYPES:
+            return str(tag)
     return _format_name(dt)
 
 

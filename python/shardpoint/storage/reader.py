@@ -38,7 +38,7 @@ from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyErr
 from .direct_reads import read_cold_compressed
 from .dtypes import numpy_dtype
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
-from .frameworks import _IN_PLACE_READERS, framework_converter, with_delta
+from .frameworks import _FRAMEWORK_NAMES, _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
 from .numpy_views import restore_views
 from .paths import (
@@ -56,7 +56,7 @@ from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
 from .strong_digest import verify_strong as _verify_strong
 from .targets import checked_targets
-from .values import check_key, decode, json_depth
+from .values import check_key, decode_value, json_depth
 
 __all__ = [
     "load_file",
@@ -153,6 +153,14 @@ class Reader:
     #: the options it was opened with: what a pickled reader is reopened with
     _open_args: dict[str, Any] | None = None
 
+    _carry = False  # set by shardpoint.torch: its consumer takes carrier arrays (_carriers)
+
+    @property
+    def _carriers(self) -> bool:
+        """Whether values are decoded as ``carrier_dtype`` arrays (no ``ml_dtypes`` import)."""
+        framework = str((self._open_args or {}).get("framework"))
+        return self._carry or _FRAMEWORK_NAMES.get(framework) == "pt"
+
     def _is_closed(self) -> bool:
         return self._r is None
 
@@ -244,7 +252,7 @@ class Reader:
 
     def _value(self, key: str, verify: bool) -> Any:
         v = self._core.get(key, verify, self._copy)
-        return decode(key, v.dtype, tuple(v.shape), v.kind, v.buffer)
+        return decode_value(self._prefix, key, v, self._carriers)
 
     def load(
         self,
@@ -280,7 +288,7 @@ class Reader:
             for batch in batches:
                 got = self._core.get_many(batch, verify, self._copy)
                 for k, v in zip(batch, got, strict=True):
-                    out[k] = self._tensor_out(decode(k, v.dtype, tuple(v.shape), v.kind, v.buffer))
+                    out[k] = self._tensor_out(decode_value(self._prefix, k, v, self._carriers))
                     if bar is not None:
                         bar.update(len(v.buffer))
         finally:

@@ -13,15 +13,24 @@ from typing import Any
 import numpy as np
 
 from ..errors import (
+    CheckpointError,
     CorruptCheckpointError,
     InvalidArgumentError,
     InvalidKeyError,
     UnsupportedDTypeError,
 )
-from .dtypes import format_name, numpy_dtype
+from .dtypes import carrier_dtype, format_name, numpy_dtype
 from .objects import decode_object, encode_object, is_odd_nan, is_plain_json
 
-__all__ = ["check_key", "check_user_key", "RESERVED_KEY_PREFIX", "encode", "decode", "json_depth"]
+__all__ = [
+    "check_key",
+    "check_user_key",
+    "RESERVED_KEY_PREFIX",
+    "encode",
+    "decode",
+    "decode_value",
+    "json_depth",
+]
 
 _FLOAT_RE = re.compile(r"^-?(inf|nan|\d+(\.\d*)?([eE][-+]?\d+)?)$")
 _INT_RE = re.compile(r"^-?(\d+|0x[0-9a-f]+)$")
@@ -130,9 +139,14 @@ def encode(key: str, value: Any) -> tuple[str, str, str, tuple[int, ...], np.nda
     return key, "uint8", kind, (len(raw),), np.frombuffer(raw, dtype=np.uint8)
 
 
-def decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) -> Any:
+def decode(
+    key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any, carriers: bool = False
+) -> Any:
+    """The value of ``key`` from its bytes ``buf``; ``carriers``: a bfloat16/float8 tensor as
+    a :func:`~.dtypes.carrier_dtype` array (for torch, which needs no ``ml_dtypes``)."""
     if kind == "tensor":
-        return np.frombuffer(buf, dtype=numpy_dtype(dtype)).reshape(shape)
+        dt = carrier_dtype(dtype) if carriers else numpy_dtype(dtype)
+        return np.frombuffer(buf, dtype=dt).reshape(shape)
     raw = bytes(memoryview(buf))
     if kind == "object":
         return decode_object(key, raw)
@@ -160,3 +174,12 @@ def decode(key: str, dtype: str, shape: tuple[int, ...], kind: str, buf: Any) ->
     except (ValueError, RecursionError) as e:  # InvalidArgumentError (depth) is a ValueError
         raise CorruptCheckpointError(f"key {key!r}: stored {kind} value is invalid: {e}") from e
     raise CorruptCheckpointError(f"key {key!r}: unknown entry kind {kind!r}")
+
+
+def decode_value(prefix: str, key: str, value: Any, carriers: bool = False) -> Any:
+    """:func:`decode` of a value the core read from checkpoint ``prefix``; an error it raises
+    (a malformed object, a type not allowed) names the checkpoint as well as the key."""
+    try:
+        return decode(key, value.dtype, tuple(value.shape), value.kind, value.buffer, carriers)
+    except CheckpointError as e:
+        raise type(e)(f"checkpoint {prefix!r}: {e}") from e

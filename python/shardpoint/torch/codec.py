@@ -33,6 +33,7 @@ from ..storage.objects import has_handler
 
 __all__ = [
     "tensor_to_numpy",
+    "tensor_bytes",
     "numpy_to_tensor",
     "reader_tensor",
     "format_dtype",
@@ -141,6 +142,18 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
         int_dtype, np_int = _VIEW_AS[name]
         return t.view(int_dtype).numpy().view(numpy_dtype(name))
     return t.numpy()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The memory of a contiguous CPU tensor as a flat ``uint8`` array (zero-copy). Never
+    asks numpy for a bfloat16/float8 dtype: that would import ``ml_dtypes``, whose import
+    takes ~0.7 s (it computes every type's ``finfo``) — on a cold load's critical path, in
+    the reading thread, holding the GIL."""
+    name = format_dtype(tensor.dtype)
+    t = tensor.detach()
+    if name in _VIEW_AS:
+        t = t.view(_VIEW_AS[name][0])
+    return t.numpy().reshape(-1).view(np.uint8)
 
 
 def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 
 from .. import storage
 from ..errors import UnsupportedDTypeError
-from .codec import format_dtype, numpy_to_tensor, tensor_to_numpy, torch_dtype, torch_section
+from .codec import format_dtype, numpy_to_tensor, tensor_bytes, torch_dtype, torch_section
 from .tied import (
     IncompatibleKeys,
     TiedWeightsConflictError,
@@ -59,12 +59,12 @@ def _plain(t: torch.Tensor) -> bool:
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
     """The memory of a plain (``_plain``) tensor as a numpy array, the cheapest way: torch's
-    own ``numpy()`` where numpy has the dtype (bfloat16, float8... through ``tensor_to_numpy``'s
-    integer view)."""
+    own ``numpy()`` where numpy has the dtype, else its bytes (bfloat16, float8: no
+    ``ml_dtypes`` import, ``tensor_bytes``)."""
     try:
         return t.detach().numpy()
     except TypeError:  # no numpy dtype of its own
-        return tensor_to_numpy(t)
+        return tensor_bytes(t)
 
 
 def _all_match(reader: storage.Reader, pairs: list[tuple[torch.Tensor, str]]) -> bool:
@@ -153,8 +153,8 @@ def decode_into_existing(
             continue
         # not torch.empty(shape, dtype): deterministic mode would fill it (float4 cannot)
         new[key] = torch.empty(info.raw_bytes, dtype=torch.uint8).view(dtype).view(info.shape)
-    arrays = {k: tensor_to_numpy(t) for k, t in chosen.items()}
-    arrays.update((k, tensor_to_numpy(t)) for k, t in new.items())
+    arrays = {k: tensor_bytes(t) for k, t in chosen.items()}
+    arrays.update((k, tensor_bytes(t)) for k, t in new.items())
     _read_arrays(reader, arrays, verify)
     return {**chosen, **new}
 
@@ -217,6 +217,7 @@ def load_into_worded(
     )
     name = type(target).__name__
     with storage.open(prefix, storage_options=storage_options) as reader:
+        reader._carry = True  # bfloat16/float8 as torch views them: no ml_dtypes import
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         stored = set(reader.keys())
@@ -286,7 +287,7 @@ def load_into_worded(
                 )
             if _direct(t, info.dtype) and src not in first:
                 first[src] = t
-                direct[src] = tensor_to_numpy(t)
+                direct[src] = tensor_bytes(t)
             else:
                 copied.append((t, src))
         # Shapes, dtypes (_direct) and contiguity are checked above: hand the byte views over.

@@ -27,6 +27,7 @@ import torch
 from .. import storage
 from ..errors import InvalidArgumentError
 from ..storage.async_save import AsyncSaver
+from ..storage.dtypes import typed
 from .codec import (
     _META_VERSION,
     METADATA_KEY,
@@ -302,6 +303,7 @@ def _load(
     into: Into | None = None,
 ) -> dict[str, Any]:
     with storage.open(prefix, storage_options=storage_options, copy=copy, io=io) as reader:
+        reader._carry = True  # bfloat16/float8 as torch views them: no ml_dtypes import
         meta = torch_section(reader)
         aliases: Mapping[str, Any] = meta.get("aliases", {}) if meta else {}
         locations: Mapping[str, str] = meta.get("devices", {}) if meta else {}
@@ -317,7 +319,9 @@ def _load(
                 reader, meta, stored, numpy_keys, locations, into, map_location, verify
             )
         raw = reader.load([k for k in stored if k not in existing], verify=verify)
-    out: dict[str, Any] = {k: (v if k in numpy_keys else _to_torch(v)) for k, v in raw.items()}
+    out: dict[str, Any] = {
+        k: (typed(v) if k in numpy_keys else _to_torch(v)) for k, v in raw.items()
+    }
     out.update(existing)
     # One device for all: build shared-storage groups there directly (no CPU detour).
     dev = torch.device(map_location) if is_plain_device(map_location) else torch.device("cpu")

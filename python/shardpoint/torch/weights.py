@@ -51,10 +51,10 @@ from .. import storage
 from ..errors import InvalidArgumentError
 from ..storage.direct_reads import local_shards_core, read_entries_direct
 from ..storage.io_mode import check_io, resolve_io
+from .codec import tensor_bytes, torch_dtype
 from .consumer_threads import ConsumerThreads
 from .host_pool import LINE, POOL_MIN, HostPool
 from .read_ahead import ReadAhead
-from .tensors import tensor_to_numpy, torch_dtype
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
 from .weights_plan import Names, Plan
 from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, cold_route, local_spans
@@ -244,11 +244,11 @@ class _Producer:
             if self._io == "mmap" and info.codec == "none" and not self._direct:
                 # a copy out of the mapping (crc checked on it when verify)
                 view = self._reader.get(info.key, verify=self._verify)
-                np.copyto(tensor_to_numpy(t).reshape(-1).view(np.uint8), _bytes(view))
+                np.copyto(tensor_bytes(t), _bytes(view))
                 continue
             keys.append(info.key)
             infos.append(info)
-            bufs.append(tensor_to_numpy(t).reshape(-1).view(np.uint8))
+            bufs.append(tensor_bytes(t))
         if keys and self._direct and hasattr(self._reader, "_read_direct"):
             self._reader._read_direct(keys, bufs, follow_cache=self.follow_cache)
         elif keys and self._direct:  # a local shardpoint checkpoint (_reads_direct)
@@ -363,10 +363,10 @@ class WeightsIterator:
         self._t0 = time.perf_counter()
         self.device = torch.device(device)
         self._owned = not isinstance(path, storage.Reader)
-        if isinstance(path, storage.Reader):
-            self._reader = path
-        else:
-            self._reader = storage.open(path, io=io, storage_options=storage_options)
+        if not isinstance(path, storage.Reader):  # ours: bf16/fp8 as torch views them, no ml_dtypes
+            path = storage.open(path, io=io, storage_options=storage_options)
+            path._carry = True
+        self._reader = path
         try:
             self._plan = Plan(self._reader, names)
         except BaseException:
@@ -529,7 +529,7 @@ def _reads_direct(reader: storage.Reader) -> bool:
 
 def _bytes(view: Any) -> np.ndarray:
     """The bytes of a value as handed out by a reader (numpy array or torch tensor)."""
-    arr = tensor_to_numpy(view) if isinstance(view, torch.Tensor) else np.asarray(view)
+    arr = tensor_bytes(view.contiguous()) if isinstance(view, torch.Tensor) else np.asarray(view)
     return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
 
 
