@@ -76,6 +76,18 @@ def _starts_with(path: str, magic: bytes) -> bool:
         return False
 
 
+def index_or_cut(path: str) -> bool:
+    """Whether ``path`` is a shardpoint index, or one cut short (empty, or only the first bytes
+    of the magic: a disk that filled up, a copy that stopped): shardpoint's reader then says
+    which file is damaged, where the framework would only say it finds no checkpoint."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(INDEX_MAGIC))
+    except OSError:
+        return False
+    return INDEX_MAGIC.startswith(head)
+
+
 def dress(front: Any, original: Any) -> Any:
     """Give ``front`` the names, docstring and attributes of the ``original`` it stands in
     front of (``inspect.signature`` follows ``__wrapped__``) and the mark that says it is ours,
@@ -102,7 +114,8 @@ def local_path(path: Any) -> str | None:
 def is_shardpoint(f: Any) -> bool:
     """Whether ``f`` (a path or a seekable binary file object) holds a checkpoint shardpoint
     wrote: a single file (by its first bytes), a directory holding ``state.index`` (the
-    trainer integrations' directory form), or a prefix ``P`` whose ``P.index`` exists. Never
+    trainer integrations' directory form), a prefix ``P`` whose ``P.index`` exists, or that
+    ``P.index`` itself. Never
     raises: anything unreadable is not ours to answer."""
     try:
         if isinstance(f, str | os.PathLike):
@@ -112,7 +125,10 @@ def is_shardpoint(f: Any) -> bool:
             if os.path.isdir(p):
                 return _starts_with(os.path.join(p, _DIR_PART + ".index"), INDEX_MAGIC)
             if os.path.isfile(p):
-                return _starts_with(p, MAGIC)
+                # a single file, or a prefix's own index named in full (`ck.index`)
+                return _starts_with(p, MAGIC) or (
+                    p.endswith(".index") and _starts_with(p, INDEX_MAGIC)
+                )
             # a prefix: ours only if its index is ours (TensorFlow's `model.ckpt.index` is not)
             return _starts_with(p + ".index", INDEX_MAGIC)
         seekable = getattr(f, "seekable", None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-from . import _MARK, INDEX_MAGIC, _starts_with, dress
+from . import _MARK, dress, index_or_cut
 
 MYPY = False
 if MYPY:
@@ -59,7 +59,7 @@ def _ours(acc: Any, input_dir: Any) -> str | None:
         if kind in _NATIVE_TYPES:
             return None
         d = _directory(acc, input_dir)
-        if d is None or not _starts_with(os.path.join(d, "shardpoint.index"), INDEX_MAGIC):
+        if d is None or not index_or_cut(os.path.join(d, "shardpoint.index")):
             return None
         # accelerate's own checkpoint (every one holds its RNG pickle) stays accelerate's
         if any(n.startswith("random_states_") for n in os.listdir(d)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, MAGIC, _starts_with, dress, local_path
+from . import _MARK, INDEX_MAGIC, MAGIC, _starts_with, dress, index_or_cut, local_path
 
 MYPY = False
 if MYPY:
@@ -53,7 +53,8 @@ def is_pretrained(path: Any) -> bool:
     itself: a local directory without weight files transformers knows (``*.safetensors``,
     ``*.bin``, their index JSONs, ``*.h5``, ``*.msgpack``, ``model.ckpt.index``) holding
     ``model.index`` (a serving directory), ``shardpoint.index`` (a trainer checkpoint with its
-    weights in the shardpoint part) or only tensor-parallel pieces (``model-rank-R-of-N.index``:
+    weights in the shardpoint part), either of them cut short (shardpoint's reader names the
+    damaged file), or only tensor-parallel pieces (``model-rank-R-of-N.index``:
     shardpoint's error says so by name); or a checkpoint prefix ``P`` whose ``P.index`` is ours
     (``shardpoint convert`` keeps config.json inside). Never raises."""
     try:
@@ -64,7 +65,7 @@ def is_pretrained(path: Any) -> bool:
             names = os.listdir(p)
             if any(_native(p, n) for n in names):
                 return False
-            if any(_ours(os.path.join(p, part + ".index")) for part in _PARTS):
+            if any(index_or_cut(os.path.join(p, part + ".index")) for part in _PARTS):
                 return True
             # only tensor-parallel pieces (`export --tp N`): ours to say so by name
             pieces = [n for n in names if n.startswith("model-rank-") and n.endswith(".index")]

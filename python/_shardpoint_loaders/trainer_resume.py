@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, _starts_with, dress
+from . import _MARK, dress, index_or_cut
 from .pretrained import _native
 
 MYPY = False
@@ -79,7 +79,7 @@ def _ours(trainer: Any, checkpoint: Any, method: str) -> bool:
         d = os.fspath(checkpoint)
         if not isinstance(d, str) or not os.path.isdir(d):
             return False
-        if not _starts_with(os.path.join(d, "shardpoint.index"), INDEX_MAGIC):
+        if not index_or_cut(os.path.join(d, "shardpoint.index")):
             return False
         return not _has_native(d, method)
     except (OSError, ValueError, TypeError):

@@ -94,10 +94,12 @@ class MetaTensorError(UnsupportedDTypeError, NotImplementedError):
     through from torch ("Cannot copy out of meta tensor") for the same mistake."""
 
 
-class UnregisteredTypeError(UnsupportedDTypeError):
+class UnregisteredTypeError(UnsupportedDTypeError, pickle.UnpicklingError):
     """A checkpoint holds an object of a type that is not on the allow-list: it is not built
     (``shardpoint.register_type`` / ``add_safe_types`` allow it; nothing is ever imported
-    because a file names it)."""
+    because a file names it). Also a ``pickle.UnpicklingError``: what ``torch.load`` raises
+    for a global that is not allowed, so a caller's ``except pickle.UnpicklingError`` around a
+    load catches it either way."""
 
 
 class UnregisteredTypeWarning(UserWarning):

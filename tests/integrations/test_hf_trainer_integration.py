@@ -259,6 +259,21 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
     base_model = json.loads(base)
     assert name == "GPT2Model" and base_model
     assert all(v == stored["transformer." + k] for k, v in base_model.items())
+    # the same directory with its index cut short (a full disk, a copy that stopped): the
+    # error names shardpoint's damaged file, not "no file named model.safetensors"
+    for size in (0, 3):
+        damaged = tmp_path / f"damaged-{size}"
+        shutil.copytree(tmp_path / "checkpoint-3", damaged)
+        with open(damaged / "shardpoint.index", "r+b") as f:
+            f.truncate(size)
+        p = subprocess.run(
+            [sys.executable, "-c", "import sys, transformers as t\n"
+             "t.AutoModelForCausalLM.from_pretrained(sys.argv[1])", str(damaged)],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert p.returncode == 1
+        last = p.stderr.strip().splitlines()[-1]
+        assert "shardpoint.index" in last and "model.safetensors" not in last, last
 
 
 def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:

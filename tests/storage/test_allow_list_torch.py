@@ -158,3 +158,29 @@ def test_the_warning_points_at_the_callers_save(tmp_path: Path) -> None:
     with pytest.warns(UnregisteredTypeWarning) as caught:
         sp.save_file({"a": {"nested": [WarnedAtCaller(1)]}}, str(tmp_path / "a"), durable=False)
     assert caught[0].filename == __file__
+
+
+_TORCH_LOAD = """
+import pickle, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+try:
+    torch.load(sys.argv[2], weights_only=True)
+except pickle.UnpicklingError as e:  # what torch raises for a global it does not allow
+    print(type(e).__name__, "|", e)
+"""
+
+
+def test_torch_load_of_an_unallowed_type_raises_what_torch_raises_in_a_fresh_process(
+    tmp_path: Path,
+) -> None:
+    # the next script's habit: `except pickle.UnpicklingError` around torch.load, and torch's
+    # own words ("Unsupported global: GLOBAL <name>") in the message, as its tests match them
+    (tmp_path / "runstate_mod.py").write_text(_MODULE)
+    prefix = str(tmp_path / "ck")
+    _run(_SAVE, str(tmp_path), prefix)
+    out = _run(_TORCH_LOAD, str(tmp_path), prefix + ".index").stdout
+    name, _, message = out.partition(" | ")
+    assert name == "UnregisteredTypeError"
+    assert "Unsupported global: GLOBAL runstate_mod.RunState" in message
+    assert "ck.index" in message and "shardpoint.add_safe_types" in message

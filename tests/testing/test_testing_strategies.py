@@ -137,10 +137,12 @@ def test_shrinks_to_the_simplest_example() -> None:
     a = find(sps.tensors(), lambda a: a.size >= 2, settings=FAST)
     assert a.shape == (2,) and name_of(a.dtype) == "bool" and not a.any()
     # what a "tuples come back as lists" bug reports, once shrunk
+    # derandomized: a random search now and then shrinks to a local minimum with one more
+    # leaf ({'a': array(False), 'b': ()}), which is no bug of the strategy
     d = find(
         sps.state_dicts(max_leaves=4),
         lambda d: any(type(v) is tuple for v in d.values()),
-        settings=FAST,
+        settings=settings(FAST, derandomize=True),
     )
     assert d == {"a": ()}, d
     k = find(sps.keys(), lambda k: "/" in k, settings=FAST)

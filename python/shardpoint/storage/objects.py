@@ -405,9 +405,10 @@ class _Decoder:
         entry = allowed_type_named(name)
         if entry is None:
             raise UnregisteredTypeError(
-                f"{_path_text(self.where, path)}: type {name[:200]!r} is not registered, so it "
-                "is not built (shardpoint builds only allow-listed types and never imports a "
-                "name a file gives); call shardpoint.register_type(<that class>) or "
+                f"{_path_text(self.where, path)}: type {name[:200]!r} is not registered "
+                f"(torch.load's words: Unsupported global: GLOBAL {name[:200]}), so it is not "
+                "built (shardpoint builds only allow-listed types and never imports a name a "
+                "file gives); call shardpoint.register_type(<that class>) or "
                 "shardpoint.add_safe_types([...]) (or torch.serialization.add_safe_globals) "
                 "before loading"
             )
@@ -447,8 +448,9 @@ class _Decoder:
         cls = cls or _CLASS_OF_TAG.get(name)
         if cls is None:
             raise UnregisteredTypeError(
-                f"{_path_text(self.where, path)}: class {name[:200]!r} is not registered, so "
-                "it is not looked up (shardpoint never imports a name a file gives); call "
+                f"{_path_text(self.where, path)}: class {name[:200]!r} is not registered "
+                f"(torch.load's words: Unsupported global: GLOBAL {name[:200]}), so it is not "
+                "looked up (shardpoint never imports a name a file gives); call "
                 "shardpoint.register_type(<that class>) before loading"
             )
         return cls
