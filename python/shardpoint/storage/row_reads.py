@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from .dtypes import numpy_dtype
+from .dtypes import carrier_dtype, numpy_dtype
 from .entry_stats import EntryInfo
 
 __all__ = ["read_rows"]
@@ -34,6 +34,9 @@ class _RowReader(Protocol):
 
     @property
     def _remote(self) -> bool: ...
+
+    @property
+    def _carriers(self) -> bool: ...
 
     def info(self, key: str) -> EntryInfo: ...
 
@@ -53,7 +56,7 @@ def read_rows(reader: _RowReader, items: Sequence[tuple[str, int, int]]) -> list
             raise InvalidArgumentError(f"key {key!r}: only tensors with ndim >= 1 can be sliced")
         start, stop, _ = slice(start, stop).indices(info.shape[0])
         stop = max(start, stop)
-        dt = numpy_dtype(info.dtype)
+        dt = (carrier_dtype if reader._carriers else numpy_dtype)(info.dtype)
         row = dt.itemsize * math.prod(info.shape[1:])
         out = np.empty((stop - start, *info.shape[1:]), dtype=dt)
         whole_crc = info.codec == "none" and not info.crc_blocks

@@ -26,7 +26,7 @@ from ..errors import (
     UnknownDTypeError,
     UnsupportedDTypeError,
 )
-from ..storage.dtypes import format_name, numpy_dtype
+from ..storage.dtypes import carrier_dtype, format_name, numpy_dtype
 from ..storage.mapping_kinds import mapping_kind, rebuild_mapping
 from ..storage.nested_keys import decode_key, key_tag, put_leaf
 from ..storage.objects import has_handler
@@ -34,6 +34,7 @@ from ..storage.objects import has_handler
 __all__ = [
     "tensor_to_numpy",
     "tensor_bytes",
+    "tensor_carrier",
     "numpy_to_tensor",
     "reader_tensor",
     "format_dtype",
@@ -142,6 +143,21 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
         int_dtype, np_int = _VIEW_AS[name]
         return t.view(int_dtype).numpy().view(numpy_dtype(name))
     return t.numpy()
+
+
+def tensor_carrier(tensor: torch.Tensor) -> np.ndarray:
+    """:func:`tensor_to_numpy` for a save, which needs only the format dtype and the bytes:
+    bfloat16/float8 as a ``carrier_dtype`` array (their name in its metadata, no ``ml_dtypes``
+    import; see :func:`tensor_bytes`)."""
+    name = format_dtype(tensor.dtype)
+    plain = tensor.device.type == "cpu" and tensor.layout == torch.strided
+    if name not in _VIEW_AS or not plain or tensor.is_quantized:
+        return tensor_to_numpy(tensor)  # its checks and errors, or no carrier needed
+    t = tensor.detach()
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return tensor_to_numpy(tensor)  # subclasses: tensor_to_numpy knows their host copy
+    t = t.resolve_conj().resolve_neg()
+    return t.view(_VIEW_AS[name][0]).numpy().view(carrier_dtype(name))
 
 
 def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:

@@ -65,7 +65,7 @@ from torch.futures import Future
 
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
-from .codec import numpy_to_tensor, tensor_to_numpy
+from .codec import numpy_to_tensor, tensor_carrier
 from .dcp_checks import check_table_entry
 from .dcp_lazy import chunk_sizes
 from .dcp_metadata import (
@@ -276,7 +276,7 @@ class StorageWriter(_storage.StorageWriter):
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                 writer.add(key, raw)
                 return _storage.WriteResult(item.index, len(raw), key)
-            array = tensor_to_numpy(data)
+            array = tensor_carrier(data)
             writer.add(key, array)
             return _storage.WriteResult(item.index, array.nbytes, key)
 
@@ -413,6 +413,7 @@ class StorageReader(_storage.StorageReader):
             self._reader = storage.open(
                 self.prefix, verify=self.verify, storage_options=self.storage_options
             )
+            self._reader._carry = True  # bfloat16/float8 as torch views them: no ml_dtypes
         return self._reader
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:

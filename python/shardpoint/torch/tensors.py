@@ -37,6 +37,7 @@ from .codec import (
     flatten,
     format_dtype,
     numpy_to_tensor,
+    tensor_carrier,
     tensor_to_numpy,
     torch_dtype,
     torch_section,
@@ -82,7 +83,7 @@ def _prepare(
         if keep_device and is_device_tensor(leaf) and type(leaf.detach()) is torch.Tensor:
             payload[key] = leaf
         else:
-            payload[key] = tensor_to_numpy(leaf) if isinstance(leaf, torch.Tensor) else leaf
+            payload[key] = tensor_carrier(leaf) if isinstance(leaf, torch.Tensor) else leaf
     meta = {
         "version": _META_VERSION,
         "structure": structure,
