@@ -206,3 +206,35 @@ def test_prefix_checkpoint_still_opens_as_shardpoint(tmp_path) -> None:
     sp.save_file({"x": np.arange(3)}, p)
     with sp.open(p) as r:
         assert type(r) is sp.Reader
+
+
+@pytest.mark.parametrize("io", ["pread", "mmap"])
+def test_bf16_and_fp8_directories_read_into_torch_by_either_io(tmp_path, io: str) -> None:
+    # io="pread" is what "auto" picks on NFS/FUSE mounts: its fresh arrays are the torch
+    # route's carriers (bfloat16/float8 without ml_dtypes), read as bytes, handed out as tensors
+    import shardpoint.torch as spt
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "w": torch.randn(4, 3, generator=g).bfloat16(),
+        "f8": torch.randn(5, generator=g).to(torch.float8_e4m3fn),
+        "f": torch.ones(2),
+        "e": torch.zeros(0, 3, dtype=torch.bfloat16),
+    }
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+
+    def same(got: dict) -> bool:
+        return all(
+            isinstance(got[k], torch.Tensor)
+            and got[k].dtype == v.dtype
+            and torch.equal(got[k].float(), v.float())
+            for k, v in state.items()
+        )
+
+    with sp.open(str(tmp_path), framework="pt", io=io) as r:
+        assert same(r.load())
+        assert same({k: r[k] for k in state})
+    assert same(spt.load(str(tmp_path), io=io))
+    with sp.open(str(tmp_path), io=io) as r:  # numpy readers keep ml_dtypes' dtypes
+        assert str(r["w"].dtype) == "bfloat16" and r["w"].dtype.metadata is None

@@ -204,9 +204,9 @@ class HFReader(Reader):
         dt = (carrier_dtype if self._carriers else numpy_dtype)(self._dtype_name(key, rec))
         if rec.end == rec.begin:
             return np.empty(rec.shape, dtype=dt)
-        if self._pread:
+        if self._pread:  # a fresh array of the stored shape and dtype: no target check
             out = np.empty(rec.shape, dtype=dt)
-            self.load_into({key: out})
+            self._read_into([key], [out.reshape(-1).view(np.uint8)], False)
             return out
         assert sh.mm is not None
         # mm.size() is the mapped file's size now (an fstat of the mapping's own descriptor):
@@ -300,11 +300,12 @@ class HFReader(Reader):
             for k in order:
                 rec = self._record(k)
                 fresh[k] = np.empty(rec.shape, dtype=as_dtype(self._dtype_name(k, rec)))
-            self.load_into({k: v for k, v in fresh.items() if v.nbytes})
+            filled = [k for k, v in fresh.items() if v.nbytes]  # fresh: stored shape, dtype
+            self._read_into(filled, [fresh[k].reshape(-1).view(np.uint8) for k in filled], False)
             if bar is not None:
                 bar.update(sum(v.nbytes for v in fresh.values()))
                 bar.close()
-            return {k: fresh[k] for k in ks}
+            return {k: self._tensor_out(fresh[k]) for k in ks}
         try:
             for k in order:
                 out[k] = self._view(k)
