@@ -212,8 +212,9 @@ def test_prefix_checkpoint_still_opens_as_shardpoint(tmp_path) -> None:
 def test_bf16_and_fp8_directories_read_into_torch_by_either_io(tmp_path, io: str) -> None:
     # io="pread" is what "auto" picks on NFS/FUSE mounts: its fresh arrays are the torch
     # route's carriers (bfloat16/float8 without ml_dtypes), read as bytes, handed out as tensors
-    import shardpoint.torch as spt
     from safetensors.torch import save_file
+
+    import shardpoint.torch as spt
 
     g = torch.Generator().manual_seed(0)
     state = {
