@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError, NotFoundError
 from ..storage.atomic_files import create_temp
-from ..storage.dtypes import carrier_dtype, numpy_dtype, shape_problem
+from ..storage.dtypes import numpy_dtype, shape_problem
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 
@@ -107,13 +107,14 @@ class SafetensorsSource(Source):
             if name is None:
                 self.notes.append(f"skipped {key!r}: safetensors dtype {tag} not supported")
                 continue
-            problem = shape_problem(shape, 8 * carrier_dtype(name).itemsize)
+            # numpy_dtype also imports ml_dtypes: safe_open(framework="numpy") needs it for bf16
+            problem = shape_problem(shape, 8 * numpy_dtype(name).itemsize)
             if problem is not None:
                 raise CorruptCheckpointError(
                     f"{path}: key {key!r}: shape {list(shape)} of {tag} cannot be represented: "
                     f"{problem}"
                 )
-            nbytes = int(np.prod(shape, dtype=np.int64)) * carrier_dtype(name).itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(name).itemsize
             self._specs.append(Spec(key, name, shape, nbytes))
         self._by_key = {s.key: s for s in self._specs}
         self._offsets: dict[str, Any] | None = None

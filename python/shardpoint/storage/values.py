@@ -182,4 +182,5 @@ def decode_value(prefix: str, key: str, value: Any, carriers: bool = False) -> A
     try:
         return decode(key, value.dtype, tuple(value.shape), value.kind, value.buffer, carriers)
     except CheckpointError as e:
-        raise type(e)(f"checkpoint {prefix!r}: {e}") from e
+        # the same error naming the checkpoint, chained to what caused the original
+        raise type(e)(f"checkpoint {prefix!r}: {e}") from (e.__cause__ or e)
