@@ -76,6 +76,16 @@ def _starts_with(path: str, magic: bytes) -> bool:
         return False
 
 
+def _has_shards(prefix: str) -> bool:
+    """Whether shardpoint data shards of ``prefix`` (``P.data-00000-of-N``) are there: an
+    index beside them whose bytes are not an index is a damaged checkpoint of ours."""
+    d, base = os.path.split(prefix)
+    try:
+        return any(n.startswith(base + ".data-00000-of-") for n in os.listdir(d or "."))
+    except OSError:
+        return False
+
+
 def index_or_cut(path: str) -> bool:
     """Whether ``path`` is a shardpoint index, or one cut short (empty, or only the first bytes
     of the magic: a disk that filled up, a copy that stopped): shardpoint's reader then says
@@ -125,12 +135,18 @@ def is_shardpoint(f: Any) -> bool:
             if os.path.isdir(p):
                 return _starts_with(os.path.join(p, _DIR_PART + ".index"), INDEX_MAGIC)
             if os.path.isfile(p):
-                # a single file, or a prefix's own index named in full (`ck.index`)
-                return _starts_with(p, MAGIC) or (
-                    p.endswith(".index") and _starts_with(p, INDEX_MAGIC)
+                # a single file, or a prefix's own index named in full (`ck.index`), also
+                # when damaged if its data shards are beside it (shardpoint names the damage)
+                if _starts_with(p, MAGIC):
+                    return True
+                return p.endswith(".index") and (
+                    _starts_with(p, INDEX_MAGIC) or _has_shards(p[: -len(".index")])
                 )
-            # a prefix: ours only if its index is ours (TensorFlow's `model.ckpt.index` is not)
-            return _starts_with(p + ".index", INDEX_MAGIC)
+            # a prefix: ours only if its index is ours (TensorFlow's `model.ckpt.index` is
+            # not), or it is damaged beside our data shards
+            return _starts_with(p + ".index", INDEX_MAGIC) or (
+                os.path.isfile(p + ".index") and _has_shards(p)
+            )
         seekable = getattr(f, "seekable", None)
         if callable(seekable) and seekable() and callable(getattr(f, "read", None)):
             start = f.tell()
@@ -167,6 +183,9 @@ def _front(original: Callable[..., Any]) -> Callable[..., Any]:
                 f"{ENV}"
             )
         map_location = args[1] if len(args) > 1 else kwargs.get("map_location")
+        p = local_path(f)
+        if p is not None and p.endswith(".index") and not _starts_with(p, MAGIC):
+            f = p[: -len(".index")]  # a prefix's index named in full: read as the prefix
         from shardpoint.integrations import loaders  # only now: a file of ours is being read
 
         return loaders.torch_load(

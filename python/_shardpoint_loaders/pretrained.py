@@ -27,7 +27,7 @@ if MYPY:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["is_pretrained", "patch_modeling_utils", "patch_auto_factory"]
+__all__ = ["is_pretrained", "check_recorded_weights", "patch_modeling_utils", "patch_auto_factory"]
 
 #: ends of the weight files transformers reads itself: a directory with any of them is its own
 _NATIVE = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".h5", ".msgpack")
@@ -75,6 +75,26 @@ def is_pretrained(path: Any) -> bool:
         return False
 
 
+def check_recorded_weights(path: Any) -> None:
+    """If ``path`` is a local checkpoint directory of ours whose weights are files transformers
+    reads itself (``model.safetensors``... beside ``shardpoint.index``, which records each
+    weight's crc32c), check every weight against its record first: transformers checks
+    nothing, and a flipped bit would otherwise load as a silently different model. Raises
+    shardpoint's ``ChecksumMismatchError`` naming the file and tensor."""
+    p = local_path(path)
+    if p is None or not os.path.isdir(p):
+        return
+    if not _ours(os.path.join(p, "shardpoint.index")):
+        return
+    if not any(_native(p, n) for n in os.listdir(p)):
+        return
+    from shardpoint.integrations._weights_io import read_manifest, verify_weights
+
+    manifest = read_manifest(os.path.join(p, "shardpoint"), "transformers")
+    if manifest is not None:
+        verify_weights(p, manifest)
+
+
 def _front(original: Callable[..., Any], enabled: Callable[[], bool], env: str) -> Any:
     """A classmethod calling ``original`` (the function of transformers' classmethod) for every
     path but ours."""
@@ -86,6 +106,8 @@ def _front(original: Callable[..., Any], enabled: Callable[[], bool], env: str) 
         if sub and isinstance(path, str | os.PathLike):
             where = os.path.join(os.fspath(path), sub)
         if not is_pretrained(where):
+            if enabled():
+                check_recorded_weights(where)
             return original(cls, *args, **kwargs)
         if not enabled():
             raise OSError(

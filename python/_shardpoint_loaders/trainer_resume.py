@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from . import _MARK, dress, index_or_cut
-from .pretrained import _native
+from .pretrained import _native, check_recorded_weights
 
 MYPY = False
 if MYPY:
@@ -95,6 +95,9 @@ def _front(
     def load(self: Any, *args: Any, **kwargs: Any) -> Any:
         checkpoint: Any = args[0] if args else kwargs.get(name)
         if not _ours(self, checkpoint, method):
+            own = hasattr(type(self), "_sp_has")  # ShardpointTrainer checks its weights itself
+            if method == "_load_from_checkpoint" and enabled() and not own:
+                check_recorded_weights(checkpoint)  # Trainer reads model.safetensors unchecked
             return original(self, *args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k != name}
         where: str = os.fspath(checkpoint)

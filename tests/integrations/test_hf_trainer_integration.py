@@ -166,6 +166,31 @@ def test_verify_checks_the_weights_too(runs: dict[str, Any], tmp_path: Path) -> 
     assert _cli("verify", str(ckpt)).returncode == 1
 
 
+def test_a_damaged_weights_file_is_refused_by_the_next_scripts_from_pretrained(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    # transformers reads model.safetensors itself and checks nothing; shardpoint.index records
+    # each weight's crc32c, and the from_pretrained front checks them first: a flipped bit is an
+    # error naming the file and tensor, never a silently different model (found by a helper)
+    ckpt = tmp_path / "checkpoint-3"
+    shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", ckpt)
+    code = "import sys, transformers as t\nt.AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+    def load() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code, str(ckpt)],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+
+    assert load().returncode == 0
+    damage_safetensors(ckpt / "model.safetensors", "transformer.h.1.mlp.c_fc.weight")
+    bad = load()
+    last = bad.stderr.strip().splitlines()[-1]
+    assert bad.returncode == 1 and "ChecksumMismatchError" in last, bad.stderr
+    assert "model.safetensors" in last and "transformer.h.1.mlp.c_fc.weight" in last
+
+
 def test_a_native_optimizer_file_in_our_checkpoint_is_read_not_skipped(
     runs: dict[str, Any], tmp_path: Path
 ) -> None:
