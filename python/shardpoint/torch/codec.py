@@ -34,7 +34,6 @@ from ..storage.objects import has_handler
 __all__ = [
     "tensor_to_numpy",
     "tensor_bytes",
-    "tensor_carrier",
     "numpy_to_tensor",
     "reader_tensor",
     "format_dtype",
@@ -107,8 +106,13 @@ def torch_dtype(name: str) -> torch.dtype:
         raise UnsupportedDTypeError(f"format dtype {name!r} has no torch equivalent") from None
 
 
-def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+def tensor_to_numpy(tensor: torch.Tensor, *, carrier: bool = False) -> np.ndarray:
     """A numpy array with the tensor's logical value; shares memory for CPU tensors.
+
+    ``carrier``: bfloat16/float8 as a ``carrier_dtype`` array (a same-width integer dtype
+    tagged with the format name), for saves and reads that need only the name and the bytes:
+    importing ``ml_dtypes`` 0.7 takes ~0.8 s (its extension registers every type's ufunc
+    loops), which every fresh process loading or saving a bfloat16 model would otherwise pay.
 
     Gradients are detached, lazy conjugate/negative bits are resolved (a copy, only for such
     tensors), and non-CPU tensors are copied to the host. Strides are kept (numpy can express
@@ -141,35 +145,14 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     t = t.resolve_conj().resolve_neg()
     if name in _VIEW_AS:
         int_dtype, np_int = _VIEW_AS[name]
-        return t.view(int_dtype).numpy().view(numpy_dtype(name))
+        return t.view(int_dtype).numpy().view((carrier_dtype if carrier else numpy_dtype)(name))
     return t.numpy()
 
 
-def tensor_carrier(tensor: torch.Tensor) -> np.ndarray:
-    """:func:`tensor_to_numpy` for a save, which needs only the format dtype and the bytes:
-    bfloat16/float8 as a ``carrier_dtype`` array (their name in its metadata, no ``ml_dtypes``
-    import; see :func:`tensor_bytes`)."""
-    name = format_dtype(tensor.dtype)
-    plain = tensor.device.type == "cpu" and tensor.layout == torch.strided
-    if name not in _VIEW_AS or not plain or tensor.is_quantized:
-        return tensor_to_numpy(tensor)  # its checks and errors, or no carrier needed
-    t = tensor.detach()
-    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-        return tensor_to_numpy(tensor)  # subclasses: tensor_to_numpy knows their host copy
-    t = t.resolve_conj().resolve_neg()
-    return t.view(_VIEW_AS[name][0]).numpy().view(carrier_dtype(name))
-
-
 def tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """The memory of a contiguous CPU tensor as a flat ``uint8`` array (zero-copy). Never
-    asks numpy for a bfloat16/float8 dtype: that would import ``ml_dtypes``, whose import
-    takes ~0.7 s (it computes every type's ``finfo``) — on a cold load's critical path, in
-    the reading thread, holding the GIL."""
-    name = format_dtype(tensor.dtype)
-    t = tensor.detach()
-    if name in _VIEW_AS:
-        t = t.view(_VIEW_AS[name][0])
-    return t.numpy().reshape(-1).view(np.uint8)
+    """The memory of a contiguous CPU tensor as a flat ``uint8`` array (zero-copy), through
+    ``tensor_to_numpy(carrier=True)``: no ``ml_dtypes`` import on a load's reading thread."""
+    return tensor_to_numpy(tensor, carrier=True).reshape(-1).view(np.uint8)
 
 
 def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:

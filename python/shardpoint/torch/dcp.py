@@ -65,7 +65,7 @@ from torch.futures import Future
 
 from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, PickleRefusedError
-from .codec import numpy_to_tensor, tensor_carrier
+from .codec import numpy_to_tensor, tensor_to_numpy
 from .dcp_checks import check_table_entry
 from .dcp_lazy import chunk_sizes
 from .dcp_metadata import (
@@ -276,7 +276,7 @@ class StorageWriter(_storage.StorageWriter):
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                 writer.add(key, raw)
                 return _storage.WriteResult(item.index, len(raw), key)
-            array = tensor_carrier(data)
+            array = tensor_to_numpy(data, carrier=True)
             writer.add(key, array)
             return _storage.WriteResult(item.index, array.nbytes, key)
 

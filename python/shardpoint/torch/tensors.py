@@ -37,7 +37,6 @@ from .codec import (
     flatten,
     format_dtype,
     numpy_to_tensor,
-    tensor_carrier,
     tensor_to_numpy,
     torch_dtype,
     torch_section,
@@ -83,7 +82,9 @@ def _prepare(
         if keep_device and is_device_tensor(leaf) and type(leaf.detach()) is torch.Tensor:
             payload[key] = leaf
         else:
-            payload[key] = tensor_carrier(leaf) if isinstance(leaf, torch.Tensor) else leaf
+            if isinstance(leaf, torch.Tensor):
+                leaf = tensor_to_numpy(leaf, carrier=True)  # no ml_dtypes import
+            payload[key] = leaf
     meta = {
         "version": _META_VERSION,
         "structure": structure,
