@@ -26,6 +26,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidArgumentError",
     "InvalidSliceError",
+    "DeviceUnavailableError",
     "PickleRefusedError",
     "CheckpointIOError",
     "TierError",
@@ -119,6 +120,13 @@ class InvalidArgumentError(CheckpointError, ValueError):
 class InvalidSliceError(InvalidArgumentError, IndexError):
     """An index of ``Reader.get_slice(key)[...]`` is out of range or of a kind that is not
     supported (an ``IndexError``, as numpy raises for out-of-range indices)."""
+
+
+class DeviceUnavailableError(InvalidArgumentError, RuntimeError):
+    """``map_location`` (or the location a tensor was saved on) names a device this process
+    does not have (CUDA on a CPU-only machine, a device index past the count). Also a
+    ``RuntimeError`` with ``torch.load``'s own words, so a caller's ``except RuntimeError`` and
+    a test's match on "Attempting to deserialize object on a CUDA device" keep working."""
 
 
 class PickleRefusedError(CheckpointError, pickle.UnpicklingError):

@@ -121,8 +121,11 @@ def test_saved_device_recorded_and_unavailable_device_named(tmp_path):
 
     out = {"w": torch.ones(3)}
     if not torch.cuda.is_available():
-        with pytest.raises(InvalidArgumentError, match=r"'w'.*cuda:0.*map_location='cpu'"):
+        with pytest.raises(InvalidArgumentError, match=r"'w'.*cuda:0.*map_location='cpu'") as e:
             place(out, {"w": "cuda:0"}, None)
+        # torch.load's class and words for the same mistake
+        assert isinstance(e.value, RuntimeError)
+        assert str(e.value).startswith("Attempting to deserialize object on a CUDA device")
     place(out, {"w": "cuda:0"}, {"cuda:0": "cpu"})
     assert out["w"].device.type == "cpu"
 
@@ -261,3 +264,41 @@ def test_map_location_on_a_gpu(tmp_path):
     assert fut is not None
     fut.result()
     assert torch.equal(sptorch.load(tmp_path / "async.pt", map_location="cpu")["w"], w.cpu())
+
+
+_MAP_TO_GPU = """
+import sys, warnings
+import torch
+warnings.simplefilter("ignore")
+for path in sys.argv[1:]:
+    for ml in ("cuda", "cuda:0", {"cpu": "cuda:0"}, torch.device("cuda", 0)):
+        try:
+            got = torch.load(path, map_location=ml)
+            print("loaded", got["w"].device.type)
+        except RuntimeError as e:
+            print(type(e).__name__ if type(e) is RuntimeError else "subclass", str(e)[:60])
+"""
+
+
+def test_torch_load_to_a_missing_gpu_fails_as_torch_does(tmp_path):
+    """The next script on a CPU-only machine asks for the GPU the checkpoint was trained on:
+    ``torch.load`` of our file fails as it does for its own file (a ``RuntimeError``, the same
+    words), in a fresh process where the startup file fronts torch.load."""
+    import subprocess
+    import sys
+
+    sd = {"w": torch.arange(4.0), "n": 3}
+    torch.save(sd, tmp_path / "theirs.pt")
+    sptorch.save(sd, tmp_path / "ours.pt")
+    out = subprocess.run(
+        [sys.executable, "-c", _MAP_TO_GPU, str(tmp_path / "theirs.pt"), str(tmp_path / "ours.pt")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert len(out) == 8
+    theirs, ours = out[:4], out[4:]
+    # the class differs only by being ours (a RuntimeError subclass); the words are torch's
+    assert [line.replace("subclass", "RuntimeError") for line in ours] == theirs
+    if not torch.cuda.is_available():
+        assert all(line.startswith("subclass Attempting to deserialize") for line in ours)

@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from ..errors import InvalidArgumentError
+from ..errors import DeviceUnavailableError, InvalidArgumentError
 
 __all__ = ["MapLocation", "saved_locations", "place"]
 
@@ -89,7 +89,27 @@ def _target(
     dev = torch.device(target)
     if dev.type == "cpu":
         return None
+    if dev.type == "cuda":
+        _check_cuda(dev)
     return _storage_to(storage, dev)
+
+
+def _check_cuda(dev: torch.device) -> None:
+    """Refuse a CUDA device this process lacks in ``torch.load``'s words (its tests and its
+    users match them); the caller adds which key and checkpoint."""
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            "Attempting to deserialize object on a CUDA device but torch.cuda.is_available() "
+            "is False. If you are running on a CPU-only machine, please use torch.load with "
+            "map_location=torch.device('cpu') to map your storages to the CPU."
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise DeviceUnavailableError(
+            f"Attempting to deserialize object on CUDA device {dev.index} but "
+            f"torch.cuda.device_count() is {count}. Please use torch.load with map_location "
+            "to map your storages to an existing device."
+        )
 
 
 def place(out: dict[str, Any], locations: Mapping[str, str], map_location: MapLocation) -> None:
@@ -105,8 +125,14 @@ def place(out: dict[str, Any], locations: Mapping[str, str], map_location: MapLo
         if ident not in done:
             try:
                 done[ident] = _target(st, loc, map_location)
+            except DeviceUnavailableError as e:
+                raise DeviceUnavailableError(
+                    f"{e} (shardpoint checkpoint: key {key!r}, saved on {loc!r}; "
+                    "map_location='cpu' loads it on the CPU)"
+                ) from None
             except (RuntimeError, AssertionError) as e:
-                raise InvalidArgumentError(
+                # also a RuntimeError, as what torch.load lets through from the same placement
+                raise DeviceUnavailableError(
                     f"key {key!r} (saved on {loc!r}) cannot be placed as map_location="
                     f"{map_location!r} says: {e}. Pass map_location='cpu' (or a dict such as "
                     f"{{{loc!r}: 'cpu'}}) to load it elsewhere"
