@@ -49,7 +49,16 @@ if MYPY:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["ENV", "INDEX_MAGIC", "MAGIC", "install", "installed", "is_shardpoint", "patch_torch"]
+__all__ = [
+    "ENV",
+    "INDEX_MAGIC",
+    "MAGIC",
+    "install",
+    "installed",
+    "is_shardpoint",
+    "missing_index",
+    "patch_torch",
+]
 
 #: set to ``0`` to leave ``torch.load`` and Lightning's loader alone
 ENV = "SHARDPOINT_TORCH_LOAD"
@@ -60,6 +69,9 @@ INDEX_MAGIC = b"SPINDEX\0"
 #: the part name the trainer integrations give the checkpoint inside a directory
 #: (``epoch=1.ckpt/state.index``, ``mp_rank_00_model_states.pt/state.index``)
 _DIR_PART = "state"
+#: every part a checkpoint directory of ours may hold: the trainer integrations' ``state``, a
+#: serving directory's ``model``, a Hugging Face / accelerate checkpoint's ``shardpoint``
+_PARTS = (_DIR_PART, "model", "shardpoint")
 _MARK = "__shardpoint_front__"
 _LOCK = _thread.RLock()
 
@@ -96,6 +108,46 @@ def index_or_cut(path: str) -> bool:
     except OSError:
         return False
     return INDEX_MAGIC.startswith(head)
+
+
+def missing_index(path: Any, parts: Sequence[str] = _PARTS) -> str | None:
+    """The prefix ``P`` of a shardpoint checkpoint at ``path`` whose index ``P.index`` is gone
+    while its data shards ``P.data-*`` are still there (a save killed before its commit, a copy
+    or upload that left the index out, a cleanup that deleted it), or ``None``. ``path``: a
+    prefix, its ``.index`` named in full, or a directory holding part ``state``, ``model`` or
+    ``shardpoint`` (``parts``). Without it the frameworks' own loaders said "no file named
+    model.safetensors", "Is a directory" or "No such file": nothing about shardpoint or the
+    missing index. An existing file is never this (its reader reads it). Never raises."""
+    try:
+        p = local_path(path)
+        if p is None or os.path.isfile(p):
+            return None
+        if os.path.isdir(p):
+            prefixes = [os.path.join(p, part) for part in parts]
+        else:
+            prefixes = [p[: -len(".index")] if p.endswith(".index") else p]
+        for prefix in prefixes:
+            if not os.path.lexists(prefix + ".index") and _has_shards(prefix):
+                return prefix
+    except (OSError, ValueError, TypeError):
+        pass
+    return None
+
+
+def refuse_missing_index(
+    path: Any, who: str, parts: Sequence[str] = _PARTS, corrupt: bool = False
+) -> None:
+    """Raise shardpoint's error naming ``path`` and its missing index when
+    :func:`missing_index` finds one (imports shardpoint only then): ``NotFoundError`` (a
+    ``FileNotFoundError``: what torch, transformers and accelerate raise for a missing file), or
+    ``CorruptCheckpointError`` (a ``ValueError``) with ``corrupt``, where the framework's own
+    error is a ``ValueError`` ("Can't find a valid checkpoint")."""
+    prefix = missing_index(path, parts)
+    if prefix is None:
+        return
+    from shardpoint.integrations._state import index_missing
+
+    raise index_missing(prefix, os.fspath(path), who, corrupt=corrupt)
 
 
 def dress(front: Any, original: Any) -> Any:
@@ -172,6 +224,8 @@ def _front(original: Callable[..., Any]) -> Callable[..., Any]:
     def load(*args: Any, **kwargs: Any) -> Any:
         f = args[0] if args else kwargs.get("f")
         if not is_shardpoint(f):
+            if _enabled():  # torch would only say "No such file" or "Is a directory"
+                refuse_missing_index(f, "torch.load", (_DIR_PART,))
             return original(*args, **kwargs)
         if not _enabled():
             import pickle

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-from . import _MARK, dress, index_or_cut
+from . import _MARK, dress, index_or_cut, missing_index, refuse_missing_index
 
 MYPY = False
 if MYPY:
@@ -32,6 +32,8 @@ __all__ = ["patch_accelerator"]
 
 #: distributed types whose frameworks write the checkpoint themselves
 _NATIVE_TYPES = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
+#: the part ``ShardpointAccelerator.save_state`` writes into each directory
+_PART = ("shardpoint",)
 _NUMBER = re.compile(r"[\/]?([0-9]+)(?=[^\/]*$)")
 
 
@@ -50,8 +52,9 @@ def _directory(acc: Any, input_dir: Any) -> str | None:
     return max(numbered)[1] if numbered else None
 
 
-def _ours(acc: Any, input_dir: Any) -> str | None:
-    """The directory to load through shardpoint, or ``None``. Never raises."""
+def _ours(acc: Any, input_dir: Any, lost: bool = False) -> str | None:
+    """The directory to load through shardpoint, or ``None``; with ``lost``, the directory
+    whose ``shardpoint.index`` is gone while its data shards are there. Never raises."""
     try:
         if hasattr(type(acc), "_sp_native"):  # ShardpointAccelerator loads its own
             return None
@@ -59,7 +62,12 @@ def _ours(acc: Any, input_dir: Any) -> str | None:
         if kind in _NATIVE_TYPES:
             return None
         d = _directory(acc, input_dir)
-        if d is None or not index_or_cut(os.path.join(d, "shardpoint.index")):
+        if d is None:
+            return None
+        if lost:
+            if missing_index(d, _PART) is None:
+                return None
+        elif not index_or_cut(os.path.join(d, "shardpoint.index")):
             return None
         # accelerate's own checkpoint (every one holds its RNG pickle) stays accelerate's
         if any(n.startswith("random_states_") for n in os.listdir(d)):
@@ -75,6 +83,11 @@ def _front(
     def load_state(self: Any, input_dir: Any = None, load_kwargs: Any = None, **kwargs: Any) -> Any:
         d = _ours(self, input_dir)
         if d is None:
+            lost = _ours(self, input_dir, lost=True) if enabled() else None
+            if lost is not None:
+                # accelerate's own error was "No such file or directory: '.../optimizer.bin'";
+                # ours names the missing index (still a FileNotFoundError)
+                refuse_missing_index(lost, "Accelerator.load_state", _PART)
             return original(self, input_dir, load_kwargs, **kwargs)
         if not enabled():
             raise ValueError(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 from . import _MARK, INDEX_MAGIC, _starts_with, dress
-from .pretrained import is_pretrained
+from .pretrained import is_pretrained, refuse_lost_index
 
 MYPY = False
 if MYPY:
@@ -85,6 +85,8 @@ def _checkpoint_front(
         given = args[1] if len(args) > 1 else kwargs.get("checkpoint")
         index = index_of(given)
         if index is None:
+            if enabled():  # accelerate's own words: "not a folder containing ..." (ValueError)
+                refuse_lost_index(given, "load_checkpoint_in_model", corrupt=True)
             return original(*args, **kwargs)
         if not enabled():
             raise _refused(given, env)

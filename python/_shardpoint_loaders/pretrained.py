@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, INDEX_MAGIC, MAGIC, _starts_with, dress, index_or_cut, local_path
+from . import (
+    _MARK,
+    INDEX_MAGIC,
+    MAGIC,
+    _starts_with,
+    dress,
+    index_or_cut,
+    local_path,
+    refuse_missing_index,
+)
 
 MYPY = False
 if MYPY:
@@ -27,7 +36,13 @@ if MYPY:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["is_pretrained", "check_recorded_weights", "patch_modeling_utils", "patch_auto_factory"]
+__all__ = [
+    "is_pretrained",
+    "check_recorded_weights",
+    "refuse_lost_index",
+    "patch_modeling_utils",
+    "patch_auto_factory",
+]
 
 #: ends of the weight files transformers reads itself: a directory with any of them is its own
 _NATIVE = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".h5", ".msgpack")
@@ -75,6 +90,26 @@ def is_pretrained(path: Any) -> bool:
         return False
 
 
+def refuse_lost_index(path: Any, who: str, corrupt: bool = False) -> None:
+    """Raise shardpoint's error naming ``path`` when it is a checkpoint of ours whose
+    ``model.index`` / ``shardpoint.index`` is gone while its data shards are there, and no
+    weights file transformers reads itself is beside them (a ``ShardpointTrainer`` checkpoint
+    with its ``model.safetensors`` still loads: those weights are whole). A prefix ``P`` of
+    ``shardpoint convert`` whose ``P.index`` is gone too. Without it transformers said "no file
+    named model.safetensors" and Trainer "Can't find a valid checkpoint": nothing about the
+    index. ``corrupt``: ``CorruptCheckpointError`` (a ``ValueError``, as Trainer's error) in
+    place of ``NotFoundError`` (an ``OSError``, as transformers')."""
+    p = local_path(path)
+    if p is None:
+        return
+    try:
+        if os.path.isdir(p) and any(_native(p, n) for n in os.listdir(p)):
+            return
+    except OSError:
+        return
+    refuse_missing_index(p, who, _PARTS, corrupt)
+
+
 def check_recorded_weights(path: Any) -> None:
     """If ``path`` is a local checkpoint directory of ours whose weights are files transformers
     reads itself (``model.safetensors``... beside ``shardpoint.index``, which records each
@@ -107,6 +142,7 @@ def _front(original: Callable[..., Any], enabled: Callable[[], bool], env: str) 
             where = os.path.join(os.fspath(path), sub)
         if not is_pretrained(where):
             if enabled():
+                refuse_lost_index(where, "from_pretrained")
                 check_recorded_weights(where)
             return original(cls, *args, **kwargs)
         if not enabled():

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from . import _MARK, dress, index_or_cut
-from .pretrained import _native, check_recorded_weights
+from .pretrained import _native, check_recorded_weights, refuse_lost_index
 
 MYPY = False
 if MYPY:
@@ -64,15 +64,22 @@ def _has_native(directory: str, method: str) -> bool:
     return any(n in names for n in _STEPS[method][0])
 
 
+def _plain(trainer: Any) -> bool:
+    """Whether ``trainer``'s engine leaves the checkpoint to ``Trainer``'s own methods (not
+    DeepSpeed or FSDP, which write their own states)."""
+    return not (
+        getattr(trainer, "is_deepspeed_enabled", False)
+        or getattr(trainer, "is_fsdp_enabled", False)
+    )
+
+
 def _ours(trainer: Any, checkpoint: Any, method: str) -> bool:
     """Whether ``trainer`` (a plain Trainer) should read this step from our part. Never
     raises."""
     try:
         if hasattr(type(trainer), "_sp_has"):  # ShardpointTrainer loads its own checkpoints
             return False
-        if getattr(trainer, "is_deepspeed_enabled", False) or getattr(
-            trainer, "is_fsdp_enabled", False
-        ):
+        if not _plain(trainer):
             return False
         if not isinstance(checkpoint, str | os.PathLike):
             return False
@@ -96,7 +103,9 @@ def _front(
         checkpoint: Any = args[0] if args else kwargs.get(name)
         if not _ours(self, checkpoint, method):
             own = hasattr(type(self), "_sp_has")  # ShardpointTrainer checks its weights itself
-            if method == "_load_from_checkpoint" and enabled() and not own:
+            if method == "_load_from_checkpoint" and enabled() and not own and _plain(self):
+                # Trainer's own words would be "Can't find a valid checkpoint" (a ValueError)
+                refuse_lost_index(checkpoint, "Trainer resume", corrupt=True)
                 check_recorded_weights(checkpoint)  # Trainer reads model.safetensors unchecked
             return original(self, *args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k != name}

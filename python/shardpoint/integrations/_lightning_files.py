@@ -81,8 +81,15 @@ def _fs(path: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]
 
 
 def _dir_form(p: str) -> bool:
-    """Whether local ``p`` is a checkpoint directory written by an earlier version."""
-    return os.path.isdir(p) and files.exists(part_prefix(p, PART))
+    """Whether local ``p`` is a checkpoint directory written by an earlier version, also one
+    whose ``state.index`` is gone beside its data shards (``load`` names the missing index;
+    Lightning's own loader said only "Is a directory")."""
+    if not os.path.isdir(p):
+        return False
+    if files.exists(part_prefix(p, PART)):
+        return True
+    names = os.listdir(p)
+    return f"{PART}.index" not in names and any(n.startswith(f"{PART}.data-") for n in names)
 
 
 def _peek(f: IO[bytes]) -> bytes:
