@@ -172,20 +172,23 @@ def test_a_damaged_weights_file_is_refused_by_the_next_scripts_from_pretrained(
     # transformers reads model.safetensors itself and checks nothing; shardpoint.index records
     # each weight's crc32c, and the from_pretrained front checks them first: a flipped bit is an
     # error naming the file and tensor, never a silently different model (found by a helper)
-    ckpt = tmp_path / "checkpoint-3"
-    shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", ckpt)
-    code = "import sys, transformers as t\nt.AutoModelForCausalLM.from_pretrained(sys.argv[1])"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-
-    def load() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", code, str(ckpt)],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
-
-    assert load().returncode == 0
+    # one next script (a fresh process) loads the intact copy, then the damaged one
+    good, ckpt = tmp_path / "good/checkpoint-3", tmp_path / "checkpoint-3"
+    for d in (good, ckpt):
+        shutil.copytree(runs["base"] / "shardpoint/checkpoint-3", d)
     damage_safetensors(ckpt / "model.safetensors", "transformer.h.1.mlp.c_fc.weight")
-    bad = load()
+    code = (
+        "import sys, transformers as t\n"
+        "t.AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "print('intact copy loaded', flush=True)\n"
+        "t.AutoModelForCausalLM.from_pretrained(sys.argv[2])"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    bad = subprocess.run(
+        [sys.executable, "-c", code, str(good), str(ckpt)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert bad.stdout.strip() == "intact copy loaded", bad.stderr  # the intact one loads
     last = bad.stderr.strip().splitlines()[-1]
     assert bad.returncode == 1 and "ChecksumMismatchError" in last, bad.stderr
     assert "model.safetensors" in last and "transformer.h.1.mlp.c_fc.weight" in last
@@ -285,30 +288,49 @@ def test_compressed_weights_knob(runs: dict[str, Any], tmp_path: Path) -> None:
     assert name == "GPT2Model" and base_model
     assert all(v == stored["transformer." + k] for k, v in base_model.items())
     # the same directory with its index cut short (a full disk, a copy that stopped): the
-    # error names shardpoint's damaged file, not "no file named model.safetensors"
-    for size in (0, 3):
-        damaged = tmp_path / f"damaged-{size}"
-        shutil.copytree(tmp_path / "checkpoint-3", damaged)
-        with open(damaged / "shardpoint.index", "r+b") as f:
+    # error names shardpoint's damaged file, not "no file named model.safetensors". One next
+    # script tries both: the first error printed as Python prints its last line, the second
+    # left uncaught (exit 1)
+    damaged = [tmp_path / f"damaged-{size}" for size in (0, 3)]
+    for size, d in zip((0, 3), damaged, strict=True):
+        shutil.copytree(tmp_path / "checkpoint-3", d)
+        with open(d / "shardpoint.index", "r+b") as f:
             f.truncate(size)
-        p = subprocess.run(
-            [sys.executable, "-c", "import sys, transformers as t\n"
-             "t.AutoModelForCausalLM.from_pretrained(sys.argv[1])", str(damaged)],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
-        assert p.returncode == 1
-        last = p.stderr.strip().splitlines()[-1]
-        assert "shardpoint.index" in last and "model.safetensors" not in last, last
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys, traceback, transformers as t\n"
+         "try:\n"
+         "    t.AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+         "    print('LOADED')\n"
+         "except Exception as e:\n"
+         "    print(traceback.format_exception_only(e)[-1].strip(), flush=True)\n"
+         "t.AutoModelForCausalLM.from_pretrained(sys.argv[2])",
+         *map(str, damaged)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    first = p.stdout.strip().splitlines()[-1]
+    assert "shardpoint.index" in first and "model.safetensors" not in first, first  # size 0
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "shardpoint.index" in last and "model.safetensors" not in last, last  # size 3
 
 
-def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def peft_native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """PEFT's own run (a plain Trainer), the reference of both PEFT tests (read only)."""
+    out = tmp_path_factory.mktemp("peft") / "native"
+    return out, hf_run.train("peft-native", str(out), 6)
+
+
+def test_peft_adapters_as_peft_writes_them(
+    peft_native: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    native = hf_run.train("peft-native", str(tmp_path / "native"), 6)
+    native_dir, native = peft_native
     ours = hf_run.train("peft-shardpoint", str(tmp_path / "ours"), 6)
     assert ours["losses"] == native["losses"] and ours["digest"] == native["digest"]
-    mine, nat = tmp_path / "ours/checkpoint-3", tmp_path / "native/checkpoint-3"
+    mine, nat = tmp_path / "ours/checkpoint-3", native_dir / "checkpoint-3"
     assert not (mine / "model.safetensors").exists()
     assert_same_tree(
         load_file(mine / "adapter_model.safetensors"), load_file(nat / "adapter_model.safetensors")
@@ -331,41 +353,48 @@ def test_peft_adapters_as_peft_writes_them(tmp_path: Path) -> None:
     assert bad.returncode == 1 and key in bad.stderr, bad.stderr
 
 
-def test_compressed_peft_checkpoint_in_the_next_script(tmp_path: Path) -> None:
+def test_compressed_peft_checkpoint_in_the_next_script(
+    peft_native: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     """``shardpoint_weights="compressed"`` on a PEFT model: the user's next script, a fresh
     process that never names shardpoint, loads the adapter with PEFT's own
-    ``PeftModel.from_pretrained(checkpoint)`` and resumes with a plain ``Trainer``. Before,
+    ``PeftModel.from_pretrained(checkpoint)`` and resumes with a plain ``Trainer`` (one
+    script does both, the adapter loaded first). Before,
     the checkpoint had no ``adapter_config.json`` ("Can't find 'adapter_config.json'") and a
     base-model ``config.json`` naming ``PeftModelForCausalLM``."""
     ours = hf_run.train("peft-shardpoint-compressed", str(tmp_path / "ours"), 6)
-    native = hf_run.train("peft-native", str(tmp_path / "native"), 6)
+    native_dir, native = peft_native
     assert ours["losses"] == native["losses"]
-    mine, nat = tmp_path / "ours/checkpoint-3", tmp_path / "native/checkpoint-3"
+    mine, nat = tmp_path / "ours/checkpoint-3", native_dir / "checkpoint-3"
     assert (mine / "adapter_model.bin").read_bytes()[:8] == b"SPSINGLE"
     assert not (mine / "config.json").exists() and not (nat / "config.json").exists()
     assert json.loads((mine / "adapter_config.json").read_text()) == json.loads(
         (nat / "adapter_config.json").read_text()
     )
     code = (
-        "import sys\n"
+        "import json, sys\n"
         "from peft import PeftModel\n"
         "from integration_helpers import hf_run\n"
         "from integration_helpers.common import digest\n"
-        "for ck in sys.argv[1:]:\n"
-        "    print(digest(PeftModel.from_pretrained(hf_run.make_model(), ck).state_dict()))\n"
+        "for ck in sys.argv[1:3]:\n"
+        "    m = PeftModel.from_pretrained(hf_run.make_model(), ck)\n"
+        "    print('adapter', digest(m.state_dict()), flush=True)\n"
+        # then a plain Trainer resumes from the checkpoint (hf_run's `peft-native` run)
+        "print(json.dumps(hf_run.train('peft-native', sys.argv[3], 6, sys.argv[1])))\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(hf_run.__file__).parents[1]), env.get("PYTHONPATH", "")]
     )
     p = subprocess.run(
-        [sys.executable, "-c", code, str(mine), str(nat)],
+        [sys.executable, "-c", code, str(mine), str(nat), str(tmp_path / "r")],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
-    loaded, reference = p.stdout.split()[-2:]
+    lines = p.stdout.strip().splitlines()
+    loaded, reference = [x.split()[1] for x in lines if x.startswith("adapter ")]
     assert "shardpoint" not in code and loaded == reference
-    (resumed,) = run_child("hf_run", "peft-native", str(tmp_path / "r"), "6", str(mine))
+    resumed = json.loads(lines[-1])
     assert resumed["losses"] == ours["losses"][3:] and resumed["digest"] == ours["digest"]
     assert pickles_under(tmp_path / "ours") == []
 
