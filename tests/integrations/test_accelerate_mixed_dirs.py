@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,17 +67,33 @@ def _run(*args: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+@pytest.fixture(scope="module")
+def saved_twice(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """The directory ``first`` then ``second`` saved into (each save its own process), made
+    once per pair: both readers of a pair read the same two saves (each test a copy)."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(first: str, second: str) -> Path:
+        if (first, second) not in made:
+            d = tmp_path_factory.mktemp(f"{first}-then-{second}") / "state"
+            assert _run(str(d), first, "1", "save") == {}
+            assert _run(str(d), second, "5", "save") == {}
+            made[first, second] = d
+        return made[first, second]
+
+    return get
+
+
 @pytest.mark.parametrize(
     ("first", "second", "reader"),
     [("native", "sp", "native"), ("native", "sp", "sp"), ("sp", "native", "sp"),
      ("sp", "native", "native")],
 )  # fmt: skip
 def test_the_newest_save_into_one_directory_is_read(
-    tmp_path: Path, first: str, second: str, reader: str
+    saved_twice: Callable[[str, str], Path], tmp_path: Path, first: str, second: str, reader: str
 ) -> None:
     d = str(tmp_path / "state")
-    assert _run(d, first, "1", "save") == {}
-    assert _run(d, second, "5", "save") == {}
+    shutil.copytree(saved_twice(first, second), d)
     if second == "sp":
         left = sorted(os.listdir(d))
         assert not [n for n in left if n.endswith((".pkl", ".bin"))], left
