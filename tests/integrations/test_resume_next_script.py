@@ -76,9 +76,31 @@ def _module(flow: Flow) -> str:
     return flow.helper.__name__.rpartition(".")[2]
 
 
-@pytest.mark.parametrize("kind", ["shardpoint", "shardpoint-compressed"])
+KINDS = ("shardpoint", "shardpoint-compressed")
+
+
+@pytest.fixture(scope="module")
+def resumed(uninterrupted: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One plain script (a fresh process, the framework's own run) resuming, in order: the
+    framework's own checkpoint, then each kind of ours by path and as the newest checkpoint of
+    its output directory. The tests below check one resume each."""
+    name, flow, base, _ = uninterrupted
+    tmp = tmp_path_factory.mktemp(f"resumed-{name}")
+    args = ["native", str(tmp / "native-r"), flow.length, str(base / "native" / flow.checkpoint)]
+    for kind in KINDS:
+        # the newest checkpoint of the output directory, as the framework finds it
+        latest = tmp / kind / "latest"
+        shutil.copytree(base / kind / flow.checkpoint, latest / flow.checkpoint)
+        args += [";", "native", str(tmp / kind / "r"), flow.length]
+        args += [str(base / kind / flow.checkpoint), ";", "native", str(latest), flow.length]
+        args += [flow.newest]
+    native, *ours = run_child(_module(flow), *args)
+    return {"native": native, **{k: ours[2 * i : 2 * i + 2] for i, k in enumerate(KINDS)}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_plain_trainer_resumes_a_shardpoint_checkpoint_exactly(
-    uninterrupted: Any, kind: str, tmp_path: Path
+    uninterrupted: Any, resumed: dict[str, Any], kind: str
 ) -> None:
     name, flow, base, runs = uninterrupted
     ck = base / kind / flow.checkpoint
@@ -86,13 +108,7 @@ def test_a_plain_trainer_resumes_a_shardpoint_checkpoint_exactly(
         assert (ck / "optimizer.pt").read_bytes()[:8] == b"SPSINGLE"
     else:
         assert not (ck / "optimizer.bin").exists()
-    # the newest checkpoint of the output directory, as the framework finds it
-    latest = tmp_path / "latest"
-    shutil.copytree(ck, latest / flow.checkpoint)
-    by_path, by_latest = run_child(
-        _module(flow), "native", str(tmp_path / "r"), flow.length, str(ck), ";",
-        "native", str(latest), flow.length, flow.newest,
-    )  # fmt: skip
+    by_path, by_latest = resumed[kind]
     want = runs[kind]
     for got in (by_path, by_latest):
         assert got["losses"] == want["losses"][flow.done :]
@@ -101,12 +117,11 @@ def test_a_plain_trainer_resumes_a_shardpoint_checkpoint_exactly(
         assert got.get("progress") == want.get("progress")
 
 
-def test_native_checkpoints_stay_the_frameworks_own(uninterrupted: Any) -> None:
-    _, flow, base, runs = uninterrupted
-    (got,) = run_child(
-        _module(flow), "native", str(base / "native-r"), flow.length,
-        str(base / "native" / flow.checkpoint),
-    )  # fmt: skip
+def test_native_checkpoints_stay_the_frameworks_own(
+    uninterrupted: Any, resumed: dict[str, Any]
+) -> None:
+    _, flow, _, runs = uninterrupted
+    got = resumed["native"]  # the script's first resume: nothing of ours read before it
     assert got["losses"] == runs["native"]["losses"][flow.done :]
     assert got["digest"] == runs["native"]["digest"]
 
