@@ -194,28 +194,28 @@ def test_from_pretrained_leaves_other_paths_to_transformers_and_refuses_what_it_
     exported: tuple[pathlib.Path, pathlib.Path], tmp_path: pathlib.Path
 ) -> None:
     hf, serve = exported
-    # the Hugging Face directory: transformers' own loading, shardpoint never imported
+    # one next script, in order: the Hugging Face directory (transformers' own loading,
+    # shardpoint never imported); a path that is nothing (transformers' own error, unchanged);
+    # then what only transformers' own loading does on ours (refused, naming the way out)
+    missing = str(tmp_path / "no-such-model")
     p = _child(
         f"""
-        import sys, transformers
+        import sys, traceback, transformers
         transformers.AutoModelForCausalLM.from_pretrained({str(hf)!r})
         print("shardpoint" in sys.modules)
-        """
-    )
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip().splitlines()[-1] == "False"
-    # a path that is nothing: transformers' own error, unchanged
-    missing = str(tmp_path / "no-such-model")
-    p = _child(f"import transformers; transformers.AutoModel.from_pretrained({missing!r})")
-    last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode != 0 and last.startswith("OSError") and "shardpoint" not in last
-    # what only transformers' own loading does: refused, naming the way out
-    p = _child(
-        f"""
-        import transformers
+        try:
+            transformers.AutoModel.from_pretrained({missing!r})
+            print("LOADED")
+        except Exception as e:
+            print(traceback.format_exception_only(e)[-1].strip(), flush=True)
+        print("shardpoint" in sys.modules, flush=True)
         transformers.AutoModelForCausalLM.from_pretrained({str(serve)!r}, load_in_8bit=True)
         """
     )
+    *_, hf_loaded, last, after_missing = p.stdout.strip().splitlines()
+    assert hf_loaded == "False", p.stdout + p.stderr
+    assert last.startswith("OSError") and "shardpoint" not in last, last
+    assert after_missing == "False"  # the missing path went to transformers alone
     assert p.returncode != 0
     assert "does not support load_in_8bit" in p.stderr and "--to hf" in p.stderr
     # turned off: an error naming shardpoint and the call that reads it
