@@ -89,11 +89,15 @@ def _starts_with(path: str, magic: bytes) -> bool:
 
 
 def _has_shards(prefix: str) -> bool:
-    """Whether shardpoint data shards of ``prefix`` (``P.data-00000-of-N``) are there: an
-    index beside them whose bytes are not an index is a damaged checkpoint of ours."""
+    """Whether shardpoint data shards of ``prefix`` (``P.data-00003-of-00008``, any of them:
+    shard 0 may be the one lost) are there: an index beside them whose bytes are not an index,
+    or no index at all, is a damaged checkpoint of ours."""
+    import re  # here, not at startup: every Python process imports this module
+
     d, base = os.path.split(prefix)
+    shard = re.compile(re.escape(base) + r"\.data-[0-9]{5}-of-[0-9]{5}")
     try:
-        return any(n.startswith(base + ".data-00000-of-") for n in os.listdir(d or "."))
+        return any(shard.match(n) for n in os.listdir(d or "."))
     except OSError:
         return False
 

@@ -131,6 +131,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     state = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3)}
     sptorch.save(state, str(base / "pre" / "ck"))
+    sptorch.save(state, str(base / "pre2" / "ck"), shards=2)
     (base / "ldir" / "epoch=1.ckpt").mkdir(parents=True)
     save_tree(
         {"state_dict": state, "epoch": 1},
@@ -236,6 +237,21 @@ def test_torch_load_of_a_prefix_or_directory_names_the_lost_index(
     # the reading turned off: torch's own error, as for every file of ours then
     off = probe(calls[:1], env={"SHARDPOINT_TORCH_LOAD": "0"})
     assert off["prefix"]["mro"][0] == "FileNotFoundError", off
+
+
+def test_a_lost_index_is_named_when_shard_zero_is_lost_too(runs: Path, tmp_path: Path) -> None:
+    """Any data shard left beside the lost index marks the checkpoint as ours, not only the
+    first (a copy that stopped early may have left only the later ones)."""
+    assert sorted(p.name for p in (runs / "pre2").iterdir()) == [
+        "ck.data-00000-of-00002",
+        "ck.data-00001-of-00002",
+        "ck.index",
+    ]
+    pre = lose(runs / "pre2", tmp_path / "pre2", "*.index") / "ck"
+    (pre.parent / "ck.data-00000-of-00002").unlink()
+    assert sorted(p.name for p in pre.parent.iterdir()) == ["ck.data-00001-of-00002"]
+    got = probe([("prefix", "torch.load", pre)])
+    assert_names_lost_index(got["prefix"], pre, "ck.index", "NotFoundError")
 
 
 def test_a_lost_data_shard_was_already_named_by_shardpoint(runs: Path, tmp_path: Path) -> None:
