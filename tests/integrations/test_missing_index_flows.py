@@ -103,6 +103,14 @@ def lose(src: Path, dst: Path, pattern: str) -> Path:
     return dst
 
 
+def failed_resume(module: str, out: Path, steps: str, ck: Path) -> str:
+    """The last line of the error of a plain framework's resume from ``ck`` (a fresh process
+    that must fail)."""
+    with pytest.raises(AssertionError) as err:
+        run_child(module, "native", str(out), steps, str(ck))
+    return str(err.value).strip().splitlines()[-1]
+
+
 def assert_names_lost_index(got: dict[str, Any], where: Path, index: str, cls: str) -> None:
     assert "mro" in got, got  # it loaded: wrong, nothing could be read
     assert got["mro"][0] == cls, got
@@ -173,9 +181,7 @@ def test_whole_weights_beside_a_lost_index_still_load_and_resume_the_same(
 
 def test_a_plain_trainer_resume_names_the_lost_index(runs: Path, tmp_path: Path) -> None:
     ck = lose(runs / "hfc" / "checkpoint-3", tmp_path / "ck", "shardpoint.index")
-    with pytest.raises(AssertionError) as err:
-        run_child("hf_run", "native", str(tmp_path / "r"), "6", str(ck))
-    last = str(err.value).strip().splitlines()[-1]
+    last = failed_resume("hf_run", tmp_path / "r", "6", ck)
     # was ValueError "Can't find a valid checkpoint at ..."; still a ValueError
     assert last.startswith("shardpoint.errors.CorruptCheckpointError: Trainer resume:"), last
     assert f"{str(ck)!r} is a shardpoint checkpoint" in last, last
@@ -190,9 +196,7 @@ def test_a_plain_accelerator_load_state_names_the_lost_index(
     runs: Path, tmp_path: Path, kind: str
 ) -> None:
     ck = lose(runs / kind / "checkpoints" / "checkpoint_0", tmp_path / "ck", "shardpoint.index")
-    with pytest.raises(AssertionError) as err:
-        run_child("accel_run", "native", str(tmp_path / "r"), "2", str(ck))
-    last = str(err.value).strip().splitlines()[-1]
+    last = failed_resume("accel_run", tmp_path / "r", "2", ck)
     # was FileNotFoundError "No such file or directory: '.../optimizer.bin'" (or
     # pytorch_model.bin); NotFoundError is still one
     assert last.startswith("shardpoint.errors.NotFoundError: Accelerator.load_state:"), last
