@@ -149,7 +149,7 @@ def refuse_missing_index(
     prefix = missing_index(path, parts)
     if prefix is None:
         return
-    from shardpoint.integrations._state import index_missing
+    from shardpoint.storage.paths import index_missing
 
     raise index_missing(prefix, os.fspath(path), who, corrupt=corrupt)
 

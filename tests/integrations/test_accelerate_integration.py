@@ -163,5 +163,5 @@ def test_damaged_checkpoint_fails_clearly_through_load_state(
     with pytest.raises(sp.ChecksumMismatchError, match="exp_avg"):
         accel_run.train("shardpoint", str(tmp_path / "run"), 2, resume=str(bad))
     (bad / "shardpoint.index").unlink()
-    with pytest.raises(sp.NotFoundError, match="shardpoint.index is missing"):
+    with pytest.raises(sp.NotFoundError, match="shardpoint.index' is missing"):
         accel_run.train("shardpoint", str(tmp_path / "run"), 2, resume=str(bad))

@@ -116,7 +116,7 @@ def test_damaged_checkpoint_fails_clearly_through_load_checkpoint(
         "load", "shardpoint", str(missing), "1", "global_step3", env=ENV,
     )  # fmt: skip
     assert damaged["error"] == "ChecksumMismatchError" and "module/0.weight" in damaged["message"]
-    assert "NotFoundError" in gone["mro"] and "state.index is missing" in gone["message"]
+    assert "NotFoundError" in gone["mro"] and "state.index' is missing" in gone["message"]
 
 
 def test_objects_outside_the_allow_list_are_refused(tmp_path: Path) -> None:

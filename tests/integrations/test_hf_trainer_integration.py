@@ -480,5 +480,5 @@ def test_damaged_checkpoint_fails_clearly_through_train(
     with pytest.raises(sp.ChecksumMismatchError, match="exp_avg"):
         trainer.train(resume_from_checkpoint=str(bad))
     (bad / "shardpoint.index").unlink()
-    with pytest.raises(sp.NotFoundError, match="shardpoint.index is missing"):
+    with pytest.raises(sp.NotFoundError, match="shardpoint.index' is missing"):
         trainer.train(resume_from_checkpoint=str(bad))

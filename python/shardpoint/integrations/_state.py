@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import storage
-from ..errors import CorruptCheckpointError, NotFoundError, UnsupportedDTypeError
+from ..errors import NotFoundError, UnsupportedDTypeError
+from ..storage.paths import lost_index
 
 __all__ = [
     "PendingSaves",
@@ -108,37 +109,18 @@ def load_tree(
 
 
 def missing_part(prefix: str, integration: str) -> NotFoundError:
-    """The error for a part whose index is missing, saying what the directory holds."""
+    """The error for a part whose index is missing: its data shards without it are a lost
+    index (:func:`~shardpoint.storage.paths.lost_index`, the words every front uses), else what the directory
+    holds."""
+    lost = lost_index(prefix, integration)
+    if lost is not None:
+        return lost
     where = Path(prefix).parent
     found = sorted(os.listdir(where))[:8] if where.is_dir() else None
     return NotFoundError(
         f"{integration}: no shardpoint checkpoint at {prefix!r} ({prefix}.index is missing; "
         + (f"the directory holds {found})" if found is not None else "no such directory)")
         + ". A save killed before its commit leaves no index: resume from an earlier "
-        "checkpoint."
-    )
-
-
-def index_missing(
-    prefix: str, where: str, who: str, *, corrupt: bool = False
-) -> NotFoundError | CorruptCheckpointError:
-    """The error for a checkpoint ``where`` whose part ``prefix`` lost its index while its data
-    shards are still there (``_shardpoint_loaders.missing_index``), raised by the next script's
-    fronts (``who``: the call) instead of the framework's own "no file named ..." that never
-    says shardpoint. ``NotFoundError`` (a ``FileNotFoundError``), or with ``corrupt``
-    ``CorruptCheckpointError`` (a ``ValueError``) where the framework's own error is one."""
-    directory, base = os.path.split(prefix)
-    try:
-        shards = sorted(n for n in os.listdir(directory or ".") if n.startswith(base + ".data-"))
-    except OSError:
-        shards = []
-    listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
-    cls = CorruptCheckpointError if corrupt else NotFoundError
-    return cls(
-        f"{who}: {where!r} is a shardpoint checkpoint whose index {prefix + '.index'!r} is "
-        f"missing: its data shards ({listed}) are there, but nothing in them can be read "
-        "without the index. A save killed before its commit, or a copy or upload that left "
-        "the .index file out, leaves this: copy the index over again, or load an earlier "
         "checkpoint."
     )
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _core
-from ..errors import InvalidArgumentError, NotFoundError
+from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 
 __all__ = [
     "PathLike",
@@ -24,6 +24,8 @@ __all__ = [
     "SERVING_WHOLE",
     "checkpoints_in",
     "directory_prefix",
+    "index_missing",
+    "lost_index",
     "exists",
     "remove",
     "read_object",
@@ -132,12 +134,65 @@ def directory_prefix(path: str) -> str:
     return found[0] if len(found) == 1 else path
 
 
+#: the parts a checkpoint directory of ours holds: the trainer integrations' ``state``, a serving
+#: directory's ``model``, a Hugging Face / accelerate checkpoint's ``shardpoint``, and the
+#: ``checkpoint`` a DCP ``StorageWriter`` given a directory (or orbax's handler) writes there
+_LOST_PARTS = ("state", "model", "shardpoint", "checkpoint")
+
+
+def index_missing(
+    prefix: str, where: str, who: str = "", *, corrupt: bool = False
+) -> NotFoundError | CorruptCheckpointError:
+    """The error for a checkpoint ``where`` whose part ``prefix`` lost its index while its data
+    shards are still there (:func:`lost_index`), raised by the reader and by the next script's
+    fronts (``who``: the call, named first when given) instead of "no checkpoint" or the
+    framework's own "no file named ...", which never say that the data is there and only its
+    index is not. ``NotFoundError`` (a ``FileNotFoundError``), or with ``corrupt``
+    ``CorruptCheckpointError`` (a ``ValueError``) where the framework's own error is one."""
+    directory, base = os.path.split(prefix)
+    try:
+        shards = sorted(n for n in os.listdir(directory or ".") if n.startswith(base + ".data-"))
+    except OSError:
+        shards = []
+    listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
+    cls = CorruptCheckpointError if corrupt else NotFoundError
+    return cls(
+        f"{who + ': ' if who else ''}{where!r} is a shardpoint checkpoint whose index "
+        f"{prefix + '.index'!r} is missing: its data shards ({listed}) are there, but nothing "
+        "in them can be read without the index. A save killed before its commit, or a copy or "
+        "upload that left the .index file out, leaves this: copy the index over again, or "
+        "load an earlier checkpoint."
+    )
+
+
+def lost_index(path: str, who: str = "") -> NotFoundError | None:
+    """:func:`index_missing` for ``path`` (a prefix, or a directory holding one of
+    ``_LOST_PARTS``) when its index is gone and data shards ``P.data-NNNNN-of-MMMMM`` remain,
+    else ``None``. The test is the startup file's (``_shardpoint_loaders.missing_index``), so
+    the reader and the fronts agree on what a lost index is; a copy of the package without that
+    sibling folder keeps the plain "not found"."""
+    try:
+        from _shardpoint_loaders import missing_index
+    except ImportError:
+        return None
+    prefix = missing_index(path, _LOST_PARTS)
+    if prefix is None:
+        return None
+    err = index_missing(prefix, path, who)
+    assert isinstance(err, NotFoundError)  # not corrupt=: the narrower type for the caller
+    return err
+
+
 def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
     """The error for a checkpoint that is not there, naming what the user typed and both
     forms looked for (a single file at ``path``, the prefix form's ``path.index``); the core
     names only the last one tried, a name the user never typed. A directory says which
-    checkpoints it holds. A missing shard of an index that exists keeps the core's error,
-    which names that shard."""
+    checkpoints it holds. Data shards without their index say that the index is what is
+    missing (:func:`lost_index`). A missing shard of an index that exists keeps the core's
+    error, which names that shard."""
+    lost = lost_index(path)
+    if lost is not None:
+        return lost
     if os.path.isdir(path) and not os.path.exists(path + ".index"):
         pattern = os.path.join(glob.escape(path), "*.index")
         found = sorted(
