@@ -17,6 +17,17 @@ DCP modules have run (standard library only until a path turns out to be ours):
 "Ours": a local path ``P`` whose ``P.index`` is shardpoint's, or a directory without DCP's
 ``.metadata`` holding a shardpoint index. Everything else — DCP's own directories first — is
 DCP's, unchanged. ``SHARDPOINT_TORCH_LOAD=0`` leaves both fronts out (DCP's own error).
+
+A damaged checkpoint of ours is refused by the fronts, before DCP's load starts: DCP runs the
+reader inside its collective steps and raises every error there as its ``CheckpointException``
+(a ``BaseException``: ``except Exception`` misses it) whose message is a traceback, where
+shardpoint's error is one line further down. So the reader is opened here (the index read and
+every shard's size checked: what its ``read_metadata`` would do first, on every rank, so no
+extra work), and ``P.index`` gone while ``P.data-*`` remain (DCP said "No such file:
+'P/.metadata'") raises shardpoint's ``NotFoundError`` naming the index; a shard cut short or
+gone raises the reader's error naming that shard. Every rank raises it alike, before any
+collective, so none waits on another. ``storage_reader=shardpoint.torch.StorageReader(P)``
+given to ``dcp.load`` is opened here too.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _MARK, INDEX_MAGIC, _starts_with, dress, local_path
+from . import _MARK, INDEX_MAGIC, _starts_with, dress, local_path, refuse_missing_index
 
 MYPY = False
 if MYPY:
@@ -55,19 +66,42 @@ def is_dcp_checkpoint(path: Any) -> bool:
         return False
 
 
+#: the part a ``StorageWriter`` given a directory writes in it (``dcp_paths.DIRECTORY_CHECKPOINT``)
+_PARTS = ("checkpoint",)
+
+
 def _reader(path: Any) -> Any:
     from shardpoint.torch.dcp import StorageReader
 
     return StorageReader(path)
 
 
+def _opened(reader: Any) -> Any:
+    """``reader`` with its checkpoint opened now, outside DCP's collective steps (see the
+    module docstring); DCP's ``read_metadata`` then reuses what it opened."""
+    reader._open()
+    return reader
+
+
+def _ours(storage: Any) -> bool:
+    """Whether ``storage`` is shardpoint's DCP reader (its module is imported if it is)."""
+    dcp = sys.modules.get("shardpoint.torch.dcp")
+    return dcp is not None and isinstance(storage, dcp.StorageReader)
+
+
 def _setup_front(original: Callable[..., Any], enabled: Callable[[], bool]) -> Callable[..., Any]:
     def _storage_setup(storage: Any, checkpoint_id: Any, reader: bool = False) -> Any:
-        if storage or not reader or not enabled() or not is_dcp_checkpoint(checkpoint_id):
+        if not reader or not enabled():
+            return original(storage, checkpoint_id, reader)
+        if storage:
+            got = original(storage, checkpoint_id, reader)
+            return _opened(got) if _ours(got) else got
+        if not is_dcp_checkpoint(checkpoint_id):
+            refuse_missing_index(checkpoint_id, "dcp.load", _PARTS)
             return original(storage, checkpoint_id, reader)
         got = _reader(checkpoint_id)
         got.reset(checkpoint_id)
-        return got
+        return _opened(got)
 
     dress(_storage_setup, original)
     return _storage_setup
@@ -95,9 +129,11 @@ def patch_filesystem(module: ModuleType, enabled: Callable[[], bool]) -> None:
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         path = args[0] if args else kwargs.get("path")
-        if cls is owner and enabled() and is_dcp_checkpoint(path):
-            # not an instance of cls: Python does not run FileSystemReader.__init__ on it
-            return _reader(path)
+        if cls is owner and enabled():
+            if is_dcp_checkpoint(path):
+                # not an instance of cls: Python does not run FileSystemReader.__init__ on it
+                return _opened(_reader(path))
+            refuse_missing_index(path, "FileSystemReader", _PARTS)
         if original is object.__new__:
             return original(cls)
         return original(cls, *args, **kwargs)
