@@ -291,4 +291,4 @@ def test_lightning_load_from_checkpoint_of_the_directory_form_names_the_lost_ind
     last = proc.stderr.strip().splitlines()[-1]
     # was IsADirectoryError "[Errno 21] Is a directory: '.../epoch=1.ckpt'"
     assert proc.returncode != 0 and last.startswith("shardpoint.errors.NotFoundError:"), last
-    assert str(ck / "state") in last and "state.index is missing" in last, last
+    assert str(ck / "state") in last and "state.index' is missing" in last, last
