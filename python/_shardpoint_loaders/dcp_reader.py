@@ -25,8 +25,10 @@ shardpoint's error is one line further down. So the reader is opened here (the i
 every shard's size checked: what its ``read_metadata`` would do first, on every rank, so no
 extra work), and ``P.index`` gone while ``P.data-*`` remain (DCP said "No such file:
 'P/.metadata'") raises shardpoint's ``NotFoundError`` naming the index; a shard cut short or
-gone raises the reader's error naming that shard. Every rank raises it alike, before any
-collective, so none waits on another. ``storage_reader=shardpoint.torch.StorageReader(P)``
+gone raises the reader's error naming that shard. Each is raised as shardpoint's class and
+DCP's ``CheckpointException`` at once (``shardpoint.torch.dcp_errors``: a caller catching
+either, or ``Exception``, catches it), with shardpoint's one-line message. Every rank raises
+it alike, before any collective, so none waits on another. ``storage_reader=shardpoint.torch.StorageReader(P)``
 given to ``dcp.load`` is opened here too.
 """
 
@@ -76,11 +78,33 @@ def _reader(path: Any) -> Any:
     return StorageReader(path)
 
 
+def _as_dcp(err: BaseException) -> BaseException:
+    """shardpoint's error ``err`` as DCP's too (``shardpoint.torch.dcp_errors``: callers that
+    catch DCP's ``CheckpointException`` still catch it); any other error as it is."""
+    ours = sys.modules.get("shardpoint.errors")
+    if ours is None or not isinstance(err, ours.CheckpointError):
+        return err
+    from shardpoint.torch.dcp_errors import as_dcp_error
+
+    return as_dcp_error(err).with_traceback(err.__traceback__)
+
+
 def _opened(reader: Any) -> Any:
     """``reader`` with its checkpoint opened now, outside DCP's collective steps (see the
     module docstring); DCP's ``read_metadata`` then reuses what it opened."""
-    reader._open()
+    try:
+        reader._open()
+    except Exception as err:
+        raise _as_dcp(err) from None
     return reader
+
+
+def _refuse_lost_index(path: Any, who: str) -> None:
+    """``refuse_missing_index`` for DCP's part name, its error DCP's too."""
+    try:
+        refuse_missing_index(path, who, _PARTS)
+    except Exception as err:
+        raise _as_dcp(err) from None
 
 
 def _ours(storage: Any) -> bool:
@@ -97,7 +121,7 @@ def _setup_front(original: Callable[..., Any], enabled: Callable[[], bool]) -> C
             got = original(storage, checkpoint_id, reader)
             return _opened(got) if _ours(got) else got
         if not is_dcp_checkpoint(checkpoint_id):
-            refuse_missing_index(checkpoint_id, "dcp.load", _PARTS)
+            _refuse_lost_index(checkpoint_id, "dcp.load")
             return original(storage, checkpoint_id, reader)
         got = _reader(checkpoint_id)
         got.reset(checkpoint_id)
@@ -133,7 +157,7 @@ def patch_filesystem(module: ModuleType, enabled: Callable[[], bool]) -> None:
             if is_dcp_checkpoint(path):
                 # not an instance of cls: Python does not run FileSystemReader.__init__ on it
                 return _opened(_reader(path))
-            refuse_missing_index(path, "FileSystemReader", _PARTS)
+            _refuse_lost_index(path, "FileSystemReader")
         if original is object.__new__:
             return original(cls)
         return original(cls, *args, **kwargs)

@@ -7,7 +7,9 @@ full disk, a copy that stopped), a data shard gone.
 Each call must raise shardpoint's error, of the builtin class the framework's callers catch,
 naming the damaged file: ``NotFoundError`` (a ``FileNotFoundError``) naming the lost index
 and saying that the data shards are there; ``CorruptCheckpointError`` (a ``ValueError``)
-naming the cut shard; ``NotFoundError`` naming the shard that is gone. Before this round DCP
+naming the cut shard; ``NotFoundError`` naming the shard that is gone. Through DCP the error
+is DCP's ``CheckpointException`` as well (``shardpoint.torch.dcp_errors``), as DCP's own load
+errors are, so code written against either catches it. Before this round DCP
 answered a lost index with "No such file or directory: 'P/.metadata'" and every damage with
 its ``CheckpointException`` (a ``BaseException`` whose message is a traceback); orbax's
 restore and ``weights_iterator`` with "no checkpoint at P ... neither exists"; DeepSpeed's own
@@ -245,9 +247,16 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 CASES = [(flow, kind) for flow, (_, kinds) in FLOWS.items() for kind in kinds]
 
 
-def _failure(got: dict[str, Any], cls: str, builtin: str) -> str:
+def _failure(got: dict[str, Any], cls: str, builtin: str, flow: str) -> str:
     assert "mro" in got, got  # it loaded: wrong, the checkpoint is damaged
-    assert got["mro"][0] == cls and got["module"] == "shardpoint.errors", got
+    if flow.startswith("dcp"):
+        # DCP's fronts raise our class and DCP's CheckpointException at once: callers written
+        # against either catch it (shardpoint.torch.dcp_errors)
+        assert got["mro"][0] == "DCP" + cls, got
+        assert got["module"] == "shardpoint.torch.dcp_errors", got
+        assert cls in got["mro"] and "CheckpointException" in got["mro"], got
+    else:
+        assert got["mro"][0] == cls and got["module"] == "shardpoint.errors", got
     # an Exception too: DCP's own CheckpointException is not one (``except Exception`` missed it)
     assert builtin in got["mro"] and "Exception" in got["mro"], got
     return str(got["msg"])
@@ -264,7 +273,7 @@ def test_an_intact_checkpoint_loads(
 @pytest.mark.parametrize(("flow", "kind"), CASES)
 def test_a_lost_index_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str, kind: str) -> None:
     base, got = outcomes
-    msg = _failure(got[f"{kind} {flow} noindex"], "NotFoundError", "FileNotFoundError")
+    msg = _failure(got[f"{kind} {flow} noindex"], "NotFoundError", "FileNotFoundError", flow)
     assert f"{str(base / 'noindex' / flow / INDEX[flow])!r} is missing" in msg, msg
     assert "is a shardpoint checkpoint" in msg and "data shards" in msg, msg
 
@@ -272,7 +281,7 @@ def test_a_lost_index_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str,
 @pytest.mark.parametrize(("flow", "kind"), CASES)
 def test_a_cut_shard_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str, kind: str) -> None:
     base, got = outcomes
-    msg = _failure(got[f"{kind} {flow} trunc"], "CorruptCheckpointError", "ValueError")
+    msg = _failure(got[f"{kind} {flow} trunc"], "CorruptCheckpointError", "ValueError", flow)
     assert msg.startswith(f"{base / 'trunc' / flow / SHARD[flow]}: corrupt checkpoint"), msg
     assert "truncated or replaced" in msg, msg
 
@@ -280,5 +289,5 @@ def test_a_cut_shard_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str, 
 @pytest.mark.parametrize(("flow", "kind"), CASES)
 def test_a_lost_shard_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str, kind: str) -> None:
     base, got = outcomes
-    msg = _failure(got[f"{kind} {flow} del"], "NotFoundError", "FileNotFoundError")
+    msg = _failure(got[f"{kind} {flow} del"], "NotFoundError", "FileNotFoundError", flow)
     assert msg.startswith(f"{base / 'del' / flow / SHARD[flow]}: not found"), msg
