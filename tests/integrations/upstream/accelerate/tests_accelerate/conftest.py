@@ -1,10 +1,17 @@
 """accelerate's own state-checkpointing tests, run with shardpoint's one line switched on.
 
-``test_state_checkpointing.py`` beside this file is accelerate's ``tests/test_state_checkpointing.py``
-copied unchanged (upstream header and assertions as they are) from huggingface/accelerate at
-16cb6eb80dd9aa8b4df1a63ef57863e455d53b83 (1.15.0.dev0, the mirror's newest commit; the file is
-the same there as at the v1.14.0 tag, and no v1.15.0 tag is in the mirror). The installed
-accelerate is 1.15.0.
+``test_state_checkpointing.py`` and ``test_accelerator.py`` beside this file are accelerate's
+``tests/test_state_checkpointing.py`` and ``tests/test_accelerator.py`` of the v1.16.0 release,
+copied unchanged (upstream header and assertions as they are). The mirror of
+huggingface/accelerate has no v1.16.0 tag (its newest tag is v1.14.0, its main 16cb6eb80dd9 is
+1.15.0.dev0), so they come from the released source distribution, which carries ``tests/``:
+accelerate-1.16.0.tar.gz, sha256
+43c446b9affb145220946a63fe32e14e968fcfca645d25b5f1f3fdbc375657ae (its ``src/accelerate`` is the
+1.16.0 wheel's, file for file). They need accelerate 1.16: ``test_state_checkpointing.py``
+imports ``get_torch_accelerator_backend`` (new in 1.16) and ``test_accelerator.py`` calls
+``Accelerator._remap_optimizer_parameters`` (new in 1.16), hence ``accelerate>=1.16`` in
+requirements-extras.txt. The copies before (1.15.0.dev0, 16cb6eb80dd9) imported
+``FP8RecipeKwargs``, which 1.16 removed.
 
 The one line a user changes is ``Accelerator(...)`` -> ``ShardpointAccelerator(...)``. Here it is
 ``accelerate.Accelerator`` replaced by ``ShardpointAccelerator`` while the module is imported (it
