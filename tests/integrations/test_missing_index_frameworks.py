@@ -291,3 +291,22 @@ def test_a_lost_shard_is_named(outcomes: tuple[Path, dict[str, Any]], flow: str,
     base, got = outcomes
     msg = _failure(got[f"{kind} {flow} del"], "NotFoundError", "FileNotFoundError", flow)
     assert msg.startswith(f"{base / 'del' / flow / SHARD[flow]}: not found"), msg
+
+
+def test_two_ranks_refuse_a_damaged_dcp_checkpoint_together(tmp_path: Path) -> None:
+    """Two gloo ranks ``dcp.load`` a checkpoint of ours with its index lost, a shard cut, a
+    shard gone: each rank raises the same error before DCP's collectives (none waits on the
+    other: a hang would end in the timeout), of our class and DCP's, naming the file."""
+    from rank_rendezvous import run_rank_modules
+
+    outs = run_rank_modules("integration_helpers.dcp_damage_ranks", tmp_path, [], timeout=180)
+    names = outs[0]
+    expect = {"noindex": "DCPNotFoundError", "trunc": "DCPCorruptCheckpointError",
+              "del": "DCPNotFoundError"}  # fmt: skip
+    for how, cls in expect.items():
+        damaged = str(tmp_path / how / names[how + "-file"])
+        for rank, out in enumerate(outs):
+            got = out[how]
+            assert "mro" in got, (rank, how, got)  # it loaded a damaged checkpoint: wrong
+            assert got["mro"][0] == cls and "CheckpointException" in got["mro"], (rank, got)
+            assert damaged in got["msg"], (rank, how, got["msg"])
