@@ -36,15 +36,36 @@ pytest.importorskip("torch")
 
 from integration_helpers.common import TESTS  # noqa: E402
 
-#: the user's training script: one checkpoint per framework, through our integration
-MAKE = r"""
-import os, sys, warnings
+#: both scripts' start: one rank without a launcher, and the tiny ZeRO-2 engine DeepSpeed
+#: saves and loads (``ours``: through ``use_shardpoint``)
+COMMON = r"""
+import json, logging, os, sys, warnings
 warnings.simplefilter("ignore")
-base = sys.argv[1]
 for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "0"), ("RANK", "0"),
              ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
     os.environ.setdefault(k, v)
 import torch
+
+
+def engine(ours):
+    import deepspeed
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 2},
+           "zero_allow_untested_optimizer": True, "steps_per_print": 10_000}
+    eng, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.02), config=cfg)
+    if ours:
+        from shardpoint.integrations.deepspeed import use_shardpoint
+        use_shardpoint(eng)
+    return eng
+"""
+
+#: the user's training script (after COMMON): one checkpoint per framework, through our
+#: integration
+MAKE = r"""
+base = sys.argv[1]
 import shardpoint.torch as sptorch
 
 torch.manual_seed(0)
@@ -66,46 +87,17 @@ with ocp.CheckpointManager(os.path.join(base, "orbax")) as mngr:
     mngr.save(5, args=ShardpointSave({"w": jnp.arange(12.0).reshape(3, 4), "b": jnp.ones(3)}))
     mngr.wait_until_finished()
 
-import deepspeed
-from shardpoint.integrations.deepspeed import use_shardpoint
-deepspeed.init_distributed(dist_backend="gloo")
-model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 2},
-       "zero_allow_untested_optimizer": True, "steps_per_print": 10_000}
-eng, _, _, _ = deepspeed.initialize(
-    model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.02), config=cfg)
-use_shardpoint(eng)
+eng = engine(True)
 eng.backward(eng(torch.randn(4, 8)).pow(2).mean())
 eng.step()
 eng.save_checkpoint(os.path.join(base, "ds"))
 print("saved")
 """
 
-#: the next script: each call, its outcome as the MRO's class names, the class's module and
-#: the message
+#: the next script (after COMMON): each call, its outcome as the MRO's class names, the
+#: class's module and the message
 PROBE = r"""
-import json, logging, os, sys, warnings
-warnings.simplefilter("ignore")
 logging.disable(logging.CRITICAL)  # orbax logs the step it could not read
-for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "0"), ("RANK", "0"),
-             ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-    os.environ.setdefault(k, v)
-import torch
-
-
-def engine(ours):
-    import deepspeed
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 2},
-           "zero_allow_untested_optimizer": True, "steps_per_print": 10_000}
-    eng, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.02), config=cfg)
-    if ours:
-        from shardpoint.integrations.deepspeed import use_shardpoint
-        use_shardpoint(eng)
-    return eng
 
 
 def dcp_target():
@@ -230,7 +222,7 @@ def _damage(flow_dir: Path, flow: str, how: str) -> None:
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """Every call of :data:`FLOWS` on every damage of :data:`HOWS`, in one fresh process."""
     made = tmp_path_factory.mktemp("made")
-    assert _run(MAKE, str(made)) == "saved"
+    assert _run(COMMON + MAKE, str(made)) == "saved"
     base = tmp_path_factory.mktemp("damaged")
     calls = []
     for flow, (where, kinds) in FLOWS.items():
@@ -240,7 +232,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
             _damage(root, flow, how)
             path = root / where.partition("/")[2] if "/" in where else root
             calls += [[f"{kind} {flow} {how}", kind, str(path)] for kind in kinds]
-    return base, json.loads(_run(PROBE, json.dumps(calls)))
+    return base, json.loads(_run(COMMON + PROBE, json.dumps(calls)))
 
 
 #: (flow, call) of every call
