@@ -89,22 +89,24 @@ def _as_dcp(err: BaseException) -> BaseException:
     return as_dcp_error(err).with_traceback(err.__traceback__)
 
 
+def _as_dcp_on_error(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``, shardpoint's errors raised as DCP's too (:func:`_as_dcp`)."""
+    try:
+        return call(*args)
+    except Exception as err:
+        raise _as_dcp(err) from None
+
+
 def _opened(reader: Any) -> Any:
     """``reader`` with its checkpoint opened now, outside DCP's collective steps (see the
     module docstring); DCP's ``read_metadata`` then reuses what it opened."""
-    try:
-        reader._open()
-    except Exception as err:
-        raise _as_dcp(err) from None
+    _as_dcp_on_error(reader._open)
     return reader
 
 
 def _refuse_lost_index(path: Any, who: str) -> None:
     """``refuse_missing_index`` for DCP's part name, its error DCP's too."""
-    try:
-        refuse_missing_index(path, who, _PARTS)
-    except Exception as err:
-        raise _as_dcp(err) from None
+    _as_dcp_on_error(refuse_missing_index, path, who, _PARTS)
 
 
 def _ours(storage: Any) -> bool:

@@ -109,9 +109,9 @@ def load_tree(
 
 
 def missing_part(prefix: str, integration: str) -> NotFoundError:
-    """The error for a part whose index is missing: its data shards without it are a lost
-    index (:func:`~shardpoint.storage.paths.lost_index`, the words every front uses), else what the directory
-    holds."""
+    """The error for a part whose index is missing: data shards without it are a lost index
+    (:func:`~shardpoint.storage.paths.lost_index`, the words every front uses); otherwise
+    it says what the directory holds."""
     lost = lost_index(prefix, integration)
     if lost is not None:
         return lost

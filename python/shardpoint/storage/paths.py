@@ -140,6 +140,23 @@ def directory_prefix(path: str) -> str:
 _LOST_PARTS = ("state", "model", "shardpoint", "checkpoint")
 
 
+def _lost_index_message(prefix: str, where: str, who: str) -> str:
+    """What :func:`index_missing` says: the lost index, and the data shards that are there."""
+    directory, base = os.path.split(prefix)
+    try:
+        shards = sorted(n for n in os.listdir(directory or ".") if n.startswith(base + ".data-"))
+    except OSError:
+        shards = []
+    listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
+    return (
+        f"{who + ': ' if who else ''}{where!r} is a shardpoint checkpoint whose index "
+        f"{prefix + '.index'!r} is missing: its data shards ({listed}) are there, but nothing "
+        "in them can be read without the index. A save killed before its commit, or a copy or "
+        "upload that left the .index file out, leaves this: copy the index over again, or "
+        "load an earlier checkpoint."
+    )
+
+
 def index_missing(
     prefix: str, where: str, who: str = "", *, corrupt: bool = False
 ) -> NotFoundError | CorruptCheckpointError:
@@ -149,38 +166,22 @@ def index_missing(
     framework's own "no file named ...", which never say that the data is there and only its
     index is not. ``NotFoundError`` (a ``FileNotFoundError``), or with ``corrupt``
     ``CorruptCheckpointError`` (a ``ValueError``) where the framework's own error is one."""
-    directory, base = os.path.split(prefix)
-    try:
-        shards = sorted(n for n in os.listdir(directory or ".") if n.startswith(base + ".data-"))
-    except OSError:
-        shards = []
-    listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
     cls = CorruptCheckpointError if corrupt else NotFoundError
-    return cls(
-        f"{who + ': ' if who else ''}{where!r} is a shardpoint checkpoint whose index "
-        f"{prefix + '.index'!r} is missing: its data shards ({listed}) are there, but nothing "
-        "in them can be read without the index. A save killed before its commit, or a copy or "
-        "upload that left the .index file out, leaves this: copy the index over again, or "
-        "load an earlier checkpoint."
-    )
+    return cls(_lost_index_message(prefix, where, who))
 
 
 def lost_index(path: str, who: str = "") -> NotFoundError | None:
-    """:func:`index_missing` for ``path`` (a prefix, or a directory holding one of
-    ``_LOST_PARTS``) when its index is gone and data shards ``P.data-NNNNN-of-MMMMM`` remain,
-    else ``None``. The test is the startup file's (``_shardpoint_loaders.missing_index``), so
-    the reader and the fronts agree on what a lost index is; a copy of the package without that
-    sibling folder keeps the plain "not found"."""
+    """:func:`index_missing`'s ``NotFoundError`` for ``path`` (a prefix, or a directory holding
+    one of ``_LOST_PARTS``) when its index is gone and data shards ``P.data-NNNNN-of-MMMMM``
+    remain, else ``None``. The test is the startup file's
+    (``_shardpoint_loaders.missing_index``), so the reader and the fronts agree on what a lost
+    index is; a copy of the package without that sibling folder keeps the plain "not found"."""
     try:
         from _shardpoint_loaders import missing_index
     except ImportError:
         return None
     prefix = missing_index(path, _LOST_PARTS)
-    if prefix is None:
-        return None
-    err = index_missing(prefix, path, who)
-    assert isinstance(err, NotFoundError)  # not corrupt=: the narrower type for the caller
-    return err
+    return None if prefix is None else NotFoundError(_lost_index_message(prefix, path, who))
 
 
 def not_found_error(path: str, err: NotFoundError) -> NotFoundError:
