@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,24 @@ def test_a_missing_shard_keeps_the_error_naming_the_shard(tmp_path: Path) -> Non
     os.remove(tmp_path / shard)
     with pytest.raises(sp.NotFoundError, match=shard):
         sp.load_file(prefix)
+
+
+@pytest.mark.parametrize("form", ["prefix", "directory"])
+@pytest.mark.parametrize("command", ["verify", "info", "ls"])
+def test_a_lost_index_is_named_by_the_tools(tmp_path: Path, form: str, command: str) -> None:
+    """Data shards whose ``.index`` is gone (a copy that left it out): the tools, in a fresh
+    process, say that the index is missing and the data is there (before: "no such file or
+    checkpoint" / "directory holds no checkpoint"), exit 3 (not found)."""
+    prefix = tmp_path / "checkpoint"
+    sp.save_file(_weights(), str(prefix), shards=2, compression="none", durable=False)
+    os.remove(str(prefix) + ".index")
+    path = str(prefix if form == "prefix" else tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "shardpoint", command, path], capture_output=True, text=True
+    )
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert f"index {str(prefix) + '.index'!r} is missing" in r.stderr, r.stderr
+    assert "checkpoint.data-00000-of-00002" in r.stderr, r.stderr
 
 
 def test_the_demo_prints_a_rate_only_for_steps_that_move_bytes(

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import storage
 from ..errors import CheckpointError, CorruptCheckpointError, InvalidArgumentError
+from ..storage.paths import lost_index
 from .common import _MAX_KEY_SHOWN, EXIT_OK, _emit, _note, _shape, _table, human
 
 
@@ -131,6 +132,10 @@ def _list_directory(directory: str, as_json: bool) -> None:
         _emit(json.dumps({"directory": directory, "source": source, "checkpoints": out}, indent=1))
         return
     if not out:
+        # data shards whose index is gone: say so (exit 3, as verify and info do), not "none"
+        lost = None if storage.is_url(directory) else lost_index(directory)
+        if lost is not None:
+            raise lost
         _emit(f"{directory}: no checkpoints (no state file, no *.index files)")
         return
     table = [["CHECKPOINT", "KEYS", "SIZE", "STATUS"]]

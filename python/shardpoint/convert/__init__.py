@@ -24,7 +24,7 @@ from .. import storage
 from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
 from ..objgraph.checkpoint_state import latest_checkpoint
 from ..storage.atomic_files import make_dirs
-from ..storage.paths import checkpoints_in
+from ..storage.paths import checkpoints_in, lost_index
 from .base import ConvertResult, Source, Spec
 from .hf import HFSource, is_hf_path
 from .hf_export import export_hf, write_hf
@@ -95,7 +95,8 @@ def _only_checkpoint(directory: str) -> str:
     if len(found) == 1:
         return os.path.join(directory, found[0])
     if not found:
-        raise NotFoundError(
+        # data shards whose index is gone say so, not "no checkpoint"
+        raise lost_index(directory) or NotFoundError(
             f"{directory}: directory holds no checkpoint (no state file, no *.index)"
         )
     raise InvalidArgumentError(
@@ -140,7 +141,9 @@ def detect_format(path: str) -> tuple[str, str]:
         with open(index, "rb") as f:
             head = f.read(8)
     except FileNotFoundError:
-        raise NotFoundError(f"{path}: no such file or checkpoint ({index} not found)") from None
+        raise lost_index(path) or NotFoundError(
+            f"{path}: no such file or checkpoint ({index} not found)"
+        ) from None
     except IsADirectoryError:
         raise InvalidArgumentError(f"{index} is a directory") from None
     if head == _SP_MAGIC:
