@@ -222,8 +222,10 @@ else:
 def test_a_file_that_shrinks_while_mapped(tmp_path, how: str) -> None:
     """A safetensors file truncated after open (a foreign tool, a partial copy): the mapped
     reader handed out a view of pages past the new end of file, and the process died of SIGBUS
-    when it was read. Each view now checks the file's current size first. In a fresh process,
-    so that a SIGBUS fails the test instead of killing pytest."""
+    when it was read. Each view now checks the file's current size first; the weights
+    iterator reads with ``pread``, never out of the mapping (its read-ahead thread copied while
+    the file shrank: a SIGBUS on CI, tests/serving/test_weights_shrinking.py). In a fresh
+    process, so that a SIGBUS fails the test instead of killing pytest."""
     import subprocess
     import sys
 

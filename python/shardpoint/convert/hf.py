@@ -110,6 +110,15 @@ class _Shard:
                 self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
 
 
+def _shrunk(sh: _Shard, key: str, end: int, now: int) -> CorruptCheckpointError:
+    """The error for ``key`` of a shard file shortened to ``now`` bytes since open."""
+    return CorruptCheckpointError(
+        f"{sh.header.path}: key {key!r}: file is now {now} bytes but bytes up to offset "
+        f"{end} are needed ({sh.header.file_size} when opened): the file was truncated "
+        "or rewritten in place after open"
+    )
+
+
 class HFReader(Reader):
     """A Hugging Face safetensors checkpoint (directory, index JSON or single file), read-only
     and lazy. Use ``sp.open(path)``. Keys come from the weight map, in sorted order."""
@@ -214,11 +223,7 @@ class HFReader(Reader):
         # touched, so a file shortened since open is an error here (as the core's check_len)
         end, now = sh.header.data_start + rec.end, sh.mm.size()
         if now < end:
-            raise CorruptCheckpointError(
-                f"{sh.header.path}: key {key!r}: file is now {now} bytes but bytes up to offset "
-                f"{end} are needed ({sh.header.file_size} when opened): the file was truncated "
-                "or rewritten in place after open"
-            )
+            raise _shrunk(sh, key, end, now)
         n = (rec.end - rec.begin) // dt.itemsize
         arr = np.frombuffer(sh.mm, dtype=dt, count=n, offset=sh.header.data_start + rec.begin)
         return arr.reshape(rec.shape)
@@ -330,7 +335,11 @@ class HFReader(Reader):
     ) -> None:
         """``load_into``'s read, for byte views already checked (no checksums to verify)."""
         paths, ranges = self._ranges(keys)
-        read_ranges_into(paths, ranges, outs, threads)
+        try:
+            read_ranges_into(paths, ranges, outs, threads)
+        except CorruptCheckpointError:
+            self._refuse_shrunk(keys)
+            raise
 
     def _read_direct(
         self, keys: list[str], outs: list[np.ndarray], *, follow_cache: bool = True
@@ -341,10 +350,28 @@ class HFReader(Reader):
         an output is placed congruent to its file offset); the bytes read in place, bounced and
         from the page cache are added to :attr:`read_kinds`."""
         paths, ranges = self._ranges(keys)
-        got = read_ranges_direct(paths, ranges, outs, follow_cache=follow_cache)
+        try:
+            got = read_ranges_direct(paths, ranges, outs, follow_cache=follow_cache)
+        except CorruptCheckpointError:
+            self._refuse_shrunk(keys)
+            raise
         with self._lock:
             a, b, c = self.read_kinds
             self.read_kinds = (a + got[0], b + got[1], c + got[2])
+
+    def _refuse_shrunk(self, keys: list[str]) -> None:
+        """After a read ran past the end of a file: name the first key whose bytes are no
+        longer all in its file (shortened since open), else return (the caller re-raises
+        what the read said)."""
+        for key in keys:
+            sh, rec = self._locate(key)
+            end = sh.header.data_start + rec.end
+            try:
+                now = os.stat(sh.header.path).st_size
+            except OSError:
+                now = 0
+            if now < end:
+                raise _shrunk(sh, key, end, now) from None
 
     def _ranges(self, keys: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
         """The shard files ``keys`` lie in and each key's ``(file index, offset)``."""

@@ -30,8 +30,13 @@ What must stay true:
   (shardpoint checkpoints and single files; a Hugging Face directory has none);
 - host memory stays bounded: values read but not yet handed out never exceed ``window`` bytes
   (a value larger than the window is read alone, once the ones before it were taken);
-- ``io`` means what it means for ``sp.open``: ``"pread"`` never maps a file, ``"mmap"`` copies
-  uncompressed values out of the mapping, ``"auto"`` picks per file system.
+- ``io`` means what it means for ``sp.open`` (``"pread"`` never maps a file); whatever it
+  says, the values themselves are read with ``pread`` into the tensors handed out, never
+  copied out of a mapping: a copy from a mapping was 1.5-2x slower from the page cache, and a
+  file shortened by another process while a value was being copied killed the process with
+  SIGBUS (a check of its size before the copy cannot close that race; a ``pread`` past the
+  new end returns short and is refused naming the file). ``"mmap"`` keeps the read buffered
+  (never the cold-read engine).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import torch
 from .. import storage
 from ..errors import InvalidArgumentError
 from ..storage.direct_reads import local_shards_core, read_entries_direct
-from ..storage.io_mode import check_io, resolve_io
+from ..storage.io_mode import check_io
 from .codec import tensor_bytes, torch_dtype
 from .consumer_threads import ConsumerThreads
 from .host_pool import LINE, POOL_MIN, HostPool
@@ -134,7 +139,6 @@ class _Producer:
         self,
         reader: storage.Reader,
         plan: Plan,
-        io: str,
         direct: bool | str,
         threads: int | None,
         verify: bool,
@@ -143,7 +147,6 @@ class _Producer:
     ) -> None:
         self._reader = reader
         self._plan = plan
-        self._io = io
         # direct="auto": the route is timed on the first values (weights_route.py); until
         # then, and after, `_direct` is the route of the batch being read
         self._probe = RouteProbe() if direct == "auto" else None
@@ -240,11 +243,6 @@ class _Producer:
         bufs: list[np.ndarray] = []
         for info, t in zip(batch, out, strict=True):
             if not info.raw_bytes:
-                continue
-            if self._io == "mmap" and info.codec == "none" and not self._direct:
-                # a copy out of the mapping (crc checked on it when verify)
-                view = self._reader.get(info.key, verify=self._verify)
-                np.copyto(tensor_bytes(t), _bytes(view))
                 continue
             keys.append(info.key)
             infos.append(info)
@@ -384,9 +382,7 @@ class WeightsIterator:
         # the engine for cold files (rust/src/direct.rs, DirectFile::follow_cache: why)
         follow_cache = direct is True
         direct = cold_route(direct, self._reader, self._plan.infos, self._pin, AUTO_MIN)
-        self._p = _Producer(
-            self._reader, self._plan, self._resolve(io), direct, threads, verify, window, self._pin
-        )
+        self._p = _Producer(self._reader, self._plan, direct, threads, verify, window, self._pin)
         self._p.follow_cache = follow_cache
         self.bytes_read = 0
         self.raw_bytes = 0
@@ -421,18 +417,6 @@ class WeightsIterator:
     def _inflight(self) -> int:
         """Bytes read (or being read) and not yet handed out."""
         return self._p._inflight
-
-    def _resolve(self, io: str) -> str:
-        """``io`` for this checkpoint: what ``sp.open`` resolved for it (a Hugging Face reader
-        records its choice), or the same rule for a shardpoint checkpoint."""
-        hf = getattr(self._reader, "_pread", None)
-        if hf is not None:
-            return "pread" if hf else "mmap"
-        if storage.is_url(self._reader.path):
-            return "pread"
-        if io != "auto":
-            return io
-        return resolve_io(io, self._reader.path)
 
     # --- the consumer ------------------------------------------------------------------------
     def __iter__(self) -> WeightsIterator:
@@ -525,12 +509,6 @@ def _reads_direct(reader: storage.Reader) -> bool:
         return True
     core = reader._core if type(reader) is storage.Reader else None
     return local_shards_core(core) is not None
-
-
-def _bytes(view: Any) -> np.ndarray:
-    """The bytes of a value as handed out by a reader (numpy array or torch tensor)."""
-    arr = tensor_bytes(view.contiguous()) if isinstance(view, torch.Tensor) else np.asarray(view)
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
 
 
 def weights_iterator(
