@@ -238,7 +238,7 @@ def read_manifest(prefix: str, integration: str) -> dict[str, Any] | None:
     return dict(rec)
 
 
-def _open(root: str, group: Mapping[str, Any]) -> Any:
+def _open(root: str, group: Mapping[str, Any], io: str = "auto") -> Any:
     """An ``HFReader`` over a group's files as they are now: its weight-map JSON if present
     (recorded, or the one a re-sharding left beside the recorded file), else the file."""
     from ..convert.hf import INDEX_SUFFIX, HFReader
@@ -250,7 +250,7 @@ def _open(root: str, group: Mapping[str, Any]) -> Any:
     for name in candidates:
         path = os.path.join(directory, name)
         if os.path.isfile(path):
-            return HFReader(path)
+            return HFReader(path, io=io)
     raise CorruptCheckpointError(
         f"{directory}: none of the weights files {sorted(set(candidates))} recorded by the "
         "checkpoint is there (a save killed before its commit, or files removed)"
@@ -286,10 +286,16 @@ def verify_weights(root: str, manifest: Mapping[str, Any]) -> int:
     shape, crc32c; in parallel, GIL released). Returns the number of tensors checked."""
     n = 0
     for group in manifest["groups"]:
-        with _open(root, group) as reader:
+        # read with pread in the workers, each value checked as it lands: a crc over a mapped
+        # view in a worker thread died of SIGBUS if the file was cut during the check
+        with _open(root, group, io="pread") as reader:
             todo = list(_entries(reader, group))
             with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-                for f in [pool.submit(_check, reader, k, r, reader.get(k)) for k, r in todo]:
+                jobs = [
+                    pool.submit(lambda k, r: _check(reader, k, r, reader.get(k)), k, r)
+                    for k, r in todo
+                ]
+                for f in jobs:
                     f.result()
             n += len(todo)
     return n
