@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _core
-from ..errors import CorruptCheckpointError, InvalidArgumentError, NotFoundError
+from ..errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 
 __all__ = [
     "PathLike",
@@ -26,6 +31,7 @@ __all__ = [
     "directory_prefix",
     "index_missing",
     "lost_index",
+    "remote_lost_index",
     "exists",
     "remove",
     "read_object",
@@ -140,13 +146,17 @@ def directory_prefix(path: str) -> str:
 _LOST_PARTS = ("state", "model", "shardpoint", "checkpoint")
 
 
-def _lost_index_message(prefix: str, where: str, who: str) -> str:
-    """What :func:`index_missing` says: the lost index, and the data shards that are there."""
-    directory, base = os.path.split(prefix)
-    try:
-        shards = sorted(n for n in os.listdir(directory or ".") if n.startswith(base + ".data-"))
-    except OSError:
-        shards = []
+def _lost_index_message(prefix: str, where: str, who: str, shards: list[str] | None = None) -> str:
+    """What :func:`index_missing` says: the lost index, and the data shards that are there
+    (``shards``: their names, listed by the caller; else from ``prefix``'s directory)."""
+    if shards is None:
+        directory, base = os.path.split(prefix)
+        try:
+            shards = sorted(
+                n for n in os.listdir(directory or ".") if n.startswith(base + ".data-")
+            )
+        except OSError:
+            shards = []
     listed = ", ".join(shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
     return (
         f"{who + ': ' if who else ''}{where!r} is a shardpoint checkpoint whose index "
@@ -182,6 +192,24 @@ def lost_index(path: str, who: str = "") -> NotFoundError | None:
         return None
     prefix = missing_index(path, _LOST_PARTS)
     return None if prefix is None else NotFoundError(_lost_index_message(prefix, path, who))
+
+
+def remote_lost_index(url: str, storage_options: StorageOptions = None) -> NotFoundError | None:
+    """:func:`lost_index` for an object-store prefix whose index object is not there: one
+    listing of its "directory" (only after the open failed), and the lost-index error if data
+    shards of that prefix (``P.data-NNNNN-of-MMMMM.<token>``) are there; ``None`` when none
+    are, or the listing itself fails (the open's own "not found" stands then)."""
+    parent, _, base = url.rstrip("/").rpartition("/")
+    if not base or "://" not in parent + "/":
+        return None
+    try:
+        names = _core.list_dir(parent + "/", storage_options=_storage(storage_options))
+    except (CheckpointError, OSError):
+        return None
+    shards = sorted(n for n in names if n.startswith(base + ".data-"))
+    if not shards:
+        return None
+    return NotFoundError(_lost_index_message(url, url, "", shards))
 
 
 def not_found_error(path: str, err: NotFoundError) -> NotFoundError:

@@ -49,6 +49,7 @@ from .paths import (
     directory_prefix,
     is_url,
     not_found_error,
+    remote_lost_index,
 )
 from .progress import progress_bar, wanted
 from .row_reads import read_rows
@@ -131,7 +132,13 @@ class Reader:
         self._r: _core.CheckpointReader | _core.RemoteReader | None
         if is_url(self._prefix):
             check_io(io)  # object stores are always read by range
-            self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
+            try:
+                self._r = _core.RemoteReader(self._prefix, _storage(storage_options))
+            except NotFoundError as e:
+                lost = remote_lost_index(self._prefix, storage_options)
+                if lost is None:
+                    raise
+                raise lost from e
         else:
             check_io(io)
             try:
