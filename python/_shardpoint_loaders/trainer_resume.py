@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from . import _MARK, dress, index_or_cut
+from . import _MARK, dress, index_or_cut, local_path, refuse_missing_index
 from .pretrained import _native, check_recorded_weights, refuse_lost_index
 
 MYPY = False
@@ -93,6 +93,26 @@ def _ours(trainer: Any, checkpoint: Any, method: str) -> bool:
         return False
 
 
+def _refuse_lost_states(trainer: Any, checkpoint: Any) -> None:
+    """A checkpoint of ours with no ``optimizer.pt`` whose ``shardpoint.index`` is gone while
+    its data shards remain: an earlier version kept the optimizer, scheduler and RNG states
+    there, so Trainer would go on silently with a fresh optimizer (its weights, whole in
+    ``model.safetensors``, loaded without complaint). Raises the lost-index error
+    (``CorruptCheckpointError``, a ``ValueError``) instead. A checkpoint whose ``optimizer.pt``
+    is there lost only the weights' crc records, and resumes."""
+    if not _plain(trainer):
+        return
+    d = local_path(checkpoint)
+    try:
+        if d is None or not os.path.isdir(d) or _has_native(d, "_load_optimizer_and_scheduler"):
+            return
+    except OSError:
+        return
+    refuse_missing_index(
+        d, "Trainer resume (optimizer and scheduler states)", ("shardpoint",), True
+    )
+
+
 def _front(
     method: str, original: Callable[..., Any], enabled: Callable[[], bool], env: str
 ) -> Callable[..., Any]:
@@ -107,6 +127,8 @@ def _front(
                 # Trainer's own words would be "Can't find a valid checkpoint" (a ValueError)
                 refuse_lost_index(checkpoint, "Trainer resume", corrupt=True)
                 check_recorded_weights(checkpoint)  # Trainer reads model.safetensors unchecked
+            elif method == "_load_optimizer_and_scheduler" and enabled() and not own:
+                _refuse_lost_states(self, checkpoint)
             return original(self, *args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k != name}
         where: str = os.fspath(checkpoint)

@@ -161,3 +161,33 @@ def test_a_plain_trainer_resumes_an_earlier_versions_checkpoint(
     (got,) = run_child(_module(flow), "native", str(tmp_path / "r"), flow.length, str(ck))
     assert got["losses"] == runs["shardpoint-compressed"]["losses"][flow.done :]
     assert got["digest"] == runs["native"]["digest"]
+
+
+@pytest.mark.parametrize("uninterrupted", ["trainer"], indirect=True)
+def test_an_earlier_versions_checkpoint_that_lost_its_index_is_refused(
+    uninterrupted: Any, tmp_path: Path
+) -> None:
+    """The same earlier-version checkpoint (weights whole in ``model.safetensors``, the
+    optimizer, scheduler and RNG states only in ``shardpoint.index``) whose index was then
+    lost: the weights load, Trainer finds no ``optimizer.pt`` and went on silently with a fresh
+    optimizer. The resume now stops at the optimizer step with the lost-index error."""
+    _, flow, base, _ = uninterrupted
+    from shardpoint.integrations import hf_trainer
+    from shardpoint.integrations._state import part_prefix, save_tree
+
+    ck = tmp_path / flow.checkpoint
+    shutil.copytree(base / "shardpoint" / flow.checkpoint, ck)
+    tree = hf_trainer.load_checkpoint(ck)
+    for f in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (ck / f).unlink()
+    for f in ck.glob("shardpoint.*"):
+        f.unlink()
+    save_tree(tree, part_prefix(ck, "shardpoint"), integration="hf_trainer")
+    assert (ck / "model.safetensors").exists()
+    (ck / "shardpoint.index").unlink()
+    with pytest.raises(AssertionError) as err:
+        run_child(_module(flow), "native", str(tmp_path / "r"), flow.length, str(ck))
+    last = str(err.value).strip().splitlines()[-1]
+    assert last.startswith("shardpoint.errors.CorruptCheckpointError"), last
+    assert "Trainer resume (optimizer and scheduler states)" in last
+    assert f"{str(ck / 'shardpoint.index')!r} is missing" in last, last
