@@ -276,14 +276,16 @@ def big_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, tor
     return str(path), state
 
 
-@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("direct", [False, True, "cold"])
 def test_large_values_own_a_mapping_and_read_cold(
-    big_hf: tuple[str, dict[str, torch.Tensor]], direct: bool
+    big_hf: tuple[str, dict[str, torch.Tensor]], direct: bool | str, monkeypatch
 ) -> None:
     """From cold files, with and without the cold-read engine (``direct``: values of 1 MiB or
     more in a mapping of their own, placed for in-place ``O_DIRECT`` reads): bit for bit what
     was saved, and alive after the iterator is gone."""
     path, state = big_hf
+    # "cold" takes the engine for reads of 512 MiB or more: this 5.5 MB file qualifies here
+    monkeypatch.setattr("shardpoint.torch.weights.AUTO_MIN", 0)
     cold = evict(path)
     it = sptorch.weights_iterator(path, io="pread", direct=direct)
     got = dict(it)
@@ -298,9 +300,14 @@ def test_large_values_own_a_mapping_and_read_cold(
         assert kinds == (0, 0, 0)
         return
     assert sum(kinds) == total
-    if cold and takes_o_direct(path):
+    # direct=True reads a piece it finds cached from the cache, and the kernel's read-ahead of
+    # a buffered read (the header's) can run ahead into the values before the engine gets
+    # there, by a margin that depends on timing (CI once saw 2.5 of 5.5 MB cached): only the
+    # "cold" route, which reads every piece from the device, is held to reading in place
+    if direct == "cold" and cold and takes_o_direct(path):
         # the interiors of the two large values were read where they lie
         assert kinds[0] >= 5_000_000, kinds
+        assert kinds[2] == 0, kinds
 
 
 def test_direct_reads_in_place_when_placed(tmp_path: pathlib.Path) -> None:

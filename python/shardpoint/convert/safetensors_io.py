@@ -1,9 +1,9 @@
 """safetensors files as a conversion source (read with the ``safetensors`` package) and sink.
 
-Reading goes through ``safetensors.safe_open(framework="numpy")``, which validates the header
-(offsets contiguous, sizes matching shapes, no holes) before we touch any byte. The numpy
-framework returns bfloat16 as an ml_dtypes array; for dtypes it cannot build (float8), the data
-range is taken from the already-validated header and viewed through ml_dtypes.
+Opening goes through ``safetensors.safe_open(framework="numpy")``, which validates the header
+(offsets contiguous, sizes matching shapes, no holes) before we touch any byte. Values are then
+read with ``pread`` into fresh arrays viewed through numpy/ml_dtypes (bfloat16, float8), not
+through the package's mapping: a file cut during a copy out of a mapping is a SIGBUS.
 
 Writing is done here rather than with ``safetensors.numpy.save_file``, because that function
 needs every tensor in memory at once; the layout is the same one the package writes (8-byte LE
@@ -50,8 +50,6 @@ ST_TO_FORMAT: dict[str, str] = {
     "F8_E8M0": "float8_e8m0fnu",
 }
 FORMAT_TO_ST = {v: k for k, v in ST_TO_FORMAT.items()}
-#: dtypes numpy's safetensors binding cannot return (it looks them up on the numpy module)
-_RAW_READ = {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
 _MAX_HEADER = 100_000_000  # safetensors' own cap
 
 
@@ -85,8 +83,8 @@ class SafetensorsSource(Source):
             ) from e
 
         try:
-            # held open beside safe_open's mapping: its size is checked before every read
-            # (:meth:`_check_size`), on the file opened, whatever the path names later
+            # values are read from this file (the one opened, whatever the path names later),
+            # and its size is checked before every read
             self._fh: Any = open(path, "rb")  # noqa: SIM115 - closed by close()
         except FileNotFoundError as e:
             raise NotFoundError(f"{path}: not found") from e
@@ -98,6 +96,20 @@ class SafetensorsSource(Source):
             if isinstance(e, FileNotFoundError):
                 raise NotFoundError(f"{path}: not found") from e
             raise CorruptCheckpointError(f"{path}: not a valid safetensors file: {e}") from e
+        try:
+            self._read_header()
+        except BaseException:
+            self._fh.close()
+            raise
+        finally:
+            # safe_open's job ends here (the header checked as the package checks it): values
+            # are read with pread on the file opened above, never through its mapping, because
+            # a truncation landing during a copy out of a mapping kills the process with
+            # SIGBUS, whatever size check came before the copy; pread returns short instead.
+            self._f = None
+
+    def _read_header(self) -> None:
+        path = self.path
         self.metadata = dict(self._f.metadata() or {})
         self._specs: list[Spec] = []
         for key in self._f.keys():
@@ -117,46 +129,61 @@ class SafetensorsSource(Source):
             nbytes = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(name).itemsize
             self._specs.append(Spec(key, name, shape, nbytes))
         self._by_key = {s.key: s for s in self._specs}
-        self._offsets: dict[str, Any] | None = None
+        self._ranges = self._data_ranges()
 
     def specs(self) -> list[Spec]:
         return list(self._specs)
 
-    def _check_size(self, key: str) -> None:
-        """Refuse to read from a file shortened since open: safetensors reads from a mapping,
-        and a page past the new end of file kills the process with SIGBUS when touched."""
+    def _data_ranges(self) -> dict[str, tuple[int, int]]:
+        """Each supported key's absolute byte range, from the header of the file held open
+        (safe_open validated the header of the file the path named; both are checked against
+        the specs, so a file swapped in between is refused, not misread)."""
+        fd = self._fh.fileno()
+        n = int.from_bytes(os.pread(fd, 8, 0), "little")
+        blob = os.pread(fd, min(n, _MAX_HEADER), 8) if n <= _MAX_HEADER else b""
+        try:
+            header = json.loads(blob)
+        except (ValueError, RecursionError):
+            header = None
+        ranges: dict[str, tuple[int, int]] = {}
+        for spec in self._specs:  # (a hostile header cannot get here: safe_open refused it)
+            entry = header.get(spec.key) if isinstance(header, dict) else None
+            offs = entry.get("data_offsets") if isinstance(entry, dict) else None
+            begin, end = 0, -1
+            if isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs):
+                begin, end = 8 + n + offs[0], 8 + n + offs[1]
+            if end - begin != spec.nbytes or begin < 8 + n or end > self._size:
+                raise CorruptCheckpointError(
+                    f"{self.path}: key {spec.key!r}: the file changed while it was opened "
+                    "(its header no longer matches the one validated)"
+                )
+            ranges[spec.key] = (begin, end)
+        return ranges
+
+    def _shrunk(self, key: str) -> CorruptCheckpointError:
         now = os.fstat(self._fh.fileno()).st_size
-        if now < self._size:
-            raise CorruptCheckpointError(
-                f"{self.path}: key {key!r}: file is now {now} bytes, {self._size} when opened: "
-                "it was truncated or rewritten in place while being read"
-            )
+        return CorruptCheckpointError(
+            f"{self.path}: key {key!r}: file is now {now} bytes, {self._size} when opened: "
+            "it was truncated or rewritten in place while being read"
+        )
 
     def read(self, key: str) -> Any:
         spec = self._by_key[key]
-        self._check_size(key)
-        if spec.dtype in _RAW_READ:
-            return self._read_raw(spec)
-        return self._f.get_tensor(key)
-
-    def _read_raw(self, spec: Spec) -> np.ndarray:
-        # The header was validated by safe_open, so its offsets are contiguous and in bounds.
-        with open(self.path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if self._offsets is None:
-                self._offsets = json.loads(f.read(n))
-            begin, end = self._offsets[spec.key]["data_offsets"]
-            f.seek(8 + n + begin)
-            raw = f.read(end - begin)
-        if len(raw) != end - begin:
-            raise CorruptCheckpointError(
-                f"{self.path}: key {spec.key!r}: {len(raw)} bytes at offset {8 + n + begin}, "
-                f"{end - begin} expected: the file was shortened while being read"
-            )
-        return np.frombuffer(raw, dtype=numpy_dtype(spec.dtype)).reshape(spec.shape)
+        # A file already shorter than at open is damaged: refuse every read, not only those
+        # whose bytes happen to be past the new end.
+        if os.fstat(self._fh.fileno()).st_size < self._size:
+            raise self._shrunk(key)
+        begin, end = self._ranges[key]
+        out = np.empty(end - begin, dtype=np.uint8)
+        view, fd, done = memoryview(out.data), self._fh.fileno(), 0
+        while done < len(out):  # pread may return less than asked (2 GiB per call on Linux)
+            got = os.preadv(fd, [view[done:]], begin + done)
+            if got == 0:
+                raise self._shrunk(key)
+            done += got
+        return out.view(numpy_dtype(spec.dtype)).reshape(spec.shape)
 
     def close(self) -> None:
-        self._f = None
         self._fh.close()
 
 
