@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from installed import compile_package  # noqa: E402
 
 GB = 1e9
 FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttensor", "sp_hf",
@@ -591,6 +592,7 @@ def main() -> None:
                 f"--only: unknown loader(s) {', '.join(map(repr, unknown))}; valid: "
                 + ", ".join(known)
             )
+    compile_package()  # the children import it as a wheel user does (benches/installed.py)
     args.out = args.out.resolve()
     bench(args)
 

@@ -239,3 +239,18 @@ def test_bf16_and_fp8_directories_read_into_torch_by_either_io(tmp_path, io: str
     assert same(spt.load(str(tmp_path), io=io))
     with sp.open(str(tmp_path), io=io) as r:  # numpy readers keep ml_dtypes' dtypes
         assert str(r["w"].dtype) == "bfloat16" and r["w"].dtype.metadata is None
+
+
+def test_first_mismatch_checks_a_whole_model_in_one_call(sharded: str) -> None:
+    """``load_into``'s one check of every (key, dtype, shape) of a model: the index of the
+    first that is not stored as given (missing, other shape, other dtype), else ``None``."""
+    sd = {k: v for k, v in _state_dict().items() if k != "lm_head.weight"}  # stored once
+    keys = sorted(sd)
+    shapes = [tuple(sd[k].shape) for k in keys]
+    with sp.open(sharded) as r:
+        dtypes = [r.info(k).dtype for k in keys]
+        assert r.first_mismatch(keys, dtypes, shapes) is None
+        i = keys.index("layers.0.attn.q.weight")
+        assert r.first_mismatch(keys, dtypes[:i] + ["float32"] + dtypes[i + 1 :], shapes) == i
+        assert r.first_mismatch(keys, dtypes, shapes[:i] + [(32, 31)] + shapes[i + 1 :]) == i
+        assert r.first_mismatch([*keys, "nope"], [*dtypes, "float32"], [*shapes, ()]) == len(keys)

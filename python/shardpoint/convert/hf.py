@@ -198,6 +198,19 @@ class HFReader(Reader):
     def _record(self, key: str) -> TensorRecord:
         return self._locate(key)[1]
 
+    def first_mismatch(
+        self, keys: list[str], dtypes: list[str], shapes: list[tuple[int, ...]]
+    ) -> int | None:
+        """The index of the first key that is not a stored tensor of that dtype name and
+        shape, or ``None``: ``load_into``'s one check of a whole model (the core reader's
+        call of the same name), instead of an :meth:`info` per key."""
+        for i, (key, dtype, shape) in enumerate(zip(keys, dtypes, shapes, strict=True)):
+            fname = self._weight_map.get(key)
+            rec = self._shard(fname, key).header.tensors.get(key) if fname else None
+            if rec is None or rec.shape != tuple(shape) or ST_TO_FORMAT.get(rec.tag) != dtype:
+                return i
+        return None
+
     def _dtype_name(self, key: str, rec: TensorRecord) -> str:
         name = ST_TO_FORMAT.get(rec.tag)
         if name is None:

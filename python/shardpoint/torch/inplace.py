@@ -58,13 +58,11 @@ def _plain(t: torch.Tensor) -> bool:
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
-    """The memory of a plain (``_plain``) tensor as a numpy array, the cheapest way: torch's
-    own ``numpy()`` where numpy has the dtype, else its bytes (bfloat16, float8: no
-    ``ml_dtypes`` import, ``tensor_bytes``)."""
-    try:
-        return t.detach().numpy()
-    except TypeError:  # no numpy dtype of its own
-        return tensor_bytes(t)
+    """The memory of a plain (``_plain``) tensor as a flat ``uint8`` numpy array, the cheapest
+    way: one ``numpy()`` of a byte view, whatever the dtype (bfloat16 and float8 have no numpy
+    dtype: ``numpy()`` raising first, then ``tensor_bytes``, cost 2-3 us more per tensor, a
+    millisecond on a 300-tensor model)."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _all_match(reader: storage.Reader, pairs: list[tuple[torch.Tensor, str]]) -> bool:
@@ -72,7 +70,9 @@ def _all_match(reader: storage.Reader, pairs: list[tuple[torch.Tensor, str]]) ->
     dtype and shape, checked in one core call (``first_mismatch``) instead of one ``info``
     per key; ``False`` when any does not, or the reader has no such call (the caller then
     checks key by key and words the error)."""
-    match = getattr(getattr(reader, "_r", None), "first_mismatch", None)
+    match = getattr(reader, "first_mismatch", None)  # a Hugging Face directory's reader
+    if match is None:
+        match = getattr(getattr(reader, "_r", None), "first_mismatch", None)
     if match is None or not pairs:
         return False
     names: list[str] = []
