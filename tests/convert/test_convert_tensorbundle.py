@@ -416,3 +416,42 @@ def test_random_byte_damage_to_a_real_index_raises_clean_errors(real_ckpt, data)
                 r.read(key)
     except sp.CheckpointError:
         pass
+
+
+_CUT = r"""
+import os, sys, numpy as np, shardpoint as sp
+from shardpoint.convert.tensorbundle import TensorBundleReader
+prefix = sys.argv[1]
+with TensorBundleReader(prefix) as r:
+    keys = sorted(r.entries)
+    r.read(keys[0])  # its shard is open now
+    shard = prefix + ".data-00000-of-00001"
+    os.truncate(shard, os.path.getsize(shard) // 2)
+    for k in keys:
+        try:
+            print(k, float(r.read(k).sum()))
+        except sp.CorruptCheckpointError as e:
+            print("refused:", e)
+            break
+"""
+
+
+def test_a_shard_cut_while_read_is_refused_not_a_sigbus(tmp_path) -> None:
+    """A data shard cut by another program after it was opened: the reader handed out views of
+    its mapping, and touching one past the new end killed the process with SIGBUS; values are
+    now read with ``pread`` into fresh arrays, and the short read names the shard and key. In
+    a fresh process, so that a SIGBUS fails the test instead of killing pytest."""
+    import subprocess
+    import sys
+
+    prefix = str(tmp_path / "ckpt")
+    build_bundle(prefix, {f"v{i}": np.full(1 << 18, i, np.float32) for i in range(4)}, shards=1)
+    got = subprocess.run(
+        [sys.executable, "-c", _CUT, prefix], capture_output=True, text=True, timeout=120
+    )
+    assert got.returncode == 0, (got.returncode, got.stderr[-2000:])
+    lines = got.stdout.splitlines()
+    assert lines[:2] == ["v0 0.0", f"v1 {float(1 << 18)}"], lines  # in the half that is left
+    shard = prefix + ".data-00000-of-00001"
+    assert lines[2].startswith(f"refused: {shard}: key 'v2': file is now {2 << 20} bytes"), lines
+    assert "truncated" in lines[2], lines

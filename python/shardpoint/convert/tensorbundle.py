@@ -11,9 +11,9 @@ everything it stores anyway).
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class TensorBundleReader:
         self.entries: dict[str, BundleEntry] = {}
         self.skipped: dict[str, BundleEntry] = {}
         self.skipped_count = 0
-        self._maps: dict[int, tuple[mmap.mmap | None, int]] = {}
+        self._files: dict[int, tuple[Any, int]] = {}
         try:
             size = os.path.getsize(self.index_path)
             if size > _MAX_INDEX_BYTES:
@@ -206,59 +206,67 @@ class TensorBundleReader:
         """File name of shard ``shard_id`` (``P.data-00000-of-00001``)."""
         return f"{self.prefix}.data-{shard_id:05d}-of-{self.num_shards:05d}"
 
-    def _map(self, shard_id: int) -> tuple[mmap.mmap | None, int]:
-        if shard_id not in self._maps:
+    def _shard(self, shard_id: int) -> tuple[Any, int]:
+        """Shard ``shard_id``'s file, opened once and held, and its size at open."""
+        if shard_id not in self._files:
             path = self.shard_path(shard_id)
             try:
-                with open(path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                f = open(path, "rb")  # noqa: SIM115 - closed by close()
             except FileNotFoundError as e:
                 raise NotFoundError(f"{path}: not found (data shard of {self.index_path})") from e
-            self._maps[shard_id] = (m, size)
-        return self._maps[shard_id]
+            self._files[shard_id] = (f, os.fstat(f.fileno()).st_size)
+        return self._files[shard_id]
 
     def expected_crc32c(self, key: str) -> int:
         """The (unmasked) crc32c TensorFlow recorded for ``key``'s bytes."""
         return unmask_crc(self.entries[key].crc32c_masked)
 
     def read(self, key: str, *, verify: bool = False) -> np.ndarray:
-        """``key``'s tensor as a read-only array viewing the mmapped shard (no copy).
+        """``key``'s tensor as a fresh array, read with ``pread`` from the shard held open.
 
-        ``verify`` checks the crc32c in pure Python, which is slow for large tensors; converters
-        compare :meth:`expected_crc32c` with the crc the shardpoint writer computes instead.
+        Not a view of a mapping, as before: a shard cut by another process while a view was
+        copied killed the process with SIGBUS; a short read is refused naming the shard and
+        key. ``verify`` checks the crc32c in pure Python, which is slow for large tensors;
+        converters compare :meth:`expected_crc32c` with the crc the shardpoint writer
+        computes instead.
         """
         e = self.entries[key]
-        m, size = self._map(e.shard_id)
+        f, size = self._shard(e.shard_id)
+        path = self.shard_path(e.shard_id)
         if e.offset + e.size > size:
             raise CorruptCheckpointError(
-                f"{self.shard_path(e.shard_id)}: key {_shown(key)}: bytes [{e.offset}, "
+                f"{path}: key {_shown(key)}: bytes [{e.offset}, "
                 f"{e.offset + e.size}) run past the end of the file ({size} bytes)"
             )
-        dt = numpy_dtype(TF_DTYPES[e.dtype])
-        raw = memoryview(m)[e.offset : e.offset + e.size] if m is not None else b""
-        if verify and crc32c(raw) != self.expected_crc32c(key):
+        out = np.empty(e.size, dtype=np.uint8)
+        view, done = memoryview(out.data), 0
+        while done < e.size:  # pread may return less than asked (2 GiB per call on Linux)
+            got = os.preadv(f.fileno(), [view[done:]], e.offset + done)
+            if got == 0:
+                now = os.fstat(f.fileno()).st_size
+                raise CorruptCheckpointError(
+                    f"{path}: key {_shown(key)}: file is now {now} bytes, {size} when opened, "
+                    f"but bytes up to offset {e.offset + e.size} are needed: it was truncated "
+                    "or rewritten in place while being read"
+                )
+            done += got
+        if verify and crc32c(out.data) != self.expected_crc32c(key):
             raise ChecksumMismatchError(
-                f"{self.shard_path(e.shard_id)}: checksum mismatch at offset {e.offset} "
+                f"{path}: checksum mismatch at offset {e.offset} "
                 f"(key {_shown(key)}): stored 0x{self.expected_crc32c(key):08x}, "
-                f"computed 0x{crc32c(raw):08x}"
+                f"computed 0x{crc32c(out.data):08x}"
             )
-        arr = np.frombuffer(raw, dtype=dt).reshape(e.shape)
-        if e.dtype == 10 and arr.size and int(arr.view(np.uint8).max()) > 1:
+        if e.dtype == 10 and e.size and int(out.max()) > 1:
             raise CorruptCheckpointError(
                 f"{self.index_path}: key {_shown(key)}: bool bytes not 0/1"
             )
-        return arr
+        return out.view(numpy_dtype(TF_DTYPES[e.dtype])).reshape(e.shape)
 
     def close(self) -> None:
-        """Drop the shard mappings (arrays returned by ``read`` must not be used afterwards)."""
-        maps, self._maps = self._maps, {}
-        for m, _ in maps.values():
-            if m is not None:
-                try:
-                    m.close()
-                except BufferError:  # an array still views it; the GC unmaps it later
-                    pass
+        """Close the shard files (arrays already returned are the caller's own)."""
+        files, self._files = self._files, {}
+        for f, _ in files.values():
+            f.close()
 
     def __enter__(self) -> TensorBundleReader:
         return self
