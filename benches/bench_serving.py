@@ -35,8 +35,8 @@ most ``--link-mbps`` MB/s each way (a token bucket), in front of
 measuring the device limit (bench_load's ``fio --direct=1`` and buffered read), and each cold
 loader's share of its round's limit is printed at the end.
 
-Every run is a fresh process: it builds the model (pre-faulted), then times open + read + copy
-of every tensor into its parameter. The loader's peak host memory (the resident high-water
+Every run is a fresh process (the package compiled as a wheel's install has it): it builds the
+model (pre-faulted), then times open + read + copy of every tensor into its parameter. The loader's peak host memory (the resident high-water
 mark during the load over the resident set before it, the model included) is reported, and its
 CPU seconds per GB (user and system, every thread: ``getrusage``) and minor faults. Rounds
 interleave the loaders, each round starting one loader later; a row shows the best round and
@@ -73,10 +73,8 @@ FILE_LOADERS = ["st_lazy", "st_eager", "runai", "fastsafetensors", "instanttenso
 S3_LOADERS = ["s3_get_load", "s3_parallel_load", "s3_runai", "sp_none", "sp_default"]
 #: where runai-model-streamer-s3's library is when it is not installed beside the streamer
 #: (``pip install --no-deps --target ~/.cache/shardpoint/runai-s3 runai-model-streamer-s3``)
-RUNAI_S3_LIB = os.environ.get(
-    "SP_RUNAI_S3_LIB",
-    os.path.expanduser("~/.cache/shardpoint/runai-s3/runai_model_streamer/libstreamer/lib"),
-)
+_RUNAI_S3_DEFAULT = "~/.cache/shardpoint/runai-s3/runai_model_streamer/libstreamer/lib"
+RUNAI_S3_LIB = os.environ.get("SP_RUNAI_S3_LIB", os.path.expanduser(_RUNAI_S3_DEFAULT))
 
 
 # --- the link: a rate-limited relay ------------------------------------------------------------
@@ -412,6 +410,7 @@ class S3:
 
 
 def bench(args: argparse.Namespace) -> None:
+    compile_package()  # benches/installed.py
     work = args.out / "data"
     setup(work, args.scale)
     rate = args.link_mbps * 1e6
@@ -592,7 +591,6 @@ def main() -> None:
                 f"--only: unknown loader(s) {', '.join(map(repr, unknown))}; valid: "
                 + ", ".join(known)
             )
-    compile_package()  # the children import it as a wheel user does (benches/installed.py)
     args.out = args.out.resolve()
     bench(args)
 

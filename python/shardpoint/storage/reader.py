@@ -36,7 +36,6 @@ import numpy as np
 from .. import _core
 from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError, NotFoundError
 from .direct_reads import read_cold_compressed
-from .dtypes import numpy_dtype
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _FRAMEWORK_NAMES, _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
@@ -56,7 +55,7 @@ from .row_reads import read_rows
 from .slicing import LazySlice, TensorSlice
 from .strong_digest import StrongDigest
 from .strong_digest import verify_strong as _verify_strong
-from .targets import checked_targets
+from .targets import checked_one_by_one, checked_targets
 from .values import check_key, decode_value, json_depth
 
 __all__ = [
@@ -338,31 +337,7 @@ class Reader:
         """Keys and byte views of ``load_into`` targets, each checked against its stored value
         (a tensor of the same dtype and shape; the array C-contiguous and writable)."""
         fast = checked_targets(self._r, targets)  # all at once; key by key on any doubt
-        if fast is not None:
-            return fast
-        keys, outs = [], []
-        for key, arr in targets.items():
-            check_key(key)
-            info = self.info(key)
-            if not isinstance(arr, np.ndarray):
-                raise InvalidArgumentError(
-                    f"key {key!r}: target must be a numpy array, not {type(arr).__name__}"
-                )
-            if info.kind != "tensor":
-                raise InvalidArgumentError(
-                    f"key {key!r}: stored value is a {info.kind}, not a tensor"
-                )
-            want = numpy_dtype(info.dtype)
-            if arr.dtype != want or tuple(arr.shape) != tuple(info.shape):
-                raise InvalidArgumentError(
-                    f"key {key!r}: target is {arr.dtype}{list(arr.shape)}, "
-                    f"stored value is {info.dtype}{list(info.shape)}"
-                )
-            if not (arr.flags.c_contiguous and arr.flags.writeable):
-                raise InvalidArgumentError(f"key {key!r}: target must be C-contiguous and writable")
-            keys.append(key)
-            outs.append(arr.reshape(-1).view(np.uint8))
-        return keys, outs
+        return fast if fast is not None else checked_one_by_one(self.info, targets)
 
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""

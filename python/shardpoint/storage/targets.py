@@ -14,13 +14,14 @@ key, as it always did.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedDTypeError
+from ..errors import InvalidArgumentError, UnsupportedDTypeError
 from .dtypes import format_name, numpy_dtype
+from .values import check_key
 
 __all__ = ["checked_targets"]
 
@@ -74,3 +75,31 @@ def checked_targets(
     except (TypeError, ValueError):  # a key that is not a str (or not encodable)
         return None
     return None if bad is not None else (keys, outs)
+
+
+def checked_one_by_one(
+    info: Callable[[str], Any], targets: Mapping[str, np.ndarray]
+) -> tuple[list[str], list[np.ndarray]]:
+    """The key-by-key check (``info``: the reader's, a key's index record), raising
+    ``InvalidArgumentError`` naming the first key whose target does not fit; keys and byte
+    views as :func:`checked_targets` returns them."""
+    keys, outs = [], []
+    for key, arr in targets.items():
+        rec = info(check_key(key))
+        if not isinstance(arr, np.ndarray):
+            raise InvalidArgumentError(
+                f"key {key!r}: target must be a numpy array, not {type(arr).__name__}"
+            )
+        if rec.kind != "tensor":
+            raise InvalidArgumentError(f"key {key!r}: stored value is a {rec.kind}, not a tensor")
+        want = numpy_dtype(rec.dtype)
+        if arr.dtype != want or tuple(arr.shape) != tuple(rec.shape):
+            raise InvalidArgumentError(
+                f"key {key!r}: target is {arr.dtype}{list(arr.shape)}, "
+                f"stored value is {rec.dtype}{list(rec.shape)}"
+            )
+        if not (arr.flags.c_contiguous and arr.flags.writeable):
+            raise InvalidArgumentError(f"key {key!r}: target must be C-contiguous and writable")
+        keys.append(key)
+        outs.append(arr.reshape(-1).view(np.uint8))
+    return keys, outs
