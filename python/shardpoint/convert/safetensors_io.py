@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import CorruptCheckpointError, NotFoundError
 from ..storage.atomic_files import create_temp
 from ..storage.dtypes import numpy_dtype, shape_problem
+from ..storage.file_reads import pread_into
 from ..storage.progress import progress_bar
 from .base import ConvertResult, Source, Spec
 
@@ -175,12 +176,8 @@ class SafetensorsSource(Source):
             raise self._shrunk(key)
         begin, end = self._ranges[key]
         out = np.empty(end - begin, dtype=np.uint8)
-        view, fd, done = memoryview(out.data), self._fh.fileno(), 0
-        while done < len(out):  # pread may return less than asked (2 GiB per call on Linux)
-            got = os.preadv(fd, [view[done:]], begin + done)
-            if got == 0:
-                raise self._shrunk(key)
-            done += got
+        if pread_into(self._fh.fileno(), out.data, begin) < len(out):
+            raise self._shrunk(key)
         return out.view(numpy_dtype(spec.dtype)).reshape(spec.shape)
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from ..errors import (
     UnsupportedFormatError,
 )
 from ..storage.dtypes import numpy_dtype, shape_problem
+from ..storage.file_reads import pread_into
 from .base import Source, Spec
 from .tensorbundle_format import (
     _MAX_INDEX_BYTES,
@@ -239,17 +240,13 @@ class TensorBundleReader:
                 f"{e.offset + e.size}) run past the end of the file ({size} bytes)"
             )
         out = np.empty(e.size, dtype=np.uint8)
-        view, done = memoryview(out.data), 0
-        while done < e.size:  # pread may return less than asked (2 GiB per call on Linux)
-            got = os.preadv(f.fileno(), [view[done:]], e.offset + done)
-            if got == 0:
-                now = os.fstat(f.fileno()).st_size
-                raise CorruptCheckpointError(
-                    f"{path}: key {_shown(key)}: file is now {now} bytes, {size} when opened, "
-                    f"but bytes up to offset {e.offset + e.size} are needed: it was truncated "
-                    "or rewritten in place while being read"
-                )
-            done += got
+        if pread_into(f.fileno(), out.data, e.offset) < e.size:
+            now = os.fstat(f.fileno()).st_size
+            raise CorruptCheckpointError(
+                f"{path}: key {_shown(key)}: file is now {now} bytes, {size} when opened, "
+                f"but bytes up to offset {e.offset + e.size} are needed: it was truncated "
+                "or rewritten in place while being read"
+            )
         if verify and crc32c(out.data) != self.expected_crc32c(key):
             raise ChecksumMismatchError(
                 f"{path}: checksum mismatch at offset {e.offset} "
