@@ -143,20 +143,24 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     d = tmp_path_factory.mktemp("direct_sp")
     sptorch.save(state, str(d / "none"), compression="none")
     sptorch.save(state, str(d / "default"))
-    return {"none": str(d / "none"), "default": str(d / "default")}
+    sptorch.save(state, str(d / "single.pt"), single_file=True)
+    return {"none": str(d / "none"), "default": str(d / "default"), "single": str(d / "single.pt")}
 
 
 def _copy(prefix: str, to: pathlib.Path) -> str:
     """A copy of checkpoint ``prefix``'s files in ``to`` (to damage); its prefix."""
     src = pathlib.Path(prefix)
+    if src.is_file():  # a single-file checkpoint
+        (to / src.name).write_bytes(src.read_bytes())
     for p in src.parent.glob(src.name + ".*"):
         (to / p.name).write_bytes(p.read_bytes())
     return str(to / src.name)
 
 
 def _shards(prefix: str) -> list[str]:
+    """The files holding the values of checkpoint ``prefix`` (a single file is its own)."""
     p = pathlib.Path(prefix)
-    return sorted(str(f) for f in p.parent.glob(p.name + ".data-*"))
+    return sorted(str(f) for f in p.parent.glob(p.name + ".data-*")) or [prefix]
 
 
 @pytest.mark.parametrize("codec", ["none", "default"])
@@ -284,37 +288,50 @@ def test_direct_reads_the_files_opened_when_saved_again_mid_load(
         assert np.array_equal(r["w.0"], second["w.0"].numpy())
 
 
-def test_load_into_reads_a_cold_compressed_checkpoint_direct(
-    checkpoints: dict[str, str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("layout", ["default", "none", "single"])
+def test_load_into_reads_a_cold_checkpoint_direct(
+    checkpoints: dict[str, str],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
 ) -> None:
     """``load_into`` of a checkpoint mostly not in the page cache, read large enough
-    (``COLD_MIN``, lowered here): compressed values through the cold-read engine, uncompressed
-    ones buffered, every value exact; a warm checkpoint, a small read or overlapping targets
-    take the one buffered call; a damaged chunk is named whatever the route."""
+    (``COLD_MIN``, lowered here): every value through the cold-read engine (compressed and
+    uncompressed: the page cache is left as it was), every value exact; a warm checkpoint or a
+    small read take the buffered call; overlapping targets are refused by name on either
+    route; a damaged value is named whatever the route."""
     from shardpoint.storage import direct_reads
+    from shardpoint.storage.io_mode import cached_fraction
 
-    prefix = checkpoints["default"]
-    with sp.open(prefix) as r:
-        want = {k: np.ascontiguousarray(r[k]) for k in r.keys()}
+    prefix = checkpoints[layout]
+    with sp.open(prefix) as r:  # copies, then closed: mapped pages could not be evicted
+        want = {k: np.array(r[k], copy=True) for k in r.keys()}
         codecs = {r.info(k).codec for k in r.keys()}
+    with sp.open(prefix) as r:
         core = r._core
         keys = sorted(want)
         outs = [np.zeros(want[k].nbytes, np.uint8) for k in keys]
-        assert codecs >= {"none"} and len(codecs) > 1  # mixed: both routes are taken
+        if layout == "none":
+            assert codecs == {"none"}
+        else:
+            assert codecs >= {"none"} and len(codecs) > 1  # mixed: both kinds of value
         monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
-        for f in _shards(prefix):
-            evict(f)
-        assert direct_reads.read_cold_compressed(core, keys, outs, True)
+        cold = evict(*_shards(prefix))
+        assert direct_reads.read_cold_into(core, keys, outs, True)
         for k, o in zip(keys, outs, strict=True):
             assert o.tobytes() == want[k].tobytes(), k
+        if cold and all(takes_o_direct(f) for f in _shards(prefix)):
+            # every byte came by O_DIRECT: a buffered read would have filled the cache
+            assert max(cached_fraction(f) for f in _shards(prefix)) < 0.25
         for f in _shards(prefix):  # warm (direct reads leave the page cache as it was)
             pathlib.Path(f).read_bytes()
-        assert not direct_reads.read_cold_compressed(core, keys, outs, True)
+        assert not direct_reads.read_cold_into(core, keys, outs, True)
         for f in _shards(prefix):
             evict(f)
-        assert not direct_reads.read_cold_compressed(core, keys, [outs[0]] * len(keys), True)
+        with pytest.raises(ValueError, match="overlap"):
+            direct_reads.read_cold_into(core, keys, [outs[0]] * len(keys), True)
         monkeypatch.setattr(direct_reads, "COLD_MIN", 1 << 40)
-        assert not direct_reads.read_cold_compressed(core, keys, outs, True)
+        assert not direct_reads.read_cold_into(core, keys, outs, True)
     monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
     targets = {k: np.zeros_like(v) for k, v in want.items()}
     for f in _shards(prefix):
@@ -328,7 +345,8 @@ def test_load_into_reads_a_cold_compressed_checkpoint_direct(
         info = r.info("l.03.weight")
         shard = _shards(bad)[info.shard]
     data = bytearray(pathlib.Path(shard).read_bytes())
-    data[info.offset + info.stored_bytes // 2] ^= 0x10
+    base = 4096 if layout == "single" else 0  # FORMAT.md §10: the shard region's offset
+    data[base + info.offset + info.stored_bytes // 2] ^= 0x10
     pathlib.Path(shard).write_bytes(bytes(data))
     evict(shard)
     with sp.open(bad) as r, pytest.raises(sp.CorruptCheckpointError, match="l.03.weight"):

@@ -34,6 +34,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
+from ..storage.direct_reads import COLD_MIN, judged_cold
 from ..storage.dtypes import carrier_dtype, numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
@@ -339,14 +340,21 @@ class HFReader(Reader):
         the stored dtype and shape), as :meth:`shardpoint.Reader.load_into`: parallel ``pread``
         with read-ahead, no mapping faults and no fresh memory (``verify`` is accepted for
         compatibility: this format has no checksums). A shard shorter than its header says
-        raises ``CorruptCheckpointError`` naming it, before anything is read."""
+        raises ``CorruptCheckpointError`` naming it, before anything is read. A large read
+        from files mostly not in the page cache (:func:`~shardpoint.storage.direct_reads.
+        judged_cold`) goes through the cold-read engine, every piece from the device."""
         keys, outs = self._target_buffers(targets)
         self._read_into(keys, outs, False)
 
     def _read_into(
         self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
     ) -> None:
-        """``load_into``'s read, for byte views already checked (no checksums to verify)."""
+        """``load_into``'s read, for byte views already checked (no checksums to verify); a
+        read judged cold goes through the cold-read engine."""
+        nbytes = sum(o.nbytes for o in outs)
+        if nbytes >= COLD_MIN and judged_cold(self._files_of(keys), nbytes):
+            self._read_direct(keys, outs, follow_cache=False)
+            return
         paths, ranges = self._ranges(keys)
         try:
             read_ranges_into(paths, ranges, outs, threads)
@@ -371,6 +379,11 @@ class HFReader(Reader):
         with self._lock:
             a, b, c = self.read_kinds
             self.read_kinds = (a + got[0], b + got[1], c + got[2])
+
+    def _files_of(self, keys: list[str]) -> list[tuple[str, int]]:
+        """The shard files holding ``keys``, with their sizes as opened."""
+        files = {sh.header.path: sh.header.file_size for sh, _ in map(self._locate, keys)}
+        return list(files.items())
 
     def _refuse_shrunk(self, keys: list[str]) -> None:
         """After a read ran past the end of a file: name the first key whose bytes are no

@@ -9,12 +9,19 @@ import numpy as np
 from .. import _core
 from .entry_stats import EntryInfo
 
-__all__ = ["COLD_MIN", "read_cold_compressed", "read_ranges_direct", "read_entries_direct"]
+__all__ = [
+    "COLD_MIN",
+    "judged_cold",
+    "read_cold_compressed",
+    "read_cold_into",
+    "read_entries_direct",
+    "read_ranges_direct",
+]
 
 #: Direct reads in flight for compressed values (the engine's default, as for plain ranges).
 _DEPTH = 8
-#: A ``load_into`` read of at least this many bytes from shard files mostly not in the page
-#: cache reads its compressed values with the cold-read engine (:func:`read_cold_compressed`).
+#: A ``load_into`` read of at least this many bytes from files mostly not in the page cache
+#: reads with the cold-read engine (:func:`read_cold_into`, a Hugging Face directory's too).
 COLD_MIN = 256 << 20
 
 
@@ -79,47 +86,43 @@ def read_entries_direct(
     return int(in_place), int(bounced), int(cached)
 
 
-def read_cold_compressed(
+def judged_cold(files: list[tuple[str, int]], nbytes: int) -> bool:
+    """Whether a read of ``nbytes`` from ``files`` (``(path, size)``) should go through the
+    cold-read engine: at least :data:`COLD_MIN` bytes, from files less than half of whose pages
+    are in the page cache (``cached_fraction``'s ``mincore`` sampling, weighted by file size).
+    Warm files keep the buffered engine, which copies from memory faster."""
+    from .io_mode import cached_fraction
+
+    if nbytes < COLD_MIN:
+        return False
+    size = sum(n for _, n in files)
+    return bool(size) and sum(cached_fraction(p) * n for p, n in files) < size / 2
+
+
+def read_cold_into(
     core: _core.CheckpointReader,
     keys: list[str],
     outs: list[np.ndarray],
     verify: bool,
     threads: int | None = None,
 ) -> bool:
-    """``load_into``'s read when it pays to read compressed values with the cold-read engine:
-    at least :data:`COLD_MIN` bytes, from a checkpoint of shard files less than half of whose
-    pages are in the page cache (``cached_fraction``'s ``mincore`` sampling, weighted by file
-    size). Then compressed values go through the engine (blocks of whole chunks read with
-    ``O_DIRECT`` into huge pages and decoded from there: no page-cache fill, no kernel copy)
-    and uncompressed ones through the buffered engine as before (a target's address is the
-    caller's, so a direct read of it would go through a bounce buffer). Returns whether it
-    read (``False``: the caller reads everything buffered). Why: a cold default-codec load
-    into pre-faulted arrays ran 3.05-3.27 GB/s this way against 1.23-1.58 buffered on this
-    project's VM, at 0.42-0.50 CPU-s/GB against 0.64-1.06 (docs/SERVING.md, "Issue 41 (tenth
-    round)"); warm files keep the buffered engine, which copies from memory faster."""
-    from .io_mode import cached_fraction
-
-    if sum(o.nbytes for o in outs) < COLD_MIN or core.is_single_file():
+    """``load_into``'s read when it pays to read with the cold-read engine (:func:`judged_cold`
+    over the checkpoint's shard files, or its single file). Then every value goes through the engine, every block
+    from the device: compressed ones in blocks of whole chunks read with ``O_DIRECT`` into huge
+    pages and decoded from there, uncompressed ones read with ``O_DIRECT`` in place where the
+    target's address is congruent to the file offset and through the engine's bounce buffers
+    otherwise, then checked against their crc32c. Returns whether it read (``False``: the
+    caller reads everything buffered). Why: no page-cache fill, no kernel copy, reads deep
+    enough to keep the device busy. A cold default-codec load into pre-faulted arrays ran
+    3.05-3.27 GB/s this way against 1.23-1.58 buffered (docs/SERVING.md, "Issue 41 (tenth
+    round)"); uncompressed values, bounced, 2.71-3.04 against 0.66-0.75 ("twentieth round")."""
+    if not judged_cold(core.shard_files(), sum(o.nbytes for o in outs)):
         return False
-    files = core.shard_files()
-    size = sum(n for _, n in files)
-    if not size or sum(cached_fraction(p) * n for p, n in files) >= size / 2:
-        return False
-    comp: list[int] = []
-    raw: list[int] = []
-    for i, k in enumerate(keys):
-        (raw if core.info(k).codec == "none" else comp).append(i)
-    if not comp or (raw and _overlap(outs)):
-        return False  # (one buffered call refuses overlapping outputs, naming them)
-    # judged cold: every block from the device (no read-ahead cascade through the cache)
-    comp_keys, comp_outs = [keys[i] for i in comp], [outs[i] for i in comp]
-    core.read_many_into(comp_keys, comp_outs, verify, threads, _DEPTH, False)
-    if raw:
-        core.read_many_into([keys[i] for i in raw], [outs[i] for i in raw], verify, threads)
+    # judged cold: every block from the device (no read-ahead cascade through the cache);
+    # overlapping targets are refused by this one call, naming them
+    core.read_many_into(keys, outs, verify, threads, _DEPTH, False)
     return True
 
 
-def _overlap(outs: list[np.ndarray]) -> bool:
-    """Whether any two of ``outs`` share a byte (two calls would not see it; one refuses it)."""
-    spans = sorted((o.ctypes.data, o.nbytes) for o in outs if o.nbytes)
-    return any(a + n > b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
+#: The name before uncompressed values joined the engine (same function).
+read_cold_compressed = read_cold_into

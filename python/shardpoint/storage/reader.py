@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError, NotFoundError
-from .direct_reads import read_cold_compressed
+from .direct_reads import read_cold_into
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _FRAMEWORK_NAMES, _IN_PLACE_READERS, framework_converter, with_delta
 from .io_mode import check_io, resolve_io
@@ -328,7 +328,7 @@ class Reader:
         core = self._core
         if not isinstance(core, _core.CheckpointReader):
             core.read_many_into(keys, outs, verify)
-        elif not read_cold_compressed(core, keys, outs, verify, threads):
+        elif not read_cold_into(core, keys, outs, verify, threads):
             core.read_many_into(keys, outs, verify, threads)
 
     def _target_buffers(
