@@ -315,3 +315,26 @@ def test_bytes_do_not_depend_on_the_route(tmp_path: pathlib.Path) -> None:
         assert set(it.probe_rates) == {"direct", "buffered"}
     finally:
         mp.undo()
+
+
+def test_buffered_batches_are_never_rerouted_by_load_intos_cold_judgement(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``direct=False`` reads buffered even where a batch is large enough for ``load_into``'s
+    cold judgement (``direct_reads.COLD_MIN``, lowered here to one byte; a single value over
+    256 MiB makes such a batch): no byte of a cold Hugging Face file comes through the
+    cold-read engine (its reader counts them: ``read_kinds``), as ``direct=True`` does."""
+    from shardpoint.storage import direct_reads
+
+    state = _state(12)
+    d = tmp_path / "model"
+    d.mkdir()
+    safetensors_torch.save_file(state, str(d / "model.safetensors"))
+    monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
+    for direct in (False, True):
+        _cold(str(d))
+        it = sptorch.weights_iterator(str(d), window=8 * MIB, direct=direct)
+        _same(_read_all(it), state)
+        assert it.route == ("direct" if direct else "buffered")
+        total = sum(it._reader.read_kinds)
+        assert total == (sum(v.numel() * v.element_size() for v in state.values()) if direct else 0)

@@ -347,12 +347,18 @@ class HFReader(Reader):
         self._read_into(keys, outs, False)
 
     def _read_into(
-        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+        self,
+        keys: list[str],
+        outs: list[np.ndarray],
+        verify: bool,
+        threads: int | None = None,
+        *,
+        buffered: bool = False,
     ) -> None:
         """``load_into``'s read, for byte views already checked (no checksums to verify); a
-        read judged cold goes through the cold-read engine."""
+        read judged cold goes through the cold-read engine unless ``buffered``."""
         nbytes = sum(o.nbytes for o in outs)
-        if nbytes >= COLD_MIN and judged_cold(self._files_of(keys), nbytes):
+        if not buffered and nbytes >= COLD_MIN and judged_cold(self._files_of(keys), nbytes):
             self._read_direct(keys, outs, follow_cache=False)
             return
         paths, ranges = self._ranges(keys)

@@ -288,7 +288,13 @@ class DeltaReader(Reader):
         return {k: got[k] for k in ks}
 
     def _read_into(
-        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+        self,
+        keys: list[str],
+        outs: list[np.ndarray],
+        verify: bool,
+        threads: int | None = None,
+        *,
+        buffered: bool = False,
     ) -> None:
         plain = [
             (self._plain_key(k), o)
@@ -296,12 +302,15 @@ class DeltaReader(Reader):
             if k not in self.delta_table.entries
         ]
         if plain:
-            super()._read_into([k for k, _ in plain], [o for _, o in plain], verify, threads)
+            super()._read_into(
+                [k for k, _ in plain], [o for _, o in plain], verify, threads, buffered=buffered
+            )
         delta = [(k, o) for k, o in zip(keys, outs, strict=True) if k in self.delta_table.entries]
         if not delta:
             return
         keys_d = [k for k, _ in delta]
-        self._base_for(keys_d)._read_into(keys_d, [o for _, o in delta], True, threads)
+        base = self._base_for(keys_d)
+        base._read_into(keys_d, [o for _, o in delta], True, threads, buffered=buffered)
         xor = [(k, o) for k, o in delta if self.delta_table.entries[k].mode == "xor"]
         xk, xo = [k for k, _ in xor], [o for _, o in xor]
         crcs = dict(zip(xk, self._xor_payloads(xk, xo), strict=True)) if xor else {}

@@ -319,16 +319,24 @@ class Reader:
         self._read_into(keys, outs, verify)
 
     def _read_into(
-        self, keys: list[str], outs: list[np.ndarray], verify: bool, threads: int | None = None
+        self,
+        keys: list[str],
+        outs: list[np.ndarray],
+        verify: bool,
+        threads: int | None = None,
+        *,
+        buffered: bool = False,
     ) -> None:
         """``load_into``'s read, for byte views already checked against their entries (the
         torch adapter checks shapes and dtypes itself; one check per key, not two).
-        ``threads``: decode on that many threads (local checkpoints; default one per CPU)."""
+        ``threads``: decode on that many threads (local checkpoints; default one per CPU).
+        A read judged cold takes the cold-read engine unless ``buffered`` (a caller that chose
+        its route: the weights iterator's ``direct=False``)."""
         # object stores check every download whatever ``verify`` says (bytes crossed a network)
         core = self._core
         if not isinstance(core, _core.CheckpointReader):
             core.read_many_into(keys, outs, verify)
-        elif not read_cold_into(core, keys, outs, verify, threads):
+        elif buffered or not read_cold_into(core, keys, outs, verify, threads):
             core.read_many_into(keys, outs, verify, threads)
 
     def _target_buffers(

@@ -256,7 +256,8 @@ class _Producer:
                 core, infos, bufs, self._verify, self._threads, follow_cache=self.follow_cache
             )
         elif keys:
-            self._reader._read_into(keys, bufs, self._verify, threads=self._threads)
+            # buffered as chosen (``direct=False``, or a warm load): never re-judged cold
+            self._reader._read_into(keys, bufs, self._verify, self._threads, buffered=True)
         return out
 
     def run(self) -> None:
