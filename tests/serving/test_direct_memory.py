@@ -351,3 +351,66 @@ def test_load_into_reads_a_cold_checkpoint_direct(
     evict(shard)
     with sp.open(bad) as r, pytest.raises(sp.CorruptCheckpointError, match="l.03.weight"):
         r.load_into({k: np.zeros_like(v) for k, v in want.items()})
+
+
+@pytest.mark.parametrize("layout", ["hf", "none"])
+def test_many_small_values_of_a_cold_load_are_read_buffered_alongside(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """A cold ``load_into`` with many small values (``SMALL_MANY``, lowered here) reads them
+    buffered on a helper thread while the engine reads the large ones: every value exact (a
+    Hugging Face reader counts only the large values' bytes as read by the engine); a damaged
+    small value is named from the helper thread, a damaged large one from the engine;
+    overlapping targets are refused by name."""
+    from shardpoint.storage import direct_reads
+
+    g = torch.Generator().manual_seed(11)
+    state: dict[str, torch.Tensor] = {}
+    for i in range(3):
+        state[f"big.{i}"] = torch.randn(600, 700, generator=g)  # 1.6 MiB
+        for j in range(12):
+            state[f"small.{i}.{j:02d}"] = torch.randn(256, generator=g)  # 1 KiB
+    if layout == "hf":
+        path = tmp_path / "model"
+        path.mkdir()
+        safetensors_torch.save_file(state, str(path / "model.safetensors"))
+        files = [str(path / "model.safetensors")]
+    else:
+        path = tmp_path / "ck"
+        sptorch.save(state, str(path), compression="none")
+        files = _shards(str(path))
+    monkeypatch.setattr(direct_reads, "COLD_MIN", 1)
+    monkeypatch.setattr(direct_reads, "SMALL_MANY", 8)
+    big = sum(v.numel() * 4 for k, v in state.items() if k.startswith("big."))
+
+    def load(targets: dict[str, np.ndarray]) -> None:
+        evict(*files)
+        with sp.open(str(path)) as r:
+            r.load_into(targets)
+            if layout == "hf":
+                assert sum(r.read_kinds) == big, r.read_kinds  # the engine: large ones only
+
+    targets = {k: np.zeros(v.shape, np.float32) for k, v in state.items()}
+    load(targets)
+    for k, v in state.items():
+        assert np.array_equal(targets[k], v.numpy()), k
+    shared = np.zeros(600 * 700, np.float32)
+    crossed = {k: np.zeros(v.shape, np.float32) for k, v in state.items()}
+    crossed["small.1.03"] = shared[:256]  # inside big.0's target
+    crossed["big.0"] = shared.reshape(600, 700)
+    with pytest.raises(ValueError, match="overlap"):
+        load(crossed)
+    # damage: a shardpoint checkpoint's (a safetensors file has no checksums to name it by)
+    for victim in ("small.2.05", "big.1") if layout == "none" else ():
+        damaged = tmp_path / victim
+        damaged.mkdir()
+        prefix = _copy(str(path), damaged)
+        with sp.open(prefix) as r:
+            info = r.info(victim)
+        shard = pathlib.Path(_shards(prefix)[info.shard])
+        data = bytearray(shard.read_bytes())
+        data[info.offset + info.stored_bytes // 2] ^= 0x20
+        shard.write_bytes(bytes(data))
+        evict(str(shard))
+        with sp.open(prefix) as r, pytest.raises(sp.ChecksumMismatchError, match=victim):
+            r.load_into({k: np.zeros(v.shape, np.float32) for k, v in state.items()})
