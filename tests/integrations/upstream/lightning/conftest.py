@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,6 +110,50 @@ def _shardpoint_one_line() -> Iterator[None]:
         yield
     finally:
         Trainer.__init__ = init  # type: ignore[method-assign]
+
+
+#: Ports handed to the tests' process groups: below Linux's ephemeral range (32768-60999), so
+#: no outgoing connection is ever given one, and a block of its own per xdist worker.
+_PORT_BASE = 20000
+_PORTS_PER_WORKER = 800
+_next_port = 0
+
+
+def _free_port() -> int:
+    """A port of this worker's block that nothing holds now (not even in TIME_WAIT)."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    for _ in range(_PORTS_PER_WORKER):
+        port = _PORT_BASE + (n % 15) * _PORTS_PER_WORKER + _next_port
+        _next_port = (_next_port + 1) % _PORTS_PER_WORKER
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {worker}'s block from {_PORT_BASE}")
+
+
+@pytest.fixture(autouse=True)
+def _worker_ports() -> Iterator[None]:
+    """Each test's ``find_free_network_port`` (Lightning's ``MASTER_PORT`` for ``ddp_spawn``)
+    returns a port of this xdist worker's own block (``STANDALONE_PORT``, which it honours).
+    Why: it binds port 0, closes the socket and hands the number on; with tests of several
+    workers running, another process's connection took that ephemeral port before the
+    process group listened on it (EADDRINUSE in ``test_error_handling_all_stages[ddp_spawn]``,
+    once in a fresh clone's run). Set before upstream's ``restore_env_variables`` fixture
+    copies the environment, removed after it restored it, so it never looks leaked."""
+    old = os.environ.get("STANDALONE_PORT")
+    os.environ["STANDALONE_PORT"] = str(_free_port())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("STANDALONE_PORT", None)
+        else:
+            os.environ["STANDALONE_PORT"] = old
 
 
 @pytest.fixture(autouse=True)
