@@ -33,15 +33,8 @@ from ..errors import (
     NotFoundError,
     UnsupportedDTypeError,
 )
-from ..storage import (
-    EntryInfo,
-    Reader,
-    direct_reads,
-    read_ranges_direct,
-    read_ranges_into,
-    stats_dict,
-)
-from ..storage.direct_reads import alongside, judged_cold, overlapping, split_small
+from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
+from ..storage.direct_reads import alongside, judged_cold, split_for_engine
 from ..storage.dtypes import carrier_dtype, numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
@@ -365,19 +358,16 @@ class HFReader(Reader):
         """``load_into``'s read, for byte views already checked (no checksums to verify); a
         read judged cold goes through the cold-read engine unless ``buffered``."""
         nbytes = sum(o.nbytes for o in outs)
-        # (the module's COLD_MIN read at each call, as judged_cold reads it)
-        cold_min = direct_reads.COLD_MIN
-        if not buffered and nbytes >= cold_min and judged_cold(self._files_of(keys), nbytes):
-            large, small = split_small(outs)  # small values buffered, alongside
-            if large and not (small and overlapping(outs)):  # (else one call refuses them)
-                lk, lo = [keys[i] for i in large], [outs[i] for i in large]
-                sk, so = [keys[i] for i in small], [outs[i] for i in small]
-                alongside(
-                    lambda: self._read_direct(lk, lo, follow_cache=False),
-                    (lambda: self._read_ranges(sk, so, threads)) if sk else None,
-                )
-                return
-        self._read_ranges(keys, outs, threads)
+        cold = not buffered and judged_cold(lambda: self._files_of(keys), nbytes)
+        parts = split_for_engine(keys, outs) if cold else None  # None: overlapping targets
+        if parts is None:
+            self._read_ranges(keys, outs, threads)
+            return
+        (lk, lo), (sk, so) = parts  # many small values buffered, alongside
+        alongside(
+            (lambda: self._read_direct(lk, lo, follow_cache=False)) if lk else None,
+            (lambda: self._read_ranges(sk, so, threads)) if sk else None,
+        )
 
     def _read_ranges(self, keys: list[str], outs: list[np.ndarray], threads: int | None) -> None:
         """``keys`` read buffered into ``outs`` (parallel ``pread`` with read-ahead)."""

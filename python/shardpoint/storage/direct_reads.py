@@ -19,10 +19,10 @@ __all__ = [
     "SMALL_MANY",
     "judged_cold",
     "overlapping",
-    "read_cold_compressed",
     "read_cold_into",
     "read_entries_direct",
     "read_ranges_direct",
+    "split_for_engine",
     "split_small",
 ]
 
@@ -99,17 +99,19 @@ def read_entries_direct(
     return int(in_place), int(bounced), int(cached)
 
 
-def judged_cold(files: list[tuple[str, int]], nbytes: int) -> bool:
-    """Whether a read of ``nbytes`` from ``files`` (``(path, size)``) should go through the
-    cold-read engine: at least :data:`COLD_MIN` bytes, from files less than half of whose pages
-    are in the page cache (``cached_fraction``'s ``mincore`` sampling, weighted by file size).
-    Warm files keep the buffered engine, which copies from memory faster."""
+def judged_cold(files: Callable[[], list[tuple[str, int]]], nbytes: int) -> bool:
+    """Whether a read of ``nbytes`` from the files ``files()`` lists (``(path, size)``; called
+    only for a read of at least :data:`COLD_MIN` bytes, so a small read pays nothing) should go
+    through the cold-read engine: files less than half of whose pages are in the page cache
+    (``cached_fraction``'s ``mincore`` sampling, weighted by file size). Warm files keep the
+    buffered engine, which copies from memory faster."""
     from .io_mode import cached_fraction
 
     if nbytes < COLD_MIN:
         return False
-    size = sum(n for _, n in files)
-    return bool(size) and sum(cached_fraction(p) * n for p, n in files) < size / 2
+    listed = files()
+    size = sum(n for _, n in listed)
+    return bool(size) and sum(cached_fraction(p) * n for p, n in listed) < size / 2
 
 
 def read_cold_into(
@@ -131,13 +133,12 @@ def read_cold_into(
     default-codec load into pre-faulted arrays ran 3.05-3.27 GB/s this way against 1.23-1.58
     buffered (docs/SERVING.md, "Issue 41 (tenth round)"); uncompressed values, bounced,
     2.71-3.04 against 0.66-0.75 ("twentieth round")."""
-    if not judged_cold(core.shard_files(), sum(o.nbytes for o in outs)):
+    if not judged_cold(core.shard_files, sum(o.nbytes for o in outs)):
         return False
-    large, small = split_small(outs)
-    if large and small and overlapping(outs):
+    parts = split_for_engine(keys, outs)
+    if parts is None:
         return False  # (one buffered call refuses overlapping outputs, naming them)
-    lk, lo = [keys[i] for i in large], [outs[i] for i in large]
-    sk, so = [keys[i] for i in small], [outs[i] for i in small]
+    (lk, lo), (sk, so) = parts
     alongside(
         # judged cold: every block from the device (no read-ahead through the cache)
         (lambda: core.read_many_into(lk, lo, verify, threads, _DEPTH, False)) if lk else None,
@@ -182,11 +183,22 @@ def split_small(outs: list[np.ndarray]) -> tuple[list[int], list[int]]:
     return [i for i in range(len(outs)) if i not in aside], small
 
 
+def split_for_engine(
+    keys: list[str], outs: list[np.ndarray]
+) -> tuple[tuple[list[str], list[np.ndarray]], tuple[list[str], list[np.ndarray]]] | None:
+    """``(keys, outs)`` for the engine and for the buffered read (:func:`split_small`), or
+    ``None`` when targets of the two overlap (two calls would not see it: the caller makes
+    one buffered call, which refuses them by name)."""
+    large, small = split_small(outs)
+    if large and small and overlapping(outs):
+        return None
+    return ([keys[i] for i in large], [outs[i] for i in large]), (
+        [keys[i] for i in small],
+        [outs[i] for i in small],
+    )
+
+
 def overlapping(outs: list[np.ndarray]) -> bool:
     """Whether any two of ``outs`` share a byte (two calls would not see it; one refuses it)."""
     spans = sorted((o.ctypes.data, o.nbytes) for o in outs if o.nbytes)
     return any(a + n > b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
-
-
-#: The name before uncompressed values joined the engine (same function).
-read_cold_compressed = read_cold_into
