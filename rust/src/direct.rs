@@ -33,6 +33,11 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+mod aligned;
+mod groups;
+pub(crate) use aligned::Aligned;
+use aligned::HUGE;
+
 /// Alignment of `O_DIRECT` offsets, lengths and memory: the largest logical block size of
 /// common devices (512 or 4096), and the page size.
 pub const DIRECT_ALIGN: u64 = 4096;
@@ -52,6 +57,8 @@ pub struct DirectStats {
     pub bounced: u64,
     /// Read with `pread` (already cached, or `O_DIRECT` refused).
     pub buffered: u64,
+    /// `O_DIRECT` requests made (each one device round trip).
+    pub requests: u64,
 }
 
 impl std::ops::Add for DirectStats {
@@ -62,105 +69,9 @@ impl std::ops::Add for DirectStats {
             in_place: self.in_place + o.in_place,
             bounced: self.bounced + o.bounced,
             buffered: self.buffered + o.buffered,
+            requests: self.requests + o.requests,
         }
     }
-}
-
-/// A zeroed, page-aligned buffer (what `O_DIRECT` reads into): an anonymous mapping of its own,
-/// so only the pages a read touches are ever faulted in. Not `alloc_zeroed`: after glibc's
-/// dynamic mmap threshold rises, an 8 MiB `calloc` comes from a thread's heap and is cleared
-/// whole on every call, although in-place reads touch only a head and a tail block of it: one
-/// 8 MiB clearing per worker per call cost a 1 GB load 260k page faults (docs/SERVING.md,
-/// "Issue 41 (seventh round)").
-pub(crate) struct Aligned {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is owned by the value (unmapped once, in `drop`); shared references only
-// read it (`as_slice`), writes need `&mut`.
-unsafe impl Send for Aligned {}
-// SAFETY: as above.
-unsafe impl Sync for Aligned {}
-
-/// Bytes of a transparent huge page (x86-64 and arm64 with 4 KiB pages).
-const HUGE: usize = 2 << 20;
-
-impl Aligned {
-    /// `len` bytes on small pages: only the pages a read touches are faulted in.
-    pub(crate) fn new(len: usize) -> Result<Aligned> {
-        let len = len.max(1);
-        let ptr = map(len)?;
-        Ok(Aligned { ptr, len })
-    }
-
-    /// `len` bytes starting at a huge-page boundary, asking the kernel for transparent huge
-    /// pages (`MADV_HUGEPAGE`; a hint it may ignore). Why: the block layer gives a direct
-    /// read one segment per physically contiguous run of its memory, so into small pages a
-    /// 4 MiB read is 1024 segments, and on this project's VM (virtio) a device read costs per
-    /// segment: `O_DIRECT` into small pages ran 0.90-0.92 GB/s, into huge pages 2.52-2.61 GB/s
-    /// in the same run (buffered reads, whose page cache holds large folios, 1.3-1.9 GB/s;
-    /// docs/SERVING.md, "Issue 41 (tenth round)"). A huge page is also faulted in at once
-    /// (one fault and a 2 MiB clearing): for buffers used whole, as the engine's are.
-    pub(crate) fn huge(len: usize) -> Result<Aligned> {
-        let len = len.max(1).div_ceil(HUGE) * HUGE;
-        // map a huge page more, then unmap the unaligned head and the tail beyond `len`
-        let raw = map(len + HUGE)?;
-        let lead = (HUGE - raw as usize % HUGE) % HUGE;
-        // SAFETY: both ranges lie inside the mapping just made (`lead < HUGE`), and nothing
-        // refers to them; the part kept is `[raw + lead, raw + lead + len)`.
-        unsafe {
-            if lead > 0 {
-                libc::munmap(raw.cast(), lead);
-            }
-            libc::munmap(raw.add(lead + len).cast(), HUGE - lead);
-        }
-        // SAFETY: as above; the range kept.
-        let ptr = unsafe { raw.add(lead) };
-        // SAFETY: advice on a range this value owns; failure (no THP support) leaves small
-        // pages, which are still correct.
-        unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Aligned { ptr, len })
-    }
-
-    pub(crate) fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `len` bytes mapped by self, initialized (zero pages) by the kernel.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: as `bytes`; no `&mut` can coexist with this borrow.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `new` or `huge` with this length, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// A private anonymous mapping of `len` bytes (zeroed by the kernel on first touch).
-fn map(len: usize) -> Result<*mut u8> {
-    // SAFETY: a private anonymous mapping (no fd, no address hint); checked below.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(Error::InvalidArgument(format!(
-            "cannot map a {len}-byte read buffer: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(ptr.cast())
 }
 
 /// One file: the checked buffered handle and, where the file system allows, an `O_DIRECT` one.
@@ -267,7 +178,7 @@ impl Worker<'_> {
     /// then a copy). `Ok(false)`: the kernel refused `O_DIRECT`.
     fn bounced(&mut self, fi: usize, direct: &File, off: u64, dst: &mut [u8]) -> Result<bool> {
         let end = off + dst.len() as u64;
-        let buffer = if align_up(end) - align_down(off) <= self.edge.len as u64 {
+        let buffer = if align_up(end) - align_down(off) <= self.edge.len() as u64 {
             &mut self.edge
         } else {
             if self.bounce.is_none() {
@@ -275,12 +186,13 @@ impl Worker<'_> {
             }
             self.bounce.as_mut().expect("made above")
         };
-        let cap = buffer.len as u64;
+        let cap = buffer.len() as u64;
         let mut at = off;
         while at < end {
             let start = align_down(at);
             let stop = align_up(end).min(start + cap);
             let buf = &mut buffer.bytes()[..(stop - start) as usize];
+            self.stats.requests += 1;
             let got = match direct_read(direct, start, buf) {
                 Ok(n) => n as u64,
                 Err(DirectErr::Refused) => return Ok(false),
@@ -320,6 +232,7 @@ impl Worker<'_> {
         }
         let (head, rest) = dst.split_at_mut((lo - off) as usize);
         let (mid, tail) = rest.split_at_mut((hi - lo) as usize);
+        self.stats.requests += 1;
         match direct_read(direct, lo, mid) {
             Ok(n) if n == mid.len() => {}
             Ok(n) => return Err(self.short(fi, lo + n as u64, (mid.len() - n) as u64)),
@@ -331,6 +244,54 @@ impl Worker<'_> {
             if !part.is_empty() && !self.bounced(fi, direct, at, part)? {
                 self.buffered(fi, at, part)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Small neighbouring pieces of file `fi` (`(offset, destination)`, in file order, their
+    /// aligned extent within the bounce buffer): one read of the extent, then a copy each
+    /// (see [`groups`]); from the page cache when it holds the extent and the file follows it.
+    fn group(&mut self, fi: usize, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let files = self.files;
+        let file = &files[fi];
+        let lo = parts.iter().map(|(o, _)| *o).min().unwrap_or(0);
+        let hi = parts
+            .iter()
+            .map(|(o, d)| o + d.len() as u64)
+            .max()
+            .unwrap_or(lo);
+        let direct = match &file.direct {
+            Some(d) if !(file.follow_cache && looks_cached(&file.plain.file, lo, hi - lo)) => d,
+            _ => return self.each_buffered(fi, parts),
+        };
+        let (start, stop) = (align_down(lo), align_up(hi));
+        if self.bounce.is_none() {
+            self.bounce = Some(Aligned::huge(self.bounce_len)?);
+        }
+        let bounce = self.bounce.as_mut().expect("made above");
+        let buf = &mut bounce.bytes()[..(stop - start) as usize];
+        self.stats.requests += 1;
+        let got = match direct_read(direct, start, buf) {
+            Ok(n) => n as u64,
+            Err(DirectErr::Refused) => return self.each_buffered(fi, parts),
+            Err(DirectErr::Io(e)) => return Err(Error::io(&file.plain.path, "read file", e)),
+        };
+        let buf = &self.bounce.as_ref().expect("made above").as_slice()[..got as usize];
+        for (off, dst) in parts.iter_mut() {
+            let (off, len) = (*off, dst.len() as u64);
+            if off - start + len > got {
+                return Err(self.short(fi, start + got, off + len - (start + got)));
+            }
+            let from = (off - start) as usize;
+            dst.copy_from_slice(&buf[from..from + dst.len()]);
+            self.stats.bounced += len;
+        }
+        Ok(())
+    }
+
+    fn each_buffered(&mut self, fi: usize, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
+        for (off, dst) in parts.iter_mut() {
+            self.buffered(fi, *off, dst)?;
         }
         Ok(())
     }
@@ -441,13 +402,23 @@ pub(crate) fn read_direct_crcs(
         }
     }
     items.sort_unstable_by_key(|it| it.0);
-    let workers = depth.clamp(1, 64).min(items.len().max(1));
-    let bounce_len = (DIRECT_PIECE + 2 * DIRECT_ALIGN).min(align_up(total) + 2 * DIRECT_ALIGN);
+    // a huge page at least (what the buffer takes anyway), so that small values spread over
+    // a file still group
+    let bounce_len = (DIRECT_PIECE + 2 * DIRECT_ALIGN)
+        .min((align_up(total) + 2 * DIRECT_ALIGN).max(HUGE as u64));
+    let units = groups::groups(
+        &items
+            .iter()
+            .map(|((fi, off), (_, len), _)| (*fi, *off, *len as u64))
+            .collect::<Vec<_>>(),
+        bounce_len,
+    );
+    let workers = depth.clamp(1, 64).min(units.len().max(1));
     let cancel = crate::cancel::current();
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
-    let sums = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let sums: [AtomicU64; 4] = Default::default();
     let piece_crcs: Vec<AtomicU32> = if crcs {
         items.iter().map(|_| AtomicU32::new(0)).collect()
     } else {
@@ -459,18 +430,25 @@ pub(crate) fn read_direct_crcs(
                 return Ok(());
             }
             cancel.check()?;
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(((fi, off), _, slot)) = items.get(i) else {
+            let Some(unit) = units.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok(());
             };
-            let dst = slot
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .expect("each piece is taken once");
-            w.piece(*fi, *off, &mut *dst)?;
-            if let Some(c) = piece_crcs.get(i) {
-                c.store(crate::checksum::crc(dst), Ordering::Relaxed);
+            let fi = items[unit.start].0 .0;
+            let mut parts: Vec<(u64, &mut [u8])> = items[unit.clone()]
+                .iter()
+                .map(|((_, off), _, slot)| {
+                    let dst = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    (*off, dst.expect("each piece is taken once"))
+                })
+                .collect();
+            match parts.as_mut_slice() {
+                [(off, dst)] => w.piece(fi, *off, dst)?,
+                many => w.group(fi, many)?,
+            }
+            for (i, (_, dst)) in unit.clone().zip(&parts) {
+                if let Some(c) = piece_crcs.get(i) {
+                    c.store(crate::checksum::crc(dst), Ordering::Relaxed);
+                }
             }
         }
     };
@@ -489,6 +467,7 @@ pub(crate) fn read_direct_crcs(
         sums[0].fetch_add(w.stats.in_place, Ordering::Relaxed);
         sums[1].fetch_add(w.stats.bounced, Ordering::Relaxed);
         sums[2].fetch_add(w.stats.buffered, Ordering::Relaxed);
+        sums[3].fetch_add(w.stats.requests, Ordering::Relaxed);
         out
     };
     let record = |r: Result<()>| {
@@ -521,6 +500,7 @@ pub(crate) fn read_direct_crcs(
         in_place: sums[0].load(Ordering::Relaxed),
         bounced: sums[1].load(Ordering::Relaxed),
         buffered: sums[2].load(Ordering::Relaxed),
+        requests: sums[3].load(Ordering::Relaxed),
     };
     if !crcs {
         return Ok((stats, Vec::new()));

@@ -98,11 +98,11 @@ fn a_warm_file_is_read_from_the_page_cache() {
 fn huge_buffers_start_at_a_huge_page_boundary_and_are_whole_pages() {
     for want in [1, HUGE - 1, HUGE, (4 << 20) + 3] {
         let mut b = Aligned::huge(want).unwrap();
-        assert!((b.ptr as usize).is_multiple_of(HUGE), "{want}");
+        assert!(b.addr().is_multiple_of(HUGE), "{want}");
         assert!(
-            b.len >= want && b.len.is_multiple_of(HUGE),
+            b.len() >= want && b.len().is_multiple_of(HUGE),
             "{want}: {}",
-            b.len
+            b.len()
         );
         let bytes = b.bytes();
         assert!(bytes.iter().all(|&x| x == 0), "zeroed");
@@ -188,4 +188,86 @@ fn a_cached_file_follows_the_cache_unless_told_not_to() {
             assert_eq!(stats.in_place + stats.bounced, n as u64);
         }
     }
+}
+
+#[test]
+fn many_small_neighbours_are_read_together_exactly_with_their_crcs() {
+    // 3,000 small values of two files, with gaps, duplicates and the small tail of a large
+    // value cut at a piece boundary, listed out of file order
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<std::path::PathBuf> = (0..2).map(|i| dir.path().join(format!("s{i}"))).collect();
+    let n = (DIRECT_PIECE + (6 << 20)) as usize;
+    let data: Vec<Vec<u8>> = (0..2u64)
+        .map(|k| {
+            (0..n as u64)
+                .map(|i| ((i * (3 + k) + i / 509) % 253) as u8)
+                .collect()
+        })
+        .collect();
+    let mut cold = true;
+    for (p, d) in paths.iter().zip(&data) {
+        std::fs::write(p, d).unwrap();
+        cold &= evict(p);
+    }
+    let mut ranges: Vec<(usize, u64, usize)> = (0..3000u64)
+        .map(|i| {
+            (
+                (i % 2) as usize,
+                1000 + i * 2100 + i % 7,
+                (1 + i * 37 % 2048) as usize,
+            )
+        })
+        .collect();
+    ranges.push((0, 1000, 5)); // inside the first value
+    ranges.push((1, 0, DIRECT_PIECE as usize + 300)); // a large value with a small tail piece
+    ranges.reverse();
+    let mut outs: Vec<Vec<u8>> = ranges.iter().map(|r| vec![0u8; r.2]).collect();
+    let files: Vec<DirectFile> = paths
+        .iter()
+        .map(|p| DirectFile {
+            plain: PlainFile::open(p).unwrap(),
+            direct: open_direct(p),
+            follow_cache: false,
+        })
+        .collect();
+    let at: Vec<(usize, u64)> = ranges.iter().map(|r| (r.0, r.1)).collect();
+    let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
+    let (stats, crcs) = read_direct_crcs(&files, &at, dsts, 4, true).unwrap();
+    for ((r, out), c) in ranges.iter().zip(&outs).zip(&crcs) {
+        let want = &data[r.0][r.1 as usize..][..r.2];
+        assert_eq!(&out[..], want, "range {r:?}");
+        assert_eq!(*c, crate::checksum::crc(want), "range {r:?}");
+    }
+    let total: u64 = ranges.iter().map(|r| r.2 as u64).sum();
+    assert_eq!(stats.in_place + stats.bounced + stats.buffered, total);
+    if cold && files.iter().all(|f| f.direct.is_some()) {
+        assert_eq!(stats.buffered, 0, "{stats:?}");
+        // the small values lie in ~3 MiB of each file: a few reads of neighbours (each
+        // within the bounce buffer), not one per value; the large value's two pieces
+        assert!(stats.requests <= 16, "{stats:?}");
+    }
+}
+
+#[test]
+fn small_neighbours_of_a_file_cut_short_after_open_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("short");
+    std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
+    let files = [DirectFile {
+        plain: PlainFile::open(&p).unwrap(),
+        direct: open_direct(&p),
+        follow_cache: false,
+    }];
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(600_000)
+        .unwrap();
+    let at: Vec<(usize, u64)> = (0..100).map(|i| (0, i * 10_000)).collect();
+    let mut outs = vec![[0u8; 100]; 100];
+    let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
+    let err = read_direct_crcs(&files, &at, dsts, 2, false).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("short") && msg.contains("truncated"), "{msg}");
 }

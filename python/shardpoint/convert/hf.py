@@ -34,7 +34,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
-from ..storage.direct_reads import alongside, judged_cold, split_for_engine
+from ..storage.direct_reads import judged_cold
 from ..storage.dtypes import carrier_dtype, numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
 from ..storage.progress import progress_bar, wanted
@@ -358,16 +358,10 @@ class HFReader(Reader):
         """``load_into``'s read, for byte views already checked (no checksums to verify); a
         read judged cold goes through the cold-read engine unless ``buffered``."""
         nbytes = sum(o.nbytes for o in outs)
-        cold = not buffered and judged_cold(lambda: self._files_of(keys), nbytes)
-        parts = split_for_engine(keys, outs) if cold else None  # None: overlapping targets
-        if parts is None:
+        if not buffered and judged_cold(lambda: self._files_of(keys), nbytes):
+            self._read_direct(keys, outs, follow_cache=False)
+        else:
             self._read_ranges(keys, outs, threads)
-            return
-        (lk, lo), (sk, so) = parts  # many small values buffered, alongside
-        alongside(
-            (lambda: self._read_direct(lk, lo, follow_cache=False)) if lk else None,
-            (lambda: self._read_ranges(sk, so, threads)) if sk else None,
-        )
 
     def _read_ranges(self, keys: list[str], outs: list[np.ndarray], threads: int | None) -> None:
         """``keys`` read buffered into ``outs`` (parallel ``pread`` with read-ahead)."""

@@ -364,7 +364,10 @@ impl Reader {
                 let how = self.read_block(b, direct, &mut buf, follow_cache)?;
                 let mut st = lock();
                 match how {
-                    true => st.stats.in_place += b.bytes,
+                    true => {
+                        st.stats.in_place += b.bytes;
+                        st.stats.requests += 1;
+                    }
                     false => st.stats.buffered += b.bytes,
                 }
                 st.ready[bi] = Some(buf);
