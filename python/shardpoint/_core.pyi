@@ -29,6 +29,7 @@ __all__ = [
     "digest_bytes",
     "read_file_ranges",
     "read_file_ranges_direct",
+    "parse_safetensors_header",
     "dtype_names",
     "error_class_names",
     "exists",
@@ -352,4 +353,7 @@ def read_file_ranges_direct(
     depth: int | None = None,
     follow_cache: bool = True,
 ) -> tuple[int, int, int]: ...
+def parse_safetensors_header(
+    blob: bytes, data_len: int
+) -> tuple[list[tuple[str, str, tuple[int, ...], int, int]], dict[str, str]] | None: ...
 def error_class_names() -> list[str]: ...

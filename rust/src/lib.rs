@@ -56,6 +56,7 @@ pub mod runs;
 pub mod shard;
 pub mod single;
 pub mod single_records;
+pub mod st_header;
 pub mod staging;
 pub mod stats;
 pub mod store;

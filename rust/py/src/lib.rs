@@ -13,6 +13,7 @@ mod pools;
 mod read;
 mod remote;
 mod rows;
+mod st_header;
 mod staged;
 mod stats;
 mod write;
@@ -215,6 +216,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checksum::digest_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges, m)?)?;
     m.add_function(wrap_pyfunction!(file_ranges::read_file_ranges_direct, m)?)?;
+    m.add_function(wrap_pyfunction!(st_header::parse_safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge, m)?)?;
     m.add_function(wrap_pyfunction!(write::merge_in_memory, m)?)?;
     m.add_function(wrap_pyfunction!(write::wait_for_cleanups, m)?)?;
