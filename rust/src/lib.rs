@@ -14,6 +14,7 @@
 //! - [`merge`]: the multi-writer merge of partial indexes and the index metadata JSON;
 //! - [`load`]: the bulk-load engine (read-ahead, ordered work, fused read + crc);
 //! - [`direct`]: cold reads of plain files with `O_DIRECT`, several in flight, in place;
+//! - [`st_header`]: the checked fast path for a Hugging Face safetensors header;
 //! - [`reader`]: open, lookup, zero-copy and decompressing reads, slices, verify;
 //! - [`incremental`]: saves that hard-link unchanged shards of a base checkpoint;
 //! - [`staging`]: parallel copy + crc32c into host buffers for asynchronous saves;
