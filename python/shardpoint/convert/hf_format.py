@@ -17,7 +17,7 @@ fault) instead of a crash:
   where the previous ended (no hole, no overlap), the last ends at the end of the file.
 
 A header that passes every check is parsed and checked by compiled code
-(``rust/src/st_header.rs``, about 10x faster for a file of many tensors); any other falls
+(``rust/src/st_header.rs``, 2.5-3x faster for a file of many tensors); any other falls
 through to the checks here, which name the fault.
 
 The index JSON is checked the way ``huggingface_hub`` checks it: an object whose ``weight_map``
