@@ -44,6 +44,9 @@ pub const DIRECT_ALIGN: u64 = 4096;
 /// Bytes per direct read: large enough that the device streams, small enough that
 /// [`DIRECT_DEPTH`] of them spread a 64 MiB batch over every worker.
 pub const DIRECT_PIECE: u64 = 8 << 20;
+/// Groups of small values (`direct/groups.rs`) whose aligned extent is at most this are read
+/// into a small-page buffer of this size; larger ones into the huge-page bounce buffer.
+const SMALL_GROUP: u64 = 1 << 20;
 /// Reads in flight: what `fio` needs on a virtio disk or an NVMe drive to reach its sequential
 /// rate (measured in docs/SERVING.md, "Cold reads").
 pub const DIRECT_DEPTH: usize = 8;
@@ -157,6 +160,10 @@ struct Worker<'f> {
     /// (a direct read into small pages runs at a third of the rate; see [`Aligned::huge`]).
     bounce: Option<Aligned>,
     bounce_len: usize,
+    /// For groups of small values whose extent fits [`SMALL_GROUP`]: small pages, faulted in
+    /// as touched, so that a model's few small values do not cost each worker the large
+    /// bounce buffer.
+    small: Option<Aligned>,
     stats: DirectStats,
 }
 
@@ -265,18 +272,31 @@ impl Worker<'_> {
             _ => return self.each_buffered(fi, parts),
         };
         let (start, stop) = (align_down(lo), align_up(hi));
-        if self.bounce.is_none() {
-            self.bounce = Some(Aligned::huge(self.bounce_len)?);
-        }
-        let bounce = self.bounce.as_mut().expect("made above");
-        let buf = &mut bounce.bytes()[..(stop - start) as usize];
+        let slot = if stop - start <= SMALL_GROUP {
+            if self.small.is_none() {
+                self.small = Some(Aligned::new(SMALL_GROUP as usize)?);
+            }
+            &mut self.small
+        } else {
+            if self.bounce.is_none() {
+                self.bounce = Some(Aligned::huge(self.bounce_len)?);
+            }
+            &mut self.bounce
+        };
+        let buffer = slot.as_mut().expect("made above");
+        let buf = &mut buffer.bytes()[..(stop - start) as usize];
         self.stats.requests += 1;
         let got = match direct_read(direct, start, buf) {
             Ok(n) => n as u64,
             Err(DirectErr::Refused) => return self.each_buffered(fi, parts),
             Err(DirectErr::Io(e)) => return Err(Error::io(&file.plain.path, "read file", e)),
         };
-        let buf = &self.bounce.as_ref().expect("made above").as_slice()[..got as usize];
+        let kept = if stop - start <= SMALL_GROUP {
+            &self.small
+        } else {
+            &self.bounce
+        };
+        let buf = &kept.as_ref().expect("made above").as_slice()[..got as usize];
         for (off, dst) in parts.iter_mut() {
             let (off, len) = (*off, dst.len() as u64);
             if off - start + len > got {
@@ -374,6 +394,7 @@ pub(crate) fn read_direct_crcs(
     type Item<'d> = ((usize, u64), (usize, usize), Mutex<Option<&'d mut [u8]>>);
     let mut items: Vec<Item<'_>> = Vec::new();
     let mut total = 0u64;
+    let whole: Vec<u64> = dsts.iter().map(|d| d.len() as u64).collect();
     for (d, (&(fi, off), dst)) in ranges.iter().zip(dsts).enumerate() {
         let f = files.get(fi).ok_or_else(|| {
             Error::InvalidArgument(format!("file index {fi} but {} files", files.len()))
@@ -409,7 +430,7 @@ pub(crate) fn read_direct_crcs(
     let units = groups::groups(
         &items
             .iter()
-            .map(|((fi, off), (_, len), _)| (*fi, *off, *len as u64))
+            .map(|((fi, off), (d, len), _)| (*fi, *off, *len as u64, whole[*d]))
             .collect::<Vec<_>>(),
         bounce_len,
     );
@@ -459,6 +480,7 @@ pub(crate) fn read_direct_crcs(
                 edge,
                 bounce: None,
                 bounce_len: bounce_len as usize,
+                small: None,
                 stats: DirectStats::default(),
             },
             Err(e) => return Err(e),
