@@ -188,10 +188,8 @@ impl Worker<'_> {
         let buffer = if align_up(end) - align_down(off) <= self.edge.len() as u64 {
             &mut self.edge
         } else {
-            if self.bounce.is_none() {
-                self.bounce = Some(Aligned::huge(self.bounce_len)?);
-            }
-            self.bounce.as_mut().expect("made above")
+            let len = self.bounce_len;
+            made(&mut self.bounce, || Aligned::huge(len))?
         };
         let cap = buffer.len() as u64;
         let mut at = off;
@@ -261,51 +259,36 @@ impl Worker<'_> {
     fn group(&mut self, fi: usize, parts: &mut [(u64, &mut [u8])]) -> Result<()> {
         let files = self.files;
         let file = &files[fi];
-        let lo = parts.iter().map(|(o, _)| *o).min().unwrap_or(0);
-        let hi = parts
-            .iter()
-            .map(|(o, d)| o + d.len() as u64)
-            .max()
-            .unwrap_or(lo);
+        let lo = parts[0].0; // in file order
+        let hi = parts.iter().map(|(o, d)| o + d.len() as u64).max();
+        let hi = hi.unwrap_or(lo);
         let direct = match &file.direct {
             Some(d) if !(file.follow_cache && looks_cached(&file.plain.file, lo, hi - lo)) => d,
             _ => return self.each_buffered(fi, parts),
         };
         let (start, stop) = (align_down(lo), align_up(hi));
-        let slot = if stop - start <= SMALL_GROUP {
-            if self.small.is_none() {
-                self.small = Some(Aligned::new(SMALL_GROUP as usize)?);
-            }
-            &mut self.small
-        } else {
-            if self.bounce.is_none() {
-                self.bounce = Some(Aligned::huge(self.bounce_len)?);
-            }
-            &mut self.bounce
-        };
-        let buffer = slot.as_mut().expect("made above");
-        let buf = &mut buffer.bytes()[..(stop - start) as usize];
         self.stats.requests += 1;
+        // small groups on small pages (faulted in as touched), the rest in the bounce buffer
+        let len = self.bounce_len;
+        let buffer = if stop - start <= SMALL_GROUP {
+            made(&mut self.small, || Aligned::new(SMALL_GROUP as usize))?
+        } else {
+            made(&mut self.bounce, || Aligned::huge(len))?
+        };
+        let buf = &mut buffer.bytes()[..(stop - start) as usize];
         let got = match direct_read(direct, start, buf) {
             Ok(n) => n as u64,
             Err(DirectErr::Refused) => return self.each_buffered(fi, parts),
             Err(DirectErr::Io(e)) => return Err(Error::io(&file.plain.path, "read file", e)),
         };
-        let kept = if stop - start <= SMALL_GROUP {
-            &self.small
-        } else {
-            &self.bounce
-        };
-        let buf = &kept.as_ref().expect("made above").as_slice()[..got as usize];
-        for (off, dst) in parts.iter_mut() {
-            let (off, len) = (*off, dst.len() as u64);
-            if off - start + len > got {
-                return Err(self.short(fi, start + got, off + len - (start + got)));
-            }
-            let from = (off - start) as usize;
-            dst.copy_from_slice(&buf[from..from + dst.len()]);
-            self.stats.bounced += len;
+        if start + got < hi {
+            return Err(self.short(fi, start + got, hi - (start + got)));
         }
+        for (off, dst) in parts.iter_mut() {
+            let from = (*off - start) as usize;
+            dst.copy_from_slice(&buf[from..from + dst.len()]);
+        }
+        self.stats.bounced += parts.iter().map(|(_, d)| d.len() as u64).sum::<u64>();
         Ok(())
     }
 
@@ -321,6 +304,17 @@ impl Worker<'_> {
         self.stats.buffered += dst.len() as u64;
         Ok(())
     }
+}
+
+/// The buffer in `slot`, made by `make` on first need.
+fn made(
+    slot: &mut Option<Aligned>,
+    make: impl FnOnce() -> Result<Aligned>,
+) -> Result<&mut Aligned> {
+    if slot.is_none() {
+        *slot = Some(make()?);
+    }
+    Ok(slot.as_mut().expect("made above"))
 }
 
 /// Read byte ranges of plain files (`(file index, offset)` + a destination of the range's

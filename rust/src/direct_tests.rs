@@ -22,6 +22,18 @@ fn evict(path: &std::path::Path) -> bool {
     rc == 0 && resident.iter().all(|b| b & 1 == 0)
 }
 
+/// `paths` opened as the engine opens them.
+fn open_all(paths: &[std::path::PathBuf], follow_cache: bool) -> Vec<DirectFile> {
+    paths
+        .iter()
+        .map(|p| DirectFile {
+            plain: PlainFile::open(p).unwrap(),
+            direct: open_direct(p),
+            follow_cache,
+        })
+        .collect()
+}
+
 #[test]
 fn reads_every_kind_of_range_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,14 +150,7 @@ fn crcs_of_destinations_are_combined_from_their_pieces() {
         (0, DIRECT_PIECE * 2 - 17, 40),
     ];
     let mut outs: Vec<Vec<u8>> = ranges.iter().map(|r| vec![0u8; r.2]).collect();
-    let files: Vec<DirectFile> = paths
-        .iter()
-        .map(|p| DirectFile {
-            plain: PlainFile::open(p).unwrap(),
-            direct: open_direct(p),
-            follow_cache: true,
-        })
-        .collect();
+    let files = open_all(&paths, true);
     let at: Vec<(usize, u64)> = ranges.iter().map(|r| (r.0, r.1)).collect();
     let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
     let (_, crcs) = read_direct_crcs(&files, &at, dsts, 3, true).unwrap();
@@ -222,14 +227,7 @@ fn many_small_neighbours_are_read_together_exactly_with_their_crcs() {
     ranges.push((1, 0, DIRECT_PIECE as usize + 300)); // a large value with a small tail piece
     ranges.reverse();
     let mut outs: Vec<Vec<u8>> = ranges.iter().map(|r| vec![0u8; r.2]).collect();
-    let files: Vec<DirectFile> = paths
-        .iter()
-        .map(|p| DirectFile {
-            plain: PlainFile::open(p).unwrap(),
-            direct: open_direct(p),
-            follow_cache: false,
-        })
-        .collect();
+    let files = open_all(&paths, false);
     let at: Vec<(usize, u64)> = ranges.iter().map(|r| (r.0, r.1)).collect();
     let dsts = outs.iter_mut().map(|o| &mut o[..]).collect();
     let (stats, crcs) = read_direct_crcs(&files, &at, dsts, 4, true).unwrap();
@@ -253,11 +251,7 @@ fn small_neighbours_of_a_file_cut_short_after_open_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("short");
     std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
-    let files = [DirectFile {
-        plain: PlainFile::open(&p).unwrap(),
-        direct: open_direct(&p),
-        follow_cache: false,
-    }];
+    let files = open_all(std::slice::from_ref(&p), false);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&p)
