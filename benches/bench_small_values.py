@@ -1,7 +1,10 @@
 """Many small values lying end to end (issue 41, runs read with one ``preadv``): 20,000
 values of 2 KiB, as a safetensors file read in place (``read_ranges_into``) and as an
 uncompressed shardpoint file (``Reader.load_into``, crc checked), warm, best of 7 reads per
-process; this tree against an older package (``--before``), rounds interleaved.
+process; and, best of 3 per process, a serving engine's loop over them: ``safe_open`` +
+``get_tensor`` per key (the reference) against ``sptorch.weights_iterator`` over the same
+safetensors file and over the shardpoint checkpoint (target: the iterator within 1.1x of the
+reference's time). This tree against an older package (``--before``), rounds interleaved.
 
     .venv/bin/python benches/bench_small_values.py --before DIR [--rounds 3] [--out DIR]
 """
@@ -45,7 +48,37 @@ def child(out: Path) -> None:
         targets = {k: np.ones(r.info(k).shape, np.uint8) for k in r.keys()}
         sp_best = min(_timed(lambda: r.load_into(targets)) for _ in range(7))
     total = sum(m for _, m in spans)
-    print(json.dumps([total / 1e9 / st_best, total / 1e9 / sp_best]))
+    print(json.dumps([total / 1e9 / st_best, total / 1e9 / sp_best, *_loops(out)]))
+
+
+def _loops(out: Path) -> list[float]:
+    """Seconds of the engine's loop (best of 3): ``safe_open``, then the weights iterator over
+    the safetensors file and over the shardpoint checkpoint."""
+    import torch
+    from safetensors import safe_open
+
+    import shardpoint.torch as sptorch
+
+    path = str(out / "model.safetensors")
+
+    def reference() -> None:
+        with safe_open(path, "pt") as f:
+            for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                f.get_tensor(k)
+
+    def ours(src: str) -> Callable[[], None]:
+        def run() -> None:
+            n = 0
+            for _, t in sptorch.weights_iterator(src):
+                n += t.numel()
+            assert n == COUNT * SIZE
+
+        return run
+
+    torch.set_num_threads(1)
+    return [
+        min(_timed(f) for _ in range(3)) for f in (reference, ours(path), ours(str(out / "ck")))
+    ]
 
 
 def _timed(f: Callable[[], object]) -> float:
@@ -90,13 +123,21 @@ def main() -> None:
             v = json.loads(r.stdout.strip().splitlines()[-1])
             got.setdefault(name, []).append(v)
             print(f"  round {rnd + 1} {name}: safetensors ranges {v[0]:.2f} GB/s, "
-                  f"shardpoint load_into {v[1]:.2f} GB/s", flush=True)  # fmt: skip
-    print("\n| tree | safetensors ranges GB/s | shardpoint load_into GB/s |\n|---|---|---|")
+                  f"shardpoint load_into {v[1]:.2f} GB/s; loops: safe_open {v[2]:.3f} s, "
+                  f"iterator (safetensors) {v[3]:.3f} s, iterator (shardpoint) {v[4]:.3f} s",
+                  flush=True)  # fmt: skip
+    print(
+        "\n| tree | safetensors ranges GB/s | shardpoint load_into GB/s | iterator / safe_open "
+        "loop, safetensors file | the same, shardpoint checkpoint |\n|---|---|---|---|---|"
+    )
     for name, vs in got.items():
         a, b = [x[0] for x in vs], [x[1] for x in vs]
+        hf, own = [x[3] / x[2] for x in vs], [x[4] / x[2] for x in vs]
         print(
             f"| {name} | {max(a):.2f} ({statistics.median(a):.2f}) | "
-            f"{max(b):.2f} ({statistics.median(b):.2f}) |"
+            f"{max(b):.2f} ({statistics.median(b):.2f}) | "
+            f"{min(hf):.2f}x ({statistics.median(hf):.2f}x) | "
+            f"{min(own):.2f}x ({statistics.median(own):.2f}x) |"
         )
     print(f"load average at the end={os.getloadavg()}")
 

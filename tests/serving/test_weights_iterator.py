@@ -367,3 +367,37 @@ def test_first_batches_ramp_up(tmp_path: pathlib.Path) -> None:
         assert [len(b) for b in plan.batches(8 * mib)][:2] == [8, 8]  # no ramp asked
         got = {n: float(t[0, 0]) for n, t in it}
     assert got == {k: float(v[0, 0]) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_small_values_are_tensors_of_their_own_in_any_mode(
+    tmp_path: pathlib.Path, deterministic: bool
+) -> None:
+    """Each value is made as itself, not as a view of a byte tensor (whose Python object torch
+    would keep alive beside it: twice the objects for the collector while values wait), and
+    under ``torch.use_deterministic_algorithms`` (Lightning's ``deterministic=True``) a dtype
+    ``torch.empty`` cannot fill there (float4) is still read, through bytes."""
+    g = torch.Generator().manual_seed(7)
+    state = {
+        f"w.{i:04d}": torch.randn(3 + i % 5, generator=g).to(torch.bfloat16) for i in range(600)
+    }
+    state["s.scalar"] = torch.tensor(-2.25, dtype=torch.float64)
+    state["s.f4"] = torch.randint(0, 255, (4, 6), dtype=torch.uint8, generator=g).view(
+        torch.float4_e2m1fn_x2
+    )
+    state["s.f8"] = torch.randn(5, 3, generator=g).to(torch.float8_e4m3fn)
+    sptorch.save(state, str(tmp_path / "ck"), compression="none")
+    plain = {k: v for k, v in state.items() if k != "s.f4"}
+    safetensors_torch.save_file(plain, str(tmp_path / "m.safetensors"))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        for path, want in ((str(tmp_path / "ck"), state), (str(tmp_path / "m.safetensors"), plain)):
+            got = dict(sptorch.weights_iterator(path, direct=False))
+            assert sorted(got) == sorted(want), path
+            for k, t in got.items():
+                assert _same_bits(t, want[k]), (path, k)
+                if t.dtype != torch.float4_e2m1fn_x2:
+                    assert t._base is None, (path, k)  # its own allocation, not a view
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -34,6 +34,7 @@ from ..errors import (
     UnsupportedDTypeError,
 )
 from ..storage import EntryInfo, Reader, read_ranges_direct, read_ranges_into, stats_dict
+from ..storage.collector import collector_paused
 from ..storage.direct_reads import judged_cold
 from ..storage.dtypes import carrier_dtype, numpy_dtype
 from ..storage.io_mode import check_io, resolve_io
@@ -410,16 +411,18 @@ class HFReader(Reader):
                 raise _shrunk(sh, key, end, now) from None
 
     def _ranges(self, keys: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
-        """The shard files ``keys`` lie in and each key's ``(file index, offset)``."""
+        """The shard files ``keys`` lie in and each key's ``(file index, offset)`` (a tuple per
+        key, made with the collector paused: storage/collector.py)."""
         paths: list[str] = []
         file_no: dict[str, int] = {}
         ranges: list[tuple[int, int]] = []
-        for key in keys:
-            sh, rec = self._locate(key)
-            no = file_no.setdefault(sh.header.path, len(paths))
-            if no == len(paths):
-                paths.append(sh.header.path)
-            ranges.append((no, sh.header.data_start + rec.begin))
+        with collector_paused():
+            for key in keys:
+                sh, rec = self._locate(key)
+                no = file_no.setdefault(sh.header.path, len(paths))
+                if no == len(paths):
+                    paths.append(sh.header.path)
+                ranges.append((no, sh.header.data_start + rec.begin))
         return paths, ranges
 
     def stats(

@@ -35,6 +35,7 @@ from pathlib import PureWindowsPath
 from typing import Any
 
 from ..errors import CorruptCheckpointError, NotFoundError
+from ..storage.collector import collector_paused
 from ..storage.dtypes import shape_problem
 from ..storage.safetensors_header import parse_safetensors_header
 
@@ -75,9 +76,11 @@ MAX_HEADER = 100_000_000  # the safetensors library's own cap on the JSON header
 MAX_INDEX_BYTES = 256 << 20  # an index JSON larger than this is not a real index
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorRecord:
-    """One tensor of a shard header: dtype tag, shape, and its byte range in the data area."""
+    """One tensor of a shard header: dtype tag, shape, and its byte range in the data area.
+    Slotted: one object per tensor for Python's collector, not two (a header may list
+    20,000)."""
 
     tag: str
     shape: tuple[int, ...]
@@ -178,11 +181,13 @@ def read_shard_header(path: str) -> ShardHeader:
         raise _corrupt(path, "file shrank while its header was read")
     if not blob.startswith(b"{"):
         raise _corrupt(path, "header does not start with '{'")
-    fast = parse_safetensors_header(blob, size - 8 - n)
-    if fast is not None:  # every check of _checked_header passed, in compiled code
-        entries, meta_fast = fast
-        records = {k: TensorRecord(tag, shape, b, e) for k, tag, shape, b, e in entries}
-        return ShardHeader(path, records, meta_fast, 8 + n, size)
+    # a record (and a shape) per tensor, all kept: the collector paused (storage/collector.py)
+    with collector_paused():
+        fast = parse_safetensors_header(blob, size - 8 - n)
+        if fast is not None:  # every check of _checked_header passed, in compiled code
+            entries, meta_fast = fast
+            records = {k: TensorRecord(tag, shape, b, e) for k, tag, shape, b, e in entries}
+            return ShardHeader(path, records, meta_fast, 8 + n, size)
     return _checked_header(path, blob, size)
 
 

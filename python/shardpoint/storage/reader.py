@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import CorruptCheckpointError, InvalidArgumentError, InvalidKeyError, NotFoundError
+from .collector import collector_paused
 from .direct_reads import read_cold_into
 from .entry_stats import STATS_FIELDS, EntryInfo, _batches, stats_dict
 from .frameworks import _FRAMEWORK_NAMES, _IN_PLACE_READERS, framework_converter, with_delta
@@ -344,7 +345,8 @@ class Reader:
     ) -> tuple[list[str], list[np.ndarray]]:
         """Keys and byte views of ``load_into`` targets, each checked against its stored value
         (a tensor of the same dtype and shape; the array C-contiguous and writable)."""
-        fast = checked_targets(self._r, targets)  # all at once; key by key on any doubt
+        with collector_paused():  # a shape and a view per key (storage/collector.py)
+            fast = checked_targets(self._r, targets)  # all at once; key by key on any doubt
         return fast if fast is not None else checked_one_by_one(self.info, targets)
 
     def info(self, key: str) -> EntryInfo:
@@ -392,7 +394,8 @@ class Reader:
     def _blob(self) -> dict[str, Any]:
         text = self._core.metadata_json()  # checksum errors propagate with their own class
         try:
-            blob = json.loads(text)
+            with collector_paused():  # one object or more per tensor (storage/collector.py)
+                blob = json.loads(text)
             json_depth(blob)
         except (ValueError, RecursionError) as e:
             raise CorruptCheckpointError(
@@ -418,7 +421,8 @@ class Reader:
             found: Any = {}
             if isinstance(text, str):
                 try:
-                    found = json.loads(text)
+                    with collector_paused():
+                        found = json.loads(text)
                     json_depth(found)
                 except (ValueError, RecursionError) as e:
                     raise CorruptCheckpointError(

@@ -54,15 +54,16 @@ import torch
 
 from .. import storage
 from ..errors import InvalidArgumentError
+from ..storage.collector import collector_paused
 from ..storage.direct_reads import local_shards_core, read_entries_direct
 from ..storage.io_mode import check_io
-from .codec import tensor_bytes, torch_dtype
 from .consumer_threads import ConsumerThreads
 from .host_pool import LINE, POOL_MIN, HostPool
 from .read_ahead import ReadAhead
+from .weights_alloc import PAGE, own_tensor, pooled_tensor
 from .weights_options import LOADER_OPTIONS, check_direct, loader_options
 from .weights_plan import Names, Plan
-from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, cold_route, local_spans
+from .weights_route import AUTO_MIN, PROBE_BATCH, RouteProbe, cold_route, local_spans, reads_direct
 
 __all__ = [
     "WeightsIterator",
@@ -107,27 +108,9 @@ _REMOTE_BATCH = 16 << 20
 #: (the pool's own threshold); smaller ones ``torch.empty``: a mapping per bias or norm would
 #: cost more than it saves.
 _PLACE_MIN = POOL_MIN
-#: The file-offset alignment the direct engine reads in place at.
-_PAGE = 4096
-
-
-def _empty(info: storage.EntryInfo, pin: bool) -> torch.Tensor:
-    """A new tensor for ``info``'s value: its own allocation (through bytes, so float4 and
-    other dtypes ``torch.empty`` cannot fill in deterministic mode still work)."""
-    dtype = torch_dtype(info.dtype)
-    raw = torch.empty(info.raw_bytes, dtype=torch.uint8, pin_memory=pin)
-    return raw.view(dtype).view(info.shape)
-
-
-def _pooled(info: storage.EntryInfo, pool: HostPool, unit: int = 0) -> torch.Tensor:
-    """A new tensor for ``info``'s value in a mapping of its own out of ``pool`` (recycled
-    from a tensor the consumer has dropped, when one of its size is free), placed at its file
-    offset's place in a ``unit`` (``_PAGE``: the direct engine reads it in place; ``LINE``:
-    the kernel copies it out of the page cache) when that offset is a multiple of its element
-    size (a tensor handed out is always aligned to its element size), else at the start."""
-    dtype = torch_dtype(info.dtype)
-    lead = info.offset % unit if unit and info.offset % dtype.itemsize == 0 else 0
-    return pool.tensor(info.raw_bytes, lead).view(dtype).view(info.shape)
+#: Bytes handed out before the consumer gives them back to the window (and wakes the
+#: producer): small next to any window, so the bound stays what it says.
+_RELEASE = 1 << 20
 
 
 class _Producer:
@@ -228,28 +211,33 @@ class _Producer:
         # with `direct`, large values sit at their file offset's page offset in a pooled
         # mapping (the device writes them in place; a fresh mapping per value cost a page
         # fault per 4 KiB: docs/SERVING.md, "Issue 41 (seventh round)")
-        out = [
-            _pooled(i, pool, _PAGE)
-            if pool is not None and self._places(i)
-            else _pooled(i, pool, LINE if i.codec == "none" else 0)
-            if pool is not None and i.raw_bytes >= POOL_MIN
-            else _empty(i, self._pin)
-            for i in batch
-        ]
+        # the batch's tensors, kept until handed out: made with the collector paused
+        # (storage/collector.py; a batch of small values is thousands of objects)
+        with collector_paused():
+            made = [
+                pooled_tensor(i, pool, PAGE)
+                if pool is not None and self._places(i)
+                else pooled_tensor(i, pool, LINE if i.codec == "none" else 0)
+                if pool is not None and i.raw_bytes >= POOL_MIN
+                else own_tensor(i, self._pin)
+                for i in batch
+            ]
+            # the reads land in each value's bytes (a `uint8` view made with the tensor: one
+            # call here, where going through the typed tensor took five)
+            keys: list[str] = []
+            infos: list[storage.EntryInfo] = []
+            bufs: list[np.ndarray] = []
+            for info, (_, raw) in zip(batch, made, strict=True):
+                if info.raw_bytes:
+                    keys.append(info.key)
+                    infos.append(info)
+                    bufs.append(raw.numpy().reshape(-1))
+            out = [t for t, _ in made]
         if pool is not None:
             pool.trim()  # this batch is now counted in the window: keep the pool within it
-        keys: list[str] = []
-        infos: list[storage.EntryInfo] = []
-        bufs: list[np.ndarray] = []
-        for info, t in zip(batch, out, strict=True):
-            if not info.raw_bytes:
-                continue
-            keys.append(info.key)
-            infos.append(info)
-            bufs.append(tensor_bytes(t))
         if keys and self._direct and hasattr(self._reader, "_read_direct"):
             self._reader._read_direct(keys, bufs, follow_cache=self.follow_cache)
-        elif keys and self._direct:  # a local shardpoint checkpoint (_reads_direct)
+        elif keys and self._direct:  # a local shardpoint checkpoint (reads_direct)
             core = local_shards_core(self._reader._core)
             assert core is not None
             read_entries_direct(
@@ -375,7 +363,7 @@ class WeightsIterator:
         # a local shardpoint checkpoint's own shards (not a delta's, not a single file); "cold"
         # and "auto" only for large local reads into pageable memory mostly not in the page
         # cache (weights_route.py): a warm file is copied faster out of the cache
-        if direct and (io == "mmap" or not _reads_direct(self._reader)):
+        if direct and (io == "mmap" or not reads_direct(self._reader)):
             direct = False
         # pinned host memory makes the copy to an accelerator a DMA (and non-blocking)
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
@@ -388,7 +376,15 @@ class WeightsIterator:
         self.bytes_read = 0
         self.raw_bytes = 0
         self.seconds = 0.0
-        self._pending: deque[tuple[str, torch.Tensor, int]] = deque()
+        # the batch being handed out, as three lists (no tuple per value: with thousands of
+        # small values waiting, those tuples lived long enough for Python's full collections,
+        # each ~0.1 s with torch imported: docs/SERVING.md, "Issue 41 (twenty-fourth round)");
+        # a tensor's slot is emptied as it is handed out
+        self._names: list[str] = []
+        self._outs: list[torch.Tensor | None] = []
+        self._sizes: list[int] = []
+        self._at = 0
+        self._freed = 0  # bytes handed out whose window is not yet given back
         # the thread holds the producer, never this iterator: an iterator its consumer drops
         # (a `break` out of its loop) is freed, and so closed, in the consumer's thread
         self._thread = threading.Thread(target=self._p.run, name="shardpoint-weights", daemon=True)
@@ -429,19 +425,34 @@ class WeightsIterator:
             # call in the thread that iterates; restored at the end, on close() and on any error)
             self._threads_limit.lower(self._consumer_threads)
         try:
-            while not self._pending:
+            while self._at >= len(self._names):
                 self._next_batch()
         except BaseException:
             self._threads_limit.restore()
             raise
-        name, t, nbytes = self._pending.popleft()
+        k = self._at
+        self._at = k + 1
+        t = self._outs[k]
+        self._outs[k] = None
+        nbytes = self._sizes[k]
         if nbytes:
-            with self._p._cond:
-                self._p._inflight -= nbytes
-                self._p._cond.notify_all()
-        return name, t
+            self._freed += nbytes
+            if self._freed >= _RELEASE or self._at == len(self._names):
+                self._release()
+        assert t is not None
+        return self._names[k], t
+
+    def _release(self) -> None:
+        """Give the window back what was handed out (one lock and wake-up per ``_RELEASE``
+        bytes or batch, not per value: 20,000 small values took 20,000 of each)."""
+        freed, self._freed = self._freed, 0
+        with self._p._cond:
+            self._p._inflight -= freed
+            self._p._cond.notify_all()
 
     def _next_batch(self) -> None:
+        if self._freed:
+            self._release()  # before waiting: the producer may be waiting for this room
         with self._p._cond:
             while not self._p._ready and not self._p._done and not self._p._stop:
                 self._p._cond.wait()
@@ -453,15 +464,28 @@ class WeightsIterator:
             self.close()
             raise item
         batch, tensors = item
+        plan = self._plan
+        plain = not plan.followers  # each value under its own key only
+        names: list[str] = []
+        outs: list[torch.Tensor | None] = []
+        sizes: list[int] = []
         for info, t in zip(batch, tensors, strict=True):
             self.bytes_read += info.stored_bytes
             self.raw_bytes += info.raw_bytes
             if self.device.type != "cpu":
                 t = t.to(self.device, non_blocking=self._pin)
-            names = self._plan.names_of(info.key)
-            for j, n in enumerate(names):
+            if plain:
+                names.append(info.key)
+                outs.append(t)
+                sizes.append(info.raw_bytes)
+                continue
+            tied = plan.names_of(info.key)
+            for j, n in enumerate(tied):
                 # the window counts each value once, when its last name is handed out
-                self._pending.append((n, t, info.raw_bytes if j == len(names) - 1 else 0))
+                names.append(n)
+                outs.append(t)
+                sizes.append(info.raw_bytes if j == len(tied) - 1 else 0)
+        self._names, self._outs, self._sizes, self._at = names, outs, sizes, 0
 
     def _finish(self) -> None:
         if not self.seconds:
@@ -483,7 +507,7 @@ class WeightsIterator:
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join()
             self._p._ready.clear()
-            self._pending.clear()
+            self._names, self._outs, self._sizes, self._at = [], [], [], 0
         prod = getattr(self, "_p", None)
         if prod is not None and prod._pool is not None:
             prod._pool.close()
@@ -501,15 +525,6 @@ class WeightsIterator:
             self.close()
         except Exception:  # interpreter shutdown: nothing left to release
             pass
-
-
-def _reads_direct(reader: storage.Reader) -> bool:
-    """Whether the cold-read engine can read ``reader``'s values: Hugging Face files, or a
-    local shardpoint checkpoint's own shards."""
-    if hasattr(reader, "_read_direct"):
-        return True
-    core = reader._core if type(reader) is storage.Reader else None
-    return local_shards_core(core) is not None
 
 
 def weights_iterator(

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import storage
 from ..errors import InvalidArgumentError, MissingKeyError
+from ..storage.collector import collector_paused
 from .tensors import torch_section
 
 __all__ = ["Names", "Plan"]
@@ -19,6 +20,11 @@ class Plan:
     """What to read: the stored keys in file order, their infos, and the names tied to them."""
 
     def __init__(self, reader: storage.Reader, names: Names) -> None:
+        # an info per stored key, all kept: the collector paused (storage/collector.py)
+        with collector_paused():
+            self._build(reader, names)
+
+    def _build(self, reader: storage.Reader, names: Names) -> None:
         meta = torch_section(reader) if isinstance(reader, storage.Reader) else None
         aliases: Mapping[str, Any] = (meta or {}).get("aliases", {}) if meta else {}
         stored = reader.keys()

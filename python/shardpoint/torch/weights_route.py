@@ -40,6 +40,7 @@ import os
 from collections.abc import Sequence
 
 from .. import storage
+from ..storage.direct_reads import local_shards_core
 from ..storage.io_mode import cached_fraction
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "cold_route",
     "local_spans",
     "mostly_cached",
+    "reads_direct",
 ]
 
 #: Checkpoints with fewer bytes to read than this are read buffered without a probe: the
@@ -175,3 +177,12 @@ def cold_route(
     if pin or where is None or stored < least or mostly_cached(where):
         return False
     return "auto" if direct == "auto" else True
+
+
+def reads_direct(reader: storage.Reader) -> bool:
+    """Whether the cold-read engine can read ``reader``'s values: Hugging Face files, or a
+    local shardpoint checkpoint's own shards."""
+    if hasattr(reader, "_read_direct"):
+        return True
+    core = reader._core if type(reader) is storage.Reader else None
+    return local_shards_core(core) is not None
