@@ -6,6 +6,7 @@ weights iterator's plan) built with a few young collections, not a hundred."""
 from __future__ import annotations
 
 import gc
+import os
 import pathlib
 import threading
 from collections.abc import Iterator
@@ -105,3 +106,35 @@ def test_large_headers_and_indexes_are_read_without_a_collection(
         assert len(collections) <= 4 and 2 not in collections, (path, collections)
         assert np.array_equal(reader["layer.19999.w"], np.full(4, 19999, np.float32))
         reader.close()
+
+
+def test_a_child_forked_during_another_threads_pause_collects() -> None:
+    """A data loader forking while the weights iterator's thread builds a batch: the child
+    starts with the collector running (no thread there would ever resume it) and its own
+    pauses work."""
+    entered = threading.Event()
+    leave = threading.Event()
+
+    def other() -> None:
+        with collector_paused():
+            entered.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert not gc.isenabled()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            ok = gc.isenabled()
+            with collector_paused():
+                ok = ok and not gc.isenabled()
+            os._exit(0 if ok and gc.isenabled() else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not gc.isenabled()  # the parent's pause is still under way
+    finally:
+        leave.set()
+        t.join(10)
+    assert gc.isenabled()

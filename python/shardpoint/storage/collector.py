@@ -15,12 +15,15 @@ What must stay true: only around work of bounded size that creates no cyclic gar
 around I/O: other threads keep allocating); the collector's state is restored exactly. Pauses
 may overlap (the weights iterator's thread and the caller's): the first one in pauses, the
 last one out resumes, and only if the collector was running when the first came in (an
-application that paused it itself keeps it paused).
+application that paused it itself keeps it paused). A process forked while another thread's
+pause is under way (a data loader's workers) starts with the collector as it was before that
+pause: the thread that would have resumed it does not exist in the child.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,3 +53,16 @@ def collector_paused() -> Iterator[None]:
             _inside -= 1
             if not _inside and _resume:
                 gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, no pause is under way (the threads that held them were not
+    copied): a fresh lock, and the collector resumed if a pause had stopped it."""
+    global _lock, _inside, _resume
+    _lock = threading.Lock()
+    if _inside and _resume:
+        gc.enable()
+    _inside, _resume = 0, False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
