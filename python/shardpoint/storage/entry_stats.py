@@ -12,12 +12,13 @@ from typing import Any
 __all__ = ["EntryInfo", "STATS_FIELDS", "stats_dict"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class EntryInfo:
     """What the index records about one key.
 
     Slotted: a reader's plan holds one per key (20,000 for some models), and without a
-    ``__dict__`` each is one object for Python's collector, not two."""
+    ``__dict__`` each is one object for Python's collector, not two (a weak reference to one
+    still works, as before)."""
 
     key: str
     dtype: str
