@@ -10,6 +10,7 @@ import os
 import pathlib
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -52,7 +53,10 @@ def test_an_application_pause_is_kept() -> None:
         gc.enable()
 
 
-def test_overlapping_pauses_resume_when_the_last_one_leaves() -> None:
+@contextmanager
+def _paused_in_another_thread() -> Iterator[None]:
+    """A pause held by another thread for the ``with`` block (ended, and the thread joined,
+    on the way out)."""
     entered = threading.Event()
     leave = threading.Event()
 
@@ -63,12 +67,19 @@ def test_overlapping_pauses_resume_when_the_last_one_leaves() -> None:
 
     t = threading.Thread(target=other)
     t.start()
-    assert entered.wait(10)
-    with collector_paused():
-        pass
-    assert not gc.isenabled()  # the other thread's pause is still under way
-    leave.set()
-    t.join(10)
+    try:
+        assert entered.wait(10)
+        yield
+    finally:
+        leave.set()
+        t.join(10)
+
+
+def test_overlapping_pauses_resume_when_the_last_one_leaves() -> None:
+    with _paused_in_another_thread():
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # the other thread's pause is still under way
     assert gc.isenabled()
 
 
@@ -112,18 +123,7 @@ def test_a_child_forked_during_another_threads_pause_collects() -> None:
     """A data loader forking while the weights iterator's thread builds a batch: the child
     starts with the collector running (no thread there would ever resume it) and its own
     pauses work."""
-    entered = threading.Event()
-    leave = threading.Event()
-
-    def other() -> None:
-        with collector_paused():
-            entered.set()
-            leave.wait(10)
-
-    t = threading.Thread(target=other)
-    t.start()
-    try:
-        assert entered.wait(10)
+    with _paused_in_another_thread():
         assert not gc.isenabled()
         pid = os.fork()
         if pid == 0:  # the child: report through the exit status only
@@ -134,7 +134,4 @@ def test_a_child_forked_during_another_threads_pause_collects() -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert not gc.isenabled()  # the parent's pause is still under way
-    finally:
-        leave.set()
-        t.join(10)
     assert gc.isenabled()
