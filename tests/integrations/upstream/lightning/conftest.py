@@ -169,11 +169,31 @@ def _scratch_cwd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.chdir(old)
 
 
+#: The one failure a test is run again for (pytest-rerunfailures, which upstream's CI installs
+#: too): a spawned rank killed by ``SIGABRT`` ("terminate called without an active exception")
+#: as it exits. Lightning destroys a process group at exit only for NCCL, so a ``ddp_spawn``
+#: rank on gloo leaves the group to the interpreter's teardown, where gloo's threads can be
+#: destroyed unjoined while the other rank closes its sockets (pytorch/pytorch#65513,
+#: #190489): seen once in CI in ``test_trainer_predict_ddp_spawn[cpu]``, a test that writes no
+#: checkpoint, after the rank had finished predicting; never in 32 runs of it on a loaded
+#: machine here. Any other failure (an assertion, an exception, a rank exiting with a code)
+#: fails at once, and a rank aborting three times in a row fails too.
+_RANK_ABORTED = r"ProcessExitedException: process \d+ terminated with signal SIGABRT"
+
+
+@pytest.fixture
+def rank_aborted_pattern() -> str:
+    """The failure upstream's tests are run again for (tested against a real aborted rank)."""
+    return _RANK_ABORTED
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if NATIVE:
-        return
     for item in items:
         if "tests_pytorch/" not in item.nodeid:
+            continue
+        if item.get_closest_marker("flaky") is None:
+            item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[_RANK_ABORTED]))
+        if NATIVE:
             continue
         node = item.nodeid.split("tests_pytorch/", 1)[1]
         reason = ALLOWED_FAILURES.get(node, ALLOWED_FAILURES.get(node.split("[", 1)[0]))
