@@ -376,7 +376,8 @@ def test_small_values_are_tensors_of_their_own_in_any_mode(
     """Each value is made as itself, not as a view of a byte tensor (whose Python object torch
     would keep alive beside it: twice the objects for the collector while values wait), and
     under ``torch.use_deterministic_algorithms`` (Lightning's ``deterministic=True``) a dtype
-    ``torch.empty`` cannot fill there (float4) is still read, through bytes."""
+    ``torch.empty`` cannot fill there (float4) is still read: the memory is an array's, shaped
+    in place (weights_alloc.own_tensor), so no value of any rank or dtype is a view."""
     g = torch.Generator().manual_seed(7)
     state = {
         f"w.{i:04d}": torch.randn(3 + i % 5, generator=g).to(torch.bfloat16) for i in range(600)
@@ -397,7 +398,8 @@ def test_small_values_are_tensors_of_their_own_in_any_mode(
             assert sorted(got) == sorted(want), path
             for k, t in got.items():
                 assert _same_bits(t, want[k]), (path, k)
-                if t.dtype != torch.float4_e2m1fn_x2:
-                    assert t._base is None, (path, k)  # its own allocation, not a view
+                assert t._base is None, (path, k)  # its own allocation, not a view
+                assert t.is_contiguous(), (path, k)
+                assert t.untyped_storage().nbytes() == t.nbytes, (path, k)  # and only its bytes
     finally:
         torch.use_deterministic_algorithms(before)
