@@ -352,20 +352,12 @@ class Reader:
     def info(self, key: str) -> EntryInfo:
         """Index record of ``key`` (dtype, shape, codec, sizes, location)."""
         r = self._core.info(check_key(key))
+        # positional, in EntryInfo's field order: a plan makes one per key, and keywords
+        # cost ~0.5 us of the ~3 (20,000 keys: 10 ms before the first read can start)
         return EntryInfo(
-            key=key,
-            dtype=r.dtype,
-            shape=tuple(r.shape),
-            kind=r.kind,
-            codec=r.codec,
-            stored_bytes=r.stored_len,
-            raw_bytes=r.raw_len,
-            shard=r.shard,
-            offset=r.offset,
-            crc32c=r.crc32c,
-            chunks=r.nchunks,
-            crc_blocks=r.crc_blocks,
-        )
+            key, r.dtype, tuple(r.shape), r.kind, r.codec, r.stored_len, r.raw_len,
+            r.shard, r.offset, r.crc32c, r.nchunks, r.crc_blocks,
+        )  # fmt: skip
 
     def get_slice(self, key: str) -> LazySlice:
         """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
