@@ -54,3 +54,38 @@ def test_info_and_get_return_named_records(tmp_path) -> None:
     assert np.frombuffer(v.buffer, np.int32).tolist() == list(range(12))
     (m,) = r.get_many(["x"])
     assert bytes(m.buffer) == bytes(v.buffer)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_infos_answers_as_info_for_many_keys(tmp_path, where: str) -> None:
+    """``infos`` (a plan's one call for every record) gives each key's record exactly as
+    ``info`` does, in the order asked, on both cores; a missing key raises naming it."""
+    import uuid
+
+    prefix = str(tmp_path / "e") if where == "local" else f"memory://b-{uuid.uuid4().hex}/run/e"
+    rng = np.random.default_rng(3)
+    sp.save_file(
+        {
+            "w": rng.standard_normal((300, 257)).astype(np.float32),  # compressed, chunked
+            "z": np.zeros((64, 1024), np.float32),
+            "s": np.float64(2.5),  # 0-d
+            "big": rng.integers(0, 255, 3 << 20, dtype=np.uint8),  # stored raw, in crc blocks
+            "name": "model",
+            "step": 7,
+        },
+        prefix,
+        compression="zstd",
+    )
+    with sp.open(prefix) as r:
+        keys = r.keys()
+        asked = [keys[3], keys[0], *keys]  # any order, repeats allowed
+        want = [r.info(k) for k in asked]
+        assert r._infos(asked) == want
+        assert {i.kind for i in want} >= {"tensor", "str", "int"}
+        assert any(i.codec != "none" for i in want) and any(i.crc_blocks for i in want)
+        rows = r._core.infos(asked)
+        assert [i.key for i in want] == [row[0] for row in rows] == asked
+        with pytest.raises(sp.MissingKeyError, match="'?\"?nope"):
+            r._core.infos([keys[0], "nope"])
+        with pytest.raises(TypeError):
+            r._core.infos([3])  # a key that is not a str

@@ -359,6 +359,15 @@ class Reader:
             r.shard, r.offset, r.crc32c, r.nchunks, r.crc_blocks,
         )  # fmt: skip
 
+    def _infos(self, keys: list[str]) -> list[EntryInfo]:
+        """:meth:`info` of each stored key of ``keys`` (a plan's lookups): one core call, where
+        an ``info`` per key cost ~3 us (20,000 keys: 60 ms before a load's first read); key by
+        key for a subclass with its own ``info`` (a delta, a Hugging Face directory)."""
+        bulk = getattr(self._core, "infos", None) if type(self).info is Reader.info else None
+        if bulk is None:
+            return [self.info(k) for k in keys]
+        return [EntryInfo(*t) for t in bulk(keys)]
+
     def get_slice(self, key: str) -> LazySlice:
         """A lazy view of tensor ``key`` (safetensors' ``safe_open(...).get_slice``): ``shape``,
         ``dtype``, ``get_shape()``, ``get_dtype()`` and numpy-style indexing on every axis that

@@ -51,15 +51,23 @@ class Plan:
                     f"{reader.path}: not in the checkpoint: {', '.join(map(repr, missing[:10]))}"
                     + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
                 )
+        keys = (
+            stored
+            if wanted is None
+            else [
+                k
+                for k in stored
+                if k in wanted or (k in self.followers and set(self.followers[k]) & wanted)
+            ]
+        )
+        # all records at once where the reader can (storage.Reader._infos: one core call)
+        bulk = getattr(reader, "_infos", None)
+        found = bulk(keys) if bulk is not None else [reader.info(k) for k in keys]
         infos: list[storage.EntryInfo] = []
-        for k in stored:
-            tied = self.followers.get(k, [])
-            if wanted is not None and k not in wanted and not (set(tied) & wanted):
-                continue
-            info = reader.info(k)
+        for info in found:
             if info.kind != "tensor":
-                if wanted is not None and k in wanted:
-                    raise InvalidArgumentError(f"key {k!r}: stored value is a {info.kind}")
+                if wanted is not None and info.key in wanted:
+                    raise InvalidArgumentError(f"key {info.key!r}: stored value is a {info.kind}")
                 continue
             infos.append(info)
         # file order: the order the bytes lie on disk, which is what the read-ahead follows

@@ -11,6 +11,7 @@ mod file_ranges;
 mod outs;
 mod pools;
 mod read;
+mod records;
 mod remote;
 mod rows;
 mod st_header;

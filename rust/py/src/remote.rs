@@ -4,7 +4,7 @@
 //! Python here except as the decoded values handed out.
 
 use crate::buffers::{bytes_of_mut, Store};
-use crate::read::{EntryRecord, EntryValue};
+use crate::read::{info_tuples, EntryRecord, EntryValue};
 use crate::{invalid, nogil};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -107,6 +107,15 @@ impl RemoteReader {
     /// What the index records about `key`.
     fn info(&self, py: Python<'_>, key: &str) -> PyResult<EntryRecord> {
         Ok(EntryRecord::of(&self.entry(py, key)?))
+    }
+
+    /// The records of many keys at once (`CheckpointReader.infos`).
+    fn infos<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        info_tuples(py, keys, |k| self.entry(py, k))
     }
 
     /// One key's value: one ranged GET for an uncompressed value of
